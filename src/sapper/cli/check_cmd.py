@@ -1,0 +1,44 @@
+"""``sapper check``: the pre-flight checklist of seed §5.1 over a planned job."""
+
+from __future__ import annotations
+
+import typer
+
+from sapper.checks.engine import run_checklist
+from sapper.cli.app import (
+    FormatOpt,
+    IgnoreOpt,
+    OutputFormat,
+    SelectOpt,
+    app,
+    console,
+    emit_json,
+    run_guarded,
+    split_codes,
+)
+from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.report.terminal import render_check_report
+
+
+@app.command("check")
+@with_plan_options
+def check(
+    inputs: PlanInputs,
+    fmt: FormatOpt = OutputFormat.text,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+) -> None:
+    """Run the pre-flight checklist: precision, clipping, init, normalization, memory,
+    parallel layout, data."""
+
+    def body() -> int:
+        loaded = load_from_options(inputs)
+        report = run_checklist(loaded, split_codes(select), split_codes(ignore))
+        if fmt == OutputFormat.json:
+            emit_json(report.to_json())
+        else:
+            console.print(render_check_report(report))
+        return report.exit_code(strict)
+
+    run_guarded(body)

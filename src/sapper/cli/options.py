@@ -1,0 +1,195 @@
+"""Plan options shared by every command that reads a plan (check, memory, plan ...).
+
+Each option maps to one Plan field, so ``sapper check --model config.json --deepspeed
+ds.json --gpus 64 --gpu A100-80GB --seq-len 4096`` needs no YAML at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from sapper.plan.load import LoadedPlan, load_plan
+from sapper.plan.sources import PlanSource
+
+__all__ = ["PLAN_OPTION_FIELDS", "PlanInputs", "load_from_options", "with_plan_options"]
+
+#: option name -> Plan field path.
+PLAN_OPTION_FIELDS: dict[str, str] = {
+    "gpus": "hardware.num_gpus",
+    "gpus_per_node": "hardware.gpus_per_node",
+    "nodes": "hardware.nodes",
+    "gpu": "hardware.gpu",
+    "seq_len": "batch.seq_len",
+    "micro_batch": "batch.micro_batch_size",
+    "grad_accum": "batch.gradient_accumulation_steps",
+    "global_batch": "batch.global_batch_size",
+    "tp": "parallel.tp",
+    "pp": "parallel.pp",
+    "dp": "parallel.dp",
+    "cp": "parallel.cp",
+    "ep": "parallel.ep",
+    "zero": "parallel.zero_stage",
+    "checkpointing": "parallel.checkpointing.granularity",
+    "dtype": "precision.dtype",
+    "lr": "optimizer.lr",
+    "warmup": "schedule.warmup_steps",
+    "max_norm": "clipping.max_norm",
+    "dataset": "data.path",
+}
+
+
+class PlanInputs:
+    """The parsed plan options of one command invocation."""
+
+    def __init__(
+        self, plan: Path | None, model: Path | None, deepspeed: Path | None, values: dict[str, Any]
+    ) -> None:
+        self.plan, self.model, self.deepspeed, self.values = plan, model, deepspeed, values
+
+
+def load_from_options(inputs: PlanInputs) -> LoadedPlan:
+    overrides = PlanSource(name="command line")
+    for key, value in inputs.values.items():
+        if value is not None:
+            overrides.set(PLAN_OPTION_FIELDS[key], value, origin="--" + key.replace("_", "-"))
+    return load_plan(
+        inputs.plan, hf_config=inputs.model, deepspeed=inputs.deepspeed, overrides=overrides
+    )
+
+
+PlanArg = Annotated[
+    Path | None, typer.Argument(help="A sapper plan file (YAML).", show_default=False)
+]
+ModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--model", "-m", help="Hugging Face config.json of the model.", show_default=False
+    ),
+]
+DeepSpeedOpt = Annotated[
+    Path | None,
+    typer.Option("--deepspeed", "--ds", help="DeepSpeed JSON config.", show_default=False),
+]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs in the job.", show_default=False)]
+GpnOpt = Annotated[
+    int | None, typer.Option("--gpus-per-node", help="GPUs per node.", show_default=False)
+]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Nodes.", show_default=False)]
+GpuOpt = Annotated[
+    str | None, typer.Option("--gpu", help="GPU model, e.g. A100-80GB, H100.", show_default=False)
+]
+SeqOpt = Annotated[
+    int | None, typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)
+]
+MicroOpt = Annotated[
+    int | None, typer.Option("--micro-batch", help="Sequences per GPU.", show_default=False)
+]
+GaOpt = Annotated[
+    int | None,
+    typer.Option("--grad-accum", help="Gradient accumulation steps.", show_default=False),
+]
+GlobalOpt = Annotated[
+    int | None, typer.Option("--global-batch", help="Sequences per step.", show_default=False)
+]
+TpOpt = Annotated[
+    int | None, typer.Option("--tp", help="Tensor-parallel degree.", show_default=False)
+]
+PpOpt = Annotated[
+    int | None, typer.Option("--pp", help="Pipeline-parallel degree.", show_default=False)
+]
+DpOpt = Annotated[
+    int | None, typer.Option("--dp", help="Data-parallel degree (-1 = infer).", show_default=False)
+]
+CpOpt = Annotated[
+    int | None, typer.Option("--cp", help="Context-parallel degree.", show_default=False)
+]
+EpOpt = Annotated[
+    int | None, typer.Option("--ep", help="Expert-parallel degree.", show_default=False)
+]
+ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3.", show_default=False)]
+CkptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpointing", help="Activation checkpointing: none/selective/full.", show_default=False
+    ),
+]
+DtypeOpt = Annotated[
+    str | None, typer.Option("--dtype", help="fp32 / bf16 / fp16 / fp8.", show_default=False)
+]
+LrOpt = Annotated[
+    float | None, typer.Option("--lr", help="Peak learning rate.", show_default=False)
+]
+WarmupOpt = Annotated[
+    int | None, typer.Option("--warmup", help="Warmup steps.", show_default=False)
+]
+MaxNormOpt = Annotated[
+    float | None, typer.Option("--max-norm", help="Clipping threshold.", show_default=False)
+]
+DatasetOpt = Annotated[
+    str | None, typer.Option("--dataset", help="Tokenized dataset path.", show_default=False)
+]
+
+
+_PLAN_PARAMS: dict[str, Any] = {
+    "plan": PlanArg,
+    "model": ModelOpt,
+    "deepspeed": DeepSpeedOpt,
+    "gpus": GpusOpt,
+    "gpus_per_node": GpnOpt,
+    "nodes": NodesOpt,
+    "gpu": GpuOpt,
+    "seq_len": SeqOpt,
+    "micro_batch": MicroOpt,
+    "grad_accum": GaOpt,
+    "global_batch": GlobalOpt,
+    "tp": TpOpt,
+    "pp": PpOpt,
+    "dp": DpOpt,
+    "cp": CpOpt,
+    "ep": EpOpt,
+    "zero": ZeroOpt,
+    "checkpointing": CkptOpt,
+    "dtype": DtypeOpt,
+    "lr": LrOpt,
+    "warmup": WarmupOpt,
+    "max_norm": MaxNormOpt,
+    "dataset": DatasetOpt,
+}
+
+
+def with_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command every plan option; it receives them as ``inputs: PlanInputs``.
+
+    Written once so ``check``, ``memory`` and ``plan`` accept exactly the same inputs.
+    """
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    own = [
+        p.replace(annotation=hints.get(name, p.annotation))
+        for name, p in sig.parameters.items()
+        if name != "inputs"
+    ]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+        for name, ann in _PLAN_PARAMS.items()
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {k: kwargs.pop(k) for k in list(kwargs) if k in PLAN_OPTION_FIELDS}
+        inputs = PlanInputs(
+            kwargs.pop("plan"), kwargs.pop("model"), kwargs.pop("deepspeed"), values
+        )
+        return fn(inputs=inputs, **kwargs)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper

@@ -1,0 +1,162 @@
+"""Merge plan sources into one validated :class:`Plan`.
+
+Order (later wins): YAML plan file < HF ``config.json`` < DeepSpeed JSON < command line,
+except that keys written in the YAML plan itself override the files it references.
+A validation error becomes one :class:`InputError` that names the source file, the key
+in that file (and the Plan field it maps to), the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sapper.errors import InputError
+from sapper.plan.schema import Plan
+from sapper.plan.sources import PlanSource
+from sapper.rules.model import Finding
+
+__all__ = ["LoadedPlan", "build_plan", "load_plan"]
+
+
+class LoadedPlan:
+    """A validated plan plus what loading found about its sources."""
+
+    def __init__(self, plan: Plan, findings: list[Finding], sources: list[str]) -> None:
+        self.plan = plan
+        self.findings = findings
+        self.sources = sources
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _owner(path: str, owners: dict[str, PlanSource]) -> tuple[PlanSource | None, str]:
+    """The source that supplied ``path`` (or the nearest enclosing/contained field)."""
+    probe = path
+    while probe:
+        if probe in owners:
+            return owners[probe], probe
+        probe = probe.rpartition(".")[0]
+    for leaf, src in owners.items():
+        if leaf.startswith(path + "."):
+            return src, path
+    return None, path
+
+
+def _expected(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return "one of the documented fields (see docs/plan.md)"
+    if kind == "missing":
+        return "a value"
+    if "expected" in ctx:
+        return str(ctx["expected"])
+    for bound, word in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
+        if bound in ctx:
+            return f"a number {word} {ctx[bound]}"
+    return (
+        err.get("msg", "a valid value")
+        .removeprefix("Input should be ")
+        .removeprefix("Value error, ")
+    )
+
+
+def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
+    merged: dict[str, Any] = {}
+    owners: dict[str, PlanSource] = {}
+    findings: list[Finding] = []
+    unresolved: list[str] = []
+    for src in sources:
+        merged = _deep_merge(merged, src.data)
+        for leaf in _leaves(src.data):
+            owners[leaf] = src
+        findings.extend(src.findings)
+        unresolved.extend(u for u in src.unresolved if u not in unresolved)
+    if unresolved:
+        merged["unresolved"] = unresolved
+    try:
+        plan = Plan.model_validate(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = ".".join(str(p) for p in err["loc"])
+        src, owned = _owner(path, owners)
+        field = path
+        if src is not None and owned in src.origin:
+            field = f"{src.origin[owned]} (plan field {path})"
+        value = err.get("input")
+        has_value = err.get("type") != "missing"
+        problem = "unknown field" if err.get("type") == "extra_forbidden" else "invalid value"
+        if err.get("type") == "missing":
+            problem = "missing value"
+        more = len(exc.errors()) - 1
+        if more:
+            problem += f" (and {more} more problem{'s' if more > 1 else ''})"
+        raise InputError(
+            problem,
+            file=src.name if src else None,
+            field=field,
+            value=value if has_value else None,
+            has_value=has_value and not isinstance(value, dict),
+            expected=_expected(err),
+        ) from None
+    return LoadedPlan(plan, findings, [s.name for s in sources])
+
+
+def load_plan(
+    plan_file: str | Path | None = None,
+    *,
+    hf_config: str | Path | None = None,
+    deepspeed: str | Path | None = None,
+    overrides: PlanSource | None = None,
+) -> LoadedPlan:
+    """Load a plan from any combination of a YAML plan, an HF ``config.json``, a
+    DeepSpeed JSON and command-line overrides."""
+    from sapper.plan.yaml_plan import read_plan_file
+
+    sources: list[PlanSource] = []
+    yaml_source: PlanSource | None = None
+    if plan_file is not None:
+        yaml_source, refs = read_plan_file(plan_file)
+        hf_config = hf_config or refs.get("hf_config")
+        deepspeed = deepspeed or refs.get("deepspeed")
+    if hf_config is not None:
+        from sapper.plan.hf_config import read_hf_config
+
+        sources.append(read_hf_config(hf_config))
+    if deepspeed is not None:
+        from sapper.plan.deepspeed import read_deepspeed_config
+
+        sources.append(read_deepspeed_config(deepspeed))
+    if yaml_source is not None:
+        sources.append(yaml_source)
+    if overrides is not None and overrides.data:
+        sources.append(overrides)
+    if not sources:
+        raise InputError(
+            "nothing to check",
+            expected="a plan file, --model config.json, --deepspeed ds.json or plan options",
+        )
+    return build_plan(sources)

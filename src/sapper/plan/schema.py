@@ -1,0 +1,459 @@
+"""The Plan: one typed description of a training job, whatever file it came from.
+
+YAML plan files, Hugging Face ``config.json``, DeepSpeed JSON and command-line values are
+all merged into this one model (see :mod:`sapper.plan.load`). Every field is documented
+with its unit next to it; values that follow from others (DP degree given as -1, global
+batch, tokens per step) are derived here and shown, so a rule never re-derives them.
+
+Only types and ranges are validated here. Logical consistency (TP·PP·CP·DP = GPUs,
+global = micro × GA × DP ...) is reported by rules, with the arithmetic, as findings.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sapper.plan.hardware import GpuSpec, find_gpu
+
+__all__ = [
+    "Activation",
+    "AttentionImpl",
+    "BatchSpec",
+    "CheckpointingSpec",
+    "ClippingSpec",
+    "DataSpec",
+    "HardwareSpec",
+    "InitSpec",
+    "LossScalingSpec",
+    "ModelSpec",
+    "NormPlacement",
+    "NormType",
+    "OptimizerSpec",
+    "ParallelSpec",
+    "Plan",
+    "PositionEncoding",
+    "PrecisionSpec",
+    "RopeScalingSpec",
+    "ScheduleSpec",
+]
+
+
+class _Spec(BaseModel):
+    """Strict: an unknown key is an error naming the field (catches typos)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class PositionEncoding(str, enum.Enum):
+    LEARNED = "learned"
+    ROPE = "rope"
+    ALIBI = "alibi"
+    SINUSOIDAL = "sinusoidal"
+    NONE = "none"
+
+
+class NormType(str, enum.Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class NormPlacement(str, enum.Enum):
+    PRE = "pre"
+    POST = "post"
+    SANDWICH = "sandwich"
+
+
+class Activation(str, enum.Enum):
+    GELU = "gelu"
+    RELU = "relu"
+    SILU = "silu"
+    SWIGLU = "swiglu"
+    GEGLU = "geglu"
+
+    @property
+    def gated(self) -> bool:
+        return self in (Activation.SWIGLU, Activation.GEGLU)
+
+
+class AttentionImpl(str, enum.Enum):
+    EAGER = "eager"
+    SDPA = "sdpa"
+    FLASH = "flash"
+
+
+class RopeScalingSpec(_Spec):
+    type: str = Field(description="Scaling method: linear, dynamic, yarn, llama3, longrope ...")
+    factor: float = Field(gt=0, description="Context extension factor (dimensionless).")
+    original_max_position_embeddings: int | None = Field(
+        default=None, gt=0, description="Context length the model was trained at (tokens)."
+    )
+
+
+class ModelSpec(_Spec):
+    """Architecture of a decoder-only transformer."""
+
+    family: str | None = Field(default=None, description="HF model_type, e.g. 'llama', 'gpt2'.")
+    hidden_size: int = Field(gt=0, description="Model width h (features).")
+    num_layers: int = Field(gt=0, description="Transformer blocks L.")
+    num_heads: int = Field(gt=0, description="Attention (query) heads a.")
+    num_kv_heads: int | None = Field(
+        default=None, gt=0, description="Key/value heads (GQA/MQA); defaults to num_heads."
+    )
+    head_dim: int | None = Field(default=None, gt=0, description="Per-head width; h / a.")
+    ffn_hidden_size: int | None = Field(
+        default=None, gt=0, description="MLP inner width (features); defaults to 4h."
+    )
+    activation: Activation = Field(default=Activation.GELU, description="MLP activation.")
+    vocab_size: int = Field(gt=0, description="Vocabulary size V (tokens).")
+    max_position_embeddings: int | None = Field(
+        default=None, gt=0, description="Longest sequence the position scheme supports (tokens)."
+    )
+    position_encoding: PositionEncoding = Field(
+        default=PositionEncoding.LEARNED, description="learned / rope / alibi / sinusoidal / none."
+    )
+    rope_theta: float | None = Field(default=None, gt=0, description="RoPE base frequency.")
+    rope_scaling: RopeScalingSpec | None = Field(default=None, description="RoPE extension.")
+    norm_type: NormType = Field(default=NormType.LAYERNORM, description="layernorm / rmsnorm.")
+    norm_placement: NormPlacement = Field(
+        default=NormPlacement.PRE, description="pre (stable), post (needs warmup), sandwich."
+    )
+    tied_embeddings: bool = Field(default=False, description="Output head shares embeddings.")
+    num_experts: int = Field(default=1, ge=1, description="MoE experts per layer (1 = dense).")
+    experts_top_k: int = Field(default=1, ge=1, description="Experts each token is routed to.")
+    moe_ffn_hidden_size: int | None = Field(
+        default=None, gt=0, description="Inner width of one expert; defaults to ffn_hidden_size."
+    )
+    attention_bias: bool = Field(default=False, description="Biases on q/k/v/o projections.")
+    mlp_bias: bool = Field(default=False, description="Biases on MLP projections.")
+    parallel_residual: bool = Field(
+        default=False, description="Attention and MLP read the same input (GPT-J/NeoX style)."
+    )
+    attention_impl: AttentionImpl = Field(
+        default=AttentionImpl.SDPA, description="eager keeps s×s scores; sdpa/flash do not."
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+    num_params: int | None = Field(
+        default=None, gt=0, description="Exact parameter count when a loader knows it."
+    )
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def trained_context(self) -> int | None:
+        """Context the positions were trained at (before any RoPE extension)."""
+        if self.rope_scaling and self.rope_scaling.original_max_position_embeddings:
+            return self.rope_scaling.original_max_position_embeddings
+        return self.max_position_embeddings
+
+    def estimated_params(self) -> int:
+        """Parameter count: the loader's exact count if known, else a standard estimate
+        (embeddings, attention with GQA, dense or MoE MLP, norms, untied head)."""
+        if self.num_params is not None:
+            return self.num_params
+        h, v = self.hidden_size, self.vocab_size
+        q = h * self.num_heads * self.head_size
+        kv = 2 * h * self.kv_heads * self.head_size
+        attn = q + kv + self.num_heads * self.head_size * h
+        mats = 3 if self.activation.gated else 2
+        expert = mats * h * (self.moe_ffn_hidden_size or self.ffn_size)
+        mlp = self.num_experts * expert + (h * self.num_experts if self.is_moe else 0)
+        norms = 2 * h * (2 if self.norm_type == NormType.LAYERNORM else 1)
+        per_layer = attn + mlp + norms
+        emb = v * h
+        if self.position_encoding == PositionEncoding.LEARNED and self.max_position_embeddings:
+            emb += self.max_position_embeddings * h
+        head = 0 if self.tied_embeddings else v * h
+        return self.num_layers * per_layer + emb + head + h
+
+    def active_params(self) -> int:
+        """Parameters a token passes through (MoE: top-k of the experts)."""
+        total = self.estimated_params()
+        if not self.is_moe:
+            return total
+        mats = 3 if self.activation.gated else 2
+        expert = mats * self.hidden_size * (self.moe_ffn_hidden_size or self.ffn_size)
+        idle = self.num_layers * (self.num_experts - self.experts_top_k) * expert
+        return total - idle
+
+
+class LossScalingSpec(_Spec):
+    """Loss scaling for fp16 (seed §2.2): none, a static value, or dynamic."""
+
+    mode: Literal["none", "static", "dynamic"] = Field(
+        default="none", description="none / static / dynamic."
+    )
+    static_scale: float | None = Field(default=None, description="The fixed scale (static).")
+    initial_scale: float = Field(default=2.0**16, gt=0, description="Start value (dynamic).")
+    growth_interval: int = Field(
+        default=2000, ge=1, description="Clean steps before the scale grows (steps)."
+    )
+    growth_factor: float = Field(default=2.0, description="Multiplier on growth.")
+    backoff_factor: float = Field(default=0.5, description="Multiplier on overflow.")
+    hysteresis: int = Field(default=1, ge=1, description="Overflows tolerated before backoff.")
+    min_scale: float = Field(default=1.0, ge=0, description="Floor of the dynamic scale.")
+
+
+class PrecisionSpec(_Spec):
+    """Mixed precision (seed §2.1)."""
+
+    dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = Field(
+        default="fp32", description="Compute dtype of forward/backward."
+    )
+    master_weights: Literal["fp32", "fp16", "bf16"] = Field(
+        default="fp32", description="Dtype of the weights the optimizer updates."
+    )
+    optimizer_states: Literal["fp32", "fp16", "bf16", "int8"] = Field(
+        default="fp32", description="Dtype of optimizer moments (int8 = 8-bit optimizers)."
+    )
+    loss_scaling: LossScalingSpec = Field(default_factory=LossScalingSpec)
+
+
+class OptimizerSpec(_Spec):
+    type: str = Field(default="adamw", description="adamw / adam / sgd / adafactor / lion ...")
+    lr: float | None = Field(default=None, gt=0, description="Peak learning rate.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="Adam betas.")
+    eps: float = Field(default=1e-8, gt=0, description="Adam epsilon.")
+    weight_decay: float = Field(default=0.0, ge=0, description="Decoupled weight decay.")
+    momentum: float = Field(default=0.0, ge=0, description="SGD momentum.")
+    eight_bit: bool = Field(default=False, description="8-bit optimizer states (bitsandbytes).")
+    fused: bool = Field(default=False, description="Fused / foreach implementation.")
+
+    @field_validator("type")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.lower()
+
+
+class ScheduleSpec(_Spec):
+    type: str = Field(default="constant", description="constant / linear / cosine / wsd ...")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup length (steps).")
+    total_steps: int | None = Field(default=None, gt=0, description="Training length (steps).")
+    min_lr: float = Field(default=0.0, ge=0, description="Floor of the decay.")
+
+
+class ClippingSpec(_Spec):
+    """Gradient clipping (seed §2.3)."""
+
+    max_norm: float | None = Field(default=None, description="Threshold; null/0 = off.")
+    mode: Literal["global", "per_group"] = Field(default="global", description="Norm scope.")
+    applied: Literal["after_unscale", "before_unscale"] = Field(
+        default="after_unscale", description="Relative to GradScaler.unscale_ (fp16)."
+    )
+
+
+class InitSpec(_Spec):
+    """Initialization (seed §2.4)."""
+
+    std: float | None = Field(default=None, gt=0, description="Normal init std of weights.")
+    residual_scaling: Literal["none", "depth", "custom"] = Field(
+        default="none", description="Scaling of residual output projections."
+    )
+    residual_scale: float | None = Field(
+        default=None, gt=0, description="Factor on residual projections' std (custom)."
+    )
+
+
+class BatchSpec(_Spec):
+    micro_batch_size: int | None = Field(default=None, gt=0, description="Sequences per GPU.")
+    gradient_accumulation_steps: int | None = Field(
+        default=None, gt=0, description="Micro-batches per optimizer step."
+    )
+    global_batch_size: int | None = Field(
+        default=None, gt=0, description="Sequences per optimizer step."
+    )
+    seq_len: int | None = Field(default=None, gt=0, description="Tokens per sequence.")
+    reference_global_batch: int | None = Field(
+        default=None, gt=0, description="Global batch the LR was tuned at (sequences)."
+    )
+    reference_lr: float | None = Field(default=None, gt=0, description="LR tuned at that batch.")
+
+
+class CheckpointingSpec(_Spec):
+    """Activation checkpointing (seed §3.2)."""
+
+    granularity: Literal["none", "selective", "full"] = Field(
+        default="none", description="none / selective (attention) / full (whole blocks)."
+    )
+    every_k_layers: int = Field(default=1, ge=1, description="Checkpoint one block in k.")
+
+
+class ParallelSpec(_Spec):
+    """Layout (seed §3.3, §4). ``dp = -1`` means GPUs / (tp·pp·cp)."""
+
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, ge=1, description="Pipeline-parallel degree.")
+    dp: int = Field(default=-1, description="Data-parallel degree; -1 = infer.")
+    cp: int = Field(default=1, ge=1, description="Context-parallel degree.")
+    ep: int = Field(default=1, ge=1, description="Expert-parallel degree (within DP).")
+    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallel.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO / FSDP sharding stage.")
+    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(default="none")
+    offload_params: Literal["none", "cpu", "nvme"] = Field(default="none")
+    checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
+    virtual_pipeline_stages: int = Field(default=1, ge=1, description="Interleaved chunks v.")
+    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(default="1f1b")
+    rank_order: str = Field(
+        default="tp-cp-ep-dp-pp",
+        description="Megatron order, fastest-varying first: TP neighbours share a node.",
+    )
+
+    @field_validator("dp")
+    @classmethod
+    def _dp(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be a positive degree or -1 (infer from the GPU count)")
+        return v
+
+
+class HardwareSpec(_Spec):
+    gpu: str | None = Field(default=None, description="GPU model from the built-in table.")
+    num_gpus: int | None = Field(default=None, gt=0, description="GPUs in the job.")
+    gpus_per_node: int = Field(default=8, gt=0, description="GPUs in one node.")
+    nodes: int | None = Field(default=None, gt=0, description="Nodes in the job.")
+    host_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node.")
+    internode_gbps: float | None = Field(
+        default=None, gt=0, description="Override: network GB/s per GPU per direction."
+    )
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        spec = find_gpu(v)
+        if spec is None:
+            from sapper.plan.hardware import GPUS
+
+            names = ", ".join(g.name for g in GPUS)
+            raise ValueError(f"a GPU from the built-in table: {names}")
+        return spec.name
+
+    @property
+    def spec(self) -> GpuSpec | None:
+        return find_gpu(self.gpu) if self.gpu else None
+
+    @property
+    def total_gpus(self) -> int | None:
+        if self.num_gpus is not None:
+            return self.num_gpus
+        if self.nodes is not None:
+            return self.nodes * self.gpus_per_node
+        return None
+
+
+class DataSpec(_Spec):
+    path: str | None = Field(default=None, description="Tokenized dataset (file or folder).")
+    format: str | None = Field(
+        default=None, description="npy / bin (uint16/uint32 tokens) / jsonl / megatron ..."
+    )
+    token_dtype: str | None = Field(default=None, description="uint16 / uint32 / int32 ...")
+    loader_tokens_per_sec: float | None = Field(
+        default=None, gt=0, description="Measured loader throughput per GPU (tokens/s)."
+    )
+    loader_samples_per_sec: float | None = Field(
+        default=None, gt=0, description="Measured loader throughput per GPU (samples/s)."
+    )
+
+
+class Plan(_Spec):
+    """A training job before it starts."""
+
+    name: str | None = Field(default=None, description="A label for reports.")
+    model: ModelSpec | None = None
+    precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    clipping: ClippingSpec = Field(default_factory=ClippingSpec)
+    init: InitSpec = Field(default_factory=InitSpec)
+    batch: BatchSpec = Field(default_factory=BatchSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    hardware: HardwareSpec = Field(default_factory=HardwareSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    unresolved: list[str] = Field(
+        default_factory=list, description="Fields a source left as 'auto' (never guessed)."
+    )
+
+    # ---- derived values -------------------------------------------------------------
+    @property
+    def gpu(self) -> GpuSpec | None:
+        return self.hardware.spec
+
+    @property
+    def model_parallel_size(self) -> int:
+        p = self.parallel
+        return p.tp * p.pp * p.cp
+
+    @property
+    def dp_degree(self) -> int | None:
+        """DP as given, or GPUs / (tp·pp·cp) when -1 and it divides."""
+        if self.parallel.dp != -1:
+            return self.parallel.dp
+        gpus = self.hardware.total_gpus
+        if gpus is None:
+            return 1 if self.model_parallel_size == 1 and self.hardware.num_gpus is None else None
+        if gpus % self.model_parallel_size:
+            return None
+        return gpus // self.model_parallel_size
+
+    @property
+    def world_size(self) -> int | None:
+        dp = self.dp_degree
+        return None if dp is None else dp * self.model_parallel_size
+
+    @property
+    def global_batch(self) -> int | None:
+        """Sequences per optimizer step: as given, else micro × GA × DP."""
+        b = self.batch
+        if b.global_batch_size is not None:
+            return b.global_batch_size
+        dp = self.dp_degree
+        if b.micro_batch_size is None or dp is None:
+            return None
+        return b.micro_batch_size * (b.gradient_accumulation_steps or 1) * dp
+
+    @property
+    def grad_accum(self) -> int | None:
+        """GA as given, else global / (micro × DP) when that divides."""
+        b = self.batch
+        if b.gradient_accumulation_steps is not None:
+            return b.gradient_accumulation_steps
+        dp = self.dp_degree
+        if b.global_batch_size and b.micro_batch_size and dp:
+            q, r = divmod(b.global_batch_size, b.micro_batch_size * dp)
+            return q if r == 0 and q > 0 else None
+        return 1 if b.micro_batch_size else None
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        g, s = self.global_batch, self.batch.seq_len
+        return None if g is None or s is None else g * s
+
+    def derived(self) -> dict[str, object]:
+        """The derived numbers reports show up front (nanoGPT-style)."""
+        m = self.model
+        return {
+            "parameters": m.estimated_params() if m else None,
+            "active_parameters": m.active_params() if m and m.is_moe else None,
+            "world_size": self.world_size,
+            "dp": self.dp_degree,
+            "gradient_accumulation": self.grad_accum,
+            "global_batch": self.global_batch,
+            "tokens_per_step": self.tokens_per_step,
+        }

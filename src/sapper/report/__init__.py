@@ -1,0 +1,1 @@
+"""How findings are shown: terminal (rich) and JSON; the HTML run report lives here too."""

@@ -1,0 +1,92 @@
+"""Terminal rendering of findings and check reports (rich), separate from printing."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from sapper.checks.engine import CheckReport
+from sapper.rules.model import Finding, Rule, Severity
+
+__all__ = [
+    "SEVERITY_STYLE",
+    "render_check_report",
+    "render_findings",
+    "render_rule",
+    "render_to_text",
+]
+
+SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+_STATUS = {"pass": "[green]PASS[/]", "warn": "[yellow]WARN[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def _where(f: Finding) -> str:
+    parts = []
+    if f.step is not None:
+        parts.append(f"step {f.step}")
+    if f.rank is not None:
+        parts.append(f"rank {f.rank}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def render_findings(findings: Iterable[Finding]) -> Group:
+    """Each finding: code, severity, message with its numbers, then the fix."""
+    lines = []
+    for f in findings:
+        style = SEVERITY_STYLE[f.severity]
+        lines.append(
+            Text.from_markup(
+                f"  [{style}]{f.code} {f.severity.value}[/]{escape(_where(f))}: {escape(f.message)}"
+            )
+        )
+        lines.append(Text.from_markup(f"      [dim]fix:[/] {escape(f.fix)}"))
+    return Group(*lines)
+
+
+def render_check_report(report: CheckReport) -> Group:
+    parts: list[object] = []
+    derived = {k: v for k, v in report.plan.derived().items() if v is not None}
+    if derived:
+        facts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in derived.items())
+        parts.append(Text.from_markup(f"[bold]{escape(report.plan.name or 'plan')}[/]: {facts}"))
+    if report.plan.unresolved:
+        parts.append(Text(f"unresolved ('auto'): {', '.join(report.plan.unresolved)}", style="dim"))
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("findings", justify="right")
+    for item in report.items():
+        table.add_row(item.item, _STATUS[item.status], str(len(item.findings)))
+    parts.append(table)
+    for item in report.items():
+        if item.findings:
+            parts.append(Text.from_markup(f"\n[bold]{item.item}[/]"))
+            parts.append(render_findings(item.findings))
+    summary = f"\n{report.errors} error(s), {report.warnings} warning(s)"
+    parts.append(Text(summary, style="bold red" if report.errors else "bold green"))
+    return Group(*parts)
+
+
+def render_rule(rule: Rule) -> Panel:
+    body = Text.from_markup(
+        f"[bold]{escape(rule.title)}[/]\n"
+        f"check: {rule.check} · default severity: {rule.severity.value}"
+        + (f" · seed {rule.seed}" if rule.seed else "")
+        + f"\n\n[bold]Why it explodes[/]\n{escape(rule.why.strip())}"
+        + f"\n\n[bold]Early signs[/]\n{escape(rule.signs.strip())}"
+        + f"\n\n[bold]How to defuse[/]\n{escape(rule.fix.strip())}"
+    )
+    return Panel(body, title=f"{rule.code} {rule.name}", title_align="left")
+
+
+def render_to_text(renderable: object, width: int = 100) -> str:
+    """Plain text of a renderable (for tests and files)."""
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()  # type: ignore[attr-defined]
