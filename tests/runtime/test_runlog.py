@@ -28,7 +28,7 @@ def test_round_trip_with_non_finite_values(tmp_path: Path) -> None:
         w.write_finding(_finding())
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["kind"] for x in lines] == ["meta", "step", "step", "finding"]
-    assert list(lines[1])[0] == "kind"
+    assert next(iter(lines[1])) == "kind"
     assert lines[2]["loss"] == "nan" and lines[1]["grad_norm"] == "inf"
     log = read_runlog(path)
     assert log.meta["run"] == "tiny" and log.meta["version"] == 1
