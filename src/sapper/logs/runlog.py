@@ -108,12 +108,13 @@ class RunLogParser(LogParser):
         return objs, good
 
     def _step(self, obj: dict[str, Any], out: list[StepRecord], line: int) -> None:
-        try:
-            rec = _step_record(obj, self._nonfinite)
-        except TypeError:
+        step = obj.get("step")
+        if step.__class__ is not int:
             self._bad.append(line)
             return
-        if not isinstance(rec.step, int) or isinstance(rec.step, bool):
+        try:
+            rec = _step_record(obj, self._nonfinite)
+        except (TypeError, AttributeError):  # "extra" that is not an object
             self._bad.append(line)
             return
         if self._last is not None and rec.step <= self._last:
