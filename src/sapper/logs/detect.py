@@ -88,7 +88,7 @@ def detect_format(path: str | Path) -> str:
 def _detect_text(text: str, path: Path) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip()
-    if first.startswith(("{", "[")):
+    if first.startswith("{"):
         try:
             obj = json.loads(first)
         except json.JSONDecodeError:
@@ -104,10 +104,10 @@ def _detect_text(text: str, path: Path) -> str:
             file=str(path),
             expected=SUPPORTED,
         )
+    if _looks_delimited(lines):
+        return "csv"  # a table first: rows appended from another log are noted as bad
     if any(ITERATION_LINE.search(line) for line in lines):
         return "megatron"
-    if _looks_delimited(lines):
-        return "csv"
     if path.suffix.lower() in (".csv", ".tsv") and len(lines) >= 1 and "," in first:
         return "csv"
     raise InputError(
