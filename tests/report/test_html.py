@@ -40,7 +40,7 @@ def test_decimate_keeps_extremes_in_order() -> None:
     assert ys.max() == 50.0 and xs[ys.argmax()] == 123_457
     assert ys.min() == -40.0 and xs[ys.argmin()] == 777_777
     assert (np.diff(xs) > 0).all()
-    short_x, short_y = decimate(steps[:10], values[:10])
+    short_x, _ = decimate(steps[:10], values[:10])
     assert list(short_x) == list(range(10))
 
 
