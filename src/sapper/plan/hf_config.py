@@ -16,10 +16,9 @@ saved, not how the job will train.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from sapper.plan.hf_families import (
     count_on_meta,
     dropout_of,
     generic,
+    quiet_transformers,
 )
 from sapper.plan.schema import PositionEncoding
 from sapper.plan.sources import PlanSource, read_json_file
@@ -43,19 +43,39 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
 #: Original Falcon hub configs: model_type -> (family, uses the 40B "new" decoder).
 _LEGACY_MODEL_TYPES = {"RefinedWebModel": ("falcon", False), "RefinedWeb": ("falcon", True)}
 _LEGACY_KEYS = {
-    "falcon": {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
-               "n_head_kv": "num_kv_heads"},
-}  # fmt: skip
+    "falcon": {
+        "n_head": "num_attention_heads",
+        "n_layer": "num_hidden_layers",
+        "n_head_kv": "num_kv_heads",
+    },
+}
 
 #: Keys that must hold a positive integer when present (checked before transformers, so
 #: the message is the same whatever transformers version is installed).
 _POSITIVE_INTS = (
-    "hidden_size", "n_embd", "n_embed", "d_model", "num_hidden_layers", "n_layer",
-    "num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "n_head_kv",
-    "head_dim", "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "vocab_size",
-    "max_position_embeddings", "n_positions", "num_local_experts", "num_experts_per_tok",
+    "hidden_size",
+    "n_embd",
+    "n_embed",
+    "d_model",
+    "num_hidden_layers",
+    "n_layer",
+    "num_attention_heads",
+    "n_head",
+    "num_key_value_heads",
+    "num_kv_heads",
+    "n_head_kv",
+    "head_dim",
+    "intermediate_size",
+    "ffn_dim",
+    "n_inner",
+    "ffn_hidden_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "n_positions",
+    "num_local_experts",
+    "num_experts_per_tok",
     "word_embed_proj_dim",
-)  # fmt: skip
+)
 
 #: Plan model field -> config.json keys that state it (the first present names the source).
 _ORIGIN: dict[str, tuple[str, ...]] = {
@@ -122,11 +142,16 @@ def _causal_lm_types() -> dict[str, str]:
     return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def _expected_types() -> str:
-    others = len(_causal_lm_types())
+def _expected_types(given: object = None) -> str:
+    known = _causal_lm_types()
+    hint = ""
+    if isinstance(given, str):
+        close = difflib.get_close_matches(given, list(known), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
     return (
-        f"one of {', '.join(SUPPORTED_FAMILIES)} (exact parameter counts), or another of "
-        f"the {others} causal-LM model_type values the installed transformers knows"
+        f"a causal-LM model_type the installed transformers knows{hint}: "
+        f"{', '.join(SUPPORTED_FAMILIES)} are counted exactly from the config, the other "
+        f"{len(known) - len(SUPPORTED_FAMILIES)} by building the model on the meta device"
     )
 
 
@@ -138,16 +163,19 @@ def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
         model_type = _type_from_architectures(raw.get("architectures"))
         if model_type is None:
             raise InputError(
-                'missing "model_type"',
+                "missing value",
                 file=file,
                 field="model_type",
                 expected=_expected_types(),
             )
     if not isinstance(model_type, str):
         raise InputError(
-            "invalid value", file=file, field="model_type", value=model_type,
+            "invalid value",
+            file=file,
+            field="model_type",
+            value=model_type,
             expected="a string naming the model family",
-        )  # fmt: skip
+        )
     if model_type in _LEGACY_MODEL_TYPES:
         model_type, new_arch = _LEGACY_MODEL_TYPES[model_type]
         kwargs.setdefault("new_decoder_architecture", new_arch)
@@ -165,7 +193,7 @@ def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
             file=file,
             field="model_type",
             value=raw.get("model_type", model_type),
-            expected=_expected_types(),
+            expected=_expected_types(model_type),
         )
     if model_type not in _causal_lm_types():
         raise InputError(
@@ -196,23 +224,12 @@ def _check_numbers(raw: dict[str, Any], file: str) -> None:
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise InputError(
-                "invalid value", file=file, field=key, value=value,
+                "invalid value",
+                file=file,
+                field=key,
+                value=value,
                 expected="a positive integer",
-            )  # fmt: skip
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers logs notes about legacy values while parsing; sapper reports what
-    matters itself, so keep the terminal clean."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
+            )
 
 
 def _parse(model_type: str, kwargs: dict[str, Any], raw: dict[str, Any], file: str) -> Any:
@@ -220,7 +237,7 @@ def _parse(model_type: str, kwargs: dict[str, Any], raw: dict[str, Any], file: s
 
     cls = CONFIG_MAPPING[model_type]
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return cls.from_dict(kwargs)
     except Exception as exc:  # transformers rejects the file: report it as bad input
         raise _rejected(exc, cls.__name__, raw, file) from None

@@ -15,7 +15,8 @@ weights): exact too, only slower.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "count_on_meta",
     "dropout_of",
     "generic",
+    "quiet_transformers",
 ]
 
 #: Causal-LM families whose HF modeling code puts the norm after the residual add.
@@ -480,6 +482,20 @@ def generic(cfg: Any, model_type: str) -> Family:
     return Family({k: v for k, v in model.items() if v is not None})
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers logs notes about legacy values while parsing; sapper reports what
+    matters itself, so keep the terminal clean."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def count_on_meta(cfg: Any) -> tuple[int, bool] | None:
     """Build the causal LM on the meta device (no memory, no weights) and count its
     parameters; also report whether its MLP is gated (a ``gate_proj``/``gate_up_proj``
@@ -488,7 +504,7 @@ def count_on_meta(cfg: Any) -> tuple[int, bool] | None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        with torch.device("meta"):
+        with torch.device("meta"), quiet_transformers():
             model = AutoModelForCausalLM.from_config(cfg)
     except Exception:  # a config transformers cannot instantiate: leave the count unset
         return None
