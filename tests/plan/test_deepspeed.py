@@ -188,6 +188,7 @@ def test_warmup_lr_peak_replaces_optimizer_lr(tmp_path: Path) -> None:
             "zero_optimization.offload_optimizer.pin_memroy",
             "pin_memory",
         ),
+        ({"bf16": {"enable": True}}, "bf16.enable", "enabled"),
         ({"train_micro_batch_size": 4}, "train_micro_batch_size", "train_micro_batch_size_per_gpu"),
     ],
 )

@@ -131,3 +131,14 @@ def test_missing_file(tmp_path: Path, option: str) -> None:
     res = check(option, str(tmp_path / "absent.json"))
     assert res.exit_code == 2
     assert "absent.json: file not found" in res.output
+
+
+def test_loader_rules_are_listed_and_have_cases() -> None:
+    res = runner.invoke(app, ["rules", "--select", "C0"])
+    assert res.exit_code == 0
+    cases = ROOT / "tests" / "rules_cases"
+    for code in ("C001", "C002", "C003", "C004"):
+        assert code in res.output
+        assert (cases / f"{code}.yaml").exists()
+    explained = runner.invoke(app, ["explain", "C002"])
+    assert "How to defuse" in explained.output

@@ -11,7 +11,8 @@ and the exact parameter count come from :mod:`sapper.plan.hf_families`. What the
 not state is left unset rather than guessed: the context length of a RoPE/ALiBi model whose
 config omits ``max_position_embeddings`` stays unknown, and so does an activation sapper
 has no name for. The checkpoint's ``torch_dtype`` is not read: it says how the weights were
-saved, not how the job will train.
+saved, not how the job will train; nor is ``initializer_range``: a config.json does not say
+whether the job trains from scratch or from pretrained weights.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ _ORIGIN: dict[str, tuple[str, ...]] = {
 
 
 def read_hf_config(path: str | Path) -> PlanSource:
-    """A Plan source holding ``model.*`` (and ``init.*``) from an HF ``config.json``."""
+    """A Plan source holding ``model.*`` from an HF ``config.json``."""
     file = str(path)
     raw = read_json_file(path)
     if not isinstance(raw, dict):
@@ -129,9 +130,6 @@ def read_hf_config(path: str | Path) -> PlanSource:
         src.set(f"model.{name}", _plain(value), origin=_origin(name, raw))
     if family.num_params is not None:
         src.set("model.num_params", family.num_params, origin="model_type (parameter count)")
-    std_key = "init_std" if "init_std" in raw else "initializer_range"
-    for name, value in family.init.items():
-        src.set(f"init.{name}", value, origin=std_key if name == "std" else "model_type")
     return src
 
 

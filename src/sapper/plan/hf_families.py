@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sapper.plan.schema import Activation, NormPlacement, NormType, PositionEncoding
@@ -55,12 +55,11 @@ POST_LN_FAMILIES = frozenset(
 
 @dataclass
 class Family:
-    """What a config says about the model: Plan ``model`` fields, the exact parameter
-    count when known, and how transformers initializes it (``init`` fields)."""
+    """What a config says about the model: Plan ``model`` fields and the exact parameter
+    count when known."""
 
     model: dict[str, Any]
     num_params: int | None = None
-    init: dict[str, Any] = field(default_factory=dict)
 
 
 def _linear(n_in: int, n_out: int, bias: bool) -> int:
@@ -107,14 +106,6 @@ def dropout_of(cfg: Any) -> float | None:
     return max(values) if values else None
 
 
-def _init(cfg: Any, residual_scaling: str, std_attr: str = "initializer_range") -> dict[str, Any]:
-    std = getattr(cfg, std_attr, None)
-    out: dict[str, Any] = {"residual_scaling": residual_scaling}
-    if isinstance(std, (int, float)) and not isinstance(std, bool) and std > 0:
-        out["std"] = float(std)
-    return out
-
-
 def _head_dim(cfg: Any) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -157,7 +148,7 @@ def _llama_like(
     if experts > 1:
         model["num_experts"] = experts
         model["experts_top_k"] = cfg.num_experts_per_tok
-    return Family(model, total, _init(cfg, "none"))
+    return Family(model, total)
 
 
 def _llama(cfg: Any) -> Family:
@@ -216,8 +207,7 @@ def _gpt2(cfg: Any) -> Family:
         "mlp_bias": True,
         "parallel_residual": False,
     }
-    # GPT-2's _init_weights scales c_proj by 1/sqrt(2·n_layer).
-    return Family(model, total, _init(cfg, "depth"))
+    return Family(model, total)
 
 
 # ---- GPT-NeoX / Pythia: fused QKV, partial rotary, parallel residual --------------------
@@ -250,7 +240,7 @@ def _gpt_neox(cfg: Any) -> Family:
         "mlp_bias": True,
         "parallel_residual": bool(cfg.use_parallel_residual),
     }
-    return Family(model, total, _init(cfg, "none"))
+    return Family(model, total)
 
 
 # ---- Falcon: multi-query (7B), grouped KV + two norms (40B), sequential + ALiBi (RW) ----
@@ -296,7 +286,7 @@ def _falcon(cfg: Any) -> Family:
         "mlp_bias": bias,
         "parallel_residual": new_arch or bool(cfg.parallel_attn),
     }
-    return Family(model, total, _init(cfg, "none"))
+    return Family(model, total)
 
 
 # ---- BLOOM: ALiBi, LayerNorm after the embedding ------------------------------------------
@@ -328,7 +318,7 @@ def _bloom(cfg: Any) -> Family:
         "mlp_bias": True,
         "parallel_residual": False,
     }
-    return Family(model, total, _init(cfg, "none"))
+    return Family(model, total)
 
 
 # ---- OPT: learned positions with an offset of 2, optional embedding projection, post-LN --
@@ -375,7 +365,7 @@ def _opt(cfg: Any) -> Family:
         "mlp_bias": bias,
         "parallel_residual": False,
     }
-    return Family(model, total, _init(cfg, "none", std_attr="init_std"))
+    return Family(model, total)
 
 
 # ---- Phi (1, 1.5, 2): parallel attention + MLP from one LayerNorm, biased LM head --------
@@ -413,7 +403,7 @@ def _phi(cfg: Any) -> Family:
         "mlp_bias": True,
         "parallel_residual": True,
     }
-    return Family(model, total, _init(cfg, "none"))
+    return Family(model, total)
 
 
 #: model_type -> family function (exact parameter count without building the model).
