@@ -268,3 +268,31 @@ def test_not_an_object(tmp_path: Path) -> None:
     path.write_text("[]")
     with pytest.raises(InputError, match="must be a JSON object"):
         read_deepspeed_config(path)
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "deepspeed"
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
+def test_widely_used_configs_raise_no_false_typo(path: Path) -> None:
+    src = read_deepspeed_config(path)
+    assert [f.message for f in src.findings if f.code in ("C001", "C004")] == []
+
+
+def test_widely_used_configs_map_as_deepspeed_runs_them() -> None:
+    hf = read_deepspeed_config(FIXTURES / "hf-trainer-zero2.json")
+    assert hf.data["parallel"] == {"zero_stage": 2, "offload_optimizer": "cpu"}
+    assert {"precision.dtype", "optimizer.lr", "batch.micro_batch_size"} <= set(hf.unresolved)
+    megatron = read_deepspeed_config(FIXTURES / "megatron-bf16-zero0.json").data
+    assert megatron["batch"] == {"micro_batch_size": 2, "global_batch_size": 2048}
+    assert (megatron["precision"]["dtype"], megatron["parallel"]["zero_stage"]) == ("bf16", 0)
+    rlhf = read_deepspeed_config(FIXTURES / "rlhf-actor-zero3-hybrid.json").data
+    assert rlhf["precision"]["loss_scaling"] == {
+        "mode": "dynamic",
+        "growth_interval": 100,
+        "hysteresis": 2,
+    }
+    assert rlhf["parallel"]["offload_params"] == "none"
+    nvme = read_deepspeed_config(FIXTURES / "nvme-infinity-zero3.json").data["parallel"]
+    assert (nvme["offload_optimizer"], nvme["offload_params"]) == ("nvme", "nvme")
+    assert nvme["checkpointing"] == {"partition_activations": True, "cpu_offload": True}
