@@ -100,7 +100,7 @@ def detect_files(path: str | Path, fmt: str | None = None) -> list[tuple[Path, s
     if not p.exists():
         raise _input_error("dataset not found", p, "an existing file or folder")
     if p.is_dir():
-        found = [_classify(f, fmt) for f in sorted(p.rglob("*")) if f.is_file()]
+        found = [(f, _classify(f, fmt)) for f in sorted(p.rglob("*")) if f.is_file()]
         files = [(f, k) for f, k in found if k is not None]
         # A Megatron dataset is one entry per prefix: keep the .bin, drop its .idx.
         files = [(f, k) for f, k in files if not (k == "megatron" and f.suffix == ".idx")]
