@@ -235,9 +235,10 @@ def token_ids_out_of_vocab(plan: Plan) -> Iterator[Finding]:
     read = f"{scan.tokens_read:,}"
     if not scan.complete and scan.coverage is not None:
         read += f" read ({scan.coverage:.1%} of {scan.total_tokens:,}, time budget)"
+    kind = ", ".join(filter(None, (scan.format, scan.dtype)))
     neg = f", min id {scan.min_id}" if scan.min_id is not None and scan.min_id < 0 else ""
     yield TOKEN_IDS_OUT_OF_VOCAB.finding(
-        f"{scan.out_of_range:,} of {read} tokens in {d.path} ({scan.format}, {scan.dtype}) are "
+        f"{scan.out_of_range:,} of {read} tokens in {d.path} ({kind}) are "
         f"outside the vocabulary of {m.vocab_size}: max id {scan.max_id}{neg}",
         fix=f"re-tokenize with the model's tokenizer (vocab {m.vocab_size}) or fix "
         "data.token_dtype",

@@ -346,10 +346,7 @@ def scan_token_ids(
                 src.dtype, src.tokens = np.dtype("<u4"), (src.tokens or 0) // 2
                 notes.append(f"{src.path.name}: read as uint32 (every second uint16 was 0)")
     kinds = sorted({s.format for s in sources})
-    dtypes = sorted(
-        {s.dtype.name for s in sources if s.dtype is not None}
-        | ({"int"} if "jsonl" in kinds else set())
-    )
+    dtypes = sorted({s.dtype.name for s in sources if s.dtype is not None})
     total = None if "jsonl" in kinds else sum(s.tokens or 0 for s in sources)
     result = TokenScan(str(path), "+".join(kinds), "+".join(dtypes), len(sources), total)
     result.notes = notes

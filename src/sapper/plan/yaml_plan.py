@@ -7,6 +7,7 @@ given next to them override what those files say. ``data.path`` is resolved the 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ def read_plan_file(path: str | Path) -> tuple[PlanSource, dict[str, Path]]:
     dataset = data.get("data")
     if isinstance(dataset, dict) and isinstance(dataset.get("path"), str):
         # Like hf_config and deepspeed, a dataset path is relative to the plan file.
-        resolved = base / Path(dataset["path"]).expanduser()
-        data = {**data, "data": {**dataset, "path": str(resolved)}}
+        resolved = os.path.normpath(base / Path(dataset["path"]).expanduser())
+        data = {**data, "data": {**dataset, "path": resolved}}
     return PlanSource(name=str(path), data=_plain(data)), refs
 
 
