@@ -95,6 +95,11 @@ def test_small_threshold_and_none_vs_zero() -> None:
     assert "not set" in unset.message and "DeepSpeed" not in unset.message
 
 
+def test_auto_clipping_is_not_reported_as_off() -> None:
+    for key in ("clipping.max_norm", "gradient_clipping"):
+        assert list(clipping.clipping_off(plan(unresolved=[key]))) == []
+
+
 def test_clip_before_unscale_static_scale_and_bf16_quiet() -> None:
     f = only(
         list(
@@ -146,6 +151,13 @@ def test_residual_rule_needs_an_init_statement() -> None:
     assert "1/√(2·32) = 0.125" in f.message and "std 0.0025" in f.message
     shallow = {**LLAMA2_7B, "num_layers": 4}
     assert list(init.residual_not_scaled(plan(model=shallow, init={"std": 0.02}))) == []
+
+
+def test_init_rules_skip_checkpoints() -> None:
+    wide = {**LLAMA2_7B, "hidden_size": 16384, "num_heads": 128}
+    loaded = plan(model=wide, init={"std": 0.02, "from_pretrained": True})
+    assert list(init.std_vs_width(loaded)) == []
+    assert list(init.residual_not_scaled(loaded)) == []
 
 
 def test_custom_scale_without_value() -> None:

@@ -139,6 +139,8 @@ def _enabled(plan: Plan) -> bool:
 @plan_check(NO_CLIPPING)
 def clipping_off(plan: Plan) -> Iterator[Finding]:
     max_norm = plan.clipping.max_norm
+    if max_norm is None and any("clipping" in key for key in plan.unresolved):
+        return  # "auto": the launcher fills it in; C002 says so, nothing to guess
     if max_norm is None:
         yield NO_CLIPPING.finding(
             "clipping.max_norm is not set: gradients are never clipped, one sharp batch can "

@@ -5,6 +5,7 @@ input by about std·√h. That "gain" is the number to check: 1 keeps activation
 size layer to layer (std = 1/√h), GPT-2's fixed 0.02 gives 0.55 at h = 768 and 2.2 at
 h = 12288. The residual stream adds one attention and one MLP output per layer, so its
 variance grows with 2L unless those output projections are scaled by 1/√(2L).
+None of this applies when the weights come from a checkpoint (``init.from_pretrained``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ one token, activation maxima growing layer by layer. Too small: a loss that stay
 ln(vocab) for many steps, tiny gradient norms.""",
     fix="""\
 Use std ≈ 1/√h to √(2/(5h)) for wide models (h = 8192: 0.011–0.007), or 0.02 for widths
-up to a few thousand, and scale residual output projections by 1/√(2L).""",
+up to a few thousand, and scale residual output projections by 1/√(2L).
+
+When the weights come from a checkpoint the init never runs: set
+init.from_pretrained: true.""",
     seed="§2.4",
 )
 
@@ -78,7 +82,10 @@ Activation norms of the residual stream growing steadily with layer index at ste
 instability that appears only when the same recipe is made deeper.""",
     fix="""\
 Initialize attention-output and MLP-down projections with std / √(2L) (Megatron:
-`init_method_std / sqrt(2 * num_layers)`; set init.residual_scaling: depth).""",
+`init_method_std / sqrt(2 * num_layers)`; set init.residual_scaling: depth).
+
+When the weights come from a checkpoint the init never runs: set
+init.from_pretrained: true.""",
     seed="§2.4",
 )
 
@@ -116,7 +123,7 @@ def depth_scale(num_layers: int) -> float:
 @plan_check(INIT_STD_VS_WIDTH)
 def std_vs_width(plan: Plan) -> Iterator[Finding]:
     std, m = plan.init.std, plan.model
-    if std is None or m is None:
+    if std is None or m is None or plan.init.from_pretrained:
         return
     h = m.hidden_size
     gain = init_gain(std, h)
@@ -158,6 +165,8 @@ def residual_not_scaled(plan: Plan) -> Iterator[Finding]:
     m = plan.model
     if m is None or plan.init.residual_scaling != "none" or not _init_described(plan):
         return
+    if plan.init.from_pretrained:
+        return
     L = m.num_layers
     if L < MIN_LAYERS_FOR_SCALING:
         return
@@ -179,7 +188,7 @@ def residual_not_scaled(plan: Plan) -> Iterator[Finding]:
 @plan_check(RESIDUAL_SCALE_MISMATCH)
 def residual_scale_mismatch(plan: Plan) -> Iterator[Finding]:
     m = plan.model
-    if m is None or plan.init.residual_scaling != "custom":
+    if m is None or plan.init.residual_scaling != "custom" or plan.init.from_pretrained:
         return
     L = m.num_layers
     factor = depth_scale(L)

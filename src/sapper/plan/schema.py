@@ -268,6 +268,11 @@ class InitSpec(_Spec):
     residual_scale: float | None = Field(
         default=None, gt=0, description="Factor on residual projections' std (custom)."
     )
+    from_pretrained: bool = Field(
+        default=False,
+        description="Weights are loaded from a checkpoint (fine-tuning, continued "
+        "pre-training), so the init scheme never runs and init checks are skipped.",
+    )
 
 
 class BatchSpec(_Spec):
