@@ -173,9 +173,16 @@ def test_custom_scale_without_value() -> None:
     ("layers", "expected"), [(4, None), (6, Severity.WARNING), (12, Severity.ERROR)]
 )
 def test_post_ln_without_warmup_by_depth(layers: int, expected: Severity | None) -> None:
-    p = plan(model={**BERT_LARGE, "num_layers": layers})
+    p = plan(model={**BERT_LARGE, "num_layers": layers}, schedule={"warmup_steps": 0})
     found = list(normalization.post_ln_no_warmup(p))
     assert [f.severity for f in found] == ([expected] if expected else [])
+
+
+def test_unknown_schedule_is_not_no_warmup() -> None:
+    # An HF config alone says nothing about the schedule: N401 stays silent, N403 reminds.
+    p = plan(model=BERT_LARGE)
+    assert list(normalization.post_ln_no_warmup(p)) == []
+    assert "no schedule in the plan" in only(list(normalization.post_ln_prefer_pre_ln(p))).message
 
 
 def test_short_run_asks_for_ten_percent() -> None:

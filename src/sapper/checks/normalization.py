@@ -112,10 +112,18 @@ def _post_ln_layers(plan: Plan) -> int | None:
     return m.num_layers
 
 
+def _schedule_known(plan: Plan) -> bool:
+    """The plan describes the schedule (any schedule field given, from any source); an
+    absent schedule is unknown, not "no warmup"."""
+    return bool(plan.schedule.model_fields_set)
+
+
 @plan_check(POST_LN_NO_WARMUP)
 def post_ln_no_warmup(plan: Plan) -> Iterator[Finding]:
     L = _post_ln_layers(plan)
     if L is None or L < SHALLOW_LAYERS or plan.schedule.warmup_steps > 0:
+        return
+    if not _schedule_known(plan):
         return
     deep = L >= DEEP_LAYERS
     need = required_post_ln_warmup(plan.schedule.total_steps)
@@ -161,11 +169,19 @@ def post_ln_prefer_pre_ln(plan: Plan) -> Iterator[Finding]:
     L = _post_ln_layers(plan)
     if L is None or L < DEEP_LAYERS:
         return
-    if plan.schedule.warmup_steps < required_post_ln_warmup(plan.schedule.total_steps):
+    need = required_post_ln_warmup(plan.schedule.total_steps)
+    if not _schedule_known(plan):
+        message = (
+            f"Post-LN with {L} layers and no schedule in the plan: it needs ≥ {need} warmup "
+            "steps, and Pre-LN trains deep stacks more stably"
+        )
+    elif plan.schedule.warmup_steps >= need:
+        message = (
+            f"Post-LN with {L} layers: warmup {plan.schedule.warmup_steps} steps is enough, "
+            "but Pre-LN trains deep stacks more stably"
+        )
+    else:
         return  # N401/N402 already say it, louder
     yield POST_LN_PREFER_PRE_LN.finding(
-        f"Post-LN with {L} layers: warmup {plan.schedule.warmup_steps} steps is enough, "
-        "but Pre-LN trains deep stacks more stably",
-        source="model.norm_placement",
-        layers=L,
+        message, source="model.norm_placement", layers=L, warmup_needed=need
     )
