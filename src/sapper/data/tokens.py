@@ -223,7 +223,10 @@ def _looks_like_uint32(src: _Source) -> bool:
     n = min(src.tokens or 0, 1 << 16)
     if n < 64 or n % 2:
         return False
-    head = np.memmap(src.path, dtype=src.dtype, mode="r", shape=(n,))
+    try:
+        head = np.memmap(src.path, dtype=src.dtype, mode="r", shape=(n,))
+    except (OSError, ValueError):
+        return False  # the scan itself reports an unreadable file
     return not head[1::2].any() and bool(head[0::2].any())
 
 
@@ -351,11 +354,15 @@ def scan_token_ids(
     result = TokenScan(str(path), "+".join(kinds), "+".join(dtypes), len(sources), total)
     result.notes = notes
     scanner = _Scanner(result, vocab_size, t0 + budget_s)
-    for piece in _interleave(sources):
-        if scanner.expired():
-            result.complete = False
-            break
-        scanner.take(piece)
+    try:
+        for piece in _interleave(sources):
+            if scanner.expired():
+                result.complete = False
+                break
+            scanner.take(piece)
+    except OSError as exc:
+        where = exc.filename or path
+        raise _input_error(f"cannot read dataset ({exc.strerror or exc})", where) from None
     result.seconds = time.monotonic() - t0
     return result
 
