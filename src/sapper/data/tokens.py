@@ -79,8 +79,6 @@ class _Source:
     dtype: np.dtype | None = None
     tokens: int | None = None
     offset: int = 0  # bytes before the first token (npy header)
-    shape: tuple[int, ...] = ()
-    fortran: bool = False
 
 
 def _input_error(problem: str, path: Path | str, expected: str | None = None) -> InputError:
@@ -167,9 +165,9 @@ def _open_npy(path: Path) -> _Source:
         with path.open("rb") as fh:
             version = np.lib.format.read_magic(fh)
             if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
             else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
             offset = fh.tell()
     except (OSError, ValueError) as exc:
         raise _input_error(f"not a readable .npy file ({exc})", path) from None
@@ -177,7 +175,8 @@ def _open_npy(path: Path) -> _Source:
         raise _input_error(
             f"the array holds {dtype} values", path, "integer token ids (uint16/uint32/int32...)"
         )
-    return _Source(path, "npy", dtype, int(np.prod(shape)), offset, shape, fortran)
+    # Order does not matter for min/max/count, so a Fortran-ordered array reads flat too.
+    return _Source(path, "npy", dtype, int(np.prod(shape)), offset)
 
 
 def _open_raw(path: Path, dtype: np.dtype) -> _Source:
@@ -370,7 +369,10 @@ def scan_token_ids(
 def _pieces(src: _Source) -> Iterator[np.ndarray]:
     if src.format == "jsonl":
         for ids in _jsonl_blocks(src.path):
-            yield np.asarray(ids, dtype=np.int64)
+            try:
+                yield np.asarray(ids, dtype=np.int64)
+            except OverflowError:
+                raise _input_error("a token id does not fit in 64 bits", src.path) from None
         return
     if not src.tokens:
         return
@@ -381,7 +383,6 @@ def _pieces(src: _Source) -> Iterator[np.ndarray]:
         )
     except (OSError, ValueError) as exc:
         raise _input_error(f"cannot map dataset ({exc})", src.path) from None
-    # Order does not matter for min/max/count, so a Fortran-ordered array reads flat too.
     for a, b in _binary_chunks(src):
         yield np.asarray(flat[a:b])
 
