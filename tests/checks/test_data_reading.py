@@ -68,6 +68,9 @@ def test_npy_of_floats_is_input_error(tmp_path: Path) -> None:
     np.save(tmp_path / "f.npy", np.zeros(10, dtype=np.float32))
     with pytest.raises(InputError, match=r"data\.path: the array holds float32"):
         scan_token_ids(tmp_path / "f.npy", 100)
+    (tmp_path / "bad.npy").write_bytes(b"not numpy at all")
+    with pytest.raises(InputError, match=r"bad\.npy: data\.path: not a readable \.npy file"):
+        scan_token_ids(tmp_path / "bad.npy", 100)
 
 
 @pytest.mark.parametrize(("vocab", "dtype"), [(50257, "uint16"), (128256, "uint32")])

@@ -162,21 +162,17 @@ def _size(path: Path) -> int:
 
 def _open_npy(path: Path) -> _Source:
     try:
-        with path.open("rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-            else:
-                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-            offset = fh.tell()
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise _input_error(f"not a readable .npy file ({exc})", path) from None
-    if dtype.kind not in "iu":
+    if not isinstance(arr, np.memmap) or arr.dtype.kind not in "iu":
         raise _input_error(
-            f"the array holds {dtype} values", path, "integer token ids (uint16/uint32/int32...)"
+            f"the array holds {arr.dtype} values",
+            path,
+            "integer token ids (uint16/uint32/int32...)",
         )
     # Order does not matter for min/max/count, so a Fortran-ordered array reads flat too.
-    return _Source(path, "npy", dtype, int(np.prod(shape)), offset)
+    return _Source(path, "npy", arr.dtype, int(arr.size), int(arr.offset))
 
 
 def _open_raw(path: Path, dtype: np.dtype) -> _Source:
