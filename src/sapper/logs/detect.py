@@ -94,6 +94,8 @@ def _detect_text(text: str, path: Path) -> str:
         except json.JSONDecodeError:
             obj = None
         if isinstance(obj, dict):
+            if isinstance(obj.get("log_history"), list):
+                return "trainer_state"  # written on one line (json.dump without indent)
             return "sapper" if obj.get("kind") in ("meta", "step", "finding") else "jsonl"
         if '"log_history"' in text:
             return "trainer_state"
