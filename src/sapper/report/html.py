@@ -260,7 +260,7 @@ def build_report_data(
         target.markers.append(idx)
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     return {
-        "title": title or f"sapper report: {Path(analysis.log.path).name}",
+        "title": title or f"sapper report: {_run_name(analysis.log.path)}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "source": analysis.summary(),
         "decimated": any(s.count > MAX_POINTS for c in charts for s in c.series),
@@ -270,6 +270,13 @@ def build_report_data(
         "checklist": _checklist(checklist, docs) if checklist is not None else None,
         "notes": analysis.notes,
     }
+
+
+def _run_name(path: str) -> str:
+    """The file name, with its folder when the name says nothing about the run
+    (every HF run's state is ``trainer_state.json``)."""
+    p = Path(path.split(" + ")[0])
+    return f"{p.parent.name}/{p.name}" if p.name == "trainer_state.json" else p.name
 
 
 def _clean(value: Any) -> Any:
