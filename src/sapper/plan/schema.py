@@ -313,6 +313,12 @@ class ParallelSpec(_Spec):
         default="tp-cp-ep-dp-pp",
         description="Megatron order, fastest-varying first: TP neighbours share a node.",
     )
+    overlap_dp_comm: bool = Field(
+        default=True,
+        description="Data-parallel gradient reduction and ZeRO parameter gathers overlap "
+        "compute (PyTorch DDP/FSDP; Megatron --overlap-grad-reduce/--overlap-param-gather; "
+        "DeepSpeed overlap_comm).",
+    )
 
     @field_validator("dp")
     @classmethod
