@@ -43,11 +43,15 @@ def bus_factor(kind: str, n: Any) -> Any:
     return 2.0 * frac if kind == ALL_REDUCE else frac
 
 
-def collective_time(kind: str, payload_bytes: Any, n: Any, bus_gbps: Any) -> Any:
+def collective_time(
+    kind: str, payload_bytes: Any, n: Any, bus_gbps: Any, calls: Any = 1
+) -> Any:
     """Seconds for one collective of ``payload_bytes`` over ``n`` ranks whose slowest link
-    sustains ``bus_gbps`` GB/s of bus bandwidth; zero when the group has one rank."""
+    sustains ``bus_gbps`` GB/s of bus bandwidth, issued as ``calls`` separate operations
+    (a ring of point-to-point steps pays the fixed latency once per step); zero when the
+    group has one rank."""
     n = np.asarray(n, dtype=float)
     factor = bus_factor(kind, n)
     wire = factor * np.asarray(payload_bytes, dtype=float) / (np.asarray(bus_gbps) * 1e9)
     active = (n > 1) if kind != P2P else np.ones_like(n, dtype=bool)
-    return np.where(active, wire + COLLECTIVE_LATENCY_S, 0.0)
+    return np.where(active, wire + np.asarray(calls) * COLLECTIVE_LATENCY_S, 0.0)

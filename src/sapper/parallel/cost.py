@@ -2,16 +2,19 @@
 
 The model, per GPU and per micro-batch on the slowest pipeline stage:
 
-* **compute**: executed FLOPs / (datasheet peak x sustained GEMM fraction) plus the
-  memory-bound element-wise work (norms, residual adds, activations, eager softmax) as
-  bytes / (HBM bandwidth x its sustained fraction). Training = 3 forwards; full
-  recomputation adds a forward, selective adds the attention core.
+* **compute**: matmuls as a roofline, the larger of executed FLOPs / (datasheet peak x
+  sustained GEMM fraction) and the weight and weight-gradient bytes they stream / HBM
+  bandwidth (few tokens per GPU make them memory-bound); plus the memory-bound
+  element-wise work (norms, residual adds, activations, eager softmax) as bytes / (HBM
+  bandwidth x its sustained fraction). Training = 3 forwards; full recomputation adds a
+  forward, selective adds the attention core.
 * **TP**: per layer, 2 all-reduces forward and 2 backward (+2 with full recomputation),
   or the same volume as all-gather + reduce-scatter with sequence parallelism. *Assumed
   not overlapped*: each sits between the matmuls that produce and consume it.
 * **EP**: 2 all-to-alls forward and 2 backward per MoE layer, not overlapped.
-* **CP**: ring attention passes K/V around the CP group (1x forward, 2x backward);
-  *assumed overlapped* with the attention core, only the excess is exposed.
+* **CP**: ring attention passes K/V around the CP group in CP-1 point-to-point steps
+  (1x forward, 2x backward); *assumed overlapped* with the attention core, only the
+  excess is exposed.
 * **PP**: one activation send forward and one gradient send backward per micro-batch and
   virtual chunk, at 1/TP of the activation (scatter/gather or sequence parallel), not
   overlapped; the pipeline runs at the pace of its slowest stage (the last one also
@@ -48,11 +51,11 @@ from sapper.parallel.collectives import (
     collective_time,
 )
 from sapper.parallel.efficiency import HBM_FRACTION, PCIE_GBPS, gemm_fraction
-from sapper.parallel.layout import CHECKPOINTING, Layout, placement
-from sapper.parallel.workload import Workload, padded_vocab
+from sapper.parallel.layout import CHECKPOINTING, Layout, placement, split_layers
+from sapper.parallel.workload import Workload
 from sapper.plan.schema import Plan
 
-__all__ = ["BREAKDOWN", "LayoutBatch", "StepCost", "evaluate", "predict_step"]
+__all__ = ["BREAKDOWN", "LayoutBatch", "StepCost", "cost_of", "evaluate", "predict_step"]
 
 #: Components of a step, in the order reports show them; they add up to the step time.
 BREAKDOWN: tuple[str, ...] = (
@@ -83,6 +86,7 @@ class LayoutBatch:
     ep: np.ndarray
     zero: np.ndarray
     ckpt: np.ndarray  # 0 none, 1 selective, 2 full
+    rc: np.ndarray  # share of layers fully recomputed (1/every_k with full, else 0)
     micro: np.ndarray
     ga: np.ndarray
     v: np.ndarray
@@ -95,24 +99,35 @@ class LayoutBatch:
     bw_grad: np.ndarray
     bw_expert: np.ndarray
     bw_pp: np.ndarray
+    l_max: np.ndarray  # most layers on a stage other than the last (all layers if pp = 1)
+    l_last: np.ndarray  # layers on the last stage (which also runs the output head)
 
     def __len__(self) -> int:
         return len(self.tp)
 
     @classmethod
-    def from_layouts(cls, layouts: Sequence[Layout], cluster: Cluster) -> LayoutBatch:
+    def from_layouts(
+        cls, layouts: Sequence[Layout], cluster: Cluster, layers: int
+    ) -> LayoutBatch:
         cols: dict[str, list[Any]] = {k: [] for k in cls.__dataclass_fields__}
         for lay in layouts:
             pl = placement(lay, cluster.gpus_per_node)
+            stages = split_layers(
+                layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers
+            ) or split_layers(layers, lay.pp)
+            assert stages is not None
             row = {
                 "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "ep": lay.ep,
                 "zero": lay.zero, "ckpt": CHECKPOINTING.index(lay.checkpointing),
+                "rc": 1.0 / lay.checkpoint_every if lay.checkpointing == "full" else 0.0,
                 "micro": lay.micro_batch, "ga": lay.grad_accum, "v": lay.virtual_stages,
                 "sp": lay.sequence_parallel, "offload": lay.offload_optimizer,
                 "overlap": lay.overlap_dp_comm,
                 "bw_tp": cluster.bus_gbps(pl.tp), "bw_cp": cluster.bus_gbps(pl.cp),
                 "bw_ep": cluster.bus_gbps(pl.ep), "bw_grad": cluster.bus_gbps(pl.grad),
                 "bw_expert": cluster.bus_gbps(pl.expert_grad), "bw_pp": cluster.bus_gbps(pl.pp),
+                "l_max": max(stages[:-1]) if lay.pp > 1 else layers,
+                "l_last": stages[-1],
             }
             for k, val in row.items():
                 cols[k].append(val)
@@ -130,7 +145,8 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     tp, pp, cp, dp, ep = f(b.tp), f(b.pp), f(b.cp), f(b.dp), f(b.ep)
     micro, m, v = f(b.micro), f(b.ga), f(b.v)
-    full, sel = b.ckpt == 2, b.ckpt >= 1
+    rc = f(b.rc)  # share of layers whose forward is recomputed in full
+    sel = b.ckpt == 1
     flops_rate = cluster.peak_flops * gemm_fraction(cluster.gpu)
     hbm = cluster.gpu.hbm_gbps * 1e9 * HBM_FRACTION
     ab = w.act_bytes
@@ -139,16 +155,22 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     # -- one layer, one micro-batch, forward + backward (+ recompute) --------------------
     gemm = tokens * w.gemm_flops / tp
     attn = tokens * w.attn_flops * w.attn_exec / tp
-    exec_flops = 3 * (gemm + attn) + np.where(full, gemm, 0) + np.where(sel, attn, 0)
-    t_attn = (3 * attn + np.where(sel, attn, 0)) / flops_rate
+    exec_flops = 3 * (gemm + attn) + rc * (gemm + attn) + np.where(sel, attn, 0)
+    t_attn = (3 * attn + rc * attn + np.where(sel, attn, 0)) / flops_rate
     rep = np.where(b.sp, w.elem_replicated / tp, w.elem_replicated)
     scores = tokens * w.elem_scores / tp
     elem_fwd = tokens * (rep + w.elem_split / tp) + scores
-    elems = 3 * elem_fwd + np.where(full, elem_fwd, np.where(sel, scores, 0))
-    t_compute = exec_flops / flops_rate + elems * ab / hbm
+    elems = 3 * elem_fwd + rc * elem_fwd + np.where(sel, scores, 0)
+    # Matmuls are a roofline: their FLOPs, or streaming the layer's weights (forward,
+    # recompute, backward data-gradient) and accumulating its weight gradients
+    # (read + write), whichever takes longer: few tokens per GPU make them memory-bound.
+    w_local = w.layer_params / tp + w.expert_params / (tp * ep)
+    w_bytes = w_local * (ab * (2 + rc) + 2 * w.grad_bytes)
+    t_matmul = np.maximum(exec_flops / flops_rate, w_bytes / hbm)
+    t_compute = t_matmul + elems * ab / hbm
 
     act = tokens * w.hidden * ab  # one activation tensor [tokens, h]
-    n_tp = 4 + np.where(full, 2, 0)
+    n_tp = 4 + 2 * rc
     t_tp_one = np.where(
         b.sp,
         collective_time(ALL_GATHER, act, tp, b.bw_tp)
@@ -166,21 +188,20 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     kv_bytes = micro * w.seq_len * 2 * w.kv_heads * w.head_dim * ab / np.minimum(
         tp, w.kv_heads
     )
-    t_cp_raw = (3 + np.where(full, 1, 0)) * collective_time(ALL_GATHER, kv_bytes, cp, b.bw_cp)
+    t_cp_raw = (3 + rc) * collective_time(ALL_GATHER, kv_bytes, cp, b.bw_cp, calls=cp - 1)
     t_cp = np.maximum(0.0, t_cp_raw - t_attn)
 
     # -- stages: balanced, the last stage also runs the output head ----------------------
-    layers_max = np.ceil(w.layers / pp)
-    layers_last = np.floor(w.layers / pp)
+    layers_max, layers_last = f(b.l_max), f(b.l_last)
     vpad = _padded_vocab(w.vocab, b.tp).astype(float)
     head = tokens * 2 * w.hidden * vpad / tp
     t_head = 3 * head / flops_rate + tokens * vpad / tp * _CE_PASSES * _LOGIT_BYTES / hbm
     t_head_tp = collective_time(ALL_REDUCE, act, tp, b.bw_tp)
     per_layer = t_compute + t_tp + t_ep + t_cp
     mid = layers_max * per_layer
-    last = np.where(pp > 1, layers_last, w.layers) * per_layer + t_head + t_head_tp
+    last = layers_last * per_layer + t_head + t_head_tp
     slow_last = last >= mid
-    n_layers = np.where(slow_last, np.where(pp > 1, layers_last, w.layers), layers_max)
+    n_layers = np.where(slow_last, layers_last, layers_max)
     t_mb = np.maximum(mid, last)
     head_share = np.where(slow_last, 1.0, 0.0)
     mb_compute = n_layers * t_compute + head_share * t_head
@@ -243,9 +264,10 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     step_tokens = global_batch * w.seq_len
     world = tp * pp * cp * dp
     model_flops = w.model_flops_per_token() * step_tokens
-    rc = np.where(full, w.recompute_flops_per_token("full"),
-                  np.where(sel, w.recompute_flops_per_token("selective"), 0.0))
-    hw_flops = model_flops + rc * step_tokens
+    redo = rc * w.recompute_flops_per_token("full") + np.where(
+        sel, w.recompute_flops_per_token("selective"), 0.0
+    )
+    hw_flops = model_flops + redo * step_tokens
     out = {
         "compute": m * mb_compute,
         "tp_comm": m * mb_tp,
@@ -339,8 +361,6 @@ def predict_step(plan: Plan, layout: Layout | None = None) -> StepCost:
                 field="parallel.dp",
                 expected="GPUs divisible by tp·pp·cp, or an explicit dp",
             )
-    result = evaluate(work, cluster, LayoutBatch.from_layouts([layout], cluster))
+    result = evaluate(work, cluster, LayoutBatch.from_layouts([layout], cluster, work.layers))
     return cost_of(result, 0, layout)
 
-
-__all__ += ["cost_of", "padded_vocab"]

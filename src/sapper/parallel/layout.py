@@ -14,7 +14,7 @@ experts, the rest of DP replicates them), so the world size is TP·CP·DP·PP an
 from __future__ import annotations
 
 import functools
-import itertools
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,6 +29,7 @@ __all__ = [
     "group_span",
     "parse_rank_order",
     "placement",
+    "split_layers",
 ]
 
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
@@ -36,6 +37,7 @@ RANK_DIMS = ("tp", "cp", "ep", "dp", "pp")
 CHECKPOINTING = ("none", "selective", "full")
 
 
+@functools.lru_cache(maxsize=64)
 def parse_rank_order(order: str) -> tuple[str, ...] | None:
     """The dimensions of a rank order, fastest first; None unless it names tp, cp, dp and
     pp exactly once each (ep optional, then placed just before dp)."""
@@ -50,6 +52,31 @@ def parse_rank_order(order: str) -> tuple[str, ...] | None:
     return dims
 
 
+def split_layers(
+    layers: int, pp: int, first: int | None = None, last: int | None = None
+) -> list[int] | None:
+    """Layers on each pipeline stage, first to last; None when the explicit first/last
+    counts leave a remainder the other stages cannot share evenly (Megatron's rule).
+
+    Without explicit counts the split is as even as possible, the extra layers going to
+    the first stages (so the last one, which also runs the output head, gets fewer)."""
+    if pp == 1:
+        return [layers]
+    if first is None and last is None:
+        base, extra = divmod(layers, pp)
+        return [base + (1 if i < extra else 0) for i in range(pp)]
+    fixed = [x for x in (first, last) if x is not None]
+    rest, stages = layers - sum(fixed), pp - len(fixed)
+    if rest < 0 or (stages == 0 and rest != 0):
+        return None
+    if stages == 0:
+        return [first or 0, last or 0]
+    if rest % stages or rest == 0:
+        return None
+    mid = [rest // stages] * stages
+    return ([first] if first is not None else []) + mid + ([last] if last is not None else [])
+
+
 @dataclass(frozen=True)
 class Layout:
     """One way to split a job over GPUs. ``grad_accum`` is micro-batches per optimizer
@@ -62,6 +89,8 @@ class Layout:
     ep: int = 1
     zero: int = 0
     checkpointing: str = "none"
+    #: With full checkpointing, one block in ``checkpoint_every`` is recomputed.
+    checkpoint_every: int = 1
     micro_batch: int = 1
     grad_accum: int = 1
     virtual_stages: int = 1
@@ -70,6 +99,8 @@ class Layout:
     rank_order: str = DEFAULT_RANK_ORDER
     offload_optimizer: bool = False
     overlap_dp_comm: bool = True
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
     @property
     def world(self) -> int:
@@ -89,9 +120,10 @@ class Layout:
         parts += [f"ZeRO-{self.zero}", f"mb{self.micro_batch}", f"GA{self.grad_accum}"]
         if self.virtual_stages > 1:
             parts.append(f"v{self.virtual_stages}")
-        parts.append({"none": "no-ckpt", "selective": "sel-ckpt", "full": "full-ckpt"}[
-            self.checkpointing
-        ])
+        ckpt = {"none": "no-ckpt", "selective": "sel-ckpt", "full": "full-ckpt"}
+        parts.append(ckpt[self.checkpointing])
+        if self.checkpointing == "full" and self.checkpoint_every > 1:
+            parts[-1] += f"/{self.checkpoint_every}"
         return " ".join(parts)
 
     @classmethod
@@ -109,6 +141,7 @@ class Layout:
             ep=par.ep,
             zero=par.zero_stage,
             checkpointing=par.checkpointing.granularity,
+            checkpoint_every=par.checkpointing.every_k_layers,
             micro_batch=plan.batch.micro_batch_size or 1,
             grad_accum=plan.grad_accum or 1,
             virtual_stages=par.virtual_pipeline_stages,
@@ -117,10 +150,48 @@ class Layout:
             rank_order=par.rank_order,
             offload_optimizer=par.offload_optimizer != "none",
             overlap_dp_comm=par.overlap_dp_comm,
+            first_stage_layers=par.first_stage_layers,
+            last_stage_layers=par.last_stage_layers,
         )
 
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def apply(self, plan: Plan) -> Plan:
+        """``plan`` with this layout (global batch kept as micro x GA x DP). Built with
+        ``model_copy`` (no re-validation): the planner makes thousands of these."""
+        par = plan.parallel
+        ckpt = par.checkpointing.model_copy(
+            update={"granularity": self.checkpointing, "every_k_layers": self.checkpoint_every}
+        )
+        parallel = par.model_copy(
+            update={
+                "tp": self.tp,
+                "pp": self.pp,
+                "cp": self.cp,
+                "dp": self.dp,
+                "ep": self.ep,
+                "zero_stage": self.zero,
+                "sequence_parallel": self.sequence_parallel,
+                "virtual_pipeline_stages": self.virtual_stages,
+                "pipeline_schedule": self.schedule,
+                "checkpointing": ckpt,
+                "rank_order": self.rank_order,
+                "overlap_dp_comm": self.overlap_dp_comm,
+                "first_stage_layers": self.first_stage_layers,
+                "last_stage_layers": self.last_stage_layers,
+                "offload_optimizer": par.offload_optimizer if self.offload_optimizer else "none",
+            }
+        )
+        batch = plan.batch.model_copy(
+            update={
+                "micro_batch_size": self.micro_batch,
+                "gradient_accumulation_steps": self.grad_accum,
+                "global_batch_size": self.micro_batch * self.grad_accum * self.dp,
+            }
+        )
+        hardware = plan.hardware.model_copy(update={"num_gpus": self.world})
+        return plan.model_copy(update={"parallel": parallel, "batch": batch, "hardware": hardware})
 
 
 @dataclass(frozen=True)
@@ -150,11 +221,11 @@ def _radix(layout: Layout) -> tuple[tuple[str, ...], dict[str, int]]:
 def _span(order: tuple[str, ...], degrees: tuple[int, ...], dims: frozenset[str],
           gpn: int) -> GroupSpan:
     deg = dict(zip(order, degrees, strict=True))
-    size = int(np.prod([deg[d] for d in order if d in dims]))
+    size = math.prod(deg[d] for d in order if d in dims)
     if size <= 1:
         return GroupSpan(1, 1, 1)
     idx = [i for i, d in enumerate(order) if d in dims and deg[d] > 1]
-    stride = int(np.prod([deg[d] for d in order[: idx[0]]]))
+    stride = math.prod(deg[d] for d in order[: idx[0]])
     contiguous = all(deg[order[i]] == 1 or order[i] in dims for i in range(idx[0], idx[-1] + 1))
     if contiguous:
         block = stride * size
@@ -170,20 +241,32 @@ def _span(order: tuple[str, ...], degrees: tuple[int, ...], dims: frozenset[str]
 
 def _exact_span(order: tuple[str, ...], deg: dict[str, int], dims: frozenset[str],
                 gpn: int) -> GroupSpan:
+    """Place every group rank by rank (for degrees that do not tile the nodes evenly)."""
     strides, s = {}, 1
     for d in order:
         strides[d] = s
         s *= deg[d]
+
     def offsets(names: list[str]) -> np.ndarray:
-        axes = [np.arange(deg[d]) * strides[d] for d in names]
-        return np.array([sum(c) for c in itertools.product(*axes)], dtype=np.int64)
+        out = np.zeros(1, dtype=np.int64)
+        for d in names:
+            out = np.add.outer(out, np.arange(deg[d], dtype=np.int64) * strides[d]).ravel()
+        return out
+
     members = offsets([d for d in order if d in dims])
     bases = offsets([d for d in order if d not in dims])
-    nodes = (bases[:, None] + members[None, :]) // gpn
-    nodes.sort(axis=1)
-    distinct = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
-    counts = [np.unique(row, return_counts=True)[1].min() for row in nodes]
-    return GroupSpan(len(members), int(distinct.max()), int(min(counts)))
+    nodes = np.sort((bases[:, None] + members[None, :]) // gpn, axis=1)
+    change = np.diff(nodes, axis=1) != 0
+    distinct = 1 + change.sum(axis=1)
+    # run lengths of equal node ids in each sorted row: the members sharing a node
+    bounds = np.concatenate(
+        [np.ones((len(nodes), 1), bool), change, np.ones((len(nodes), 1), bool)], axis=1
+    )
+    cols = bounds.shape[1]
+    idx = np.flatnonzero(bounds)
+    runs = np.diff(idx)[idx[:-1] % cols != cols - 1]  # skip row-end -> next-row-start
+    fewest = int(runs.min())
+    return GroupSpan(len(members), int(distinct.max()), fewest)
 
 
 def group_span(layout: Layout, dims: tuple[str, ...], gpus_per_node: int) -> GroupSpan:

@@ -64,9 +64,9 @@ class Workload:
     elem_scores: float
     #: Bytes of one activation element (2 for fp16/bf16/fp8 training, 4 for fp32/tf32).
     act_bytes: int
-    #: Bytes of one gradient element in the data-parallel reduction: fp16 training reduces
-    #: fp16 gradients; bf16/fp8 training accumulates and reduces fp32 main gradients
-    #: (Megatron's default, and what fp32 parameters under autocast produce).
+    #: Bytes of one gradient element in the data-parallel reduction: ``precision.grad_dtype``
+    #: when given; else the weights' dtype (2 bytes for fp16/bf16/fp8 weights; 4 for fp32
+    #: training and for fp32 weights under autocast), as the memory model assumes.
     grad_bytes: int
     #: Parameters of one layer outside the experts (attention, norms, dense MLP, router).
     layer_params: float
@@ -116,7 +116,9 @@ class Workload:
         expert_params = m.num_experts * mats * h * expert_ffn if m.is_moe else 0
         dtype = plan.precision.dtype
         act_bytes = 4 if dtype in ("fp32", "tf32") else 2
-        grad_bytes = 2 if dtype == "fp16" else 4
+        low = dtype not in ("fp32", "tf32") and not plan.precision.autocast
+        grad_dtype = plan.precision.grad_dtype
+        grad_bytes = 4 if grad_dtype == "fp32" else 2 if grad_dtype or low else 4
         opt = plan.optimizer.type
         adam_like = "adam" in opt or opt == "lamb"
         return cls(

@@ -336,6 +336,19 @@ class ParallelSpec(_Spec):
         default="tp-cp-ep-dp-pp",
         description="Megatron order, fastest-varying first: TP neighbours share a node.",
     )
+    first_stage_layers: int | None = Field(
+        default=None,
+        gt=0,
+        description="Layers on the first pipeline stage (Megatron "
+        "--decoder-first-pipeline-num-layers; it also holds the embedding and the most "
+        "micro-batches in flight); default: an even split.",
+    )
+    last_stage_layers: int | None = Field(
+        default=None,
+        gt=0,
+        description="Layers on the last pipeline stage (--decoder-last-pipeline-num-layers; "
+        "it also runs the output head and loss); default: an even split.",
+    )
     overlap_dp_comm: bool = Field(
         default=True,
         description="Data-parallel gradient reduction and ZeRO parameter gathers overlap "
