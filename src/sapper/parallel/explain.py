@@ -21,9 +21,9 @@ from sapper.parallel.layout import Layout, placement
 if TYPE_CHECKING:
     from sapper.parallel.search import Candidate, _MemoryWalk
 
-__all__ = ["compare", "explain_candidates", "placement_lines"]
+__all__ = ["LABELS", "compare", "explain_candidates", "placement_lines"]
 
-_LABEL = {
+LABELS = {
     "compute": "compute",
     "tp_comm": "TP comm",
     "cp_comm": "CP comm",
@@ -92,8 +92,10 @@ def compare(winner: StepCost, other: StepCost) -> str:
         k: (other.breakdown[k] - winner.breakdown[k]) / winner.step_time_s for k in BREAKDOWN
     }
     top = sorted(diffs, key=lambda k: -abs(diffs[k]))[:2]
-    parts = [f"{_LABEL[k]} {'+' if diffs[k] >= 0 else '−'}{_pct(abs(diffs[k]))}" for k in top
+    parts = [f"{LABELS[k]} {'+' if diffs[k] >= 0 else '−'}{_pct(abs(diffs[k]))}" for k in top
              if abs(diffs[k]) >= 0.001]
+    if abs(ratio - 1) < 0.005:
+        return "as fast (within 0.5%)"
     speed = f"{ratio:.2f}× slower" if ratio >= 1 else f"{1 / ratio:.2f}× faster"
     return speed + (f" ({', '.join(parts)} of this step)" if parts else "")
 

@@ -33,6 +33,19 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // unit) * unit
 
 
+#: Element passes (reads + writes, in activation-sized units) of one normalization:
+#: a fused kernel reads x and writes y; Hugging Face's RMSNorm runs ~5 kernels with an
+#: fp32 upcast (cast, square, mean, scale, weight multiply), ~8 passes.
+_NORM_PASSES = {"fused": 2.0, "unfused_rms": 8.0}
+#: MLP activation, per element of the inner width: fused GELU-with-bias reads and writes
+#: once (2); fused SwiGLU reads gate and up and writes once (3); eager SiLU(gate)·up runs
+#: two kernels (5); eager GELU one (2).
+_ACT_PASSES = {(False, True): 2.0, (True, True): 3.0, (False, False): 2.0, (True, False): 5.0}
+#: RoPE per query/key element: fused in-place (2); eager q·cos + rotate_half(q)·sin runs a
+#: concatenation, two multiplies and an add (~10).
+_ROPE_PASSES = {True: 2.0, False: 10.0}
+
+
 @dataclass(frozen=True)
 class Workload:
     """Per-token costs of one model at one sequence length and dtype."""
@@ -55,7 +68,9 @@ class Workload:
     #: Executed fraction of ``attn_flops``: 0.5 for causal flash/SDPA, 1.0 for eager.
     attn_exec: float
     #: Forward element passes (reads + writes) per token per layer that every TP rank
-    #: repeats unless sequence parallelism splits them: norms, residual adds, dropout.
+    #: repeats unless sequence parallelism splits them: two norms, two residual adds
+    #: (read two, write one), dropout masks. Counts follow ``model.implementation``:
+    #: fused kernels (Megatron) or Hugging Face's eager modules.
     elem_replicated: float
     #: Forward element passes per token per layer split by TP: MLP activation, RoPE.
     elem_split: float
@@ -102,11 +117,14 @@ class Workload:
             mlp = 2 * mats * h * ffn
             mlp_width = ffn
         dropout = m.dropout > 0
-        elem_rep = 10.0 + (1.0 if dropout else 0.0)
-        act_per_mlp = 3.0 if m.activation.gated else 2.0
+        fused = m.implementation != "transformers"
+        rms = m.norm_type.value == "rmsnorm"
+        norm = _NORM_PASSES["fused" if fused or not rms else "unfused_rms"]
+        elem_rep = 2 * norm + 6.0 + (1.0 if dropout else 0.0)
+        act_per_mlp = _ACT_PASSES[(m.activation.gated, fused)]
         elem_split = act_per_mlp * mlp_width / h
         if m.position_encoding == PositionEncoding.ROPE:
-            elem_split += 2.0 * (a + kv) * d / h
+            elem_split += _ROPE_PASSES[fused] * (a + kv) * d / h
         eager = m.attention_impl == AttentionImpl.EAGER
         scores = (4.0 + (2.5 if dropout else 0.0)) * a * s / h if eager else 0.0
         attn_params = h * (a + 2 * kv) * d + a * d * h
