@@ -105,6 +105,8 @@ class SearchResult:
     memory_rejected: int
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    #: Seconds spent enumerating, costing, checking memory (ranking walk) and explaining.
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def best(self) -> Candidate | None:
@@ -117,6 +119,7 @@ class SearchResult:
             "memory_checks": self.memory_checks,
             "memory_rejected": self.memory_rejected,
             "elapsed_s": self.elapsed_s,
+            "timings_s": self.timings,
             "top": [c.to_json() for c in self.top],
             "current": self.current.to_json() if self.current else None,
             "notes": self.notes,
@@ -330,11 +333,21 @@ def search(
     check), one per TP/PP/CP/EP split (its ZeRO, recomputation and micro-batch variants
     are compared in the reasons), each with the reasons it wins
     (:mod:`sapper.parallel.explain`)."""
-    start = time.perf_counter()
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = now - clock[0]
+        clock[0] = now
+
+    timings: dict[str, float] = {}
+    start = clock[0]
     batch, work, cluster = enumerate_layouts(plan)
+    lap("enumerate")
     order = plan.parallel.rank_order
     result = evaluate(work, cluster, batch)
     ranking = _rank(result, batch)
+    lap("cost")
     walk = (
         _MemoryWalk(plan, batch, order, memory, _state_floor(plan, work, batch, result))
         if memory
@@ -351,6 +364,7 @@ def search(
         splits.add(split)
         if len(chosen) >= top:
             break
+    lap("memory")
     notes: list[str] = []
     if not chosen:
         notes.append("no layout fits in memory: add GPUs, or a GPU with more memory")
@@ -370,6 +384,7 @@ def search(
         from sapper.parallel.explain import explain_candidates
 
         explain_candidates(cands, current, result, batch, ranking, walk, cluster, order)
+    lap("explain")
     return SearchResult(
         top=cands,
         current=current,
@@ -379,6 +394,7 @@ def search(
         memory_rejected=walk.rejected if walk else 0,
         elapsed_s=time.perf_counter() - start,
         notes=notes,
+        timings=timings,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sapper.parallel.cluster import Cluster
-from sapper.parallel.layout import Layout, group_span, parse_rank_order
+from sapper.parallel.layout import Layout, group_span, parse_rank_order, split_layers
 from sapper.parallel.workload import padded_vocab
 from sapper.plan.schema import ModelSpec, Plan
 from sapper.rules.model import Severity
@@ -309,6 +309,10 @@ def _layers(plan: Plan) -> Iterator[LayoutIssue]:
     if m is None or pp == 1:
         return
     L, chunks = m.num_layers, pp * v
+    first, last = p.first_stage_layers, p.last_stage_layers
+    if first is not None or last is not None:
+        yield from _explicit_split(L, pp, v, first, last)
+        return
     if chunks > L:
         yield LayoutIssue(
             "P107",
@@ -335,6 +339,39 @@ def _layers(plan: Plan) -> Iterator[LayoutIssue]:
             threshold=chunks,
             fix="choose pp (and v) dividing the layer count, or give the first and last "
             "stages fewer layers explicitly (they also hold the embedding and the head)",
+        )
+
+
+def _explicit_split(
+    L: int, pp: int, v: int, first: int | None, last: int | None
+) -> Iterator[LayoutIssue]:
+    stages = split_layers(L, pp, first, last)
+    given = f"first_stage_layers({first}), last_stage_layers({last})"
+    if stages is None:
+        fixed = sum(x for x in (first, last) if x is not None)
+        rest = pp - sum(x is not None for x in (first, last))
+        yield LayoutIssue(
+            "P107",
+            Severity.ERROR,
+            f"{given}: the other {L} - {fixed} = {L - fixed} layers do not split evenly "
+            f"over the remaining {rest} stages",
+            source="parallel.first_stage_layers",
+            value=L - fixed,
+            threshold=rest,
+            fix="choose first/last stage layer counts that leave a multiple of the other "
+            "stages",
+        )
+        return
+    uneven = sorted({n for n in stages if n % v})
+    if v > 1 and uneven:
+        yield LayoutIssue(
+            "P107",
+            Severity.WARNING,
+            f"stages of {', '.join(map(str, uneven))} layers do not split into "
+            f"v({v}) equal chunks; Megatron's interleaved schedule requires it",
+            source="parallel.virtual_pipeline_stages",
+            value=v,
+            fix="use a number of virtual stages dividing every stage's layer count",
         )
 
 
