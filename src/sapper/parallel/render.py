@@ -11,38 +11,51 @@ from sapper.parallel.search import Candidate, SearchResult
 
 __all__ = ["render_search"]
 
-_COLUMNS = (
-    ("compute", "compute"),
-    ("tp_comm", "TP"),
-    ("pp_p2p", "p2p"),
-    ("bubble", "bubble"),
-    ("dp_comm", "DP"),
-)
+_SHORT = {
+    "compute": "compute",
+    "tp_comm": "TP",
+    "cp_comm": "CP",
+    "ep_comm": "EP",
+    "pp_p2p": "p2p",
+    "bubble": "bubble",
+    "dp_comm": "DP",
+    "optimizer": "opt",
+}
+
+
+def _split(c: Candidate) -> str:
+    lay = c.layout
+    parts = [f"TP{lay.tp}" + ("+SP" if lay.sequence_parallel else "")]
+    parts.append(f"PP{lay.pp}" + (f"x{lay.virtual_stages}" if lay.virtual_stages > 1 else ""))
+    if lay.cp > 1:
+        parts.append(f"CP{lay.cp}")
+    parts.append(f"DP{lay.dp}")
+    if lay.ep > 1:
+        parts.append(f"EP{lay.ep}")
+    return " ".join(parts)
+
+
+def _breakdown(c: Candidate) -> str:
+    return " ".join(
+        f"{_SHORT[k]} {100 * v:.0f}%" for k, v in c.cost.shares().items() if v >= 0.005
+    )
 
 
 def _row(rank: str, c: Candidate) -> list[str]:
     lay, cost = c.layout, c.cost
-    shares = cost.shares()
-    other = sum(v for k, v in shares.items() if k not in dict(_COLUMNS))
     ckpt = {"none": "-", "selective": "sel", "full": "full"}[lay.checkpointing]
     mem = "?" if c.memory_gib is None else f"{c.memory_gib:.0f}"
     return [
         rank,
-        str(lay.tp) + ("+SP" if lay.sequence_parallel else ""),
-        str(lay.pp) + (f"x{lay.virtual_stages}" if lay.virtual_stages > 1 else ""),
-        str(lay.cp),
-        str(lay.dp),
+        _split(c),
         str(lay.zero),
         ckpt,
-        str(lay.micro_batch),
-        str(lay.grad_accum),
+        f"{lay.micro_batch}x{lay.grad_accum}",
         f"{cost.step_time_s:.3g}",
-        f"{cost.tokens_per_s:,.0f}",
         f"{cost.model_tflops_per_gpu:.0f}",
         f"{100 * cost.mfu:.0f}%",
         mem,
-        *(f"{100 * shares[k]:.0f}%" for k, _ in _COLUMNS),
-        f"{100 * other:.0f}%",
+        _breakdown(c),
     ]
 
 
@@ -50,12 +63,11 @@ def render_search(result: SearchResult, why: int = 3) -> Group:
     """The ranked layouts as a table with the step breakdown, then the reasons for the
     first ``why`` of them and how the plan's own layout compares."""
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for name in ("#", "TP", "PP", "CP", "DP", "ZeRO", "ckpt", "mb", "GA", "step s",
-                 "tokens/s", "TFLOP/s", "MFU", "GiB"):
-        table.add_column(name, justify="left" if name in ("#", "ckpt") else "right")
-    for _, label in _COLUMNS:
-        table.add_column(label, justify="right")
-    table.add_column("other", justify="right")
+    for name, justify in (("#", "left"), ("layout", "left"), ("ZeRO", "right"),
+                          ("ckpt", "left"), ("mb x GA", "right"), ("step s", "right"),
+                          ("TFLOP/s", "right"), ("MFU", "right"), ("GiB", "right"),
+                          ("where the step goes", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, cand in enumerate(result.top, 1):
         table.add_row(*_row(str(i), cand))
     if result.current is not None:
