@@ -25,7 +25,7 @@ def test_table_and_reasons() -> None:
     res = invoke("plan", str(EXAMPLES / "healthy-llama-7b.yaml"), "--top", "3")
     assert res.exit_code == 0, res.output
     assert "valid layouts of 64 GPUs ranked in" in res.output
-    for head in ("TP", "PP", "ZeRO", "TFLOP/s", "MFU", "GiB", "bubble"):
+    for head in ("layout", "ZeRO", "ckpt", "mb x GA", "TFLOP/s", "MFU", "GiB", "compute"):
         assert head in res.output
     assert "yours" in res.output
     assert "#1 TP" in res.output and "your layout (TP2 PP1 DP32" in res.output
