@@ -128,7 +128,7 @@ def explain_candidates(
             if dim == "ckpt":
                 mine = ("none", "selective", "full").index(lay.checkpointing)
             others = ranking[ranked[dim] != mine]
-            line = _alternative(cand, dim, others, result, batch, walk, cluster, order, budget)
+            line = _alternative(cand, dim, others, result, batch, walk, order, budget)
             if line:
                 lines.append(line)
         if current is not None and current.layout != lay:
@@ -155,7 +155,6 @@ def _alternative(
     result: dict[str, np.ndarray],
     batch: LayoutBatch,
     walk: _MemoryWalk | None,
-    cluster: Cluster,
     order: str,
     budget: int,
 ) -> str | None:
@@ -176,10 +175,7 @@ def _alternative(
             )
             if blocked is not None:
                 need = f" ≥ {blocked[1]:.0f} GiB" if blocked[1] is not None else " more memory"
-                text += (
-                    f"; faster {_alt_name(blocked[0], dim)} layouts need{need} "
-                    f"> {cluster.gpu.memory_gib:g} GiB"
-                )
+                text += f"; faster {_alt_name(blocked[0], dim)} layouts need{need} (no fit)"
             return text
         if blocked is None and result["step_time"][j] < cand.cost.step_time_s:
             blocked = (alt, gib)
@@ -187,10 +183,7 @@ def _alternative(
             break
     if blocked is not None:
         need = f"≥ {blocked[1]:.0f} GiB" if blocked[1] is not None else "more memory"
-        return (
-            f"{_alt_name(blocked[0], dim)} would be faster but needs {need} > "
-            f"{cluster.gpu.memory_gib:g} GiB"
-        )
+        return f"{_alt_name(blocked[0], dim)} would be faster but needs {need} (no fit)"
     return None
 
 
