@@ -39,7 +39,13 @@ class BlockActivations:
     selective: int  # kept with selective recompute (attention core recomputed)
     boundary: int  # kept with full checkpointing (the block's input)
     fwd_extra: int  # momentary extra during the block's forward
-    bwd_extra: int  # gradients of intermediates in flight during its backward
+    #: Moments of the block's backward: (bytes of this block alive then — what it still
+    #: keeps plus the gradients of its intermediates in flight —, share of the block's
+    #: weight gradients already produced). MLP core, norm 2, attention core, norm 1.
+    moments: tuple[tuple[int, float], ...]
+    #: The first norm keeps the block's input itself (so a checkpointed block's saved
+    #: input and its recomputed tensors share it).
+    input_in_saved: bool = True
 
     def kept(self, mode: str) -> int:
         return {"none": self.saved, "selective": self.selective, "full": self.boundary}[mode]
@@ -72,6 +78,46 @@ def _act_extra(act: str) -> int:
     return 3 if act == "gelu_tanh_python" else 0
 
 
+def _weight_shares(sh: Shape) -> tuple[float, float, float]:
+    """Shares of a block's weights in the MLP's output projection, the whole MLP, and
+    the MLP plus the attention's output projection (gradients appear in that order)."""
+    h, f = sh.hidden, sh.expert_ffn if sh.moe else sh.ffn
+    q, kv = sh.heads * sh.head_dim, sh.kv_heads * sh.head_dim
+    n_in = 2 if sh.gated else 1
+    experts = sh.experts if sh.moe else 1
+    mlp = experts * (n_in + 1) * h * f
+    attn = h * (q + 2 * kv) + q * h
+    total = mlp + attn
+    return experts * f * h / total, mlp / total, (mlp + q * h) / total
+
+
+def _moments(
+    sh: Shape,
+    n: int,
+    *,
+    s_attn: float,
+    s_mlp: float,
+    norm_saved: float,
+    norm_bwd: float,
+    resid: float,
+    mlp_grads: float,
+    core_freed: float,
+    core_grads: float,
+) -> tuple[tuple[int, float], ...]:
+    """The four moments of a block's backward, per token then scaled by ``n`` tokens."""
+    down, mlp_all, mlp_o = _weight_shares(sh)
+    m1 = s_attn + s_mlp + mlp_grads + resid  # MLP core: its gradients in flight
+    m2 = s_attn + norm_saved + norm_bwd + resid  # second norm (MLP tensors freed)
+    m3 = s_attn - core_freed + core_grads + resid  # attention core
+    m4 = norm_saved + norm_bwd + resid  # first norm
+    return (
+        (int(m1 * n), down),
+        (int(m2 * n), mlp_all),
+        (int(m3 * n), mlp_o),
+        (int(m4 * n), 1.0),
+    )
+
+
 def _megatron(sh: Shape, device: str) -> BlockActivations:
     c = sh.recipe.compute
     h, s = sh.hidden, sh.seq // sh.cp
@@ -101,15 +147,27 @@ def _megatron(sh: Shape, device: str) -> BlockActivations:
     selective = int((per_token - scores) * n)
     boundary = int(c * h * rep * n)
     fwd_extra = int(n * max(2 * scores, c * 2 * f))
-    bwd_extra = int(n * (2 * c * h * rep + max(2 * scores, 2 * c * width)))
-    return BlockActivations(saved, selective, boundary, fwd_extra, bwd_extra)
+    soft = c * heads * s
+    moments = _moments(
+        sh,
+        n,
+        s_attn=attn + scores,
+        s_mlp=mlp,
+        norm_saved=ln,
+        norm_bwd=c * h * rep,
+        resid=c * h * rep,
+        mlp_grads=(2 * c * f if sh.gated else c * f),
+        core_freed=(scores - soft) if scores else 0,
+        core_grads=(2 * soft if scores else c * (q + 2 * kv)),
+    )
+    return BlockActivations(saved, selective, boundary, fwd_extra, moments, True)
 
 
 def _transformers(sh: Shape, device: str) -> BlockActivations:
     rc = sh.recipe
     c, r, ac = rc.compute, rc.residual, rc.autocast
     h, s = sh.hidden, sh.seq // sh.cp
-    q, kv, heads, f, rep = _dims(sh)
+    q, kv, heads, f, _rep = _dims(sh)
     mask = _mask_bytes(sh, device, c)
     # norms: what a norm keeps of its input x (the residual stream) and its output
     if sh.norm == "layernorm":
@@ -150,15 +208,39 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         mlp = proj_in(n_mlp_proj) + mlp_one
     mlp += norm + mask * h
     per_token = attn + scores + mlp
-    n = sh.micro_batch * s
+    n = tokens(sh)
     saved = int(per_token * n)
     selective = saved  # Hugging Face modules have no selective recompute
     boundary = int(r * h * n)
     fwd_extra = int(n * max(2 * c * heads * s if sh.attn_impl == "eager" else 0, 2 * c * f))
-    grad_width = max(scores * 2, 2 * c * width)
-    bwd_extra = int(n * (2 * r * h + grad_width))
-    del rep
-    return BlockActivations(saved, selective, boundary, fwd_extra, bwd_extra)
+    down_in = c * f  # the MLP's output projection input, freed first
+    python_act = _act_extra(sh.act) > 0
+    mlp_grads = (3 if (sh.gated or python_act) else 2) * c * f - down_in
+    if sh.attn_impl == "eager":
+        soft = (4 if (ac or c == 4 or sh.family != "gpt2") else 2) * heads * s
+        # the value matmul frees its inputs (probabilities as it saw them, v) and the
+        # out-projection its input; softmax backward then holds probabilities, their
+        # gradient and the gradient of the scores, next to the gradient of v
+        core_freed = c * q + c * kv * n_rep + (scores - soft)
+        core_grads = 3 * soft - soft + c * kv * n_rep
+    else:
+        core_freed = 0
+        core_grads = c * (q + 2 * kv)
+    norm_bwd = r * h if sh.norm == "layernorm" else 16 * h
+    moments = _moments(
+        sh,
+        n,
+        s_attn=attn + scores,
+        s_mlp=mlp,
+        norm_saved=norm,
+        norm_bwd=norm_bwd,
+        resid=r * h,
+        mlp_grads=mlp_grads,
+        core_freed=core_freed,
+        core_grads=core_grads,
+    )
+    shares_input = sh.norm == "layernorm" or r == 4
+    return BlockActivations(saved, selective, boundary, fwd_extra, moments, shares_input)
 
 
 def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:

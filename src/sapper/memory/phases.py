@@ -94,55 +94,66 @@ def _stage(sh: Shape, i: int, n_layers: int, pc: ParamCount, device: str) -> Sta
     base = {"params": st.params, "optimizer": st.optimizer}
 
     # forward: everything this micro-batch kept, plus the loss (or the last block) running
-    acts_now = sum(kept) + emb
-    fwd_tmp = head.fwd_peak if head else blk.fwd_extra
+    acts_now = sum(kept) + emb + _held_mask(sh)
+    head_saved = head.saved if head else 0
+    fwd_tmp = head.fwd_peak - head.saved if head else blk.fwd_extra
     forward = {
         **base,
         "grads": g_fwd,
-        "activations": older + acts_now,
+        "activations": older + acts_now + head_saved,
         "temporaries": fwd_tmp + casts + comm_keep,
     }
+    # After the forward, autocast's cache is gone: only casts saved by non-checkpointed
+    # blocks (and the head) stay; a checkpointed block casts again while it recomputes.
+    n_ckpt = sum(_checkpointed(sh, j) for j in range(n_layers))
+    cast_block = weight_casts(sh, block_params(sh), False)
+    casts_bwd = casts - cast_block * n_ckpt
 
-    # backward, block by block from the last; gradients of a block appear as it runs
+    # backward: the loss and head first (all activations, no gradients yet), then each
+    # block from the last (its gradients appear, its activations go), then the embedding
     blk_params = block_params(sh)
-    g_block = int(blk_params.total * sh.recipe.grad)
-    g_block = min(g_block, st.grads_full)
-    grads_sharded = sh.zero >= 2
-    cast_block = weight_casts(sh, blk_params, False)
-    head_grads = st.grads_full - g_block * n_layers
-    backward = None
-    best = -1
+    g_block = min(int(blk_params.total * sh.recipe.grad), st.grads_full)
+    head_grads = max(st.grads_full - g_block * n_layers - (_emb_grads(sh) if first else 0), 0)
+    moments = []
+    if head is not None:
+        moments.append({
+            **base,
+            "grads": g_fwd,
+            "activations": older + acts_now + head.saved,
+            "temporaries": head.bwd_peak - head.saved + casts_bwd + comm_keep,
+        })
     remaining = acts_now
     for j in range(n_layers - 1, -1, -1):
         done = n_layers - 1 - j
-        if grads_sharded or persistent_grads:
-            grads = st.grads
-        else:
-            grads = max(head_grads, 0) + g_block * (done + 1)
-        recompute = blk.saved if _checkpointed(sh, j) else 0
-        if sh.ckpt == "selective" and not _checkpointed(sh, j):
-            recompute = blk.saved - blk.selective
-        tmp = blk.bwd_extra + recompute + comm_bwd + comm_keep
-        tmp += casts - cast_block * done
-        if j == n_layers - 1 and head is not None:
-            tmp = max(tmp, head.bwd_peak - head.saved + casts + comm_bwd + comm_keep)
-        cats = {
-            **base,
-            "grads": grads,
-            "activations": older + remaining + (head.saved if head and done == 0 else 0),
-            "temporaries": tmp,
-        }
-        total = sum(cats.values())
-        if total > best:
-            best, backward = total, cats
+        ckpt_j = _checkpointed(sh, j)
+        casts_j = casts_bwd - cast_block * sum(
+            not _checkpointed(sh, q) for q in range(j + 1, n_layers)
+        )
+        below = remaining - kept[j]  # blocks before j (and the embedding)
+        if ckpt_j and not blk.input_in_saved:
+            below += kept[j]  # its input stays while it recomputes and runs backward
+        if ckpt_j:
+            casts_j += cast_block  # the recompute casts its weights again
+        for alive, share in blk.moments:
+            if persistent_grads:
+                grads = st.grads
+            else:
+                grads = head_grads + g_block * done + int(g_block * share)
+            moments.append({
+                **base,
+                "grads": grads,
+                "activations": older + below + alive,
+                "temporaries": casts_j + comm_bwd + comm_keep,
+            })
         remaining -= kept[j]
-    if backward is None:  # a stage without blocks (only embeddings/head)
-        backward = {**base, "grads": st.grads, "activations": older + acts_now,
-                    "temporaries": (head.bwd_peak if head else 0) + casts + comm_bwd}
-    # end of backward: all gradients, nothing of this micro-batch left
-    end = {**base, "grads": st.grads, "activations": older, "temporaries": comm_keep + comm_bwd}
-    if sum(end.values()) > best:
-        backward = end
+    end_tmp = _emb_grads(sh) if (first and sh.tied and sh.pp == 1) else 0
+    moments.append({
+        **base,
+        "grads": st.grads,
+        "activations": older + emb,
+        "temporaries": end_tmp + comm_keep + comm_bwd,
+    })
+    backward = max(moments, key=lambda c: sum(c.values()))
 
     opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
     if sh.recipe.master and sh.zero >= 1 and sh.offload_optimizer == "none":
@@ -162,6 +173,21 @@ def _stage(sh: Shape, i: int, n_layers: int, pc: ParamCount, device: str) -> Sta
         host_bytes=st.host,
         nvme_bytes=st.nvme,
     )
+
+
+def _held_mask(sh: Shape) -> int:
+    """Eager attention gets a materialized causal mask (b×1×s×s in the residual dtype);
+    checkpointed blocks keep it as an input until their backward."""
+    if sh.impl != "transformers" or sh.attn_impl != "eager" or sh.ckpt != "full":
+        return 0
+    s = sh.seq // sh.cp
+    return sh.recipe.residual * sh.micro_batch * s * s
+
+
+def _emb_grads(sh: Shape) -> int:
+    """Bytes of the embedding table's gradient (a new tensor when the table is tied to
+    the head and its gradient already holds the head's part)."""
+    return -(-sh.vocab // sh.tp) * sh.hidden * sh.recipe.grad
 
 
 def _opt_elements(sh: Shape, pc: ParamCount) -> int:
