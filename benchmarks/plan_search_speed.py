@@ -3,7 +3,8 @@
 The model and cluster are those of Narayanan et al. 2021's largest run (GPT 1008B,
 3072 A100-80GB, global batch 3072 x 2048 tokens). Prints the space size, the memory
 estimates spent, the time of each phase (cold first call, then the median of warm
-calls) and the cost of one memory estimate at several pipeline depths.
+calls; `sapper plan` shows 5 layouts and explains 3 by default) and the cost of one
+memory estimate at several pipeline depths.
 
 Run: python benchmarks/plan_search_speed.py
 """
@@ -39,9 +40,10 @@ def memory_call_ms(plan, pp: int) -> float:
 
 def main() -> None:
     plan = next(r for r in PUBLISHED_RUNS if r.name == "GPT 1008B").to_plan()
-    cold = search(plan, top=5)
-    warm = [search(plan, top=5) for _ in range(REPEATS)]
-    table = Table(title="sapper plan: GPT 1008B on 3072 A100-80GB (explained top 5)")
+    cold = search(plan, top=5, explain=3)
+    warm = [search(plan, top=5, explain=3) for _ in range(REPEATS)]
+    every = [search(plan, top=5, explain=True) for _ in range(REPEATS)]
+    table = Table(title="sapper plan: GPT 1008B on 3072 A100-80GB (top 5, as the CLI runs it)")
     for col in ("run", "layouts", "memory estimates", "enumerate s", "cost s", "memory s",
                 "explain s", "total s"):
         table.add_column(col, justify="right")
@@ -52,9 +54,11 @@ def main() -> None:
                       f"{t['enumerate']:.3f}", f"{t['cost']:.3f}", f"{t['memory']:.3f}",
                       f"{t['explain']:.3f}", f"{res.elapsed_s:.3f}")
 
-    row("cold", cold)
+    row("cold, 3 explained", cold)
     med = sorted(warm, key=lambda r: r.elapsed_s)[len(warm) // 2]
-    row(f"warm (median of {REPEATS})", med)
+    row(f"warm, 3 explained (median of {REPEATS})", med)
+    all5 = sorted(every, key=lambda r: r.elapsed_s)[len(every) // 2]
+    row(f"warm, all 5 explained (median of {REPEATS})", all5)
     console = Console(width=140)
     console.print(table)
     mem = Table(title="one memory estimate (sapper.memory.estimate)")
@@ -67,7 +71,7 @@ def main() -> None:
     assert best is not None
     console.print(f"best: {best.layout.describe()}, {best.cost.model_tflops_per_gpu:.0f} "
                   f"TFLOP/s per GPU")
-    worst = max(cold.elapsed_s, med.elapsed_s)
+    worst = max(cold.elapsed_s, med.elapsed_s, all5.elapsed_s)
     verdict = "OK" if worst < TARGET_S else "TOO SLOW"
     console.print(f"slowest {worst:.3f} s vs target {TARGET_S:.1f} s: {verdict}")
 

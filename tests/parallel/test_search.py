@@ -8,7 +8,8 @@ import pytest
 from sapper.errors import InputError
 from sapper.parallel import search, validate
 from sapper.parallel.cost import evaluate
-from sapper.parallel.search import enumerate_layouts
+from sapper.parallel.published import PUBLISHED_RUNS
+from sapper.parallel.search import _layout_at, _rank, default_memory_check, enumerate_layouts
 from sapper.plan.schema import Plan
 from sapper.rules.model import Severity
 
@@ -105,3 +106,28 @@ def test_json_shape(plan: Plan) -> None:
         row
     )
     assert set(row["cost"]["breakdown_s"]) >= {"compute", "tp_comm", "bubble", "dp_comm"}
+
+
+@pytest.mark.parametrize("run", PUBLISHED_RUNS[:5], ids=lambda r: r.name)
+def test_pruning_never_changes_the_answer(run) -> None:
+    """The memory walk's floors and dominance rules give the same top layouts as
+    estimating every layout in ranked order."""
+    plan = run.to_plan()
+    batch, work, cluster = enumerate_layouts(plan)
+    ranking = _rank(evaluate(work, cluster, batch), batch)
+    order = plan.parallel.rank_order
+    brute: list[str] = []
+    splits: set[tuple[int, ...]] = set()
+    for i in ranking:
+        i = int(i)
+        split = (int(batch.tp[i]), int(batch.pp[i]), int(batch.cp[i]), int(batch.ep[i]))
+        if split in splits:
+            continue
+        lay = _layout_at(batch, i, order)
+        if default_memory_check(lay.apply(plan))[0]:
+            brute.append(lay.describe())
+            splits.add(split)
+            if len(brute) == 3:
+                break
+    fast = search(plan, top=3, explain=False)
+    assert [c.layout.describe() for c in fast.top] == brute

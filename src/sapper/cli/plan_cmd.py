@@ -24,7 +24,7 @@ def plan(
 
     def body() -> int:
         loaded = load_from_options(inputs)
-        result = search(loaded.plan, top=top)
+        result = search(loaded.plan, top=top, explain=min(why, top))
         if fmt == OutputFormat.json:
             emit_json(result.to_json())
         else:

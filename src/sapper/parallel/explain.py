@@ -115,7 +115,7 @@ def explain_candidates(
     walk: _MemoryWalk | None,
     cluster: Cluster,
     order: str,
-    budget: int = 4,
+    budget: int = 3,
 ) -> None:
     """Fill ``why`` for each candidate (mutates them); ``budget`` caps the memory
     estimates spent per compared dimension."""

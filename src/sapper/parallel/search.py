@@ -37,8 +37,10 @@ from sapper.rules.model import Severity
 
 __all__ = ["Candidate", "MemoryCheck", "SearchResult", "enumerate_layouts", "search"]
 
-#: A memory check: plan -> (fits, peak GiB). The default is sapper.memory.estimate.
-MemoryCheck = Callable[[Plan], tuple[bool, float]]
+#: A memory check: plan -> (fits, peak GiB), optionally followed by the pipeline stage of
+#: the peak and the activation GiB at the peak (they sharpen the pruning). The default
+#: is :func:`sapper.memory.estimate`.
+MemoryCheck = Callable[[Plan], tuple[Any, ...]]
 
 _GIB = 1024**3
 
@@ -48,15 +50,17 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def default_memory_check(plan: Plan) -> tuple[bool, float]:
-    """Fit by the memory model; a plan it rejects as impossible does not fit."""
+def default_memory_check(plan: Plan) -> tuple[bool, float, int | None, float]:
+    """Fit by the memory model: (fits, peak GiB, the stage of the peak, the activations
+    GiB at the peak); a plan it rejects as impossible does not fit."""
     from sapper.memory import estimate
 
     try:
         est = estimate(plan)
     except InputError:
-        return False, math.inf
-    return bool(est.fits), est.peak_bytes / _GIB
+        return False, math.inf, None, 0.0
+    acts = est.breakdown.get("activations", 0) / _GIB
+    return bool(est.fits), est.peak_bytes / _GIB, est.peak_stage, acts
 
 
 @dataclass
@@ -239,7 +243,9 @@ class _MemoryWalk:
     model never uses less memory for a lower ZeRO stage, less recomputation, a larger
     micro-batch (the global batch is fixed, and the pipeline holds at least PP of them),
     or interleaving instead of 1F1B (the first stage holds at least as many micro-batches
-    in flight); so one failed check rules out every layout it dominates."""
+    in flight); so one failed check rules out every layout it dominates. When the peak
+    was on the first stage, fewer virtual stages (v ≥ 2) are dominated too: the first
+    stage holds min(((v+1)·p - 1)/v, m) micro-batches in flight, more for smaller v."""
 
     def __init__(
         self, plan: Plan, b: LayoutBatch, order: str, check: MemoryCheck, floor: np.ndarray
@@ -248,11 +254,14 @@ class _MemoryWalk:
         self.floor = floor
         gpu = plan.gpu
         self.capacity = gpu.memory_gib * _GIB if gpu else math.inf
-        self.fails: dict[tuple[int, ...], list[tuple[int, int, int, int]]] = {}
+        self.fails: dict[tuple[int, ...], list[tuple[int, int, int, int, bool]]] = {}
         self.calls = 0
         self.rejected = 0
         self.known: dict[int, tuple[bool, float | None]] = {}
         self.probed: set[tuple[tuple[int, ...], int]] = set()
+        #: (split, recompute level) -> activation GiB of its leanest member, when that
+        #: member's peak is on the first stage (the stage every leaner member shares).
+        self.lean_acts: dict[tuple[tuple[int, ...], int], float] = {}
 
     def _key(self, i: int) -> tuple[int, ...]:
         b = self.b
@@ -260,13 +269,18 @@ class _MemoryWalk:
 
     def _dominated(self, key: tuple[int, ...], v: int, z: int, c: int, mb: int) -> bool:
         return any(
-            fz >= z and fc >= c and fmb <= mb and fv in (1, v)
-            for fv, fz, fc, fmb in self.fails.get(key, ())
+            fz >= z and fc >= c and fmb <= mb
+            and (fv in (1, v) or (first and 2 <= v <= fv))
+            for fv, fz, fc, fmb, first in self.fails.get(key, ())
         )
 
-    def _check(self, lay: Layout) -> tuple[bool, float]:
+    def _check(self, lay: Layout) -> tuple[bool, float, bool, float | None]:
+        """(fits, peak GiB, whether the peak is on the first stage, activation GiB)."""
         self.calls += 1
-        return self.check(lay.apply(self.plan))
+        out = self.check(lay.apply(self.plan))
+        first = len(out) > 2 and out[2] == 0
+        acts = float(out[3]) if len(out) > 3 else None
+        return bool(out[0]), float(out[1]), first, acts
 
     def fits(self, i: int) -> tuple[bool, float | None]:
         """Does layout ``i`` fit (and its peak GiB, or a floor on it, when known)? The
@@ -278,8 +292,10 @@ class _MemoryWalk:
         b, key = self.b, self._key(i)
         v, z, c, mb = int(b.v[i]), int(b.zero[i]), int(b.ckpt[i]), int(b.micro[i])
         verdict: tuple[bool, float | None]
-        if self.floor[i] > self.capacity:
-            verdict = (False, float(self.floor[i]) / _GIB)
+        lean = self.lean_acts.get((key, c))
+        floor = self.floor[i] + (lean * _GIB if lean is not None else 0.0)
+        if floor > self.capacity:
+            verdict = (False, float(floor) / _GIB)
         elif self._dominated(key, v, z, c, mb):
             verdict = (False, None)
         else:
@@ -287,17 +303,23 @@ class _MemoryWalk:
             verdict = (True, None)
             if (key, c) not in self.probed and (v, z, mb) != (1, 3, 1):
                 self.probed.add((key, c))
-                lean = lay.with_(zero=3, micro_batch=1, virtual_stages=1, schedule="1f1b",
-                                 grad_accum=lay.grad_accum * lay.micro_batch)
-                ok, gib = self._check(lean)
+                leanest = lay.with_(zero=3, micro_batch=1, virtual_stages=1, schedule="1f1b",
+                                    grad_accum=lay.grad_accum * lay.micro_batch)
+                ok, gib, first, acts = self._check(leanest)
                 if not ok:
-                    self.fails.setdefault(key, []).append((1, 3, c, 1))
+                    self.fails.setdefault(key, []).append((1, 3, c, 1, first))
                     verdict = (False, None)
+                elif first and acts is not None:
+                    # every member of this level holds at least these activations on the
+                    # first stage, next to its weights (and persistent gradients)
+                    self.lean_acts[(key, c)] = acts
+                    if self.floor[i] + acts * _GIB > self.capacity:
+                        verdict = (False, float(self.floor[i]) / _GIB + acts)
             if verdict[0]:
-                ok, gib = self._check(lay)
+                ok, gib, first, _ = self._check(lay)
                 verdict = (ok, gib)
                 if not ok:
-                    self.fails.setdefault(key, []).append((v, z, c, mb))
+                    self.fails.setdefault(key, []).append((v, z, c, mb, first))
         if not verdict[0]:
             self.rejected += 1
         self.known[i] = verdict
@@ -307,15 +329,17 @@ class _MemoryWalk:
 def _state_floor(
     plan: Plan, work: Workload, b: LayoutBatch, result: dict[str, np.ndarray]
 ) -> np.ndarray:
-    """Bytes no memory model can go below: unless ZeRO-3 shards them, a GPU holds its
-    stage's weights, and at the end of the last backward, unless ZeRO-2/3 shards them,
-    their full gradients too. Layouts whose floor exceeds the GPU skip the estimator."""
+    """Bytes a GPU holds throughout the step: its stage's weights unless ZeRO-3 shards
+    them, and, where gradients persist across micro-batches (accumulation, a pipeline,
+    a sharded optimizer), their full buffer unless ZeRO-2/3 shards it. Layouts whose
+    floor exceeds the GPU skip the estimator."""
     p = plan.precision
     weight = 4 if p.dtype in ("fp32", "tf32") or p.autocast else 2
     psi = result["params_per_gpu"]
     z = np.asarray(b.zero)
-    per_param = np.where(z < 3, weight, 0) + np.where(z < 2, work.grad_bytes, 0)
-    return psi * per_param
+    persistent = (np.asarray(b.ga) > 1) | (np.asarray(b.pp) > 1) | (z >= 1)
+    grads = np.where((z < 2) & persistent, work.grad_bytes, 0)
+    return psi * (np.where(z < 3, weight, 0) + grads)
 
 
 # ---- search ------------------------------------------------------------------------------
@@ -326,13 +350,14 @@ def search(
     top: int = 5,
     *,
     memory: MemoryCheck | None = default_memory_check,
-    explain: bool = True,
+    explain: bool | int = True,
 ) -> SearchResult:
     """Rank every valid layout of ``plan``'s model on its cluster by predicted throughput
     and return the ``top`` fastest that fit in memory (``memory=None`` skips the memory
     check), one per TP/PP/CP/EP split (its ZeRO, recomputation and micro-batch variants
     are compared in the reasons), each with the reasons it wins
-    (:mod:`sapper.parallel.explain`)."""
+    (:mod:`sapper.parallel.explain`): all of them with ``explain=True``, the first N with
+    an integer (the comparisons spend memory estimates)."""
     clock = [time.perf_counter()]
 
     def lap(name: str) -> None:
@@ -380,10 +405,13 @@ def search(
         ]
         cands.append(cand)
     current = _current(plan, memory)
-    if explain and cands:
+    n_explain = len(cands) if explain is True else int(explain)
+    if n_explain and cands:
         from sapper.parallel.explain import explain_candidates
 
-        explain_candidates(cands, current, result, batch, ranking, walk, cluster, order)
+        explain_candidates(
+            cands[:n_explain], current, result, batch, ranking, walk, cluster, order
+        )
     lap("explain")
     return SearchResult(
         top=cands,
@@ -420,5 +448,5 @@ def _current(plan: Plan, memory: MemoryCheck | None) -> Candidate | None:
         cost = predict_step(plan)
     except InputError:
         return None
-    fits, gib = memory(plan) if memory else (None, None)
+    fits, gib = memory(plan)[:2] if memory else (None, None)
     return Candidate(lay, cost, fits, gib)
