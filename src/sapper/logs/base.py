@@ -82,6 +82,7 @@ class StepMerger:
         self._pending: dict[int, StepRecord] = {}
         self._last: int | None = None
         self._replay: list[int] | None = None  # [first, last] step of a repeated range
+        self._settled: int | None = None  # the step :meth:`settle` emitted last
 
     def put(
         self,
@@ -93,9 +94,11 @@ class StepMerger:
     ) -> None:
         """Merge ``values`` into ``step``'s record; a later value replaces an earlier one,
         or, with ``keep_max``, the larger wins (memory reported by several ranks)."""
-        if self._last is not None and step <= self._last:
+        if self._last is not None and step <= self._last and step != self._settled:
             self._note_replay(step)
             return
+        if self._settled is not None and step > self._settled:
+            self._settled = None
         self._end_replay()
         rec = self._pending.get(step)
         if rec is None:
@@ -121,6 +124,16 @@ class StepMerger:
     def flush(self) -> list[StepRecord]:
         self._end_replay()
         return self._emit(sorted(self._pending))
+
+    def settle(self) -> list[StepRecord]:
+        """Emit every held step now, for a follower whose writer has gone quiet (the last
+        step's finding must not wait for the next step). Values that still arrive for the
+        last emitted step (Megatron prints the validation loss after its iteration line)
+        come out later as a second record of that step holding only those values."""
+        out = self.flush()
+        if out:
+            self._settled = out[-1].step
+        return out
 
     def _emit(self, steps: list[int]) -> list[StepRecord]:
         out = [self._pending.pop(s) for s in steps]

@@ -49,6 +49,7 @@ class TensorBoardParser(LogParser):
         self._seen: dict[str, int] = {}
         self._targets: dict[str, FieldMap | None] = {}
         self._taken: dict[str, str] = {}
+        self._plugins: dict[str, str] = {}  # tag -> plugin, from its first event's metadata
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Event files are binary: use :meth:`poll`."""
@@ -67,6 +68,24 @@ class TensorBoardParser(LogParser):
             if self._plugin(tag) == "scalars":
                 events = self._new(tag, True)
                 self._take(tag, [(e.step, _scalar(e.tensor_proto), e.wall_time) for e in events])
+        return self.merger.ready()
+
+    def feed_events(self, events: Iterable[Any]) -> list[StepRecord]:
+        """Decoded ``Event`` protos in file order, for a reader that follows the event files
+        itself (``sapper watch`` keeps an offset per file instead of re-listing every
+        scalar on each :meth:`poll`); returns the steps now complete."""
+        for event in events:
+            for value in event.summary.value:
+                if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
+                    self._plugins[value.tag] = value.metadata.plugin_data.plugin_name
+                kind = value.WhichOneof("value")
+                if kind == "simple_value":
+                    number: float | None = value.simple_value
+                elif kind == "tensor" and self._plugins.get(value.tag) == "scalars":
+                    number = _scalar(value.tensor)
+                else:
+                    continue
+                self._take(value.tag, [(event.step, number, event.wall_time)])
         return self.merger.ready()
 
     def finish(self) -> list[StepRecord]:
