@@ -50,6 +50,8 @@ class LogParser:
 
     #: The format name ``detect_format`` returns for this parser.
     format: ClassVar[str] = ""
+    #: Whether the source writes steps in order (see :class:`StepMerger`).
+    ordered: ClassVar[bool] = True
 
     def __init__(self, source: str = "<input>") -> None:
         #: The file being read, for error messages.
@@ -57,7 +59,7 @@ class LogParser:
         self.notes: list[str] = []
         self.meta: dict[str, Any] = {}
         self.findings: list[Finding] = []
-        self.merger = StepMerger(self.notes)
+        self.merger = StepMerger(self.notes, ordered=self.ordered)
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Consume complete lines (without or with their newline); return finished steps."""
@@ -77,9 +79,14 @@ class StepMerger:
     detectors have already seen it) and one note says which steps repeated.
     """
 
-    def __init__(self, notes: list[str]) -> None:
+    def __init__(self, notes: list[str], *, ordered: bool = True) -> None:
         self.notes = notes
+        #: Text logs are written in step order, so any step below the highest one seen
+        #: is a repeat; TensorBoard interleaves tags (each tag's steps from the start),
+        #: so there only steps already emitted count as repeats.
+        self.ordered = ordered
         self._pending: dict[int, StepRecord] = {}
+        self._top: int | None = None
         self._last: int | None = None
         self._replay: list[int] | None = None  # [first, last] step of a repeated range
         self._settled: int | None = None  # the step :meth:`settle` emitted last
@@ -94,12 +101,17 @@ class StepMerger:
     ) -> None:
         """Merge ``values`` into ``step``'s record; a later value replaces an earlier one,
         or, with ``keep_max``, the larger wins (memory reported by several ranks)."""
-        if self._last is not None and step <= self._last and step != self._settled:
+        floor = self._top if self.ordered else self._last
+        repeat = step == floor and (self._replay is not None or step == self._last)
+        late = step == self._settled and self._replay is None  # see settle()
+        if floor is not None and (step < floor or repeat) and not late:
             self._note_replay(step)
             return
         if self._settled is not None and step > self._settled:
             self._settled = None
         self._end_replay()
+        if self._top is None or step > self._top:
+            self._top = step
         rec = self._pending.get(step)
         if rec is None:
             rec = self._pending[step] = StepRecord(step=step)
@@ -153,7 +165,7 @@ class StepMerger:
             lo, hi = self._replay
             span = f"step {lo}" if lo == hi else f"steps {lo}–{hi}"
             self.notes.append(
-                f"{span} logged again after step {self._last} (a restart from a checkpoint?); "
+                f"{span} logged again after step {self._top} (a restart from a checkpoint?); "
                 "kept the first occurrence"
             )
             self._replay = None

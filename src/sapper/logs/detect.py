@@ -42,15 +42,17 @@ def _is_event_file(head: bytes) -> bool:
     return masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
 
 
+_CONTROL = bytes(c for c in range(32) if c not in (9, 10, 13))
+
+
 def _decode(head: bytes, path: Path) -> str:
-    if b"\x00" in head:
+    """Text, unless the bytes are mostly not text. A crashed node can leave a few NUL
+    blocks or a torn UTF-8 character in a real log; those do not make it binary."""
+    text = head.decode("utf-8", errors="replace")
+    odd = len(head) - len(head.translate(None, _CONTROL)) + text.count("\ufffd")
+    if odd > 0.1 * len(head):
         raise _binary(path)
-    try:
-        return head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start >= len(head) - 4:  # a character cut by the read limit
-            return head[: exc.start].decode("utf-8")
-        raise _binary(path) from None
+    return text
 
 
 def _binary(path: Path) -> InputError:
@@ -95,7 +97,7 @@ def detect_text(text: str, name: str | Path = "<stdin>") -> str:
 def _detect_text(text: str, path: Path) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip()
-    if first.startswith(("{", "[")):
+    if first.startswith("{"):
         try:
             obj = json.loads(first)
         except json.JSONDecodeError:
@@ -111,10 +113,10 @@ def _detect_text(text: str, path: Path) -> str:
             file=str(path),
             expected=SUPPORTED,
         )
+    if _looks_delimited(lines):
+        return "csv"  # a table first: rows appended from another log are noted as bad
     if any(ITERATION_LINE.search(line) for line in lines):
         return "megatron"
-    if _looks_delimited(lines):
-        return "csv"
     if path.suffix.lower() in (".csv", ".tsv") and len(lines) >= 1 and "," in first:
         return "csv"
     raise InputError(

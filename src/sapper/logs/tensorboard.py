@@ -28,6 +28,7 @@ class TensorBoardParser(LogParser):
     """Incremental reader of one TensorBoard run (a folder or a single event file)."""
 
     format = "tensorboard"
+    ordered = False
 
     def __init__(self, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> None:
         super().__init__(str(path))

@@ -24,7 +24,7 @@ __all__ = ["EVAL_OVERFIT", "EVAL_PLATEAU", "EvalLossDetector"]
 
 EVAL_OVERFIT = register(
     Rule(
-        code="R100",
+        code="R110",
         name="eval-loss-rising",
         check="eval",
         severity=Severity.WARNING,
@@ -50,7 +50,7 @@ fine-tuning.""",
 
 EVAL_PLATEAU = register(
     Rule(
-        code="R101",
+        code="R111",
         name="eval-loss-plateau",
         check="eval",
         severity=Severity.INFO,
@@ -81,11 +81,11 @@ def _median(values: deque[float]) -> float | None:
 
 
 class EvalLossDetector(Detector):
-    """R100 (overfitting) and R101 (plateau) over ``record.eval_loss``.
+    """R110 (overfitting) and R111 (plateau) over ``record.eval_loss``.
 
-    ``patience``: evaluations the eval loss must stay above its best before R100 fires;
+    ``patience``: evaluations the eval loss must stay above its best before R110 fires;
     ``min_rise``: how far above the best (relative) counts as rising; ``plateau_evals``:
-    evaluations without an improvement of ``min_improvement`` (relative) before R101;
+    evaluations without an improvement of ``min_improvement`` (relative) before R111;
     ``train_window``: training losses in the median that stands for "the training loss
     now".
     """
@@ -168,7 +168,7 @@ class EvalLossDetector(Detector):
         if self.plateau_fired or self.since_gain < self.plateau_evals or self.mark is None:
             return []
         if value > self.mark * (1 + self.min_rise):
-            return []  # rising, not flat: R100's business
+            return []  # rising, not flat: R110's business
         self.plateau_fired = True
         return [
             EVAL_PLATEAU.finding(
