@@ -88,8 +88,10 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
         opts["lr"] = {"grad_accum": plan.grad_accum}
     if plan.gpu is not None:
         opts["memory"] = {"limit_gib": plan.gpu.memory_gib}
-    if plan.data.loader_tokens_per_sec:
-        opts["throughput"] = {"expected_tokens_per_s": plan.data.loader_tokens_per_sec}
+    expected = _expected_tokens_per_s(plan)
+    if expected:
+        # A cost model's estimate is rough: warn only below half of it.
+        opts["throughput"] = {"expected_tokens_per_s": expected, "below": 0.5}
     model = plan.model
     if model is not None:
         rope = model.position_encoding == PositionEncoding.ROPE
@@ -99,6 +101,23 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
         if "norm_placement" in model.model_fields_set:
             opts["structure"] = {"declared_placement": model.norm_placement.value}
     return opts
+
+
+def _expected_tokens_per_s(plan: Plan) -> float | None:
+    """Tokens/s one data-parallel replica should reach, from the parallel cost model
+    (:func:`sapper.parallel.predict_step`) when it is installed and the plan is complete
+    enough; the monitor counts the tokens of its own replica."""
+    if plan.model is None or plan.gpu is None or not plan.batch.seq_len:
+        return None
+    try:
+        from sapper.parallel import predict_step  # type: ignore[attr-defined]
+
+        cost = predict_step(plan)
+    except Exception:  # no cost model, or a plan it cannot price: no expectation
+        return None
+    rate = getattr(cost, "tokens_per_s", None)
+    dp = plan.dp_degree or 1
+    return float(rate) / dp if rate else None
 
 
 def _build(name: str, cls: Callable[..., Detector], kwargs: dict[str, Any]) -> Detector:

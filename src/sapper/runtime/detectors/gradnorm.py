@@ -140,7 +140,8 @@ class GradNormDetector(RuleDetector):
         self.surge_k = surge_k
         self.surge_ratio = surge_ratio
         self.clipped: deque[bool] = deque(maxlen=saturate_window)
-        self.log_norms: deque[float] = deque(maxlen=max(surge_window, tiny_window))
+        self.log_norms: deque[float] = deque(maxlen=surge_window)
+        self.norms: deque[float] = deque(maxlen=tiny_window)
         self.first_step: int | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -160,6 +161,7 @@ class GradNormDetector(RuleDetector):
         out += self._surge(gn, step, record)
         if gn > 0:
             self.log_norms.append(math.log(gn))
+        self.norms.append(gn)
         out += self._tiny(step)
         return out
 
@@ -188,10 +190,10 @@ class GradNormDetector(RuleDetector):
         )
 
     def _tiny(self, step: int) -> list[Finding]:
-        if len(self.log_norms) < self.tiny_window:
+        if len(self.norms) < self.tiny_window:
             return []
-        recent = list(self.log_norms)[-self.tiny_window :]
-        med = math.exp(median(recent))
+        recent = list(self.norms)
+        med = median(recent)
         if med >= self.tiny:
             return []
         return self.fire(

@@ -199,7 +199,10 @@ class LossDetector(RuleDetector):
         start = max(self.flat_steps, self.warmup_steps)
         if elapsed < start or elapsed > self.flat_horizon:
             return []
-        ref = median(self.first)
+        # The loss at the first record is the one before any update; the median of the
+        # first few guards against one noisy batch. Take the lower: a loss that jumps in
+        # the first steps (LR too high) must come back below where it started.
+        ref = min(self.first[0], median(self.first))
         tail = list(self.recent)[-max(5, len(self.recent) // 5) :]
         now = median(tail)
         drop = (ref - now) / abs(ref) if ref else 0.0

@@ -96,6 +96,7 @@ class NumericsDetector(RuleDetector):
         self.patience = patience
         self.zero_runs: dict[str, int] = {}
         self.high_share = 0
+        self.localised = False
 
     def update(self, record: StepRecord) -> list[Finding]:
         return self._origin(record) + self._dead(record) + self._share(record)
@@ -103,15 +104,25 @@ class NumericsDetector(RuleDetector):
     def _origin(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
         module = extra.get("nonfinite_module")
+        grad_module = extra.get("nonfinite_grad_module")
         params = extra.get("nonfinite_params") or []
         grads = extra.get("nonfinite_grads") or []
-        if not module and not params and not grads:
+        if not module and not grad_module and not params and not grads:
             return []
+        if (module or grad_module) and not self.localised:
+            # A module name is new information even after a parameters-only report.
+            self.localised = True
+            self.fired.pop(NONFINITE_ORIGIN.code, None)
         parts = []
         if module:
             clean_in = extra.get("nonfinite_module_input_finite")
             how = " from finite inputs" if clean_in else ""
             parts.append(f"first non-finite output{how} in module '{module}'")
+        elif grad_module:
+            parts.append(
+                "forward finite; in backward the gradient first went non-finite at the output "
+                f"of module '{grad_module}' (the layer consuming that output overflows)"
+            )
         if params:
             parts.append(f"{len(params)} parameter(s) hold non-finite values (first: {params[0]})")
         if grads:
@@ -122,7 +133,7 @@ class NumericsDetector(RuleDetector):
             NONFINITE_ORIGIN,
             record.step,
             "; ".join(parts) + when,
-            module=module,
+            module=module or grad_module,
             params=params[:20],
             grads=grads[:20],
         )

@@ -1,8 +1,9 @@
 """Model structure at step 0 (seed §2.4): activation growth across layers, Pre-LN vs
 Post-LN, and Post-LN without warmup.
 
-The live monitor hooks the transformer blocks for the first forward pass only and records
-``extra["activation_std"]`` (the std of each block's output), ``extra["norm_placement"]``
+The live monitor hooks the transformer blocks for the training forward pass only and records
+``extra["activation_std"]`` (the std of the stack's input, the embeddings, then of each
+block's output), ``extra["norm_placement"]``
 (``pre`` / ``post`` / ``sandwich`` / ``none`` as found in the call order of norms and
 sub-layers) and ``extra["num_blocks"]``. The warmup test reads the LR of the first
 records.
@@ -137,9 +138,9 @@ class StructureDetector(RuleDetector):
         return self.fire(
             ACTIVATION_GROWTH,
             step,
-            f"block output std {verb} from {fmt(vals[0])} (block 0) to {fmt(vals[-1])} "
-            f"(block {len(vals) - 1}), {fmt(ratio)}× over {len(vals)} blocks; largest change "
-            f"{fmt(jumps[worst])}× at block {worst + 1}",
+            f"activation std {verb} from {fmt(vals[0])} at the input of the stack to "
+            f"{fmt(vals[-1])} after block {len(vals) - 2}, {fmt(ratio)}× over "
+            f"{len(vals) - 1} blocks; largest change {fmt(jumps[worst])}× at block {worst}",
             value=ratio,
             threshold=self.growth_limit if ratio > 1 else 1 / self.growth_limit,
             activation_std=vals,

@@ -139,6 +139,7 @@ class ThroughputDetector(RuleDetector):
         window: int = 20,
         min_records: int = 8,
         degrade: float = 0.7,
+        degrade_window: int = 50,
         data_share: float = 0.25,
         outlier_k: float = 10.0,
         outlier_ratio: float = 3.0,
@@ -155,7 +156,10 @@ class ThroughputDetector(RuleDetector):
         self.outlier_ratio = outlier_ratio
         self.outlier_cooldown = outlier_cooldown
         self.first_step: int | None = None
+        self.degrade_window = degrade_window
         self.early: list[float] = []
+        self.late: deque[float] = deque(maxlen=degrade_window)
+        self.rate_count = 0
         self.early_unit: str | None = None
         self.rates: deque[float] = deque(maxlen=window)
         self.times: deque[float] = deque(maxlen=max(window, 50))
@@ -179,7 +183,9 @@ class ThroughputDetector(RuleDetector):
         if unit != self.early_unit:
             return out
         self.rates.append(value)
-        if len(self.early) < (self.rates.maxlen or 20):
+        self.late.append(value)
+        self.rate_count += 1
+        if len(self.early) < self.degrade_window:
             self.early.append(value)
         out += self._below(record.step, unit)
         out += self._degrading(record.step, unit)
@@ -202,10 +208,12 @@ class ThroughputDetector(RuleDetector):
         )
 
     def _degrading(self, step: int, unit: str) -> list[Finding]:
-        n = self.rates.maxlen or 20
-        if len(self.early) < n or len(self.rates) < n:
+        """The median of the last ``degrade_window`` rates against the first ones, once
+        the two windows no longer overlap (a slow drift, not a noisy minute)."""
+        n = self.degrade_window
+        if self.rate_count < 3 * n:
             return []
-        ref, now = median(self.early), median(list(self.rates))
+        ref, now = median(self.early), median(list(self.late))
         if now >= self.degrade * ref:
             return []
         return self.fire(
