@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from watchkit import (
-    FAULT_STEP,
+    SPIKE_STEP,
     Recorder,
     Running,
     first_nonfinite,
@@ -57,7 +57,7 @@ def test_runlog_nan_and_spike_fire_within_one_poll(tmp_path, fault_run):
     src = tmp_path / "lines.jsonl"
     src.write_text("\n".join(runlog_lines(fault_run)) + "\n")
     nan = first_nonfinite(fault_run)
-    spike_line, nan_line = FAULT_STEP, nan.step  # line 0 is the meta line
+    spike_line, nan_line = SPIKE_STEP, nan.step  # line 0 is the meta line
     log = tmp_path / "run.jsonl"
     rec, run = _watch(log)
     stamps = tmp_path / "stamps.json"
@@ -66,7 +66,7 @@ def test_runlog_nan_and_spike_fire_within_one_poll(tmp_path, fault_run):
     assert writer.wait(30) == 0
     written = {int(k): v for k, v in json.loads(stamps.read_text()).items()}
     nan_latency = _latency(rec, run, "R001", nan.step, written[nan_line])
-    spike_latency = _latency(rec, run, "R002", FAULT_STEP, written[spike_line])
+    spike_latency = _latency(rec, run, "R002", SPIKE_STEP, written[spike_line])
     result = run.stop()
     print(f"run log: spike latency {spike_latency:.3f} s, NaN latency {nan_latency:.3f} s")
     assert nan_latency <= POLL + SLACK

@@ -28,7 +28,8 @@ from sapper.runtime.records import StepRecord
 from sapper.watch import Watcher, WatchSink
 
 HERE = Path(__file__).parent
-FAULT_STEP = 51  # the LR jumps here
+FAULT_STEP = 51  # the first update with the broken LR
+SPIKE_STEP = FAULT_STEP + 1  # the first loss computed after it
 STEPS = 60
 
 

@@ -13,6 +13,7 @@ appended since the last call, so ``sapper watch`` can follow a live run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,20 @@ class TensorBoardParser(LogParser):
 
     def __init__(self, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> None:
         super().__init__(str(path))
+        self.mapping = dict(mapping or {})
+        self._seen: dict[str, int] = {}
+        self._targets: dict[str, FieldMap | None] = {}
+        self._taken: dict[str, str] = {}
+        self._plugins: dict[str, str] = {}  # tag -> plugin, from its first event's metadata
+
+    @functools.cached_property
+    def _acc(self) -> Any:
+        """Built on first use: its import takes a good part of a second, which a reader
+        fed through :meth:`feed_events` never needs."""
         from tensorboard.backend.event_processing import event_accumulator as ea
 
-        self._acc = ea.EventAccumulator(
-            str(path),
+        return ea.EventAccumulator(
+            self.source,
             size_guidance={
                 ea.SCALARS: 0,
                 ea.TENSORS: 0,
@@ -46,11 +57,6 @@ class TensorBoardParser(LogParser):
             },
             purge_orphaned_data=True,
         )
-        self.mapping = dict(mapping or {})
-        self._seen: dict[str, int] = {}
-        self._targets: dict[str, FieldMap | None] = {}
-        self._taken: dict[str, str] = {}
-        self._plugins: dict[str, str] = {}  # tag -> plugin, from its first event's metadata
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Event files are binary: use :meth:`poll`."""

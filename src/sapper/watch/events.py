@@ -28,7 +28,7 @@ from sapper.logs.fields import FieldMap
 from sapper.runtime.records import StepRecord
 from sapper.watch.follow import Follower
 
-__all__ = ["EVENTS_MARK", "EventsFollower", "is_event_header"]
+__all__ = ["EVENTS_MARK", "EventsFollower", "is_event_header", "masked_crc32c"]
 
 #: Every TensorBoard event file has this in its name.
 EVENTS_MARK = "tfevents"
@@ -37,15 +37,34 @@ _FOOTER = 4  # u32 masked CRC of the data
 _CHUNK = 16 << 20
 
 
-def _crc(data: bytes) -> int:
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+def _crc32c_table() -> list[int]:
+    poly = 0x82F63B78  # Castagnoli, reflected
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ poly if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
 
-    return int(masked_crc32c(data))
+
+_TABLE = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """CRC-32C of ``data``, masked as TFRecord stores it. Computed here: the tensorboard
+    package's own helper sits behind an import that takes most of a second, and only
+    12-byte headers are checked."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def is_event_header(head: bytes) -> bool:
     """The first 12 bytes are a TFRecord frame header whose length checksum holds."""
-    return len(head) >= _HEADER and _crc(head[:8]) == struct.unpack("<I", head[8:12])[0]
+    return len(head) >= _HEADER and masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
 
 
 class _EventFile:

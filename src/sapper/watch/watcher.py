@@ -30,6 +30,11 @@ from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
 from sapper.runtime.detector import Detector, DetectorSet
+
+# Imported here, not on first use: loading the detector modules takes a noticeable part
+# of a second, which must not delay the first finding.
+from sapper.runtime.detectors import default_detectors
+from sapper.runtime.detectors.eval import EvalLossDetector
 from sapper.runtime.records import StepRecord
 from sapper.watch.follow import Follower
 
@@ -39,9 +44,6 @@ __all__ = ["WatchResult", "WatchSink", "Watcher", "watch_detectors"]
 def watch_detectors(plan: Plan | None) -> list[Detector]:
     """The monitor's default detectors for ``plan``, plus the eval-loss detector (as
     ``sapper analyze`` runs them)."""
-    from sapper.runtime.detectors import default_detectors
-    from sapper.runtime.detectors.eval import EvalLossDetector
-
     detectors = list(default_detectors(plan=plan))
     if not any(isinstance(d, EvalLossDetector) for d in detectors):
         detectors.append(EvalLossDetector())
