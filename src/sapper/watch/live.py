@@ -67,7 +67,7 @@ def format_summary(result: WatchResult) -> str:
         "stopped": "stopped",
     }.get(result.reason, result.reason)
     span = ""
-    if result.first_step is not None:
+    if result.first_step is not None and result.last_step is not None:
         span = f", steps {result.first_step:,}–{result.last_step:,}"
     counts = (
         f"{result.count(Severity.ERROR)} error(s), {result.count(Severity.WARNING)} warning(s), "

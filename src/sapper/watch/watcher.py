@@ -17,6 +17,7 @@ shows it, even when it is the last record the job ever writes.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -149,6 +150,8 @@ class Watcher:
         self._notes_seen = 0
         self._stored_seen = 0
         self._failed_seen: set[str] = set()
+        self._interrupted = False
+        self._sleeping = False
 
     # ---- one poll ---------------------------------------------------------------------
     def tick(self) -> float:
@@ -180,23 +183,49 @@ class Watcher:
         return None
 
     def run(self, stop: threading.Event | None = None) -> WatchResult:
-        """Follow until idle, end of input, Ctrl-C or ``stop`` is set; then finish."""
+        """Follow until idle, end of input, Ctrl-C or ``stop`` is set; then finish.
+
+        Ctrl-C never cuts a poll in half (the detectors' state and the counts stay whole):
+        during a poll it only marks the watch as interrupted; while waiting it ends the
+        wait at once. A second Ctrl-C interrupts whatever runs, the closing included."""
         stop = stop or threading.Event()
         for sink in self.sinks:
             sink.start(self)
         reason = "stopped"
+        previous = self._catch_sigint()
         try:
             while True:
                 wait = self.tick()
-                why = self.stop_reason()
+                why = "interrupted" if self._interrupted else self.stop_reason()
                 if why is not None:
                     reason = why
                     break
-                if stop.wait(wait):
-                    break
+                self._sleeping = True
+                try:
+                    if stop.wait(wait):
+                        break
+                finally:
+                    self._sleeping = False
         except KeyboardInterrupt:
             reason = "interrupted"
-        return self.close(reason)
+            self._interrupted = True  # a second Ctrl-C stops the closing too
+        try:
+            return self.close(reason)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _catch_sigint(self) -> Any:
+        """Install the Ctrl-C handler (main thread only); return the one it replaces."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self._sleeping or self._interrupted:
+                raise KeyboardInterrupt
+            self._interrupted = True
+
+        return signal.signal(signal.SIGINT, on_sigint)
 
     def close(self, reason: str = "stopped") -> WatchResult:
         """Release what the reader held back, let the detectors finish, tell the sinks."""
@@ -228,15 +257,14 @@ class Watcher:
         for sink in self.sinks:
             sink.records(records)
         update = self.detector_set.update
-        if self.first_step is None:
-            self.first_step = records[0].step
         for rec in records:
             for finding in update(rec):
                 self._emit(finding)
         self.records += len(records)
-        self.last_step = records[-1].step if self.last_step is None else max(
-            self.last_step, records[-1].step
-        )
+        if self.first_step is None:
+            self.first_step = records[0].step
+        top = max(r.step for r in records)
+        self.last_step = top if self.last_step is None else max(self.last_step, top)
 
     def _plan(self) -> Plan | None:
         if self.plan is not None:
