@@ -137,3 +137,15 @@ def test_real_pipe_and_ctrl_c(tmp_path, fault_run):
     rest = proc.communicate(timeout=30)[0]
     assert proc.returncode == 1  # the findings decide, not the interruption
     assert "watch ended (interrupted)" in rest
+
+
+def test_plan_options_configure_the_detectors(tmp_path, fault_run):
+    log = tmp_path / "run.jsonl"
+    _write(log, runlog_lines(fault_run))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("optimizer: {lr: 0.003}\nschedule: {warmup_steps: 10}\n")
+    res = _invoke(str(log), "--format", "plain", *FAST, "--plan", str(plan), "--gpu", "A100-80GB")
+    assert res.exit_code == 1, res.output
+    assert "R001 error" in res.output
+    res = _invoke(str(log), *FAST, "--plan", str(tmp_path / "missing.yaml"))
+    assert res.exit_code == 2 and "missing.yaml" in res.output

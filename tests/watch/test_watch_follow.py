@@ -175,3 +175,25 @@ def test_a_trainer_state_cannot_come_through_a_pipe(fault_run):
             if fol.ended:
                 fol.close()
             threading.Event().wait(0.01)
+
+
+def test_a_long_backlog_is_read_over_several_quick_polls(tmp_path, fault_run, monkeypatch):
+    from sapper.watch import Watcher, follow
+
+    monkeypatch.setattr(follow, "CHUNK", 2048)
+    log = tmp_path / "train.log"
+    _append(log, megatron_lines(fault_run))
+    size = log.stat().st_size
+    watcher = Watcher(open_follower(log), idle_timeout=0)
+    waits = [watcher.tick()]
+    while waits[-1] == 0.0:
+        waits.append(watcher.tick())
+    assert len(waits) >= size // 2048  # one chunk per poll, no sleep in between
+    result = watcher.close()
+    whole = Watcher(open_follower(log), idle_timeout=0)
+    monkeypatch.setattr(follow, "CHUNK", 1 << 22)
+    whole.tick()
+    assert result.records == len(fault_run)
+    assert [(f.code, f.step) for f in result.findings] == [
+        (f.code, f.step) for f in whole.close().findings
+    ]

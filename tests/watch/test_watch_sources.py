@@ -80,6 +80,17 @@ def test_new_event_files_in_the_run_folder_are_followed(tmp_path):
     assert _steps(fol.close()) == [10]
 
 
+def test_a_folder_holding_one_run_follows_it_and_several_runs_are_refused(tmp_path):
+    runs = tmp_path / "output" / "runs"
+    _event_run(runs / "May14_10-02-11_node3", [(s, 2.0) for s in range(1, 4)])
+    fol = open_follower(runs)
+    assert _steps(fol.poll() + fol.close()) == [1, 2, 3]
+    assert any("May14_10-02-11_node3" in e for e in fol.events)
+    _event_run(runs / "May15_08-00-00_node3", [(1, 2.0)])
+    with pytest.raises(InputError, match="holds 2 TensorBoard runs"):
+        open_follower(runs).poll()
+
+
 def test_damaged_event_file_is_reported_not_waited_on(tmp_path):
     source = _event_run(tmp_path / "src", [(s, 1.0) for s in range(1, 4)])
     data = bytearray(source.read_bytes())

@@ -26,7 +26,7 @@ from sapper.errors import InputError
 from sapper.logs import LogParser, TensorBoardParser
 from sapper.logs.fields import FieldMap
 from sapper.runtime.records import StepRecord
-from sapper.watch.follow import Follower
+from sapper.watch.follow import CHUNK, Follower
 
 __all__ = ["EVENTS_MARK", "EventsFollower", "is_event_header", "masked_crc32c"]
 
@@ -34,7 +34,6 @@ __all__ = ["EVENTS_MARK", "EventsFollower", "is_event_header", "masked_crc32c"]
 EVENTS_MARK = "tfevents"
 _HEADER = 12  # u64 length + u32 masked CRC of the length
 _FOOTER = 4  # u32 masked CRC of the data
-_CHUNK = 16 << 20
 
 
 def _crc32c_table() -> list[int]:
@@ -76,6 +75,7 @@ class _EventFile:
         self.buffer = b""
         self.damaged = False
         self.bad_events = 0
+        self.behind = False  # bytes left to read after this poll's share
         self._fh: BinaryIO | None = None
 
     def read(self) -> tuple[list[Any], bool]:
@@ -95,14 +95,14 @@ class _EventFile:
         if size == self.offset:
             return [], False
         self._fh.seek(self.offset)
-        events: list[Any] = []
-        added = False
-        while not self.damaged and (data := self._fh.read(min(_CHUNK, size - self.offset))):
-            self.offset += len(data)
-            self.buffer += data
-            added = True
-            events += self._frames()
-        return events, added
+        data = self._fh.read(min(CHUNK, size - self.offset))
+        self.offset += len(data)
+        self.behind = self.offset < size
+        self.buffer += data
+        events = self._frames()
+        if self.damaged:
+            self.behind = False
+        return events, bool(data)
 
     def _frames(self) -> list[Any]:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -181,6 +181,7 @@ class EventsFollower(Follower):
                     f"{path.name}: damaged record at byte {ef.offset - len(ef.buffer):,}; "
                     "the rest of this file is skipped"
                 )
+        self.behind = any(ef.behind for ef in self._files.values())
         if grew:
             mtime = max(_mtime(p) for p in grew)
             self._saw_data(now, mtime)
@@ -188,6 +189,8 @@ class EventsFollower(Follower):
 
     def close(self) -> list[StepRecord]:
         out = self.poll()
+        while self.behind:
+            out += self.poll()
         bad = sum(f.bad_events for f in self._files.values())
         if bad:
             self._parser.notes.append(f"{bad} event(s) could not be decoded and were skipped")

@@ -33,12 +33,14 @@ from sapper.logs.fields import FieldMap
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
-__all__ = ["DETECT_LIMIT", "FileFollower", "Follower", "StreamFollower", "TextFeed"]
+__all__ = ["CHUNK", "DETECT_LIMIT", "FileFollower", "Follower", "StreamFollower", "TextFeed"]
 
 #: Bytes of unrecognized text after which format detection gives up (Megatron prints
 #: hundreds of argument lines before its first iteration line).
 DETECT_LIMIT = 1 << 20
-_CHUNK = 8 << 20
+#: Bytes read per poll at most: catching up with a long log takes several quick polls,
+#: so the view stays current and Ctrl-C is answered between them.
+CHUNK = 4 << 20
 
 
 class Follower:
@@ -54,6 +56,8 @@ class Follower:
         self.quiet_since: float | None = None
         #: The input ended for good (a pipe closed): nothing more can come.
         self.ended = False
+        #: More data is waiting to be read now (catching up): poll again at once.
+        self.behind = False
         #: What the follower did that the user should know (rotation, truncation ...).
         self.events: list[str] = []
         #: Why nothing is read yet ("waiting for the file to appear"), or ``None``.
@@ -214,7 +218,10 @@ class FileFollower(Follower):
         return out
 
     def close(self) -> list[StepRecord]:
-        out = self.feed.end()
+        out: list[StepRecord] = []
+        while self.behind and self._fh is not None:
+            out += self._read(time.monotonic())
+        out += self.feed.end()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -245,7 +252,12 @@ class FileFollower(Follower):
             return []  # moved away, the new file not created yet: keep reading the old one
         if (st.st_dev, st.st_ino) == self._id:
             return []
-        out = self._read(now) + self.feed.drain()
+        out: list[StepRecord] = []
+        while True:  # the old file to its end, before its name is given up
+            out += self._read(now)
+            if not self.behind:
+                break
+        out += self.feed.drain()
         assert self._fh is not None
         self._fh.close()
         self._fh = None
@@ -269,18 +281,17 @@ class FileFollower(Follower):
     def _read(self, now: float) -> list[StepRecord]:
         fh = self._fh
         assert fh is not None
-        out: list[StepRecord] = []
         fh.seek(self._offset)
-        got = False
         try:
-            while chunk := fh.read(_CHUNK):
-                self._offset += len(chunk)
-                got = True
-                out += self.feed.push(chunk)
+            chunk = fh.read(CHUNK)
         except OSError as exc:
             raise InputError(f"cannot read it ({exc.strerror})", file=self.name) from None
-        if got:
-            self._saw_data(now, os.fstat(fh.fileno()).st_mtime)
+        self.behind = len(chunk) == CHUNK
+        if not chunk:
+            return []
+        self._offset += len(chunk)
+        out = self.feed.push(chunk)
+        self._saw_data(now, os.fstat(fh.fileno()).st_mtime)
         return out
 
 

@@ -90,7 +90,7 @@ class AutoFollower(Follower):
         inner = self.inner
         assert inner is not None
         self.last_data, self.quiet_since = inner.last_data, inner.quiet_since
-        self.ended, self.waiting = inner.ended, inner.waiting
+        self.ended, self.waiting, self.behind = inner.ended, inner.waiting, inner.behind
         self.events.extend(inner.events)
         inner.events.clear()
         return records
@@ -106,6 +106,16 @@ class AutoFollower(Follower):
                 has_events = False
             if has_events:
                 return EventsFollower(path, self.mapping)
+            runs = sorted({p.parent for p in path.glob(f"*/*{EVENTS_MARK}*") if p.is_file()})
+            if len(runs) == 1:  # e.g. the Trainer's output_dir/runs/<date_host>
+                self.events.append(f"following the TensorBoard run {runs[0]}")
+                return EventsFollower(runs[0], self.mapping)
+            if runs:
+                raise InputError(
+                    f"holds {len(runs)} TensorBoard runs; watch one of them",
+                    file=self.name,
+                    expected=", ".join(str(r) for r in runs[:5]),
+                )
             self.waiting = f"waiting for {STATE_FILE} or event files in {path}"
             return None
         if EVENTS_MARK in path.name and path.is_file():

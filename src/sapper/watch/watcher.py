@@ -160,13 +160,15 @@ class Watcher:
         self._consume(fol.poll())
         if fol.last_data != self._data_mark:
             self._data_mark, self._settled = fol.last_data, False
-        if not self._settled and fol.quiet_since is not None:
+        if not self._settled and not fol.behind and fol.quiet_since is not None:
             if time.monotonic() - fol.quiet_since >= self.settle_s:
                 self._consume(fol.settle())
                 self._settled = True
         self._drain_side()
         for sink in self.sinks:
             sink.tick(self)
+        if fol.behind:
+            return 0.0
         if not self._settled and fol.quiet_since is not None:
             due = fol.quiet_since + self.settle_s - time.monotonic()
             return min(self.poll_s, max(0.01, due))
