@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,3 +244,18 @@ def test_batch_arithmetic_needs_known_dp() -> None:
     assert (
         "use a global batch of 64," in only(list(consistency.global_batch_indivisible(small))).fix
     )
+
+
+def test_post_ln_warmup_left_auto_is_not_reported_as_missing() -> None:
+    """A DeepSpeed warmup of "auto" is unknown, not zero: N401 must not fire."""
+    from sapper.checks.engine import run_checklist
+    from sapper.plan.load import load_plan
+
+    root = Path(__file__).parents[2] / "examples"
+    loaded = load_plan(
+        hf_config=root / "hf" / "opt-350m.json",
+        deepspeed=root / "deepspeed" / "zero3-offload-hf-auto.json",
+    )
+    assert "schedule.warmup_steps" in loaded.plan.unresolved
+    codes = {f.code for f in run_checklist(loaded).findings}
+    assert "N401" not in codes

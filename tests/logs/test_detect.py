@@ -82,3 +82,13 @@ def test_nul_blocks_from_a_crash_keep_a_text_log_readable(examples: Path, tmp_pa
     damaged = tmp_path / "train.log"
     damaged.write_bytes(text[:40000] + b"\x00" * 512 + text[40000:])
     assert detect_format(damaged) == "megatron"
+
+
+def test_plain_folder_expands_to_the_logs_in_it(examples: Path) -> None:
+    expanded = expand_paths([examples])
+    assert [(p.relative_to(examples).as_posix(), fmt) for p, fmt in expanded] == [
+        ("hf-llama-sft/trainer_state.json", "trainer_state"),
+        ("megatron-gpt345m-fp16.log", "megatron"),
+        ("sapper-gpt2-healthy.jsonl", "sapper"),
+        ("wandb-history-lr-stuck.csv", "csv"),
+    ]  # make_examples.py is not a log and is passed over

@@ -172,7 +172,9 @@ def train(
                 if stall is not None and stall(step) > 0:
                     time.sleep(stall(step))
                 x = next(data)
-                ctx = torch.autocast("cpu", dtype=torch.float16) if fp16 else contextlib.nullcontext()
+                ctx = (
+                    torch.autocast("cpu", dtype=torch.float16) if fp16 else contextlib.nullcontext()
+                )
                 with ctx:
                     out = model(input_ids=x, labels=x)
                 loss = (out.loss / ga if divide_loss else out.loss) * loss_factor

@@ -114,7 +114,9 @@ def _post_ln_layers(plan: Plan) -> int | None:
 
 def _schedule_known(plan: Plan) -> bool:
     """The plan describes the schedule (any schedule field given, from any source); an
-    absent schedule is unknown, not "no warmup"."""
+    absent schedule is unknown, not "no warmup"; so is a warmup a source left as "auto"."""
+    if "schedule.warmup_steps" in plan.unresolved:
+        return False
     return bool(plan.schedule.model_fields_set)
 
 

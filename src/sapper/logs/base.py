@@ -11,15 +11,25 @@ shows it is complete.
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
-__all__ = ["LineBuffer", "LogData", "LogParser", "StepMerger", "coerce", "to_float"]
+__all__ = [
+    "LineBuffer",
+    "LogData",
+    "LogParser",
+    "StepMerger",
+    "coerce",
+    "gc_paused",
+    "to_float",
+]
 
 
 @dataclass
@@ -233,3 +243,17 @@ def coerce(field_name: str, value: float) -> Any:
     if field_name in _INT_FIELDS:
         return int(value) if math.isfinite(value) else None
     return value
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while records are built or walked: a million
+    records are millions of objects with no cycles, and the collector's passes over them
+    cost more than the work itself (4× when parsing a million-step log)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -103,6 +103,8 @@ def _detect_text(text: str, path: Path) -> str:
         except json.JSONDecodeError:
             obj = None
         if isinstance(obj, dict):
+            if isinstance(obj.get("log_history"), list):
+                return "trainer_state"  # written on one line (json.dump without indent)
             return "sapper" if obj.get("kind") in ("meta", "step", "finding") else "jsonl"
         if '"log_history"' in text:
             return "trainer_state"
@@ -152,7 +154,8 @@ def _detect_dir(path: Path) -> str:
 
 def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
     """Paths to read, one per run: a HF output folder becomes its latest checkpoint's
-    ``trainer_state.json``; a folder of TensorBoard runs becomes one entry per run."""
+    ``trainer_state.json``; a folder of TensorBoard runs becomes one entry per run; any
+    other folder becomes the logs in it."""
     out: list[tuple[Path, str | None]] = []
     for raw in paths:
         path = Path(raw)
@@ -175,5 +178,25 @@ def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
         if runs:
             out.extend((run, "tensorboard") for run in runs)
             continue
+        logs = _logs_in(path)
+        if logs:
+            out.extend(logs)
+            continue
         _detect_dir(path)  # raises with the message
     return out
+
+
+def _logs_in(folder: Path) -> list[tuple[Path, str | None]]:
+    """A plain folder of logs: every file in it that is a log (others, such as scripts
+    and READMEs, are passed over), and sub-folders holding a trainer_state.json."""
+    found: list[tuple[Path, str | None]] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir():
+            if (entry / "trainer_state.json").is_file():
+                found.append((entry / "trainer_state.json", "trainer_state"))
+            continue
+        try:
+            found.append((entry, detect_format(entry)))
+        except InputError:
+            continue
+    return found

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,8 @@ def _value(value: Any) -> Any:
 
 def _step_record(obj: dict[str, Any], nonfinite: bool) -> StepRecord:
     """``StepRecord.from_json`` without its per-call overhead (it runs a million times):
-    the record's ``__dict__`` is filled directly. ``nonfinite`` says whether the batch
-    held any "nan"/"inf" string at all; most batches hold none and skip the scan."""
+    the record's ``__dict__`` is filled directly. ``nonfinite`` says whether the line
+    spells a float as "nan"/"inf"; most lines do not and skip the conversion."""
     extra = obj.pop("extra", None) or {}
     if not _NAMES.issuperset(obj):
         for key in obj.keys() - _NAMES:
@@ -69,59 +69,69 @@ class RunLogParser(LogParser):
         self._bad: list[int] = []
         self._last: int | None = None
         self._replayed = 0
-        self._nonfinite = False
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
-        texts = [line.strip() for line in lines]
-        numbers = [self._line + 1 + i for i, t in enumerate(texts) if t]
+        texts = lines if isinstance(lines, list) else list(lines)
+        first = self._line + 1
         self._line += len(texts)
-        batch = "[" + ",".join(t for t in texts if t) + "]"
-        self._nonfinite = '"nan"' in batch or 'inf"' in batch
+        kept = [t for t in texts if t and not t.isspace()]
+        # Line numbers are only needed for notes; without blank lines they are implicit.
+        numbers: Sequence[int] = (
+            range(first, first + len(texts))
+            if len(kept) == len(texts)
+            else [first + i for i, t in enumerate(texts) if t and not t.isspace()]
+        )
+        batch = "[" + ",".join(kept) + "]"
         try:
             objs = json.loads(batch)
         except json.JSONDecodeError:
-            objs, numbers = self._one_by_one(texts, numbers)
+            objs, numbers, kept = self._one_by_one(kept, numbers)
+        # The lines that spell a non-finite float as a string: usually none, so no scan.
+        special: set[int] = set()
+        if '"nan"' in batch or 'inf"' in batch:
+            special = {n for n, t in zip(numbers, kept, strict=True) if '"nan"' in t or 'inf"' in t}
         out: list[StepRecord] = []
+        last = self._last
         for obj, line in zip(objs, numbers, strict=True):
-            if not isinstance(obj, dict):
+            if obj.__class__ is not dict:
                 self._bad.append(line)
                 continue
             kind = obj.pop("kind", None)
             if kind == "step":
-                self._step(obj, out, line)
+                step = obj.get("step")
+                if step.__class__ is int and (last is None or step > last):
+                    try:
+                        out.append(_step_record(obj, line in special))
+                        last = step
+                    except (TypeError, AttributeError):  # "extra" that is not an object
+                        self._bad.append(line)
+                elif step.__class__ is int:
+                    self._replayed += 1
+                else:
+                    self._bad.append(line)
             elif kind == "finding":
                 self._finding(obj, line)
             elif kind == "meta":
                 self.meta.update(obj)
             else:
                 self._bad.append(line)
+        self._last = last
         return out
 
-    def _one_by_one(self, texts: list[str], numbers: list[int]) -> tuple[list[Any], list[int]]:
-        objs, good = [], []
-        for text, line in zip((t for t in texts if t), numbers, strict=True):
+    def _one_by_one(
+        self, texts: list[str], numbers: Sequence[int]
+    ) -> tuple[list[Any], list[int], list[str]]:
+        """Decode line by line after a batch failed: the good lines, the bad ones noted."""
+        objs, good, good_texts = [], [], []
+        for text, line in zip(texts, numbers, strict=True):
             try:
                 objs.append(json.loads(text))
-                good.append(line)
             except json.JSONDecodeError:
                 self._bad.append(line)
-        return objs, good
-
-    def _step(self, obj: dict[str, Any], out: list[StepRecord], line: int) -> None:
-        step = obj.get("step")
-        if step.__class__ is not int:
-            self._bad.append(line)
-            return
-        try:
-            rec = _step_record(obj, self._nonfinite)
-        except (TypeError, AttributeError):  # "extra" that is not an object
-            self._bad.append(line)
-            return
-        if self._last is not None and rec.step <= self._last:
-            self._replayed += 1
-            return
-        self._last = rec.step
-        out.append(rec)
+                continue
+            good.append(line)
+            good_texts.append(text)
+        return objs, good, good_texts
 
     def _finding(self, obj: dict[str, Any], line: int) -> None:
         try:

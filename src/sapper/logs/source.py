@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.logs.base import LineBuffer, LogData, LogParser
+from sapper.logs.base import LineBuffer, LogData, LogParser, gc_paused
 from sapper.logs.detect import FORMATS, detect_format
 from sapper.logs.fields import FieldMap
 from sapper.logs.megatron import MegatronParser
@@ -80,7 +80,7 @@ class LogSource:
             return self._poll_snapshot(self.parser)
         out: list[StepRecord] = []
         try:
-            with self.path.open("rb") as fh:
+            with gc_paused(), self.path.open("rb") as fh:
                 fh.seek(self._offset)
                 while chunk := fh.read(_CHUNK):
                     self._offset += len(chunk)

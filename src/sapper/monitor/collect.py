@@ -119,7 +119,7 @@ class StepCollector:
         host: dict[tuple[str, str], list[Any]] = {}
         for g, t in packed.items():
             # note: this is a CPU-GPU sync point (one per device and dtype, every log_every steps)
-            host[g] = t.cpu().tolist() if isinstance(t, torch.Tensor) else list(t)
+            host[g] = t.tolist() if isinstance(t, torch.Tensor) else list(t)
             self.transfers += 1
         floats: list[dict[str, list[float]]] = [{} for _ in slots]
         ints: list[dict[str, list[int]]] = [{} for _ in slots]

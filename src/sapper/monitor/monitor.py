@@ -76,6 +76,9 @@ class Monitor:
         peak_flops: the device's peak FLOP/s for MFU (default: sapper's GPU table).
         start_step: number of the first step (when resuming).
         rank: global rank stamped on findings in distributed runs.
+        step_on_call: every :meth:`step` call closes one step, whether or not the
+            optimizer stepped (for framework callbacks called once per optimizer step,
+            where a loss scaler may skip ``optimizer.step()``).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Monitor:
         peak_flops: float | None = None,
         start_step: int = 0,
         rank: int | None = None,
+        step_on_call: bool = False,
     ) -> None:
         if log_every < 1 or sample_every < 1:
             from sapper.errors import InputError
@@ -132,7 +136,7 @@ class Monitor:
         self._sealed: list[StepSlot] = []
         self._events = 0
         self._calls_since_event = 0
-        self._call_based = optimizer is None
+        self._call_based = optimizer is None or step_on_call
         self._last_event_t: float | None = None
         self._ready_t: float | None = None
         self._force_read = False
@@ -182,15 +186,19 @@ class Monitor:
                 self.sinks.append(tb)
 
     # ---- public API ---------------------------------------------------------------
-    def step(self, loss: Any = None, batch: Any = None) -> list[Finding]:
+    def step(
+        self, loss: Any = None, batch: Any = None, *, skipped: bool | None = None
+    ) -> list[Finding]:
         """Call once per optimizer step (after ``optimizer.step()``), or once per
         micro-batch; ``loss`` is the step's loss (a tensor is fine: it is not read now),
         ``batch`` the inputs when the model's forward does not receive token ids.
         Returns the findings raised by this call (usually none: they arrive every
-        ``log_every`` steps). Raises :class:`SapperHalt` when the halt policy says so."""
+        ``log_every`` steps). ``skipped`` tells that a loss scaler the monitor does not
+        see skipped this step's update. Raises :class:`SapperHalt` when the halt policy
+        says so."""
         if self._closed:
             return []
-        found = self.guard("step", self._step, loss, batch) or []
+        found = self.guard("step", self._step, loss, batch, skipped) or []
         self.halt.check(found)
         return found
 
@@ -339,9 +347,10 @@ class Monitor:
 
     # ---- optimizer boundary ----------------------------------------------------------
     def on_optimizer_step(self, clip_norm: torch.Tensor | None, skipped: bool) -> None:
-        """A step ends: seal the current slot with what the optimizer sees."""
+        """A step ends: seal the current slot with what the optimizer sees (or, when steps
+        are closed by calls, record it into the step in progress)."""
         now = time.perf_counter()
-        slot = self._seal(now)
+        slot = self._bucket if self._call_based else self._seal(now)
         obs = self.observer
         slot.skipped = skipped if obs.scaler is not None else None
         if clip_norm is not None:
@@ -358,14 +367,16 @@ class Monitor:
                 slot.extra["scaled_grads_step"] = True
             if obs.clip_before_unscale:
                 slot.extra["clip_before_unscale"] = True
-        if obs.scheduler is not None and self._events > 1:
+        if obs.scheduler is not None and self.next_step > 1 and not self._call_based:
             slot.extra["scheduler_steps"] = obs.scheduler_calls
         self._lrs(slot, obs.lrs())
         armed = self.localiser.armed
-        if armed or (self._sampled(slot.step) and not skipped):
+        number = slot.step if slot.step >= 0 else self.next_step
+        if armed or (self._sampled(number) and not skipped):
             self.guard("gradstats", self.grad_stats.measure, slot, armed)
         obs.reset()
-        self._sealed.append(slot)
+        if not self._call_based:
+            self._sealed.append(slot)
 
     def on_optimizer_stepped(self) -> None:
         self._ready_t = time.perf_counter()
@@ -414,7 +425,7 @@ class Monitor:
     def _sampled(self, step: int) -> bool:
         return step % self.sample_every == 0
 
-    def _step(self, loss: Any, batch: Any) -> list[Finding]:
+    def _step(self, loss: Any, batch: Any, skipped: bool | None) -> list[Finding]:
         self._calls_since_event += 1
         if not self._call_based and self._events == 0 and self._calls_since_event > _FALLBACK_CALLS:
             self._call_based = True
@@ -430,7 +441,10 @@ class Monitor:
                 target.add_f("user_loss", torch.tensor(float(loss)))
         if self._call_based:
             slot = self._seal(time.perf_counter())
-            self._lrs(slot, self.observer.lrs())
+            if not slot.lrs and "lr" not in slot.dev_f:
+                self._lrs(slot, self.observer.lrs())
+            if skipped is not None:
+                slot.skipped = skipped
             self._sealed.append(slot)
         for slot in self._sealed:
             slot.host.pop("_saw_batch", None)

@@ -114,6 +114,7 @@ class TrainingObserver:
         self.clip_max: float | None = None
         self.clip_before_unscale = False
         self.scheduler_calls = 0
+        self.closure = False
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
             self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
@@ -187,9 +188,16 @@ class TrainingObserver:
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.stepped_in_scaler = self.in_scaler_step
-        self.listener.guard("optimizer", self._boundary, False)
+        # optimizer.step(closure): forward and backward run inside the step (Lightning,
+        # LBFGS); the gradients exist only after it, so the step ends at the post-hook.
+        self.closure = bool(args) or kwargs.get("closure") is not None
+        if not self.closure:
+            self.listener.guard("optimizer", self._boundary, False)
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.closure:
+            self.closure = False
+            self.listener.guard("optimizer", self._boundary, False)
         self.listener.on_optimizer_stepped()
 
     def _boundary(self, skipped: bool) -> None:

@@ -297,6 +297,10 @@ class CheckpointingSpec(_Spec):
         default="none", description="none / selective (attention) / full (whole blocks)."
     )
     every_k_layers: int = Field(default=1, ge=1, description="Checkpoint one block in k.")
+    partition_activations: bool = Field(
+        default=False, description="Checkpoints sharded across tensor-parallel ranks."
+    )
+    cpu_offload: bool = Field(default=False, description="Checkpoints kept in host memory.")
 
 
 class ParallelSpec(_Spec):

@@ -20,7 +20,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,9 @@ import numpy as np
 
 from sapper.checks.engine import CheckReport
 from sapper.logs.analysis import Analysis
+from sapper.logs.base import gc_paused
 from sapper.plan.schema import Plan
-from sapper.report.html_data import MAX_POINTS, ChartData, Series, mask_ranges
+from sapper.report.html_data import MAX_POINTS, ChartData, Columns, Series, mask_ranges
 from sapper.rules.model import Finding
 from sapper.rules.registry import all_rules
 from sapper.runtime.records import StepRecord
@@ -59,20 +60,6 @@ _PLACEHOLDER = re.compile(r"__SAPPER_(TITLE|CSS|JS|DATA)__")
 
 #: Samples of the declared LR schedule drawn next to the actual LR.
 SCHEDULE_POINTS = 1500
-
-
-def _last(records: Sequence[StepRecord], get: Callable[[StepRecord], Any]) -> Any:
-    for rec in reversed(records):
-        value = get(rec)
-        if value is not None:
-            return value
-    return None
-
-
-def _constant(records: Sequence[StepRecord], get: Callable[[StepRecord], Any]) -> Any:
-    """The value if every record that has one has the same; else None."""
-    seen = {v for r in records if (v := get(r)) is not None}
-    return seen.pop() if len(seen) == 1 else None
 
 
 def _schedule(plan: Plan, first: int, last: int) -> Series | None:
@@ -115,10 +102,11 @@ def _charts(
     plan: Plan | None,
     expected_tokens_per_s: float | None,
 ) -> list[ChartData]:
-    steps = np.asarray([r.step for r in records], dtype=np.int64)
+    cols = Columns(records)
+    steps = cols.steps
 
-    def build(name: str, key: str, get: Callable[[StepRecord], Any], kind: str = "line"):
-        return Series.build(name, key, records, steps, get, kind)
+    def build(name: str, key: str, kind: str = "line") -> Series | None:
+        return Series.build(name, key, *cols.get(key), steps, kind)
 
     def chart(cid: str, title: str, unit: str, *series: Series | None, **kw: Any) -> ChartData:
         return ChartData(cid, title, unit, [s for s in series if s is not None], **kw)
@@ -127,8 +115,8 @@ def _charts(
         "loss",
         "Loss",
         "training loss per logged step; eval loss as points",
-        build("train loss", "loss", lambda r: r.loss),
-        build("eval loss", "eval_loss", lambda r: r.eval_loss, "points"),
+        build("train loss", "loss"),
+        build("eval loss", "eval_loss", "points"),
         empty="No loss in this log.",
     )
 
@@ -136,23 +124,20 @@ def _charts(
         "grad_norm",
         "Gradient norm",
         "global norm before clipping",
-        build("grad norm", "grad_norm", lambda r: r.grad_norm),
+        build("grad norm", "grad_norm"),
         log_scale=True,
         empty="No gradient norm in this log.",
     )
-    clip = _constant(records, lambda r: r.clip_threshold)
+    clip = cols.constant("clip_threshold")
     if clip is not None:
-        grad.lines.append({"name": "clip threshold", "y": float(clip)})
-    elif any(r.clip_threshold is not None for r in records):
-        grad.series.append(build("clip threshold", "clip_threshold", lambda r: r.clip_threshold))
+        grad.lines.append({"name": "clip threshold", "y": clip})
+    elif cols.present("clip_threshold").any():
+        grad.series.append(build("clip threshold", "clip_threshold"))
     elif plan is not None and plan.clipping.max_norm:
         grad.lines.append({"name": "clip threshold (plan)", "y": float(plan.clipping.max_norm)})
 
     lr = chart(
-        "lr",
-        "Learning rate",
-        "first parameter group",
-        build("lr", "lr", lambda r: r.lr),
+        "lr", "Learning rate", "first parameter group", build("lr", "lr"),
         empty="No learning rate in this log.",
     )
     if plan is not None and lr.series and len(steps):
@@ -164,19 +149,19 @@ def _charts(
         "memory",
         "Memory",
         "GiB per device",
-        build("allocated", "memory_allocated_gib", lambda r: r.memory_allocated_gib),
-        build("reserved", "memory_reserved_gib", lambda r: r.memory_reserved_gib),
-        build("peak", "memory_peak_gib", lambda r: r.memory_peak_gib),
-        build("process RSS", "rss_gib", lambda r: r.rss_gib),
+        build("allocated", "memory_allocated_gib"),
+        build("reserved", "memory_reserved_gib"),
+        build("peak", "memory_peak_gib"),
+        build("process RSS", "rss_gib"),
         empty="No memory readings in this log.",
     )
-    limit = _last(records, lambda r: r.memory_limit_gib)
+    limit = cols.last("memory_limit_gib")
     if limit is not None:
-        memory.lines.append({"name": "device limit", "y": float(limit)})
+        memory.lines.append({"name": "device limit", "y": limit})
     elif plan is not None and plan.gpu is not None and memory.series:
         memory.lines.append({"name": f"{plan.gpu.name} memory", "y": float(plan.gpu.memory_gib)})
 
-    throughput = _throughput(build, records)
+    throughput = _throughput(cols)
     if expected_tokens_per_s and throughput.unit.startswith("tokens"):
         throughput.lines.append({"name": "expected", "y": float(expected_tokens_per_s)})
 
@@ -184,41 +169,46 @@ def _charts(
         "loss_scale",
         "Loss scale and skipped steps",
         "dynamic loss scale (fp16); shaded: steps whose update was skipped",
-        build("loss scale", "loss_scale", lambda r: r.loss_scale),
+        build("loss scale", "loss_scale"),
         log_scale=True,
         empty="No loss scale in this log (bf16 and fp32 runs have none).",
     )
-    skipped = np.asarray([r.step for r in records if r.skipped], dtype=np.int64)
+    skipped = steps[np.equal(cols.raw("skipped"), True)]
     if len(skipped):
         scale.bands.append({"name": "skipped steps", "ranges": mask_ranges(steps, skipped)})
         if not scale.series:
-            scale.series.append(
-                build("skipped steps so far", "skipped_total", lambda r: r.skipped_total)
-                or build("skipped", "skipped", lambda r: 1.0 if r.skipped else 0.0)
-            )
+            total = build("skipped steps so far", "skipped_total")
+            if total is None:
+                flags = cols.present("skipped")
+                total = Series.build(
+                    "skipped", "skipped", steps[flags],
+                    np.equal(cols.raw("skipped")[flags], True).astype(np.float64), steps,
+                )
+            scale.series.append(total)
             scale.log_scale = False
     return [loss, grad, lr, memory, throughput, scale]
 
 
-def _throughput(build: Callable[..., Series | None], records: Sequence[StepRecord]) -> ChartData:
+def _throughput(cols: Columns) -> ChartData:
     """tokens/s if logged, else samples/s, else derived from tokens or samples per step
-    over the step time (a plain division, labelled as such)."""
-    options = [
-        ("tokens/s", "tokens_per_s", lambda r: r.tokens_per_s),
-        ("samples/s", "samples_per_s", lambda r: r.samples_per_s),
-        ("tokens/s (tokens ÷ step time)", "tokens_per_s",
-         lambda r: r.tokens / r.step_time_s if r.tokens and r.step_time_s else None),
-        ("samples/s (samples ÷ step time)", "samples_per_s",
-         lambda r: r.samples / r.step_time_s if r.samples and r.step_time_s else None),
-    ]
-    for name, key, get in options:
-        series = build(name, key, get)
+    over the step time (a plain division, labelled as such), else the step time."""
+    steps = cols.steps
+    for name, key in (("tokens/s", "tokens_per_s"), ("samples/s", "samples_per_s")):
+        series = Series.build(name, key, *cols.get(key), steps)
         if series is not None:
-            unit = name.split(" ")[0]
-            return ChartData("throughput", "Throughput", unit, [series])
-    step_time = build("step time (s)", "step_time_s", lambda r: r.step_time_s)
-    if step_time is not None:
-        return ChartData("throughput", "Throughput", "seconds per step", [step_time])
+            return ChartData("throughput", "Throughput", name, [series])
+    step_time = cols.floats("step_time_s")
+    for name, key in (("tokens/s (tokens ÷ step time)", "tokens"),
+                      ("samples/s (samples ÷ step time)", "samples")):
+        amount = cols.floats(key)
+        ok = (amount > 0) & (step_time > 0)  # NaN (missing) compares False
+        if ok.any():
+            rate = amount[ok] / step_time[ok]
+            series = Series.build(name, key.rstrip("s") + "s_per_s", steps[ok], rate, steps)
+            return ChartData("throughput", "Throughput", name.split(" ")[0], [series])
+    series = Series.build("step time (s)", "step_time_s", *cols.get("step_time_s"), steps)
+    if series is not None:
+        return ChartData("throughput", "Throughput", "seconds per step", [series])
     return ChartData(
         "throughput", "Throughput", "", empty="No throughput or step time in this log."
     )
@@ -257,8 +247,8 @@ def build_report_data(
 ) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
     docs = {r.code: r for r in all_rules()}
-    records = analysis.log.records
-    charts = _charts(records, plan, expected_tokens_per_s)
+    with gc_paused():
+        charts = _charts(analysis.log.records, plan, expected_tokens_per_s)
     findings = [_finding_json(f, docs) for f in analysis.findings]
     by_id = {c.id: c for c in charts}
     for idx, f in enumerate(analysis.findings):

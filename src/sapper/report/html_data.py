@@ -9,8 +9,9 @@ are kept separately and drawn as marks. Missing values (sparse logs) are simply 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,11 @@ from sapper.runtime.records import StepRecord
 __all__ = [
     "MAX_POINTS",
     "ChartData",
+    "Columns",
     "Series",
     "decimate",
     "mask_ranges",
     "nonfinite_ranges",
-    "series_of",
 ]
 
 #: Points per series in the page (min and max of MAX_POINTS / 2 buckets).
@@ -33,15 +34,49 @@ MAX_POINTS = 4000
 MAX_RANGES = 400
 
 
-def series_of(
-    records: Sequence[StepRecord], get: Callable[[StepRecord], float | None]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Steps and values of the records where ``get`` has a value (NaN kept)."""
-    pairs = [(r.step, v) for r in records if (v := get(r)) is not None]
-    if not pairs:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
-    steps, values = zip(*pairs, strict=True)
-    return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+class Columns:
+    """The records as numpy columns, read once per field.
+
+    A million records are walked with ``operator.attrgetter`` (a C loop) and compared
+    with ``None`` by numpy, so a missing value (a sparse log) and a NaN (a value the
+    detectors must see) stay distinct without a Python loop per record.
+    """
+
+    def __init__(self, records: Sequence[StepRecord]) -> None:
+        self.records = records
+        self.steps = np.fromiter(
+            map(attrgetter("step"), records), dtype=np.int64, count=len(records)
+        )
+        self._raw: dict[str, np.ndarray] = {}
+
+    def raw(self, name: str) -> np.ndarray:
+        """The field as an object array (``None`` where a record has no value)."""
+        if name not in self._raw:
+            column = np.empty(len(self.records), dtype=object)
+            column[:] = list(map(attrgetter(name), self.records))
+            self._raw[name] = column
+        return self._raw[name]
+
+    def present(self, name: str) -> np.ndarray:
+        return ~np.equal(self.raw(name), None)
+
+    def floats(self, name: str) -> np.ndarray:
+        """The field as floats; missing values are NaN too (use :meth:`present`)."""
+        return np.asarray(self.raw(name), dtype=np.float64)
+
+    def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and values of the records that have the field (NaN and Inf kept)."""
+        mask = self.present(name)
+        return self.steps[mask], self.floats(name)[mask]
+
+    def last(self, name: str) -> float | None:
+        idx = np.nonzero(self.present(name))[0]
+        return None if len(idx) == 0 else float(self.raw(name)[idx[-1]])
+
+    def constant(self, name: str) -> float | None:
+        """The value if every record that has one has the same; else None."""
+        values = np.unique(self.floats(name)[self.present(name)])
+        return float(values[0]) if len(values) == 1 else None
 
 
 def decimate(
@@ -120,12 +155,12 @@ class Series:
         cls,
         name: str,
         key: str,
-        records: Sequence[StepRecord],
+        steps: np.ndarray,
+        values: np.ndarray,
         all_steps: np.ndarray,
-        get: Callable[[StepRecord], float | None],
         kind: str = "line",
     ) -> Series | None:
-        steps, values = series_of(records, get)
+        """A decimated series from the records that have a value (``steps``/``values``)."""
         if len(steps) == 0:
             return None
         finite = np.isfinite(values)
@@ -133,8 +168,8 @@ class Series:
         return cls(
             name,
             key,
-            [int(v) for v in xs],
-            [float(v) for v in ys],
+            xs.tolist(),
+            ys.tolist(),
             kind,
             nonfinite_ranges(all_steps, steps, values),
             len(steps),

@@ -48,7 +48,8 @@
     }
     if (!isFinite(lo)) { lo = 0; hi = 1; }
     if (hi === lo) { hi = lo + 1; }
-    return [lo, hi];
+    var pad = (hi - lo) * 0.01;  // a reading on the first or last step stays visible
+    return [lo - pad, hi + pad];
   }
 
   /* ---- axes ------------------------------------------------------------------------ */
@@ -313,13 +314,16 @@
       }
       g.stroke();
       g.setLineDash([]);
-      if (s.kind === "points") {
-        for (var j = a; j < z; j++) {
-          if (log && s.y[j] <= 0) continue;
-          g.beginPath();
-          g.arc(self.sx(s.x[j], b), sy(s.y[j]), 2.6, 0, 2 * Math.PI);
-          g.fill();
-        }
+      // dots: for point series, for short series, and for readings with no neighbour
+      // close enough to draw a line to (a memory report logged once)
+      var few = z - a <= 60;
+      for (var j = a; j < z; j++) {
+        if (log && s.y[j] <= 0) continue;
+        var lone = (j === 0 || s.x[j] - s.x[j - 1] > s.gap) && (j === s.x.length - 1 || s.x[j + 1] - s.x[j] > s.gap);
+        if (s.kind !== "points" && !few && !lone) continue;
+        g.beginPath();
+        g.arc(self.sx(s.x[j], b), sy(s.y[j]), s.kind === "points" ? 2.6 : 2.0, 0, 2 * Math.PI);
+        g.fill();
       }
       // non-finite values: red ticks along the top edge
       g.fillStyle = NONFINITE;
@@ -603,6 +607,7 @@
     api.reset = function () { setView(full.slice()); };
     api.fullRange = full.slice();
     api.findings = DATA.findings.length;
+    api.renderedAt = performance.now();  // ms since navigation start: the time to open
     api.ready = true;
     document.body.dataset.ready = "1";
   } catch (err) {
