@@ -131,6 +131,7 @@ class Monitor:
             else default_detectors(plan, **(detector_options or {}))
         )
         self._disabled: set[str] = set()
+        self.sinks: list[Sink] = []
         self._closed = False
         self._bucket = StepSlot()
         self._sealed: list[StepSlot] = []
@@ -148,9 +149,13 @@ class Monitor:
         params = [p for p in model.parameters()]
         first = next(iter(params), None)
         self.device = first.device if first is not None else torch.device("cpu")
-        self.observer = TrainingObserver(
-            self, optimizer, scaler=scaler, scheduler=scheduler, param_ids=map(id, params)
+        observer = self.guard(
+            "optimizer",
+            lambda: TrainingObserver(
+                self, optimizer, scaler=scaler, scheduler=scheduler, param_ids=map(id, params)
+            ),
         )
+        self.observer = observer or TrainingObserver(self, None, param_ids=map(id, params))
         if self.observer.optimizer is None:
             self._call_based = True
         opt_params = (
@@ -175,7 +180,6 @@ class Monitor:
             model.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
             model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
-        self.sinks: list[Sink] = []
         if console:
             self.sinks.append(ConsoleSink(None if console is True else console))
         if run_log is not None:
@@ -184,6 +188,9 @@ class Monitor:
             tb = self.guard("tensorboard", TensorBoardSink, tensorboard)
             if tb is not None:
                 self.sinks.append(tb)
+        if self.findings:  # problems met while attaching
+            for sink in self.sinks:
+                self.guard("sinks", sink.findings, list(self.findings))
 
     # ---- public API ---------------------------------------------------------------
     def step(
