@@ -108,6 +108,14 @@ def test_unreadable_input_exits_2(tmp_path):
     path.write_bytes(b"\x00\x01\x02" * 100)
     res = _invoke(str(path), *FAST)
     assert res.exit_code == 2 and "binary data, not a training log" in res.output
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a log\n")
+    res = _invoke(str(notes), *FAST)
+    assert res.exit_code == 2 and "not a log sapper can read" in res.output
+    res = _invoke(str(tmp_path / "never.log"), "--format", "plain", *FAST)
+    assert res.exit_code == 2 and "never.log: did not appear before the watch ended" in res.output
+    res = _invoke("-", *FAST, input="")
+    assert res.exit_code == 2 and "no log line arrived" in res.output
 
 
 @pytest.mark.slow

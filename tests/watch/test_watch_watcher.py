@@ -35,9 +35,16 @@ def test_stops_when_the_writer_is_gone_for_the_idle_timeout(tmp_path, fault_run)
     assert ("R001", nan.step) in {(f.code, f.step) for f in result.findings}
 
 
-def test_idle_timeout_also_ends_the_wait_for_a_file_that_never_comes(tmp_path):
-    result = Watcher(open_follower(tmp_path / "never.log"), poll=0.1, idle_timeout=0.3).run()
-    assert result.reason == "idle" and result.records == 0 and result.format is None
+def test_idle_timeout_also_ends_the_wait_for_a_log_that_never_comes(tmp_path):
+    begin = time.monotonic()
+    with pytest.raises(InputError, match="did not appear before the watch ended"):
+        Watcher(open_follower(tmp_path / "never.log"), poll=0.1, idle_timeout=0.3).run()
+    assert time.monotonic() - begin < 3
+    (tmp_path / "out").mkdir()
+    with pytest.raises(InputError, match="no log appeared in this folder"):
+        Watcher(open_follower(tmp_path / "out"), poll=0.1, idle_timeout=0.3).run()
+    with pytest.raises(InputError, match="no event file appeared"):
+        Watcher(open_follower(tmp_path / "out", "tensorboard"), poll=0.1, idle_timeout=0.3).run()
 
 
 def test_detector_state_carries_over_between_polls(tmp_path, fault_run):

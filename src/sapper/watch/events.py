@@ -189,6 +189,8 @@ class EventsFollower(Follower):
 
     def close(self) -> list[StepRecord]:
         out = self.poll()
+        if not self._files:
+            raise InputError("no event file appeared before the watch ended", file=self.name)
         while self.behind:
             out += self.poll()
         bad = sum(f.bad_events for f in self._files.values())

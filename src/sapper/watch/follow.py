@@ -143,7 +143,7 @@ class TextFeed:
         if self.parser is None:
             if self.undetected is not None and self._head:
                 raise self.undetected
-            return out
+            raise InputError("no log line arrived before the watch ended", file=self.name)
         return out + self.parser.finish()
 
     def _feed(self, lines: list[str]) -> list[StepRecord]:
@@ -218,7 +218,9 @@ class FileFollower(Follower):
         return out
 
     def close(self) -> list[StepRecord]:
-        out: list[StepRecord] = []
+        if self._id is None:
+            raise InputError("did not appear before the watch ended", file=self.name)
+        out = self.poll()  # what was written since the last poll
         while self.behind and self._fh is not None:
             out += self._read(time.monotonic())
         out += self.feed.end()
@@ -349,7 +351,7 @@ class StreamFollower(Follower):
         return out
 
     def close(self) -> list[StepRecord]:
-        return self.feed.end()
+        return self.poll() + self.feed.end()
 
 
 def _reader(stream: BinaryIO) -> Any:

@@ -64,6 +64,7 @@ class AutoFollower(Follower):
         self.path = path
         self.mapping = dict(mapping or {})
         self.inner: Follower | None = None
+        self._undetected: InputError | None = None  # why the content is not recognized yet
 
     @property
     def format(self) -> str | None:
@@ -84,7 +85,12 @@ class AutoFollower(Follower):
         return self._sync(self.inner.settle()) if self.inner is not None else []
 
     def close(self) -> list[StepRecord]:
-        return self._sync(self.inner.close()) if self.inner is not None else []
+        if self.inner is None:
+            if self._undetected is not None:
+                raise self._undetected
+            what = "no log appeared in this folder" if self.path.is_dir() else "did not appear"
+            raise InputError(f"{what} before the watch ended", file=self.name)
+        return self._sync(self.inner.close())
 
     def _sync(self, records: list[StepRecord]) -> list[StepRecord]:
         inner = self.inner
@@ -146,6 +152,7 @@ class AutoFollower(Follower):
         except InputError as exc:
             if len(head) >= DETECT_LIMIT:
                 raise
+            self._undetected = exc
             self.waiting = f"{path.name}: format not recognized yet ({exc.problem})"
             return None
         if fmt == "trainer_state":

@@ -117,7 +117,10 @@ class SnapshotFollower(Follower):
         return []  # every snapshot is parsed whole: nothing is held back
 
     def close(self) -> list[StepRecord]:
-        return self.poll()
+        out = self.poll()
+        if self._current is None:
+            raise InputError(f"no {STATE_FILE} appeared before the watch ended", file=self.name)
+        return out
 
 
 def _complete(text: str) -> bool:
