@@ -92,3 +92,18 @@ def test_make_view_picks_plain_lines_when_not_a_terminal():
     assert isinstance(make_view("auto", io.StringIO()), PlainView)
     assert isinstance(make_view("json", io.StringIO()), JsonView)
     assert isinstance(make_view("live", io.StringIO()), LiveView)
+
+
+def test_live_view_prints_every_finding_at_the_end_when_the_screen_showed_some(tmp_path):
+    from sapper.runtime.detectors.loss import LOSS_SPIKE
+    from sapper.watch import WatchResult
+
+    out = io.StringIO()
+    view = LiveView(Console(file=out, force_terminal=True, width=140))
+    for step in range(10, 90, 10):
+        view.finding(LOSS_SPIKE.finding(f"loss spike at step {step}", step=step))
+    view.end(WatchResult(path="x", format="megatron", records=90, first_step=1, last_step=90,
+                         findings=view.findings, reason="idle"))
+    text = out.getvalue()
+    assert "all 8 findings:" in text and "loss spike at step 10" in text
+    assert "0 error(s), 8 warning(s)" in text

@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from sapper.report.terminal import SEVERITY_STYLE
+from sapper.report.terminal import SEVERITY_STYLE, render_findings
 from sapper.rules.model import Finding, Severity
 from sapper.runtime.records import StepRecord
 from sapper.watch.metrics import NONFINITE_BAR, MetricBoard, sparkline
@@ -43,6 +43,7 @@ __all__ = [
 
 #: Values of ``--format``.
 VIEWS = ("auto", "live", "plain", "json")
+_SHOWN = 6  # findings on the live screen (newest first); all are printed at the end
 
 
 def _first_sentence(text: str) -> str:
@@ -115,15 +116,15 @@ def render_screen(
         ft.add_column("step", justify="right")
         ft.add_column("finding")
         ft.add_column("fix", ratio=1)
-        for f in reversed(findings[-10:]):
+        for f in reversed(findings[-_SHOWN:]):
             style = SEVERITY_STYLE[f.severity]
             ft.add_row(
                 "" if f.step is None else f"{f.step:,}",
                 Text.from_markup(f"[{style}]{f.code} {f.severity.value}[/] {escape(f.message)}"),
                 Text(_first_sentence(f.fix), style="dim"),
             )
-        if len(findings) > 10:
-            ft.caption = f"{len(findings) - 10} earlier finding(s) not shown"
+        if len(findings) > _SHOWN:
+            ft.caption = f"{len(findings) - _SHOWN} earlier finding(s) not shown"
         parts.append(ft)
     else:
         parts.append(Text("no findings yet", style="green"))
@@ -173,6 +174,9 @@ class LiveView(WatchSink):
         if self._live is not None:
             self._live.stop()
             self._live = None
+        if len(self.findings) > _SHOWN:
+            self.console.print(Text(f"all {len(self.findings)} findings:", style="bold"))
+            self.console.print(render_findings(self.findings))
         style = "bold red" if result.count(Severity.ERROR) else "bold green"
         self.console.print(Text(format_summary(result), style=style))
 
