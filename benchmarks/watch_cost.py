@@ -7,7 +7,9 @@ window is read from ``/proc/<pid>/stat`` (user + system, all its threads; start-
 imports excluded), so the share is of one core. Also printed: the records the watcher
 read (it must keep up: every record written), and the time from the NaN record's write
 to its R001 line in the watcher's output. Target: under 5% of one core at 1,000
-records/s with the default poll interval.
+records/s with the default poll interval. A second table splits the cost per record
+(measured in this process): following, parsing and the view, against the detectors —
+the same per-record work ``sapper analyze`` and the in-loop monitor do.
 
     python benchmarks/watch_cost.py [--seconds 20] [--rate 1000] [--formats sapper,megatron]
 
@@ -18,6 +20,7 @@ this process), and sapper-live (the rich live view drawn on a pseudo-terminal).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -207,6 +210,31 @@ def run_one(fmt: str, rate: float, warmup: float, seconds: float) -> dict[str, o
         }
 
 
+def per_record(fmt: str, count: int = 20_000) -> tuple[float, float]:
+    """CPU µs per record in this process: following without detectors (reading, parsing,
+    the plain view), and with the default detectors."""
+    from sapper.watch import PlainView, Watcher, open_follower, watch_detectors
+
+    costs = []
+    for detectors in (lambda plan: [], watch_detectors):
+        with tempfile.TemporaryDirectory() as tmp:
+            writer = LogWriter(fmt, Path(tmp))
+            rng = random.Random(0)
+            view = PlainView(io.StringIO())
+            watcher = Watcher(open_follower(writer.path), detectors=detectors, idle_timeout=0,
+                              sinks=[view])
+            spent = 0.0
+            for start in range(0, count, 1000):  # one poll per 1,000 records, as at 1,000/s
+                writer.write([healthy(s, rng) for s in range(start + 1, start + 1001)])
+                begin = time.process_time()
+                while watcher.tick() == 0.0:
+                    pass
+                spent += time.process_time() - begin
+            writer.close()
+            costs.append(1e6 * spent / count)
+    return costs[0], costs[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=1000.0, help="records per second")
@@ -228,6 +256,16 @@ def main() -> None:
         lat = "N/A" if r["latency"] is None else f"{r['latency']:.2f}"
         read = "N/A" if r["read"] is None else f"{r['read']:,}"
         print(f"{r['format']:<14} {r['written']:>9,} {read:>9} {cpu:>16} {lat:>15}")
+    print()
+    print("CPU µs per record, in-process (where the time goes)")
+    print(f"{'format':<14} {'follow+parse+view':>18} {'detectors':>10} {'total':>8} "
+          f"{'% of a core at rate':>20}")
+    for fmt in dict.fromkeys(f.removesuffix("-live") for f in args.formats.split(",")):
+        bare, full = per_record(fmt)
+        share = full * args.rate / 1e4
+        print(f"{fmt:<14} {bare:>18.1f} {full - bare:>10.1f} {full:>8.1f} {share:>20.2f}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"(load average {load:.1f} on {os.cpu_count()} CPUs while measuring)")
 
 
 if __name__ == "__main__":
