@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -134,26 +135,17 @@ def test_real_pipe_and_ctrl_c(tmp_path, fault_run):
     log = tmp_path / "run.jsonl"
     _write(log, runlog_lines(fault_run))
     proc = subprocess.Popen([*CLI, "watch", str(log), "--format", "plain", "--poll", "0.1",
-                             "--idle-timeout", "0"], stdout=subprocess.PIPE, text=True,
+                             "--idle-timeout", "0"], stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None
+    seen = b""
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if "R001" in proc.stdout.readline():
-            break
+    while b"R001" not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            seen += os.read(proc.stdout.fileno(), 1 << 16)
+    assert b"R001" in seen
     proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=30)[0]
+    rest = proc.communicate(timeout=30)[0].decode()
     assert proc.returncode == 1  # the findings decide, not the interruption
     assert "watch ended (interrupted)" in rest
-
-
-def test_plan_options_configure_the_detectors(tmp_path, fault_run):
-    log = tmp_path / "run.jsonl"
-    _write(log, runlog_lines(fault_run))
-    plan = tmp_path / "plan.yaml"
-    plan.write_text("optimizer: {lr: 0.003}\nschedule: {warmup_steps: 10}\n")
-    res = _invoke(str(log), "--format", "plain", *FAST, "--plan", str(plan), "--gpu", "A100-80GB")
-    assert res.exit_code == 1, res.output
-    assert "R001 error" in res.output
-    res = _invoke(str(log), *FAST, "--plan", str(tmp_path / "missing.yaml"))
-    assert res.exit_code == 2 and "missing.yaml" in res.output
