@@ -2,7 +2,7 @@
 and zoom work, nothing logged to the console, and log text cannot run as script.
 
 Runs under CI always (CI installs Chromium and Playwright and must fail loudly if it
-cannot); elsewhere it is skipped only when Chromium or Playwright is missing.
+cannot); elsewhere it is skipped only when Chromium is missing.
 Screenshots are kept in ``artifacts/browser/``.
 """
 
@@ -40,17 +40,15 @@ ARGS = [
 
 
 def _require_browser() -> Any:
-    in_ci = bool(os.environ.get("CI"))
+    """Skip only outside CI when Chromium is absent; everything else is a failure."""
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        if not os.environ.get("CI"):
+            pytest.skip(f"chromium is not installed ({CHROMIUM})")
+        pytest.fail(f"chromium not found at {CHROMIUM} (CI must install it: see .ci/run)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        if in_ci:
-            pytest.fail("playwright is not installed (CI must install it: see .ci/run)")
-        pytest.skip("playwright is not installed")
-    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-        if in_ci:
-            pytest.fail(f"chromium not found at {CHROMIUM} (CI must install it: see .ci/run)")
-        pytest.skip("chromium is not installed")
+        pytest.fail("playwright is not installed: pip install -e '.[dev]'")
     return sync_playwright
 
 

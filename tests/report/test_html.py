@@ -142,3 +142,13 @@ def test_empty_charts_say_why(examples: Path) -> None:
     charts = {c["id"]: c for c in data["charts"]}
     assert charts["memory"]["series"] == [] and "No memory" in charts["memory"]["empty"]
     assert "bf16" in charts["loss_scale"]["empty"]
+
+
+def test_throughput_expected_from_the_plans_cost_model(examples: Path) -> None:
+    plan = load_plan(Path(__file__).resolve().parents[2] / "examples/plans/healthy-llama-7b.yaml")
+    data = build_report_data(
+        analyze_log(read_log(examples / "sapper-gpt2-healthy.jsonl"), []), plan=plan.plan
+    )
+    throughput = next(c for c in data["charts"] if c["id"] == "throughput")
+    (line,) = throughput["lines"]
+    assert line["name"] == "predicted for the plan" and line["y"] > 0

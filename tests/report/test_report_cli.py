@@ -48,3 +48,8 @@ def test_bad_input_and_unwritable_output(examples: Path, tmp_path: Path) -> None
     assert res.exit_code == 2 and "the file is empty" in res.output
     res = invoke(examples / "hf-llama-sft", "-o", tmp_path / "no" / "such" / "dir.html")
     assert res.exit_code == 2 and "cannot write the report" in res.output
+
+
+def test_a_folder_of_runs_is_refused(examples: Path, tmp_path: Path) -> None:
+    res = invoke(examples, "-o", tmp_path / "x.html")
+    assert res.exit_code == 2 and "holds 4 runs" in res.output

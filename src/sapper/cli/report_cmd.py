@@ -64,6 +64,13 @@ def report(
         loaded, failed = load_logs(logs, log_format, column_mapping(mapping))
         if failed:
             raise failed[0]
+        if len(logs) == 1 and len(loaded) > 1:
+            names = ", ".join(log.path for log in loaded[:6])
+            raise InputError(
+                f"this folder holds {len(loaded)} runs; a report is about one",
+                file=str(logs[0]),
+                expected=f"one of them: {names}",
+            )
         if len(loaded) > 1:
             loaded = [merge_logs(loaded)]
         plan = plan_for(inputs, loaded)

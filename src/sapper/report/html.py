@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from sapper.checks.engine import CheckReport
+from sapper.errors import SapperError
 from sapper.logs.analysis import Analysis
 from sapper.logs.base import gc_paused
 from sapper.plan.schema import Plan
@@ -162,8 +163,13 @@ def _charts(
         memory.lines.append({"name": f"{plan.gpu.name} memory", "y": float(plan.gpu.memory_gib)})
 
     throughput = _throughput(cols)
-    if expected_tokens_per_s and throughput.unit.startswith("tokens"):
-        throughput.lines.append({"name": "expected", "y": float(expected_tokens_per_s)})
+    if throughput.unit.startswith("tokens"):
+        if expected_tokens_per_s:
+            throughput.lines.append({"name": "expected", "y": float(expected_tokens_per_s)})
+        elif plan is not None:
+            predicted = _predicted_tokens_per_s(plan)
+            if predicted is not None:
+                throughput.lines.append({"name": "predicted for the plan", "y": predicted})
 
     scale = chart(
         "loss_scale",
@@ -187,6 +193,17 @@ def _charts(
             scale.series.append(total)
             scale.log_scale = False
     return [loss, grad, lr, memory, throughput, scale]
+
+
+def _predicted_tokens_per_s(plan: Plan) -> float | None:
+    """The plan's step-cost model (``sapper.parallel.predict_step``): job tokens/s, or
+    None when the plan lacks what the model needs (model, sequence length, GPU, layout)."""
+    from sapper.parallel import predict_step
+
+    try:
+        return float(predict_step(plan).tokens_per_s)
+    except SapperError:
+        return None
 
 
 def _throughput(cols: Columns) -> ChartData:
@@ -260,7 +277,7 @@ def build_report_data(
         target.markers.append(idx)
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     return {
-        "title": title or f"sapper report: {Path(analysis.log.path).name}",
+        "title": title or f"sapper report: {_run_name(analysis.log.path)}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "source": analysis.summary(),
         "decimated": any(s.count > MAX_POINTS for c in charts for s in c.series),
@@ -270,6 +287,13 @@ def build_report_data(
         "checklist": _checklist(checklist, docs) if checklist is not None else None,
         "notes": analysis.notes,
     }
+
+
+def _run_name(path: str) -> str:
+    """The file name, with its folder when the name says nothing about the run
+    (every HF run's state is ``trainer_state.json``)."""
+    p = Path(path.split(" + ")[0])
+    return f"{p.parent.name}/{p.name}" if p.name == "trainer_state.json" else p.name
 
 
 def _clean(value: Any) -> Any:
