@@ -157,7 +157,7 @@ def train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule else None
     use_scaler = fp16 if scaler is None else scaler
     grad_scaler = torch.amp.GradScaler("cpu") if use_scaler else None
-    options = {"log_every": 5, "sample_every": 5, "console": False}
+    options = {"log_every": 5, "sample_every": 5, "localise_every": 5, "console": False}
     options.update(monitor or {})
     options.setdefault("detector_options", FAST)
     mon = Monitor(model, opt, scaler=grad_scaler, scheduler=sched, **options)  # line 1

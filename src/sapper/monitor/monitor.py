@@ -64,6 +64,8 @@ class Monitor:
         plan: the declared job (schedule, clipping, GPU, positions), for the detectors.
         log_every: steps between reads of the device values (the only host syncs).
         sample_every: steps between per-parameter gradient statistics.
+        localise_every: steps between forward/backward finiteness hooks on every
+            module (they are also armed for one step after a fault).
         run_log: path of the JSONL run log to append to.
         tensorboard: a TensorBoard log directory for scalars and findings.
         console: print findings on stderr (rate-limited), or a ``rich`` Console.
@@ -91,6 +93,7 @@ class Monitor:
         *,
         log_every: int = 20,
         sample_every: int = 50,
+        localise_every: int = 500,
         run_log: str | Path | None = None,
         tensorboard: str | Path | None = None,
         console: bool | Any = True,
@@ -104,19 +107,28 @@ class Monitor:
         rank: int | None = None,
         step_on_call: bool = False,
     ) -> None:
-        if log_every < 1 or sample_every < 1:
-            from sapper.errors import InputError
+        for field, value in (
+            ("log_every", log_every),
+            ("sample_every", sample_every),
+            ("localise_every", localise_every),
+        ):
+            if not isinstance(value, int) or value < 1:
+                from sapper.errors import InputError
 
-            raise InputError(
-                "must be a positive number of steps",
-                field="log_every" if log_every < 1 else "sample_every",
-                value=log_every if log_every < 1 else sample_every,
-                expected="an integer ≥ 1",
-            )
+                raise InputError(
+                    "must be a positive number of steps",
+                    field=field,
+                    value=value,
+                    expected="an integer ≥ 1",
+                )
         self.model = model
         self.plan = plan
         self.log_every = log_every
         self.sample_every = sample_every
+        self.localise_every = localise_every
+        #: Steps between memory readings: every step on CUDA (allocator counters are
+        #: free), a few per read interval for the process RSS (a file read).
+        self.memory_every = 1
         self.hash_samples = hash_samples
         self.rank = rank
         self.halt = HaltPolicy(halt_on)
@@ -168,6 +180,8 @@ class Monitor:
         self.grad_stats = GradStats(model, opt_params, self.structure.prefix)
         self.localiser = Localiser(model, self.guard)
         self.memory = MemoryReader(self.device)
+        if not self.memory.cuda:
+            self.memory_every = max(1, log_every // 4)
         declared = plan.model.max_position_embeddings if plan and plan.model else None
         self.positions = position_limit(model, declared)
         self._flops_per_token = flops_per_token
@@ -285,7 +299,7 @@ class Monitor:
         if self._first_forward:
             self._first_forward = False
             self.guard("structure", self.structure.arm)
-        if not self.localiser.armed and self._sampled(self.next_step):
+        if not self.localiser.armed and self.next_step % self.localise_every == 0:
             self.guard("localise", self.localiser.arm)
             self._arm_reason = "sampled"
         if self.localiser.armed:
@@ -398,7 +412,8 @@ class Monitor:
             slot.step_time_s = now - self._last_event_t
         self._last_event_t = now
         slot.time = time.time()
-        slot.host.update(self.guard("memory", self.memory.read) or {})
+        if slot.step % self.memory_every == 0:
+            slot.host.update(self.guard("memory", self.memory.read) or {})
         if self.localiser.armed:
             self._localise_pending = True
         return slot
