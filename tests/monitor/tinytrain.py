@@ -90,12 +90,16 @@ class Markov:
         self.gen = torch.Generator().manual_seed(seed)
         self.perm = torch.randperm(VOCAB, generator=self.gen)
         self.batch, self.seq = batch, seq
+        self.ready: list[torch.Tensor] = []
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return self
 
     def __next__(self) -> torch.Tensor:
-        return self.sample(self.batch, self.seq)
+        # Batches are made 16 at a time: loading must not dominate a millisecond step.
+        if not self.ready:
+            self.ready = list(self.sample(16 * self.batch, self.seq).split(self.batch))
+        return self.ready.pop(0)
 
     def sample(self, batch: int, seq: int) -> torch.Tensor:
         g = self.gen

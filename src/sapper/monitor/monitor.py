@@ -223,6 +223,18 @@ class Monitor:
         self.halt.check(found)
         return found
 
+    def batch_ready(self) -> None:
+        """The loop has its next batch in hand: the time since the last step ended was
+        spent waiting for data. Optional: without it the wait runs until the next forward
+        pass, which also counts the loop's own work in between (framework callbacks)."""
+        if not self._closed:
+            self.guard("inputs", self._batch_ready)
+
+    def _batch_ready(self) -> None:
+        if self._ready_t is not None:
+            self._bucket.data_time_s += max(0.0, time.perf_counter() - self._ready_t)
+            self._ready_t = None
+
     def flush(self) -> list[Finding]:
         """Read the pending device values now (a host sync) and run the detectors."""
         if self._closed:
@@ -290,11 +302,8 @@ class Monitor:
         return None
 
     def _on_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        now = time.perf_counter()
         b = self._bucket
-        if self._ready_t is not None:
-            b.data_time_s += max(0.0, now - self._ready_t)
-            self._ready_t = None
+        self._batch_ready()
         b.micro += 1
         if self._first_forward:
             self._first_forward = False
@@ -315,6 +324,10 @@ class Monitor:
             b.extra["loss_normalised"] = True
         if self.hash_samples and view.ids is not None:
             b.add_i("sample_hash", fingerprint_rows(view.ids))
+            rows = view.ids.shape[0] if view.ids.dim() > 1 else 1
+            b.host.setdefault("_hash_lengths", []).append(
+                (rows, view.ids[0].numel() if view.ids.dim() > 1 else view.ids.numel())
+            )
         if self.positions is not None and view.seq_len:
             self._check_positions(b, view)
         if view.labels is not None and self._sampled(self.next_step):
@@ -458,7 +471,7 @@ class Monitor:
         if loss is not None:
             target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
             if isinstance(loss, torch.Tensor):
-                target.add_f("user_loss", loss.detach().float().mean())
+                target.add_f("user_loss", loss.detach())
             else:
                 target.add_f("user_loss", torch.tensor(float(loss)))
         if self._call_based:
