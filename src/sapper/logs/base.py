@@ -99,6 +99,7 @@ class StepMerger:
         self._top: int | None = None
         self._last: int | None = None
         self._replay: list[int] | None = None  # [first, last] step of a repeated range
+        self._settled: int | None = None  # the step :meth:`settle` emitted last
 
     def put(
         self,
@@ -112,9 +113,12 @@ class StepMerger:
         or, with ``keep_max``, the larger wins (memory reported by several ranks)."""
         floor = self._top if self.ordered else self._last
         repeat = step == floor and (self._replay is not None or step == self._last)
-        if floor is not None and (step < floor or repeat):
+        late = step == self._settled and self._replay is None  # see settle()
+        if floor is not None and (step < floor or repeat) and not late:
             self._note_replay(step)
             return
+        if self._settled is not None and step > self._settled:
+            self._settled = None
         self._end_replay()
         if self._top is None or step > self._top:
             self._top = step
@@ -142,6 +146,16 @@ class StepMerger:
     def flush(self) -> list[StepRecord]:
         self._end_replay()
         return self._emit(sorted(self._pending))
+
+    def settle(self) -> list[StepRecord]:
+        """Emit every held step now, for a follower whose writer has gone quiet (the last
+        step's finding must not wait for the next step). Values that still arrive for the
+        last emitted step (Megatron prints the validation loss after its iteration line)
+        come out later as a second record of that step holding only those values."""
+        out = self.flush()
+        if out:
+            self._settled = out[-1].step
+        return out
 
     def _emit(self, steps: list[int]) -> list[StepRecord]:
         out = [self._pending.pop(s) for s in steps]

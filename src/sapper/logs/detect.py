@@ -20,7 +20,7 @@ from pathlib import Path
 from sapper.errors import InputError
 from sapper.logs.megatron import ITERATION_LINE
 
-__all__ = ["FORMATS", "SUPPORTED", "detect_format", "expand_paths"]
+__all__ = ["FORMATS", "SUPPORTED", "detect_format", "detect_text", "expand_paths"]
 
 #: Format names accepted by ``--log-format`` and returned by :func:`detect_format`.
 FORMATS: tuple[str, ...] = ("sapper", "trainer_state", "tensorboard", "csv", "jsonl", "megatron")
@@ -83,6 +83,15 @@ def detect_format(path: str | Path) -> str:
         )
     text = _decode(head, path).lstrip("\ufeff")
     return _detect_text(text, path)
+
+
+def detect_text(text: str, name: str | Path = "<stdin>") -> str:
+    """The format of a log from its first complete lines, for input that is not a file
+    yet to open (a pipe, a file still being written); ``name`` only lends its suffix."""
+    text = text.lstrip("\ufeff")
+    if not text.strip():
+        raise InputError("no complete line yet", file=str(name), expected=SUPPORTED)
+    return _detect_text(text, Path(name))
 
 
 def _detect_text(text: str, path: Path) -> str:

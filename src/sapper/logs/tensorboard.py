@@ -13,6 +13,7 @@ appended since the last call, so ``sapper watch`` can follow a live run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,20 @@ class TensorBoardParser(LogParser):
 
     def __init__(self, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> None:
         super().__init__(str(path))
+        self.mapping = dict(mapping or {})
+        self._seen: dict[str, int] = {}
+        self._targets: dict[str, FieldMap | None] = {}
+        self._taken: dict[str, str] = {}
+        self._plugins: dict[str, str] = {}  # tag -> plugin, from its first event's metadata
+
+    @functools.cached_property
+    def _acc(self) -> Any:
+        """Built on first use: its import takes a good part of a second, which a reader
+        fed through :meth:`feed_events` never needs."""
         from tensorboard.backend.event_processing import event_accumulator as ea
 
-        self._acc = ea.EventAccumulator(
-            str(path),
+        return ea.EventAccumulator(
+            self.source,
             size_guidance={
                 ea.SCALARS: 0,
                 ea.TENSORS: 0,
@@ -46,10 +57,6 @@ class TensorBoardParser(LogParser):
             },
             purge_orphaned_data=True,
         )
-        self.mapping = dict(mapping or {})
-        self._seen: dict[str, int] = {}
-        self._targets: dict[str, FieldMap | None] = {}
-        self._taken: dict[str, str] = {}
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Event files are binary: use :meth:`poll`."""
@@ -68,6 +75,24 @@ class TensorBoardParser(LogParser):
             if self._plugin(tag) == "scalars":
                 events = self._new(tag, True)
                 self._take(tag, [(e.step, _scalar(e.tensor_proto), e.wall_time) for e in events])
+        return self.merger.ready()
+
+    def feed_events(self, events: Iterable[Any]) -> list[StepRecord]:
+        """Decoded ``Event`` protos in file order, for a reader that follows the event files
+        itself (``sapper watch`` keeps an offset per file instead of re-listing every
+        scalar on each :meth:`poll`); returns the steps now complete."""
+        for event in events:
+            for value in event.summary.value:
+                if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
+                    self._plugins[value.tag] = value.metadata.plugin_data.plugin_name
+                kind = value.WhichOneof("value")
+                if kind == "simple_value":
+                    number: float | None = value.simple_value
+                elif kind == "tensor" and self._plugins.get(value.tag) == "scalars":
+                    number = _scalar(value.tensor)
+                else:
+                    continue
+                self._take(value.tag, [(event.step, number, event.wall_time)])
         return self.merger.ready()
 
     def finish(self) -> list[StepRecord]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sapper.monitor.fingerprint import finish_fingerprint
 from sapper.runtime.records import StepRecord
 
 __all__ = ["Decoder", "StepCollector", "StepSlot"]
@@ -167,7 +168,7 @@ class StepCollector:
             rec.samples_per_s = slot.samples / slot.step_time_s
         rec.time = slot.time
         for key, value in slot.host.items():
-            if key != "loss" and hasattr(rec, key):
+            if key != "loss" and not key.startswith("_") and hasattr(rec, key):
                 setattr(rec, key, value)
         rec.extra.update(slot.extra)
         if slot.micro:
@@ -178,9 +179,13 @@ class StepCollector:
             weights = [g / scale for g in grads]
             rec.extra["loss_weight"] = math.fsum(weights) / len(weights)
         if ints.get("sample_hash"):
-            rec.extra["sample_hashes"] = [
-                f"{h & 0xFFFFFFFFFFFFFFFF:016x}" for h in ints["sample_hash"]
-            ]
+            lengths = slot.host.get("_hash_lengths") or []
+            hashes, raw = [], ints["sample_hash"]
+            for n, length in lengths:
+                hashes.extend(
+                    finish_fingerprint(h, length) for h in raw[len(hashes) : len(hashes) + n]
+                )
+            rec.extra["sample_hashes"] = hashes
         if ints.get("position_max"):
             pos = max(ints["position_max"])
             rec.extra["max_position"] = max(pos, rec.extra.get("max_position", -1))

@@ -31,12 +31,15 @@ class _Listener(Protocol):
 
 
 def unwrap_optimizer(opt: Any) -> torch.optim.Optimizer | None:
-    """The torch optimizer inside framework wrappers (accelerate, Lightning)."""
-    seen = 0
-    while opt is not None and not isinstance(opt, torch.optim.Optimizer) and seen < 5:
-        opt = getattr(opt, "optimizer", None)
-        seen += 1
-    return opt if isinstance(opt, torch.optim.Optimizer) else None
+    """The torch optimizer inside framework wrappers (accelerate's AcceleratedOptimizer,
+    Lightning's LightningOptimizer), which may subclass Optimizer without its state."""
+    for _ in range(5):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or inner is opt:
+            break
+        opt = inner
+    ok = isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "_optimizer_step_pre_hooks")
+    return opt if ok else None
 
 
 # ---- process-wide clip_grad_norm_ patch ----------------------------------------------
@@ -190,7 +193,9 @@ class TrainingObserver:
         self.stepped_in_scaler = self.in_scaler_step
         # optimizer.step(closure): forward and backward run inside the step (Lightning,
         # LBFGS); the gradients exist only after it, so the step ends at the post-hook.
-        self.closure = bool(args) or kwargs.get("closure") is not None
+        # (torch passes the optimizer itself as args[0].)
+        given = args[1] if len(args) > 1 else kwargs.get("closure")
+        self.closure = given is not None
         if not self.closure:
             self.listener.guard("optimizer", self._boundary, False)
 
