@@ -156,7 +156,7 @@ def _stage(sh: Shape, i: int, n_layers: int, pc: ParamCount, device: str) -> Sta
     backward = max(moments, key=lambda c: sum(c.values()))
 
     opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
-    if sh.recipe.master and sh.zero >= 1 and sh.offload_optimizer == "none":
+    if sh.recipe.master and sh.recipe.grad != 4 and sh.offload_optimizer == "none":
         opt_tmp += 4 * _opt_elements(sh, pc)  # the fp32 gradient of the master shard
     optimizer = {
         **base,

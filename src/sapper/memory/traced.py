@@ -219,9 +219,13 @@ def trace_step(
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode, _real_code_path():
-        model = build()
-        if cfg.weights != "fp32":
-            model.to(_DTYPES[cfg.weights])
+        default = torch.get_default_dtype()
+        if cfg.weights != "fp32":  # build in the weights' dtype (no fp32 copy first)
+            torch.set_default_dtype(_DTYPES[cfg.weights])
+        try:
+            model = build()
+        finally:
+            torch.set_default_dtype(default)
         model.train()
         if cfg.checkpointing:
             _enable_checkpointing(model)
@@ -373,16 +377,17 @@ def step_config_from_plan(plan: Any) -> StepConfig:
     low = p.dtype in ("bf16", "fp16")
     autocast = p.dtype if (low and p.autocast) else None
     weights = p.dtype if (low and not p.autocast) else "fp32"
+    master = low and not p.autocast and p.master_weights == "fp32"
     return StepConfig(
         micro_batch=b.micro_batch_size,
         seq_len=b.seq_len,
         optimizer=plan.optimizer.type,
         autocast=autocast,
         weights=weights,
-        master=low and not p.autocast and p.master_weights == "fp32",
+        master=master,
         checkpointing=plan.parallel.checkpointing.granularity == "full",
         foreach=not plan.optimizer.fused,
-        fused=plan.optimizer.fused,
+        fused=plan.optimizer.fused or master,
         momentum=plan.optimizer.momentum,
         weight_decay=plan.optimizer.weight_decay,
     )
