@@ -96,13 +96,26 @@ def _stage(sh: Shape, i: int, n_layers: int, pc: ParamCount, device: str) -> Sta
     # forward: everything this micro-batch kept, plus the loss (or the last block) running
     acts_now = sum(kept) + emb + _held_mask(sh)
     head_saved = head.saved if head else 0
-    fwd_tmp = head.fwd_peak - head.saved if head else blk.fwd_extra
+    # the last block running (its own bytes at their peak on top of what is kept) ...
+    last_block = kept[-1] if kept else 0
+    running = 0
+    if kept:
+        running = blk.fwd_ckpt if _checkpointed(sh, n_layers - 1) else blk.fwd_extra
     forward = {
         **base,
         "grads": g_fwd,
-        "activations": older + acts_now + head_saved,
-        "temporaries": fwd_tmp + casts + comm_keep,
+        "activations": older + acts_now - last_block + running,
+        "temporaries": casts + comm_keep,
     }
+    if head is not None:  # ... or the loss running on the last stage
+        at_loss = {
+            **base,
+            "grads": g_fwd,
+            "activations": older + acts_now + head_saved,
+            "temporaries": head.fwd_peak - head.saved + casts + comm_keep,
+        }
+        if sum(at_loss.values()) >= sum(forward.values()):
+            forward = at_loss
     # After the forward, autocast's cache is gone: only casts saved by non-checkpointed
     # blocks (and the head) stay; a checkpointed block casts again while it recomputes.
     n_ckpt = sum(_checkpointed(sh, j) for j in range(n_layers))

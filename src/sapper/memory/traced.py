@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sapper.errors import InputError
+from sapper.errors import InputError, SapperError
 from sapper.memory.tracker import LiveBytes
 
 __all__ = [
@@ -214,6 +214,28 @@ def trace_step(
 ) -> TracedMemory:
     """Build the model (under fake tensors unless ``fake=False``) and measure one
     steady-state training step."""
+    import logging
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # a failing op is reported once, below
+    try:
+        return _trace(build, cfg, vocab_size, fake)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        if not fake:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SapperError(
+            f"the traced estimator cannot run this model on fake tensors ({first}); "
+            "use the analytic estimate"
+        ) from None
+    finally:
+        fake_log.setLevel(level)
+
+
+def _trace(
+    build: Callable[[], nn.Module], cfg: StepConfig, vocab_size: int, fake: bool
+) -> TracedMemory:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
