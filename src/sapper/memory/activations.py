@@ -21,6 +21,7 @@ too when sequence parallelism is on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sapper.memory.inputs import Shape
 
@@ -258,6 +259,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     )
 
 
+@lru_cache(maxsize=512)
 def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:
     """Activation bytes of one block for one micro-batch on one GPU."""
     if sh.impl == "megatron":

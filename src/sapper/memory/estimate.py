@@ -12,10 +12,12 @@ No torch import on this path: the planner calls it for thousands of layouts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from sapper.memory.inputs import Shape, shape_from_plan
 from sapper.memory.phases import CATEGORIES, StagePeak, stage_peaks
 from sapper.memory.units import GIB
+from sapper.plan.hardware import find_gpu
 from sapper.plan.schema import Plan
 
 __all__ = ["MemoryEstimate", "MemoryOptions", "StageMemory", "estimate", "estimate_shape"]
@@ -177,7 +179,13 @@ def estimate_shape(
 
 
 def gpu_bytes_of(plan: Plan) -> int | None:
-    gpu = plan.gpu
+    """The plan's GPU memory in bytes (the name was validated against the table)."""
+    return _gpu_bytes(plan.hardware.gpu) if plan.hardware.gpu else None
+
+
+@lru_cache(maxsize=64)
+def _gpu_bytes(name: str) -> int | None:
+    gpu = find_gpu(name)
     return int(gpu.memory_gib * GIB) if gpu else None
 
 
