@@ -155,7 +155,7 @@ def _stage(
     opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
     if sh.recipe.master and sh.recipe.grad != 4 and sh.offload_optimizer == "none":
         opt_tmp += 4 * _opt_elements(sh, pc)  # the fp32 gradient of the master shard
-    opt = (st.grads, older, opt_tmp + comm_keep)
+    opt = (st.grads, 0, opt_tmp + comm_keep)  # the pipeline has drained by the step
     phases = {
         "forward": _cats(params, opt_states, *fwd),
         "backward": _cats(params, opt_states, *bwd),
