@@ -196,6 +196,12 @@ def estimate(plan: Plan, options: MemoryOptions | None = None) -> MemoryEstimate
     batch or the sequence length, or describes something impossible.
     """
     sh = shape_from_plan(plan)
-    return estimate_shape(
+    est = estimate_shape(
         sh, gpu_bytes_of(plan), plan.hardware.gpus_per_node, options or MemoryOptions()
     )
+    if plan.dp_degree is None:
+        est.notes.append(
+            "data-parallel degree unknown (GPU count not given or not divisible by "
+            "TP·PP·CP): nothing is sharded over data parallelism"
+        )
+    return est
