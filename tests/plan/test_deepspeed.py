@@ -31,8 +31,8 @@ def test_zero2_bf16_example() -> None:
     src = read_deepspeed_config(EXAMPLES / "zero2-bf16.json")
     d = src.data
     assert d["batch"] == {
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 2,
+        "micro_batch_size": 1,
+        "gradient_accumulation_steps": 8,
         "global_batch_size": 512,
     }
     assert d["precision"] == {"dtype": "bf16", "loss_scaling": {"mode": "none"}}

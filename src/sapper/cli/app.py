@@ -71,6 +71,7 @@ def _register_commands() -> None:
     from sapper.cli import (  # noqa: F401
         analyze_cmd,
         check_cmd,
+        memory_cmd,
         plan_cmd,
         report_cmd,
         rules_cmd,

@@ -21,6 +21,7 @@ too when sequence parallelism is on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sapper.memory.inputs import Shape
 
@@ -38,7 +39,7 @@ class BlockActivations:
     saved: int  # kept for backward without checkpointing
     selective: int  # kept with selective recompute (attention core recomputed)
     boundary: int  # kept with full checkpointing (the block's input)
-    fwd_extra: int  # momentary extra during the block's forward
+    fwd_extra: int  # peak of the block's own bytes during its forward (saved + in flight)
     #: Moments of the block's backward: (bytes of this block alive then — what it still
     #: keeps plus the gradients of its intermediates in flight —, share of the block's
     #: weight gradients already produced). MLP core, norm 2, attention core, norm 1.
@@ -46,6 +47,8 @@ class BlockActivations:
     #: The first norm keeps the block's input itself (so a checkpointed block's saved
     #: input and its recomputed tensors share it).
     input_in_saved: bool = True
+    #: Alive while a checkpointed block runs its forward without saving (bytes).
+    fwd_ckpt: int = 0
 
     def kept(self, mode: str) -> int:
         return {"none": self.saved, "selective": self.selective, "full": self.boundary}[mode]
@@ -146,8 +149,10 @@ def _megatron(sh: Shape, device: str) -> BlockActivations:
     saved = int(per_token * n)
     selective = int((per_token - scores) * n)
     boundary = int(c * h * rep * n)
-    fwd_extra = int(n * max(2 * scores, c * 2 * f))
     soft = c * heads * s
+    fwd_extra = int(n * max(attn + scores + (2 * soft if scores else 0), per_token + c * f))
+    fwd_ckpt = int(n * (2 * c * h * rep + max(c * (q + 2 * kv) + 2 * soft * (not flash),
+                                              3 * c * f)))
     moments = _moments(
         sh,
         n,
@@ -160,27 +165,28 @@ def _megatron(sh: Shape, device: str) -> BlockActivations:
         core_freed=(scores - soft) if scores else 0,
         core_grads=(2 * soft if scores else c * (q + 2 * kv)),
     )
-    return BlockActivations(saved, selective, boundary, fwd_extra, moments, True)
+    return BlockActivations(saved, selective, boundary, fwd_extra, moments, True, fwd_ckpt)
 
 
 def _transformers(sh: Shape, device: str) -> BlockActivations:
     rc = sh.recipe
     c, r, ac = rc.compute, rc.residual, rc.autocast
     h, s = sh.hidden, sh.seq // sh.cp
-    q, kv, heads, f, _rep = _dims(sh)
+    q, kv, heads, f, rep = _dims(sh)
     mask = _mask_bytes(sh, device, c)
-    # norms: what a norm keeps of its input x (the residual stream) and its output
+    # norms: what a norm keeps of its input x (the residual stream) and its output;
+    # sequence parallelism shards them, like everything outside the TP regions
     if sh.norm == "layernorm":
-        norm = r * h + 8  # input, fp32 mean and rstd
+        norm = (r * h + 8) * rep  # input, fp32 mean and rstd
     elif r == 4:
-        norm = 8 * h + 4  # x (fp32), x·rsqrt (fp32), rsqrt
+        norm = (8 * h + 4) * rep  # x (fp32), x·rsqrt (fp32), rsqrt
     else:
-        norm = 6 * h + 4  # fp32 copy of x, rsqrt, normalized x cast back
+        norm = (6 * h + 4) * rep  # fp32 copy of x, rsqrt, normalized x cast back
     separate_qkv = sh.rope or sh.kv_heads != sh.heads
 
-    def proj_in(n_proj: int) -> int:
+    def proj_in(n_proj: int) -> float:
         # autocast casts a fp32 input once per projection; otherwise all share it
-        return n_proj * c * h if ac and r != c else r * h
+        return (n_proj * c * h if ac and r != c else r * h) * rep
 
     n_rep = sh.heads // sh.kv_heads
     attn = norm + proj_in(3 if separate_qkv else 1)
@@ -197,7 +203,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         attn += c * q  # attention output made contiguous for the out-projection
     else:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
-    attn += mask * h
+    attn += mask * h * rep
     width = (2 * f if sh.gated else f) + f + (f if sh.gated else 0)
     mlp_one = c * width + _act_extra(sh.act) * c * f
     n_mlp_proj = 2 if sh.gated else 1
@@ -206,13 +212,21 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         mlp = proj_in(1) + 8 * sh.experts + k * (c * h + mlp_one)
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
-    mlp += norm + mask * h
+    mlp += norm + mask * h * rep
     per_token = attn + scores + mlp
     n = tokens(sh)
     saved = int(per_token * n)
     selective = saved  # Hugging Face modules have no selective recompute
-    boundary = int(r * h * n)
-    fwd_extra = int(n * max(2 * c * heads * s if sh.attn_impl == "eager" else 0, 2 * c * f))
+    boundary = int(r * h * n * rep)
+    eager = sh.attn_impl == "eager"
+    # forward: scores before softmax (matmul output, scaled copy) while the attention
+    # part is kept; then the MLP's output projection output on top of everything
+    fwd_extra = int(n * max(attn + scores + (2 * c * heads * s if eager else 0),
+                            per_token + c * h))
+    fwd_ckpt = int(n * (2 * r * h * rep + max(
+        c * (q + 2 * kv) + (2 * 4 * heads * s if eager else 0),
+        (3 if (sh.gated or _act_extra(sh.act)) else 2) * c * f,
+    )))
     down_in = c * f  # the MLP's output projection input, freed first
     python_act = _act_extra(sh.act) > 0
     mlp_grads = (3 if (sh.gated or python_act) else 2) * c * f - down_in
@@ -226,7 +240,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     else:
         core_freed = 0
         core_grads = c * (q + 2 * kv)
-    norm_bwd = r * h if sh.norm == "layernorm" else 16 * h
+    norm_bwd = (r * h if sh.norm == "layernorm" else 16 * h) * rep
     moments = _moments(
         sh,
         n,
@@ -234,15 +248,18 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         s_mlp=mlp,
         norm_saved=norm,
         norm_bwd=norm_bwd,
-        resid=r * h,
+        resid=r * h * rep,
         mlp_grads=mlp_grads,
         core_freed=core_freed,
         core_grads=core_grads,
     )
     shares_input = sh.norm == "layernorm" or r == 4
-    return BlockActivations(saved, selective, boundary, fwd_extra, moments, shares_input)
+    return BlockActivations(
+        saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt
+    )
 
 
+@lru_cache(maxsize=512)
 def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:
     """Activation bytes of one block for one micro-batch on one GPU."""
     if sh.impl == "megatron":

@@ -12,10 +12,12 @@ No torch import on this path: the planner calls it for thousands of layouts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from sapper.memory.inputs import Shape, shape_from_plan
 from sapper.memory.phases import CATEGORIES, StagePeak, stage_peaks
 from sapper.memory.units import GIB
+from sapper.plan.hardware import find_gpu
 from sapper.plan.schema import Plan
 
 __all__ = ["MemoryEstimate", "MemoryOptions", "StageMemory", "estimate", "estimate_shape"]
@@ -177,7 +179,13 @@ def estimate_shape(
 
 
 def gpu_bytes_of(plan: Plan) -> int | None:
-    gpu = plan.gpu
+    """The plan's GPU memory in bytes (the name was validated against the table)."""
+    return _gpu_bytes(plan.hardware.gpu) if plan.hardware.gpu else None
+
+
+@lru_cache(maxsize=64)
+def _gpu_bytes(name: str) -> int | None:
+    gpu = find_gpu(name)
     return int(gpu.memory_gib * GIB) if gpu else None
 
 
@@ -188,6 +196,12 @@ def estimate(plan: Plan, options: MemoryOptions | None = None) -> MemoryEstimate
     batch or the sequence length, or describes something impossible.
     """
     sh = shape_from_plan(plan)
-    return estimate_shape(
+    est = estimate_shape(
         sh, gpu_bytes_of(plan), plan.hardware.gpus_per_node, options or MemoryOptions()
     )
+    if plan.dp_degree is None:
+        est.notes.append(
+            "data-parallel degree unknown (GPU count not given or not divisible by "
+            "TP·PP·CP): nothing is sharded over data parallelism"
+        )
+    return est

@@ -14,7 +14,7 @@ from sapper.errors import InputError
 from sapper.memory.units import DTYPE_BYTES
 from sapper.plan.schema import Plan
 
-__all__ = ["Recipe", "Shape", "shape_from_plan"]
+__all__ = ["MissingInput", "Recipe", "Shape", "shape_from_plan"]
 
 #: Optimizer -> number of full-size state tensors per parameter (momentum-like buffers).
 _STATE_TENSORS: dict[str, int] = {
@@ -106,9 +106,13 @@ class Shape:
         return self.experts > 1
 
 
+class MissingInput(InputError):
+    """The plan lacks a value the estimate needs (a check then stays silent)."""
+
+
 def _need(value: int | None, field: str, why: str) -> int:
     if value is None:
-        raise InputError(f"missing value: {why}", field=field, expected="a positive integer")
+        raise MissingInput(f"missing value: {why}", field=field, expected="a positive integer")
     if value <= 0:
         raise InputError("must be positive", field=field, value=value, expected="an integer > 0")
     return value
@@ -155,7 +159,7 @@ def shape_from_plan(plan: Plan) -> Shape:
     """Read and check the plan; raise :class:`InputError` on anything impossible."""
     m = plan.model
     if m is None:
-        raise InputError(
+        raise MissingInput(
             "the plan has no model", field="model", expected="a model section or --model config"
         )
     hidden = _need(m.hidden_size, "model.hidden_size", "model width")

@@ -12,6 +12,7 @@ states to host memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sapper.memory.inputs import Shape
 
@@ -66,6 +67,7 @@ def _vector(n: int, *, expert: bool = False) -> ParamCount:
     return ParamCount(dense=n, factored=n, largest=n)
 
 
+@lru_cache(maxsize=512)
 def block_params(sh: Shape) -> ParamCount:
     """One transformer block on one GPU (after TP and EP)."""
     h, t = sh.hidden, sh.tp
@@ -117,7 +119,8 @@ def layers_per_stage(sh: Shape) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(sh.pp)]
 
 
-def stage_params(sh: Shape) -> list[ParamCount]:
+@lru_cache(maxsize=512)
+def stage_params(sh: Shape) -> tuple[ParamCount, ...]:
     """Parameters on one GPU of each pipeline stage."""
     block = block_params(sh)
     out = []
@@ -145,9 +148,10 @@ def stage_params(sh: Shape) -> list[ParamCount]:
                 )
                 for p in out
             ]
-    return out
+    return tuple(out)
 
 
+@lru_cache(maxsize=512)
 def _full_model(sh: Shape) -> list[int]:
     """Unsharded parameter count of the whole model (for scaling to an exact count)."""
     one = sh.replace(tp=1, ep=1, pp=1, num_params=None)

@@ -73,7 +73,9 @@ def optimizer_temporaries(sh: Shape, elements: int, largest: int) -> int:
         return 0
     kind = sh.optimizer
     state = 4
-    if sh.fused:
+    if sh.fused or sh.recipe.master:
+        # fused kernels, and the fused multi-tensor Adam that DeepSpeed and Megatron run
+        # over their fp32 master copies, allocate nothing per parameter
         return 0
     unit = elements if sh.foreach else largest
     if kind in ("adam", "adamw", "fusedadam", "lamb"):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sapper.errors import InputError
+from sapper.errors import InputError, SapperError
 from sapper.memory.tracker import LiveBytes
 
 __all__ = [
@@ -214,14 +214,40 @@ def trace_step(
 ) -> TracedMemory:
     """Build the model (under fake tensors unless ``fake=False``) and measure one
     steady-state training step."""
+    import logging
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # a failing op is reported once, below
+    try:
+        return _trace(build, cfg, vocab_size, fake)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        if not fake:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SapperError(
+            f"the traced estimator cannot run this model on fake tensors ({first}); "
+            "use the analytic estimate"
+        ) from None
+    finally:
+        fake_log.setLevel(level)
+
+
+def _trace(
+    build: Callable[[], nn.Module], cfg: StepConfig, vocab_size: int, fake: bool
+) -> TracedMemory:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode, _real_code_path():
-        model = build()
-        if cfg.weights != "fp32":
-            model.to(_DTYPES[cfg.weights])
+        default = torch.get_default_dtype()
+        if cfg.weights != "fp32":  # build in the weights' dtype (no fp32 copy first)
+            torch.set_default_dtype(_DTYPES[cfg.weights])
+        try:
+            model = build()
+        finally:
+            torch.set_default_dtype(default)
         model.train()
         if cfg.checkpointing:
             _enable_checkpointing(model)
@@ -373,16 +399,17 @@ def step_config_from_plan(plan: Any) -> StepConfig:
     low = p.dtype in ("bf16", "fp16")
     autocast = p.dtype if (low and p.autocast) else None
     weights = p.dtype if (low and not p.autocast) else "fp32"
+    master = low and not p.autocast and p.master_weights == "fp32"
     return StepConfig(
         micro_batch=b.micro_batch_size,
         seq_len=b.seq_len,
         optimizer=plan.optimizer.type,
         autocast=autocast,
         weights=weights,
-        master=low and not p.autocast and p.master_weights == "fp32",
+        master=master,
         checkpointing=plan.parallel.checkpointing.granularity == "full",
         foreach=not plan.optimizer.fused,
-        fused=plan.optimizer.fused,
+        fused=plan.optimizer.fused or master,
         momentum=plan.optimizer.momentum,
         weight_decay=plan.optimizer.weight_decay,
     )
