@@ -135,6 +135,17 @@ class ModelSpec(_Spec):
         default=AttentionImpl.SDPA, description="eager keeps s×s scores; sdpa/flash do not."
     )
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+    hidden_act: str | None = Field(
+        default=None,
+        description="The activation's name in the source (HF hidden_act, e.g. 'gelu_new', "
+        "'gelu_pytorch_tanh', 'silu'): which kernel runs, and so what it keeps for backward.",
+    )
+    implementation: Literal["transformers", "megatron"] = Field(
+        default="transformers",
+        description="Code that runs the model, for the memory model: 'transformers' (Hugging "
+        "Face modules: unfused norms, RoPE and loss) or 'megatron' (fused kernels, the "
+        "activation accounting of Korthikanti et al. 2022).",
+    )
     num_params: int | None = Field(
         default=None, gt=0, description="Exact parameter count when a loader knows it."
     )
@@ -223,6 +234,18 @@ class PrecisionSpec(_Spec):
         default="fp32", description="Dtype of optimizer moments (int8 = 8-bit optimizers)."
     )
     loss_scaling: LossScalingSpec = Field(default_factory=LossScalingSpec)
+    autocast: bool = Field(
+        default=False,
+        description="Mixed precision by torch.autocast over fp32 weights (PyTorch AMP, HF "
+        "Trainer without DeepSpeed): weights and gradients stay fp32 and each matmul keeps a "
+        "compute-dtype copy of its weight until backward. False: weights in the compute dtype "
+        "with an fp32 master copy in the optimizer (DeepSpeed, Megatron; 16 bytes/param).",
+    )
+    grad_dtype: Literal["fp32", "fp16", "bf16"] | None = Field(
+        default=None,
+        description="Dtype gradients are kept and accumulated in; default: the weights' dtype "
+        "(Megatron's fp32 main grads: fp32).",
+    )
 
 
 class OptimizerSpec(_Spec):
