@@ -291,6 +291,11 @@ class InitSpec(_Spec):
     residual_scale: float | None = Field(
         default=None, gt=0, description="Factor on residual projections' std (custom)."
     )
+    from_pretrained: bool = Field(
+        default=False,
+        description="Weights are loaded from a checkpoint (fine-tuning, continued "
+        "pre-training), so the init scheme never runs and init checks are skipped.",
+    )
 
 
 class BatchSpec(_Spec):
@@ -315,6 +320,10 @@ class CheckpointingSpec(_Spec):
         default="none", description="none / selective (attention) / full (whole blocks)."
     )
     every_k_layers: int = Field(default=1, ge=1, description="Checkpoint one block in k.")
+    partition_activations: bool = Field(
+        default=False, description="Checkpoints sharded across tensor-parallel ranks."
+    )
+    cpu_offload: bool = Field(default=False, description="Checkpoints kept in host memory.")
 
 
 class ParallelSpec(_Spec):
@@ -327,11 +336,17 @@ class ParallelSpec(_Spec):
     ep: int = Field(default=1, ge=1, description="Expert-parallel degree (within DP).")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallel.")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO / FSDP sharding stage.")
-    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(default="none")
-    offload_params: Literal["none", "cpu", "nvme"] = Field(default="none")
+    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(
+        default="none", description="Where optimizer states live (ZeRO-Offload / Infinity)."
+    )
+    offload_params: Literal["none", "cpu", "nvme"] = Field(
+        default="none", description="Where parameters live between uses (ZeRO-3 offload)."
+    )
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
     virtual_pipeline_stages: int = Field(default=1, ge=1, description="Interleaved chunks v.")
-    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(default="1f1b")
+    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(
+        default="1f1b", description="Order of micro-batch forward/backward passes per stage."
+    )
     rank_order: str = Field(
         default="tp-cp-ep-dp-pp",
         description="Megatron order, fastest-varying first: TP neighbours share a node.",
