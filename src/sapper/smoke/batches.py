@@ -148,7 +148,7 @@ def recut_variable_length(batches: Sequence[Batch], k: int) -> list[Batch]:
     for i in range(k):
         chunk = rows[i * per : (i + 1) * per]
         # micro-batch i keeps a fraction rising with i; within it, lengths fall with j
-        scale = 0.3 + 0.7 * (i + 1) / k
+        scale = 0.25 + 0.75 * i / max(1, k - 1)
         samples = [
             r[: max(3, round(r.numel() * scale * (1.0 - 0.4 * j / max(1, len(chunk)))))]
             for j, r in enumerate(chunk)
