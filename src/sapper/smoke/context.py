@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from sapper.errors import InputError
 from sapper.rules.model import Finding, Rule, Severity
-from sapper.smoke.batches import Batch, BatchSource, take
+from sapper.smoke.batches import Batch, BatchSource, SyntheticTokens, take
 from sapper.smoke.step import Precision, TrainStep
 from sapper.smoke.toy import ModelFactory
 
@@ -102,8 +103,13 @@ class SmokeContext:
 
     @classmethod
     def create(
-        cls, factory: ModelFactory, source: BatchSource, step: TrainStep, config: SmokeConfig
+        cls,
+        factory: ModelFactory,
+        source: BatchSource | None,
+        step: TrainStep,
+        config: SmokeConfig,
     ) -> SmokeContext:
+        """Build the toy once; ``source=None`` means synthetic tokens over its vocabulary."""
         from sapper.smoke.step import logits_of
 
         model = factory.build(config.seed)
@@ -113,6 +119,16 @@ class SmokeContext:
         with torch.no_grad():
             vocab = int(logits_of(model.eval(), probe).shape[-1])
         n_params = sum(p.numel() for p in model.parameters())  # tied weights once
+        needed = getattr(source, "vocab_size", None)
+        if isinstance(needed, int) and needed > vocab:
+            raise InputError(
+                f"the data holds {needed} distinct token ids but the model's vocabulary is "
+                f"{vocab}",
+                field="data",
+                expected="a model whose vocabulary covers the data",
+            )
+        if source is None:
+            source = SyntheticTokens(vocab, config.seq_len, config.micro_batch, seed=config.seed)
         return cls(factory, source, step, config, vocab, state, n_params)
 
     @property

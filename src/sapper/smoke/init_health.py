@@ -67,7 +67,7 @@ def layer_statistics(ctx: SmokeContext) -> dict[str, list[Any]]:
             return None
         return float(t.detach()[mask.to(t.device)].float().std())
 
-    def pre_hook(name: str):  # noqa: ANN202 - a hook factory
+    def pre_hook(name: str):
         def record(_m: torch.nn.Module, args: Any, kwargs: Any) -> None:
             value = std(_hidden(args, kwargs))
             if value is not None:
@@ -75,7 +75,7 @@ def layer_statistics(ctx: SmokeContext) -> dict[str, list[Any]]:
 
         return record
 
-    def hook(name: str):  # noqa: ANN202 - a hook factory
+    def hook(name: str):
         def record(_m: torch.nn.Module, _inp: Any, out: Any) -> None:
             t = _first_tensor(out)
             value = std(t)

@@ -53,7 +53,7 @@ def activation_maxima(
     maxima: dict[str, float] = {}
     order: list[str] = []
 
-    def hook(name: str):  # noqa: ANN202 - a forward hook factory
+    def hook(name: str):
         def record(_m: nn.Module, _inp: Any, out: Any) -> None:
             for t in _tensors(out):
                 t = t.detach()

@@ -108,7 +108,7 @@ def _config_class(model_type: str, file: str) -> Any:
 
 
 def _round8(x: float) -> int:
-    return max(8, int(math.ceil(x / 8.0)) * 8)
+    return max(8, math.ceil(x / 8.0) * 8)
 
 
 def _shrink_heads(heads: int, kv: int | None, max_heads: int) -> tuple[int, int | None]:
