@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,9 @@ from sapper.smoke.toy import ModelFactory
 
 __all__ = ["DPJob", "run"]
 
+#: Seconds a rank waits in a collective before giving up (gloo's default is 30 minutes).
+_TIMEOUT_S = 120
+
 
 @dataclass(frozen=True)
 class DPJob:
@@ -53,19 +58,31 @@ class DPJob:
 
 
 def _updates(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {
-        n.removeprefix("module."): (p.detach().float() - before[n.removeprefix("module.")].float())
-        for n, p in model.named_parameters()
-    }
+    out = {}
+    for name, p in model.named_parameters():
+        key = name.removeprefix("module.")
+        out[key] = p.detach().float().cpu() - before[key].float().cpu()
+    return out
 
 
 def _worker(rank: int, world: int, job: DPJob) -> None:
+    """One rank. It leaves with ``os._exit`` once its result is on disk: tearing down DDP
+    from Python can deadlock (the reducer's last reference destroys the gloo group, which
+    joins a thread that waits for the GIL the destroying thread holds), and a finished
+    smoke rank has nothing left to clean up. A failure writes the traceback for the parent;
+    the parent's join then stops the other rank, and the group's timeout bounds a rank
+    left waiting in a collective."""
     torch.set_num_threads(1)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     folder = Path(job.folder)
+    code = 0
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{folder / 'store'}", rank=rank, world_size=world
+            "gloo",
+            init_method=f"file://{folder / 'store'}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=_TIMEOUT_S),
         )
         from torch.nn.parallel import DistributedDataParallel
 
@@ -88,12 +105,14 @@ def _worker(rank: int, world: int, job: DPJob) -> None:
             "fingerprints": [fp for b in batches for fp in fingerprints(b)],
         }
         torch.save(out, folder / f"rank{rank}.pt")
+        dist.barrier()
     except BaseException:
         (folder / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
+        code = 1
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _spawn(ctx: SmokeContext, folder: Path, world: int, k: int) -> list[dict[str, Any]]:
