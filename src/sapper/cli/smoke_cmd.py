@@ -57,7 +57,7 @@ def smoke(
         list[str] | None,
         typer.Option("--skip", help="Skip these checks (comma-separated).", show_default=False),
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Overfit steps.")] = 40,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Overfit steps.")] = 60,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Overfit learning rate.")] = 3e-3,
     dtype: Annotated[
         list[str] | None,

@@ -72,7 +72,7 @@ def _default_start_method() -> str:
 class SmokeConfig:
     """Settings of a smoke run (toy scale: seconds on a CPU)."""
 
-    steps: int = 40
+    steps: int = 60
     lr: float = 3e-3
     seed: int = 0
     precisions: tuple[Precision, ...] = ("bf16", "fp16")
