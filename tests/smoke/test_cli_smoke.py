@@ -67,6 +67,23 @@ def test_users_factory_that_overflows_fp16_exits_1() -> None:
     assert "S006" in failed
 
 
+@pytest.mark.distributed
+def test_users_loader_without_a_sampler_exits_1() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "data_parallel",
+                 "--loader", "smoke_planted:unsharded_loader", "-f", "json")
+    assert res.exit_code == 1
+    status = {f["code"]: f["data"]["status"] for f in json.loads(res.stdout)["findings"]}
+    assert status == {"S007": "pass", "S008": "fail"}
+
+
+def test_non_finite_numbers_stay_valid_json() -> None:
+    res = invoke("--factory", "smoke_planted:overflowing_lm", "--checks", "precision", "-f",
+                 "json")
+    payload = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    fp16 = next(f for f in payload["findings"] if f["data"].get("precision") == "fp16")
+    assert fp16["data"]["rel_err"] in (None, "inf")  # overflowed: no finite error to report
+
+
 def test_token_file_as_data(tmp_path) -> None:
     tokens = np.random.default_rng(0).integers(0, 30000, size=4096, dtype=np.uint16)
     path = tmp_path / "train.bin"
