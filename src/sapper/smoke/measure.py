@@ -130,13 +130,18 @@ def _quiet_stderr() -> Iterator[None]:
             os.close(fd)
 
 
-def _cpu_step_peak(run: Any) -> int:
-    """Peak of allocated minus freed bytes during ``run()`` (CPU allocator events)."""
+def _cpu_step_peak(run: Any) -> int | None:
+    """Peak of allocated minus freed bytes during ``run()`` (CPU allocator events); None
+    when this torch build's profiler does not expose them."""
     from torch.profiler import ProfilerActivity, profile
 
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
         run()
-    events = [e for e in p.profiler.kineto_results.events() if e.name() == "[memory]"]
+    try:
+        raw = p.profiler.kineto_results.events()
+    except (AttributeError, RuntimeError):
+        return None
+    events = [e for e in raw if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     live = peak = 0
     for e in events:
@@ -175,7 +180,8 @@ def measure_step(
         opt.zero_grad(set_to_none=True)
     else:
         start = params + states + _bytes(batch.values())
-        peak = start + _cpu_step_peak(step)
+        rise = _cpu_step_peak(step)
+        peak = None if rise is None else start + rise
         opt.zero_grad(set_to_none=True)
     times = []
     for _ in range(repeats):
@@ -247,8 +253,14 @@ def estimate_toy(ctx: SmokeContext, batch: Batch) -> dict[str, Any] | None:
     }
 
 
-def _ratio(measured: float, estimated: float) -> float:
+def _ratio(measured: float | None, estimated: float) -> float | None:
+    if measured is None:
+        return None
     return measured / estimated if estimated else float("inf")
+
+
+def _mib(x: float | None) -> str:
+    return "N/A" if x is None else f"{x / MIB:.2f}"
 
 
 def run(ctx: SmokeContext) -> list[Finding]:
@@ -271,7 +283,7 @@ def run(ctx: SmokeContext) -> list[Finding]:
             verdict(
                 MEASURED_VS_ESTIMATE,
                 True,
-                f"measured peak {measured['peak'] / MIB:.2f} MiB (activations "
+                f"measured peak {_mib(measured['peak'])} MiB (activations "
                 f"{measured['activations'] / MIB:.2f} MiB), {speed}; no estimate: {why_none}",
                 **numbers,
             )
@@ -285,19 +297,20 @@ def run(ctx: SmokeContext) -> list[Finding]:
     for cat in ("activations", "peak"):
         r = _ratio(measured[cat], est[cat])
         numbers[f"{cat}_ratio"] = r
-        if not (1 / tol.memory_activation_factor <= r <= tol.memory_activation_factor):
+        if r is not None and not (
+            1 / tol.memory_activation_factor <= r <= tol.memory_activation_factor
+        ):
             off.append(f"{cat} ×{r:.2f}")
     table = ", ".join(
-        f"{cat} {measured[cat] / MIB:.2f}/{est[cat] / MIB:.2f}"
+        f"{cat} {_mib(measured[cat])}/{_mib(est[cat])}"
         for cat in ("params", "grads", "optimizer", "activations", "peak")
     )
     message = f"measured/estimated MiB: {table}; {speed}"
     if off:
         message = f"estimate off ({', '.join(off)}): " + message
-    worst = max(
-        (numbers[f"{c}_ratio"] for c in ("params", "grads", "optimizer", "activations", "peak")),
-        key=lambda r: abs(r - 1.0) if r != float("inf") else float("inf"),
-    )
+    ratios = [numbers[f"{c}_ratio"] for c in ("params", "grads", "optimizer", "activations")]
+    ratios += [numbers["peak_ratio"]] if numbers["peak_ratio"] is not None else []
+    worst = max(ratios, key=lambda r: abs(r - 1.0))
     return [
         verdict(MEASURED_VS_ESTIMATE, not off, message, value=worst, **numbers)
     ]
