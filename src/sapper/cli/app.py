@@ -75,6 +75,7 @@ def _register_commands() -> None:
         plan_cmd,
         report_cmd,
         rules_cmd,
+        smoke_cmd,
         watch_cmd,
     )
 

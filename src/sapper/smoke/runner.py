@@ -1,0 +1,208 @@
+"""Run the smoke checks in order and collect their findings into one report.
+
+Each check is a function ``SmokeContext -> list[Finding]``; this module only sequences
+them, reseeds before each (so a check's result does not depend on which ran before it),
+times them, and turns a crash inside a check into a finding of that check's rule rather
+than an aborted run: a smoke test that dies on the user's code has found something.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sapper.errors import InputError, SapperError
+from sapper.rules.model import Finding, Rule, Severity
+from sapper.smoke import (
+    accumulation,
+    checkpointing,
+    data_parallel,
+    init_health,
+    measure,
+    overfit,
+    precision,
+)
+from sapper.smoke import rules as R
+from sapper.smoke.batches import BatchSource
+from sapper.smoke.context import SmokeConfig, SmokeContext
+from sapper.smoke.step import DefaultTrainStep, TrainStep
+from sapper.smoke.toy import ModelFactory
+
+__all__ = ["CHECKS", "CheckOutcome", "SmokeReport", "run_smoke"]
+
+CheckFn = Callable[[SmokeContext], list[Finding]]
+
+#: name -> (check, the rule a crash of it is reported under), in run order.
+CHECKS: dict[str, tuple[CheckFn, Rule]] = {
+    "overfit": (overfit.run, R.OVERFIT),
+    "accumulation": (accumulation.run, R.ACCUMULATION),
+    "checkpointing": (checkpointing.run, R.CHECKPOINTING),
+    "precision": (precision.run, R.PRECISION_AGREEMENT),
+    "data_parallel": (data_parallel.run, R.DATA_PARALLEL),
+    "init_health": (init_health.run, R.INIT_HEALTH),
+    "measure": (measure.run, R.MEASURED_VS_ESTIMATE),
+}
+
+
+@dataclass
+class CheckOutcome:
+    name: str
+    findings: list[Finding]
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        order = {"pass": 0, "warn": 1, "fail": 2}
+        statuses = [f.data.get("status", "fail") for f in self.findings]
+        return max(statuses, key=lambda s: order.get(s, 2), default="pass")
+
+
+@dataclass
+class SmokeReport:
+    model: str
+    notes: list[str]
+    num_params: int
+    vocab_size: int
+    config: SmokeConfig
+    outcomes: list[CheckOutcome] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for o in self.outcomes for f in o.findings]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity == Severity.ERROR for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == Severity.WARNING for f in self.findings)
+
+    def exit_code(self, strict: bool = False) -> int:
+        return 1 if self.errors or (strict and self.warnings) else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape; non-finite floats become "nan"/"inf"/"-inf" strings (as in
+        sapper's run logs), so the output stays valid JSON."""
+        return _json_safe(self._payload())
+
+    def _payload(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "model": {
+                "description": self.model,
+                "toy_changes": self.notes,
+                "parameters": self.num_params,
+                "vocab_size": self.vocab_size,
+            },
+            "config": {
+                "steps": cfg.steps,
+                "lr": cfg.lr,
+                "seed": cfg.seed,
+                "precisions": list(cfg.precisions),
+                "grad_accum": cfg.grad_accum,
+                "micro_batch": cfg.micro_batch,
+                "seq_len": cfg.seq_len,
+                "device": cfg.device,
+                "dp_world_size": cfg.dp_world_size,
+                "tolerances": vars(cfg.tolerances),
+            },
+            "checks": [
+                {
+                    "check": o.name,
+                    "status": o.status,
+                    "seconds": round(o.seconds, 3),
+                    "codes": sorted({f.code for f in o.findings}),
+                }
+                for o in self.outcomes
+            ],
+            "findings": [f.to_json() for f in self.findings],
+            "summary": {
+                "errors": self.errors,
+                "warnings": self.warnings,
+                "passed": sum(o.status == "pass" for o in self.outcomes),
+                "failed": sum(o.status == "fail" for o in self.outcomes),
+            },
+        }
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """Toy tensors are too small to gain from intra-op threads, and one thread keeps step
+    times steady on a shared machine."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _crashed(name: str, rule: Rule, exc: Exception) -> Finding:
+    return rule.finding(
+        f"the {name} check could not run: {type(exc).__name__}: {exc}",
+        severity=Severity.ERROR,
+        status="fail",
+        crashed=True,
+    )
+
+
+def run_smoke(
+    factory: ModelFactory,
+    source: BatchSource | None = None,
+    step: TrainStep | None = None,
+    config: SmokeConfig | None = None,
+    checks: Sequence[str] | None = None,
+    threads: int | None = 1,
+) -> SmokeReport:
+    """Run the chosen checks (all by default) on the toy model and return the report.
+
+    ``source`` defaults to synthetic variable-length tokens, ``step`` to
+    :class:`~sapper.smoke.step.DefaultTrainStep`."""
+    config = config or SmokeConfig()
+    names = list(checks) if checks else list(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise InputError(
+            "unknown check",
+            field="--checks",
+            value=",".join(unknown),
+            expected=f"some of {', '.join(CHECKS)}",
+        )
+    with _threads(threads):
+        torch.manual_seed(config.seed)
+        ctx = SmokeContext.create(factory, source, step or DefaultTrainStep(), config)
+        report = SmokeReport(
+            factory.description, list(factory.notes), ctx.num_params, ctx.vocab_size, config
+        )
+        for name in names:
+            fn, rule = CHECKS[name]
+            torch.manual_seed(config.seed)
+            start = time.perf_counter()
+            try:
+                findings = fn(ctx)
+            except SapperError:
+                raise
+            except Exception as exc:  # the user's model, data or step failed in this check
+                findings = [_crashed(name, rule, exc)]
+            report.outcomes.append(CheckOutcome(name, findings, time.perf_counter() - start))
+    return report

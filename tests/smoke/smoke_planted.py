@@ -1,0 +1,160 @@
+"""Planted bugs for the smoke checks: the mistakes users make, written as users write them.
+
+Module-level so the data-parallel check can rebuild them in its worker processes and the
+CLI can import them by ``module:name``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from sapper.smoke.batches import (
+    IGNORE_INDEX,
+    Batch,
+    SyntheticTokens,
+    pad_samples,
+    target_tokens,
+)
+from sapper.smoke.step import DefaultTrainStep, StepOptions, StepResult, logits_of
+
+
+class PerMicroBatchMean(DefaultTrainStep):
+    """The pre-fix accumulation loop: each micro-batch's mean loss divided by k."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        k = len(micro_batches)
+        total = 0.0
+        for batch in micro_batches:
+            logits = logits_of(model, batch)
+            loss = nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                batch["labels"][:, 1:].reshape(-1),
+                ignore_index=IGNORE_INDEX,
+            )
+            (loss / k).backward()
+            total += float(loss.detach()) / k
+        return StepResult(loss=total, tokens=0)
+
+
+class NotShifted(DefaultTrainStep):
+    """Scores the logits at position t against token t (the model sees it)."""
+
+    def token_loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            batch["labels"].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+
+
+class ShiftedTwice(DefaultTrainStep):
+    """Labels shifted by the collator and again by the loss: t scored against t+2."""
+
+    def token_loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        shifted = logits[:, :-2].float()
+        return nn.functional.cross_entropy(
+            shifted.reshape(-1, shifted.shape[-1]),
+            batch["labels"][:, 2:].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+
+
+class PerRankTokens(DefaultTrainStep):
+    """Assumes every rank holds as many tokens as this one (per-rank mean under DDP)."""
+
+    def count_tokens(self, micro_batches: Sequence[Batch], device: torch.device) -> int:
+        local = sum(target_tokens(b) for b in micro_batches)
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        return local * world
+
+
+# ---- data: a dataset of variable-length sequences, loaded with and without a sampler ----
+def _dataset(n: int = 64, vocab: int = 512) -> list[torch.Tensor]:
+    source = SyntheticTokens(vocab, 32, 1, seed=3)
+    return [source.sample(i) for i in range(n)]
+
+
+def _collate(samples: list[torch.Tensor]) -> Batch:
+    return pad_samples(samples)
+
+
+def unsharded_loader(rank: int, world_size: int) -> DataLoader:
+    """A DataLoader built the same way on every rank: no DistributedSampler."""
+    return DataLoader(_dataset(), batch_size=4, shuffle=False, collate_fn=_collate)
+
+
+def sharded_loader(rank: int, world_size: int) -> DataLoader:
+    data = _dataset()
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_collate)
+
+
+# ---- user models (not Hugging Face) -------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float, scale: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, dropout=dropout, batch_first=True)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+        self.drop = nn.Dropout(dropout)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
+        h = self.ln1(x)
+        a, _ = self.attn(h, h, h, attn_mask=causal, need_weights=False)
+        x = x + self.drop(a)
+        return x + self.drop(self.mlp(self.ln2(x)) * self.scale)
+
+
+class TinyLM(nn.Module):
+    """A GPT-style model written by hand: forward(input_ids) -> logits."""
+
+    def __init__(
+        self, vocab: int = 128, width: int = 32, layers: int = 3, heads: int = 2,
+        dropout: float = 0.1, scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(256, width)
+        self.blocks = nn.ModuleList(Block(width, heads, dropout, scale) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def tiny_lm() -> nn.Module:
+    return TinyLM()
+
+
+def overflowing_lm() -> nn.Module:
+    """An MLP branch multiplied by a constant that puts activations past fp16's 65504."""
+    return TinyLM(dropout=0.0, scale=3e5)
+
+
+class FailsOnRankOne(DefaultTrainStep):
+    """A step that crashes on one rank only (the other is left inside a collective)."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+            raise RuntimeError("shape mismatch on rank 1")
+        return super().__call__(model, micro_batches, options)

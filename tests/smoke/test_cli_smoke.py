@@ -1,0 +1,115 @@
+"""``sapper smoke`` in-process: the shipped example passes every check, planted bugs exit 1
+with their code, bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from tests_smoke_paths import LLAMA_TOY
+from typer.testing import CliRunner
+
+from sapper.cli.app import _register_commands, app
+
+runner = CliRunner()
+_register_commands()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["smoke", *args])
+
+
+@pytest.mark.distributed
+def test_shipped_example_passes_every_check_in_under_a_minute() -> None:
+    start = time.perf_counter()
+    res = invoke("--model", str(LLAMA_TOY), "--format", "json")
+    elapsed = time.perf_counter() - start
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert [c["check"] for c in payload["checks"]] == [
+        "overfit", "accumulation", "checkpointing", "precision", "data_parallel",
+        "init_health", "measure",
+    ]
+    assert {c["status"] for c in payload["checks"]} == {"pass"}
+    codes = {f["code"] for f in payload["findings"]}
+    assert codes == {f"S{i:03d}" for i in range(1, 11)}
+    keys = {"code", "severity", "message", "fix", "data"}
+    assert all(keys <= set(f) for f in payload["findings"])
+    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 7, "failed": 0}
+    assert elapsed < 60
+
+
+def test_text_report_names_checks_and_numbers() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "accumulation")
+    assert res.exit_code == 0, res.output
+    assert "S003" in res.output and "PASS" in res.output and "rel err" in res.output
+    assert "0 error(s)" in res.output
+
+
+def test_users_step_with_the_accumulation_bug_exits_1() -> None:
+    res = invoke(
+        "--model", str(LLAMA_TOY), "--checks", "accumulation",
+        "--step", "smoke_planted:PerMicroBatchMean",
+    )
+    assert res.exit_code == 1
+    assert "FAIL" in res.output and "averaged per micro-batch" in res.output
+    assert "num_items_in_batch" in res.output  # the fix is shown
+
+
+def test_users_factory_that_overflows_fp16_exits_1() -> None:
+    res = invoke("--factory", "smoke_planted:overflowing_lm", "--checks", "precision", "-f",
+                 "json")
+    assert res.exit_code == 1
+    failed = {f["code"] for f in json.loads(res.stdout)["findings"]
+              if f["data"]["status"] == "fail"}
+    assert "S006" in failed
+
+
+@pytest.mark.distributed
+def test_users_loader_without_a_sampler_exits_1() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "data_parallel",
+                 "--loader", "smoke_planted:unsharded_loader", "-f", "json")
+    assert res.exit_code == 1
+    status = {f["code"]: f["data"]["status"] for f in json.loads(res.stdout)["findings"]}
+    assert status == {"S007": "pass", "S008": "fail"}
+
+
+def test_non_finite_numbers_stay_valid_json() -> None:
+    res = invoke("--factory", "smoke_planted:overflowing_lm", "--checks", "precision", "-f",
+                 "json")
+    payload = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    fp16 = next(f for f in payload["findings"] if f["data"].get("precision") == "fp16")
+    assert fp16["data"]["rel_err"] in (None, "inf")  # overflowed: no finite error to report
+
+
+def test_token_file_as_data(tmp_path) -> None:
+    tokens = np.random.default_rng(0).integers(0, 30000, size=4096, dtype=np.uint16)
+    path = tmp_path / "train.bin"
+    tokens.tofile(path)
+    res = invoke("--model", str(LLAMA_TOY), "--data", str(path), "--checks",
+                 "accumulation,init_health", "-f", "json")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["model"]["vocab_size"] >= len(np.unique(tokens[: 64 * 64]))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give exactly one model"),
+        (("--model", "missing.json"), "file not found"),
+        (("--model", str(LLAMA_TOY), "--factory", "a:b"), "give exactly one model"),
+        (("--model", str(LLAMA_TOY), "--checks", "overfitt"), "unknown check"),
+        (("--model", str(LLAMA_TOY), "--skip", "speed"), "unknown check"),
+        (("--model", str(LLAMA_TOY), "--dtype", "fp8"), "unknown precision"),
+        (("--factory", "nope"), "not a module:function"),
+        (("--model", str(LLAMA_TOY), "--data", "x.csv"), "file not found"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output

@@ -1,0 +1,66 @@
+"""S007/S008 over a real gloo group of two processes: DDP equals one process for a correct
+step and sharded data; an unsharded loader and a per-rank loss normalisation are caught."""
+
+from __future__ import annotations
+
+import pytest
+from smoke_planted import FailsOnRankOne, PerRankTokens, sharded_loader, unsharded_loader
+
+from sapper.smoke.batches import LoaderFactory
+from sapper.smoke.context import SmokeConfig
+from sapper.smoke.runner import run_smoke
+
+pytestmark = pytest.mark.distributed
+
+
+def _by_code(report) -> dict[str, object]:
+    return {f.code: f for f in report.findings}
+
+
+def test_ddp_equals_one_process(llama) -> None:
+    found = _by_code(run_smoke(llama, checks=["data_parallel"]))
+    s007, s008 = found["S007"], found["S008"]
+    assert s007.data["status"] == "pass", s007.message
+    assert s007.value < 1e-4
+    assert s007.data["ranks_max_abs_diff"] == 0.0
+    assert s008.data["status"] == "pass"
+    assert s008.data["coverage_of_single_process_batch"] == 1.0
+
+
+def test_users_sharded_loader_passes(llama) -> None:
+    report = run_smoke(llama, source=LoaderFactory(sharded_loader), checks=["data_parallel"])
+    assert {f.code: f.data["status"] for f in report.findings} == {"S007": "pass", "S008": "pass"}
+
+
+def test_unsharded_sampler_is_caught(llama) -> None:
+    report = run_smoke(llama, source=LoaderFactory(unsharded_loader), checks=["data_parallel"])
+    s008 = _by_code(report)["S008"]
+    assert s008.data["status"] == "fail"
+    assert s008.data["read_by_all_ranks"] == s008.data["samples"] // 2
+    assert s008.data["coverage_of_single_process_batch"] == 0.5
+    assert report.exit_code() == 1
+
+
+def test_per_rank_loss_normalisation_is_caught(llama) -> None:
+    report = run_smoke(llama, step=PerRankTokens(), checks=["data_parallel"])
+    s007 = _by_code(report)["S007"]
+    assert s007.data["status"] == "fail"
+    assert s007.value > 1e-3
+
+
+def test_a_rank_that_crashes_is_reported_not_hung(llama) -> None:
+    report = run_smoke(llama, step=FailsOnRankOne(), checks=["data_parallel"])
+    (s007,) = report.findings
+    assert s007.data["status"] == "fail"
+    assert "shape mismatch on rank 1" in s007.message
+
+
+@pytest.mark.slow
+def test_spawned_ranks_rebuild_everything(llama) -> None:
+    """Clean interpreters (the start method off Linux): model factory, loader and step are
+    pickled and rebuilt in each rank."""
+    config = SmokeConfig(dp_start_method="spawn")
+    report = run_smoke(
+        llama, source=LoaderFactory(sharded_loader), config=config, checks=["data_parallel"]
+    )
+    assert {f.code: f.data["status"] for f in report.findings} == {"S007": "pass", "S008": "pass"}
