@@ -19,6 +19,7 @@ keeps them in preallocated buffers (ZeRO, Megatron); otherwise ``zero_grad`` fre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sapper.memory.activations import BlockActivations, block_activations, embedding_saved
 from sapper.memory.inputs import Shape
@@ -31,7 +32,6 @@ from sapper.memory.states import (
     stage_states,
 )
 from sapper.memory.temporaries import (
-    HeadCost,
     comm_buffers,
     head_cost,
     optimizer_temporaries,
@@ -69,22 +69,37 @@ def _cats(params: int, opt: int, grads: int, acts: int, tmp: int) -> dict[str, i
     }
 
 
-def _ckpt_mask(sh: Shape, n_layers: int) -> list[bool]:
-    """Which blocks of a chunk are fully checkpointed (one block in ``ckpt_every``)."""
-    if sh.ckpt != "full":
-        return [False] * n_layers
-    return [j % sh.ckpt_every == 0 for j in range(n_layers)]
-
-
 @dataclass(frozen=True)
-class _Chunk:
-    """The model chunk a phase runs (the whole stage unless interleaved)."""
+class _Blocks:
+    """The blocks of one model chunk, for one checkpointing setting."""
 
-    ck: list[bool]  # fully checkpointed blocks
-    kept: list[int]  # bytes each block keeps for backward
-    emb: int  # the embedding's saved tensors (first chunk of the first stage)
-    head: HeadCost | None  # output head and loss (last chunk of the last stage)
-    older: int  # bytes kept by the other micro-batches (and chunks) in flight
+    ck: tuple[bool, ...]  # fully checkpointed blocks (one in ``ckpt_every``)
+    kept: tuple[int, ...]  # bytes each block keeps for backward
+    total: int  # all of them
+    prefix: tuple[int, ...]  # kept by the blocks before j
+    plain_after: tuple[int, ...]  # non-checkpointed blocks after j
+    #: Blocks are identical, so within each kind (checkpointed or not) a backward
+    #: moment's total is linear in the block's index: its first and last bound the rest.
+    candidates: tuple[int, ...]
+
+
+@lru_cache(maxsize=4096)
+def _blocks(n: int, every: int, boundary: int, other: int) -> _Blocks:
+    """``every``: one block in ``every`` is fully checkpointed (0: none)."""
+    ck = tuple(bool(every) and j % every == 0 for j in range(n))
+    kept = tuple(boundary if c else other for c in ck)
+    prefix = [0]
+    for k_j in kept:
+        prefix.append(prefix[-1] + k_j)
+    plain_after = [0] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        plain_after[j] = plain_after[j + 1] + (not ck[j])
+    cands: set[int] = set()
+    for kind in (True, False):
+        idx = [j for j in range(n) if ck[j] == kind]
+        if idx:
+            cands.update((idx[0], idx[-1]))
+    return _Blocks(ck, kept, prefix[-1], tuple(prefix), tuple(plain_after), tuple(sorted(cands)))
 
 
 def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePeak:
@@ -95,25 +110,14 @@ def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePea
     head = head_cost(sh) if last else None
     emb = embedding_saved(sh) if first else 0
     other = blk.selective if sh.ckpt == "selective" else blk.saved
-
-    def kept_of(n: int) -> tuple[list[bool], list[int]]:
-        ck = _ckpt_mask(sh, n)
-        return ck, [blk.boundary if c else other for c in ck]
-
+    every = sh.ckpt_every if sh.ckpt == "full" else 0
+    blocks = [_blocks(n, every, blk.boundary, other) for n in chunks]
     weights = tuple(
-        sum(kept_of(n)[1])
-        + (emb if c == 0 else 0)
-        + (head.saved if head is not None and c == v - 1 else 0)
-        for c, n in enumerate(chunks)
+        b.total + (emb if c == 0 else 0) + (head.saved if head is not None and c == v - 1 else 0)
+        for c, b in enumerate(blocks)
     )
     flight = in_flight(sh, i, weights)
     held = sum(k * w for k, w in zip(flight.counts, weights, strict=True))
-
-    def chunk(c: int) -> _Chunk:
-        ck, kept = kept_of(chunks[c])
-        return _Chunk(
-            ck, kept, emb if c == 0 else 0, head if c == v - 1 else None, held - weights[c]
-        )
 
     n_stage = sum(chunks)
     persistent_grads = (
@@ -126,13 +130,15 @@ def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePea
 
     # forward: what this micro-batch kept, plus the last block running (its own bytes at
     # their peak) or, on the last stage, the loss running
-    cf = chunk(flight.fwd_chunk)
-    ck, kept, hd = cf.ck, cf.kept, cf.head
-    acts_now = sum(kept) + cf.emb + _held_mask(sh)
+    c = flight.fwd_chunk
+    bf, older = blocks[c], held - weights[c]
+    ck, kept = bf.ck, bf.kept
+    hd = head if c == v - 1 else None
+    acts_now = bf.total + (emb if c == 0 else 0) + _held_mask(sh)
     running = (blk.fwd_ckpt if ck[-1] else blk.fwd_extra) if kept else 0
-    fwd = (g_fwd, cf.older + acts_now - (kept[-1] if kept else 0) + running, casts + comm_keep)
+    fwd = (g_fwd, older + acts_now - (kept[-1] if kept else 0) + running, casts + comm_keep)
     if hd is not None:
-        at_loss = (g_fwd, cf.older + acts_now + hd.saved,
+        at_loss = (g_fwd, older + acts_now + hd.saved,
                    hd.fwd_peak - hd.saved + casts + comm_keep)
         if sum(at_loss) >= sum(fwd):
             fwd = at_loss
@@ -141,10 +147,13 @@ def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePea
     # block from the last (its gradients appear, its activations go), then the embedding.
     # After the forward, autocast's cache is gone: only casts saved by non-checkpointed
     # blocks (and the head) stay; a checkpointed block casts again while it recomputes.
-    cb = chunk(flight.bwd_chunk)
-    ck, kept, hd, older = cb.ck, cb.kept, cb.head, cb.older
+    c = flight.bwd_chunk
+    bb, older = blocks[c], held - weights[c]
+    ck, kept = bb.ck, bb.kept
+    hd = head if c == v - 1 else None
+    emb_now = emb if c == 0 else 0
     n_layers = len(kept)
-    acts_now = sum(kept) + cb.emb + _held_mask(sh)
+    acts_now = bb.total + emb_now + _held_mask(sh)
     cast_block = weight_casts(sh, block_params(sh), False)
     casts_bwd = casts - cast_block * sum(ck)
     g_block = min(int(block_params(sh).total * sh.recipe.grad), st.grads_full)
@@ -153,24 +162,11 @@ def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePea
     if hd is not None:
         moments.append((g_fwd, older + acts_now + hd.saved,
                         hd.bwd_peak - hd.saved + casts_bwd + comm_keep))
-    # Blocks are identical, so within each kind (checkpointed or not) a moment's total
-    # is linear in the block's index: its first and last block bound the rest.
-    prefix = [0]
-    for k_j in kept:
-        prefix.append(prefix[-1] + k_j)
-    plain_after = [0] * (n_layers + 1)  # non-checkpointed blocks after j
-    for j in range(n_layers - 1, -1, -1):
-        plain_after[j] = plain_after[j + 1] + (not ck[j])
-    candidates: set[int] = set()
-    for kind in (True, False):
-        idx = [j for j in range(n_layers) if ck[j] == kind]
-        if idx:
-            candidates.update((idx[0], idx[-1]))
-    const = acts_now - sum(kept)  # embedding and held mask, kept throughout
-    for j in candidates:
+    const = acts_now - bb.total  # embedding and held mask, kept throughout
+    for j in bb.candidates:
         done = n_layers - 1 - j
-        casts_j = casts_bwd - cast_block * plain_after[j + 1]
-        below = prefix[j] + const  # blocks before j (and the embedding)
+        casts_j = casts_bwd - cast_block * bb.plain_after[j + 1]
+        below = bb.prefix[j] + const  # blocks before j (and the embedding)
         if ck[j]:
             casts_j += cast_block  # the recompute casts its weights again
             if not blk.input_in_saved:
@@ -181,8 +177,8 @@ def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePea
                 head_grads + g_block * done + int(g_block * share)
             )
             moments.append((grads, older + below + alive, tmp))
-    end_tmp = _emb_grads(sh) if (cb.emb and sh.tied and sh.pp == 1) else 0
-    moments.append((st.grads, older + cb.emb, end_tmp + comm_keep + comm_bwd))
+    end_tmp = _emb_grads(sh) if (emb_now and sh.tied and sh.pp == 1) else 0
+    moments.append((st.grads, older + emb_now, end_tmp + comm_keep + comm_bwd))
     bwd = max(moments, key=sum)
 
     opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
@@ -243,6 +239,6 @@ def stage_peaks(
     holds more micro-batches under 1F1B and the embeddings, the last the head and the
     loss; :func:`~sapper.memory.pipeline.peak_candidates` names those that can peak)."""
     blk = block_activations(sh, device)
-    if stages is None:
+    if stages is None or len(stages) == sh.pp:
         return [_stage(sh, i, pc, blk) for i, pc in enumerate(stage_params(sh))]
     return [_stage(sh, i, stage_param_count(sh, i), blk) for i in stages]

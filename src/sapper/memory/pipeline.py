@@ -64,7 +64,7 @@ def _split(layers: int, pp: int, first: int | None, last: int | None) -> tuple[i
             expected=f"counts that leave a positive multiple of {others} layers"
             if others else f"counts adding up to {layers}",
         )
-    mid = [rest // others] * others
+    mid = [rest // others] * others if others else []
     return tuple(([first] if first is not None else []) + mid + (
         [last] if last is not None else []
     ))
@@ -114,6 +114,17 @@ def _forward_chunk(k: int, p: int, v: int, m: int) -> int:
     return (k - full) // (m - (groups - 1) * p)
 
 
+def _forward_counts(n: int, p: int, v: int, m: int) -> list[int]:
+    """How many of the first ``n`` chunk forwards ran on each chunk."""
+    groups = -(-m // p)
+    full = (groups - 1) * p * v
+    if n <= full:
+        rounds, rem = divmod(n, p * v)
+        return [rounds * p + min(max(rem - c * p, 0), p) for c in range(v)]
+    last = m - (groups - 1) * p
+    return [(groups - 1) * p + min(max(n - full - c * last, 0), last) for c in range(v)]
+
+
 @dataclass(frozen=True)
 class InFlight:
     """What a stage holds at its heaviest moment of the schedule."""
@@ -138,11 +149,8 @@ def in_flight(sh: Shape, stage: int, weights: tuple[int, ...]) -> InFlight:
     total = m * v
     w = warmup_forwards(sh, stage)
     held = min(w + 1, total)
-    counts = [0] * v
-    for k in range(held):
-        counts[_forward_chunk(k, p, v, m)] += 1
-    last_fwd = held - 1
-    best = (tuple(counts), _forward_chunk(last_fwd, p, v, m), v - 1 - _forward_chunk(0, p, v, m))
+    counts = _forward_counts(held, p, v, m)
+    best = (tuple(counts), _forward_chunk(held - 1, p, v, m), v - 1 - _forward_chunk(0, p, v, m))
     if held == total or len(set(weights)) == 1:
         return InFlight(*best)
     load = top = sum(c * x for c, x in zip(counts, weights, strict=True))
