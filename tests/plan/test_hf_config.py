@@ -227,3 +227,28 @@ def test_bad_configs(tmp_path: Path, content: str, message: str) -> None:
         read_hf_config(path)
     assert message in str(err.value)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["gpt2", "phi-2", "gemma-2b", "gpt-neox-20b", "llama-3.1-8b", "falcon-7b-legacy",
+             "opt-350m"]
+)
+def test_hidden_act_is_the_activation_transformers_builds(name: str) -> None:
+    """model.hidden_act names the exact kernel (activation memory depends on it): the
+    module the MLP is built with is the one ACT2FN gives for that name — also where
+    transformers rewrote the file's value (Gemma's legacy "gelu" runs the tanh form)."""
+    from transformers.activations import ACT2FN
+
+    path = FIXTURES / f"{name}.json"
+    act = _model(path)["hidden_act"]
+    raw = json.loads(path.read_text())
+    from sapper.plan.hf_config import _normalize, _parse
+
+    model_type, kwargs = _normalize(raw, str(path))
+    cfg = _parse(model_type, kwargs, raw, str(path))
+    with torch.device("meta"), quiet_transformers():
+        model = AutoModelForCausalLM.from_config(cfg)
+    built = {type(m) for m in model.modules()}
+    assert type(ACT2FN[act]) in built
+    # the key the file states it with, or its family's default
+    assert read_hf_config(path).origin["model.hidden_act"] in (*raw, "model_type")

@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from sapper.memory.inputs import Shape, shape_from_plan
 from sapper.memory.phases import CATEGORIES, StagePeak, stage_peaks
+from sapper.memory.pipeline import peak_candidates
 from sapper.memory.units import GIB
 from sapper.plan.hardware import find_gpu
 from sapper.plan.schema import Plan
@@ -32,12 +33,19 @@ class MemoryOptions:
     several GPUs. ``fragmentation``: the caching allocator's reserved-but-free share on
     top of the live tensors (5%). ``device``: ``cuda`` (bool dropout masks, GPU
     attention kernels) or ``cpu`` (the CPU kernels, for comparing with a CPU run).
+    ``worst_only``: evaluate only the pipeline stages that can hold the peak (the first,
+    the last, and any stage with more layers than every stage before it: see
+    :func:`~sapper.memory.pipeline.peak_candidates`). The peak, its stage and breakdown,
+    the fit and the offload needs are the same as with every stage; ``stages`` then lists
+    only those evaluated. A layout search uses it: the cost no longer grows with the
+    pipeline depth.
     """
 
     context_bytes: int = int(0.75 * GIB)
     nccl_bytes: int = int(0.25 * GIB)
     fragmentation: float = 0.05
     device: str = "cuda"
+    worst_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class MemoryEstimate:
 
     peak_bytes: int  # per GPU, overheads included: compare with the GPU's memory
     tensor_peak_bytes: int  # live tensor bytes only (torch.cuda.max_memory_allocated)
-    stages: list[StageMemory]
+    stages: list[StageMemory]  # every stage (only the candidates with ``worst_only``)
     breakdown: dict[str, int]  # categories of the worst stage at its peak
     peak_stage: int
     peak_phase: str
@@ -148,7 +156,8 @@ def estimate_shape(
     sh: Shape, gpu_bytes: int | None, gpus_per_node: int, opts: MemoryOptions
 ) -> MemoryEstimate:
     """The estimate of an already-read :class:`Shape` (what-if variants reuse this)."""
-    stages = [_stage_memory(sh, sp, opts) for sp in stage_peaks(sh, opts.device)]
+    which = peak_candidates(sh) if opts.worst_only else None
+    stages = [_stage_memory(sh, sp, opts) for sp in stage_peaks(sh, opts.device, which)]
     worst = max(stages, key=lambda s: s.peak_bytes)
     fits = headroom = None
     if gpu_bytes is not None:

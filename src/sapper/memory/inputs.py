@@ -89,6 +89,8 @@ class Shape:
     ckpt_every: int
     vpp: int
     schedule: str
+    first_layers: int | None  # blocks on the first pipeline stage (None: an even split)
+    last_layers: int | None  # blocks on the last pipeline stage (None: an even split)
     # numerics and optimizer
     recipe: Recipe
     optimizer: str
@@ -193,7 +195,12 @@ def shape_from_plan(plan: Plan) -> Shape:
     micro = _need(b.micro_batch_size, "batch.micro_batch_size", "sequences per GPU")
     seq = _need(b.seq_len, "batch.seq_len", "tokens per sequence")
     par = plan.parallel
-    if par.pp * par.virtual_pipeline_stages > layers:
+    explicit = par.pp > 1 and (
+        par.first_stage_layers is not None or par.last_stage_layers is not None
+    )
+    if par.pp > layers or (not explicit and par.pp * par.virtual_pipeline_stages > layers):
+        # (explicit first/last counts may leave a chunk with no block: Llama 3's first
+        # chunk holds only the embedding)
         raise InputError(
             f"pp {par.pp} × virtual stages {par.virtual_pipeline_stages} exceeds the "
             f"{layers} layers",
@@ -213,7 +220,7 @@ def shape_from_plan(plan: Plan) -> Shape:
     if m.position_encoding.value == "learned":
         positions = m.max_position_embeddings or seq
     ffn = m.ffn_size
-    return Shape(
+    shape = Shape(
         hidden=hidden,
         layers=layers,
         heads=heads,
@@ -252,6 +259,8 @@ def shape_from_plan(plan: Plan) -> Shape:
         ckpt_every=par.checkpointing.every_k_layers,
         vpp=par.virtual_pipeline_stages,
         schedule=par.pipeline_schedule,
+        first_layers=par.first_stage_layers if explicit else None,
+        last_layers=par.last_stage_layers if explicit else None,
         recipe=_recipe(plan),
         optimizer=plan.optimizer.type.replace("_", "").replace("-", ""),
         momentum=plan.optimizer.momentum,
@@ -260,3 +269,7 @@ def shape_from_plan(plan: Plan) -> Shape:
         foreach=not plan.optimizer.fused,
         fused=plan.optimizer.fused,
     )
+    from sapper.memory.pipeline import layers_per_stage
+
+    layers_per_stage(shape)  # an explicit first/last split that cannot work raises here
+    return shape

@@ -19,14 +19,15 @@ keeps them in preallocated buffers (ZeRO, Megatron); otherwise ``zero_grad`` fre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sapper.memory.activations import BlockActivations, block_activations, embedding_saved
 from sapper.memory.inputs import Shape
-from sapper.memory.pipeline import in_flight
+from sapper.memory.pipeline import chunk_layers, in_flight
 from sapper.memory.states import (
     ParamCount,
     block_params,
-    layers_per_stage,
+    stage_param_count,
     stage_params,
     stage_states,
 )
@@ -68,27 +69,57 @@ def _cats(params: int, opt: int, grads: int, acts: int, tmp: int) -> dict[str, i
     }
 
 
-def _ckpt_mask(sh: Shape, n_layers: int) -> list[bool]:
-    """Which blocks of a stage are fully checkpointed (one block in ``ckpt_every``)."""
-    if sh.ckpt != "full":
-        return [False] * n_layers
-    return [j % sh.ckpt_every == 0 for j in range(n_layers)]
+@dataclass(frozen=True)
+class _Blocks:
+    """The blocks of one model chunk, for one checkpointing setting."""
+
+    ck: tuple[bool, ...]  # fully checkpointed blocks (one in ``ckpt_every``)
+    kept: tuple[int, ...]  # bytes each block keeps for backward
+    total: int  # all of them
+    prefix: tuple[int, ...]  # kept by the blocks before j
+    plain_after: tuple[int, ...]  # non-checkpointed blocks after j
+    #: Blocks are identical, so within each kind (checkpointed or not) a backward
+    #: moment's total is linear in the block's index: its first and last bound the rest.
+    candidates: tuple[int, ...]
 
 
-def _stage(
-    sh: Shape, i: int, n_layers: int, pc: ParamCount, blk: BlockActivations
-) -> StagePeak:
+@lru_cache(maxsize=4096)
+def _blocks(n: int, every: int, boundary: int, other: int) -> _Blocks:
+    """``every``: one block in ``every`` is fully checkpointed (0: none)."""
+    ck = tuple(bool(every) and j % every == 0 for j in range(n))
+    kept = tuple(boundary if c else other for c in ck)
+    prefix = [0]
+    for k_j in kept:
+        prefix.append(prefix[-1] + k_j)
+    plain_after = [0] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        plain_after[j] = plain_after[j + 1] + (not ck[j])
+    cands: set[int] = set()
+    for kind in (True, False):
+        idx = [j for j in range(n) if ck[j] == kind]
+        if idx:
+            cands.update((idx[0], idx[-1]))
+    return _Blocks(ck, kept, prefix[-1], tuple(prefix), tuple(plain_after), tuple(sorted(cands)))
+
+
+def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePeak:
     st = stage_states(sh, pc)
-    ck = _ckpt_mask(sh, n_layers)
-    other = blk.selective if sh.ckpt == "selective" else blk.saved
-    kept = [blk.boundary if c else other for c in ck]
+    chunks = chunk_layers(sh, i)
+    v = len(chunks)
     first, last = i == 0, i == sh.pp - 1
     head = head_cost(sh) if last else None
     emb = embedding_saved(sh) if first else 0
-    total_kept = sum(kept)
-    head_saved = head.saved if head else 0
-    k = in_flight(sh, i)
-    older = int((k - 1) * (total_kept + emb + head_saved))  # other micro-batches in flight
+    other = blk.selective if sh.ckpt == "selective" else blk.saved
+    every = sh.ckpt_every if sh.ckpt == "full" else 0
+    blocks = [_blocks(n, every, blk.boundary, other) for n in chunks]
+    weights = tuple(
+        b.total + (emb if c == 0 else 0) + (head.saved if head is not None and c == v - 1 else 0)
+        for c, b in enumerate(blocks)
+    )
+    flight = in_flight(sh, i, weights)
+    held = sum(k * w for k, w in zip(flight.counts, weights, strict=True))
+
+    n_stage = sum(chunks)
     persistent_grads = (
         sh.micro_batches > 1 or sh.pp > 1 or sh.zero >= 1 or sh.impl == "megatron"
     )
@@ -99,12 +130,16 @@ def _stage(
 
     # forward: what this micro-batch kept, plus the last block running (its own bytes at
     # their peak) or, on the last stage, the loss running
-    acts_now = total_kept + emb + _held_mask(sh)
+    c = flight.fwd_chunk
+    bf, older = blocks[c], held - weights[c]
+    ck, kept = bf.ck, bf.kept
+    hd = head if c == v - 1 else None
+    acts_now = bf.total + (emb if c == 0 else 0) + _held_mask(sh)
     running = (blk.fwd_ckpt if ck[-1] else blk.fwd_extra) if kept else 0
     fwd = (g_fwd, older + acts_now - (kept[-1] if kept else 0) + running, casts + comm_keep)
-    if head is not None:
-        at_loss = (g_fwd, older + acts_now + head_saved,
-                   head.fwd_peak - head_saved + casts + comm_keep)
+    if hd is not None:
+        at_loss = (g_fwd, older + acts_now + hd.saved,
+                   hd.fwd_peak - hd.saved + casts + comm_keep)
         if sum(at_loss) >= sum(fwd):
             fwd = at_loss
 
@@ -112,32 +147,26 @@ def _stage(
     # block from the last (its gradients appear, its activations go), then the embedding.
     # After the forward, autocast's cache is gone: only casts saved by non-checkpointed
     # blocks (and the head) stay; a checkpointed block casts again while it recomputes.
+    c = flight.bwd_chunk
+    bb, older = blocks[c], held - weights[c]
+    ck, kept = bb.ck, bb.kept
+    hd = head if c == v - 1 else None
+    emb_now = emb if c == 0 else 0
+    n_layers = len(kept)
+    acts_now = bb.total + emb_now + _held_mask(sh)
     cast_block = weight_casts(sh, block_params(sh), False)
     casts_bwd = casts - cast_block * sum(ck)
     g_block = min(int(block_params(sh).total * sh.recipe.grad), st.grads_full)
-    head_grads = max(st.grads_full - g_block * n_layers - (_emb_grads(sh) if first else 0), 0)
+    head_grads = max(st.grads_full - g_block * n_stage - (_emb_grads(sh) if first else 0), 0)
     moments: list[tuple[int, int, int]] = []
-    if head is not None:
-        moments.append((g_fwd, older + acts_now + head_saved,
-                        head.bwd_peak - head_saved + casts_bwd + comm_keep))
-    # Blocks are identical, so within each kind (checkpointed or not) a moment's total
-    # is linear in the block's index: its first and last block bound the rest.
-    prefix = [0]
-    for k_j in kept:
-        prefix.append(prefix[-1] + k_j)
-    plain_after = [0] * (n_layers + 1)  # non-checkpointed blocks after j
-    for j in range(n_layers - 1, -1, -1):
-        plain_after[j] = plain_after[j + 1] + (not ck[j])
-    candidates: set[int] = set()
-    for kind in (True, False):
-        idx = [j for j in range(n_layers) if ck[j] == kind]
-        if idx:
-            candidates.update((idx[0], idx[-1]))
-    const = acts_now - total_kept  # embedding and held mask, kept throughout
-    for j in candidates:
+    if hd is not None:
+        moments.append((g_fwd, older + acts_now + hd.saved,
+                        hd.bwd_peak - hd.saved + casts_bwd + comm_keep))
+    const = acts_now - bb.total  # embedding and held mask, kept throughout
+    for j in bb.candidates:
         done = n_layers - 1 - j
-        casts_j = casts_bwd - cast_block * plain_after[j + 1]
-        below = prefix[j] + const  # blocks before j (and the embedding)
+        casts_j = casts_bwd - cast_block * bb.plain_after[j + 1]
+        below = bb.prefix[j] + const  # blocks before j (and the embedding)
         if ck[j]:
             casts_j += cast_block  # the recompute casts its weights again
             if not blk.input_in_saved:
@@ -148,8 +177,8 @@ def _stage(
                 head_grads + g_block * done + int(g_block * share)
             )
             moments.append((grads, older + below + alive, tmp))
-    end_tmp = _emb_grads(sh) if (first and sh.tied and sh.pp == 1) else 0
-    moments.append((st.grads, older + emb, end_tmp + comm_keep + comm_bwd))
+    end_tmp = _emb_grads(sh) if (emb_now and sh.tied and sh.pp == 1) else 0
+    moments.append((st.grads, older + emb_now, end_tmp + comm_keep + comm_bwd))
     bwd = max(moments, key=sum)
 
     opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
@@ -163,10 +192,15 @@ def _stage(
     }
     totals = {"forward": sum(fwd), "backward": sum(bwd), "optimizer": sum(opt)}
     peak_phase = max(totals, key=lambda ph: totals[ph])
+    # micro-batches of whole-stage activations held (chunks weighted by their blocks)
+    if n_stage:
+        equiv = sum(k * n for k, n in zip(flight.counts, chunks, strict=True)) / n_stage
+    else:
+        equiv = float(sum(flight.counts))
     return StagePeak(
         stage=i,
-        layers=n_layers,
-        in_flight=k,
+        layers=n_stage,
+        in_flight=equiv,
         param_count=pc.total,
         phases=phases,
         host_bytes=st.host,
@@ -198,9 +232,13 @@ def _opt_elements(sh: Shape, pc: ParamCount) -> int:
     return pc.total
 
 
-def stage_peaks(sh: Shape, device: str = "cuda") -> list[StagePeak]:
-    """Every pipeline stage's phases (stages differ: the first holds more micro-batches
-    under 1F1B and the embeddings, the last the head and the loss)."""
-    counts = stage_params(sh)
+def stage_peaks(
+    sh: Shape, device: str = "cuda", stages: tuple[int, ...] | None = None
+) -> list[StagePeak]:
+    """The phases of every pipeline stage, or of ``stages`` only (stages differ: the first
+    holds more micro-batches under 1F1B and the embeddings, the last the head and the
+    loss; :func:`~sapper.memory.pipeline.peak_candidates` names those that can peak)."""
     blk = block_activations(sh, device)
-    return [_stage(sh, i, n, counts[i], blk) for i, n in enumerate(layers_per_stage(sh))]
+    if stages is None or len(stages) == sh.pp:
+        return [_stage(sh, i, pc, blk) for i, pc in enumerate(stage_params(sh))]
+    return [_stage(sh, i, stage_param_count(sh, i), blk) for i in stages]

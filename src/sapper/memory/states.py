@@ -15,8 +15,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sapper.memory.inputs import Shape
+from sapper.memory.pipeline import layers_per_stage
 
-__all__ = ["ParamCount", "StageStates", "block_params", "stage_params", "stage_states"]
+__all__ = [
+    "ParamCount",
+    "StageStates",
+    "block_params",
+    "stage_param_count",
+    "stage_params",
+    "stage_states",
+]
 
 
 def _div(n: int, k: int) -> int:
@@ -112,43 +120,38 @@ def _head(sh: Shape, shares_embedding: bool) -> ParamCount:
     return final_norm + _matrix(_div(sh.vocab, sh.tp), sh.hidden)
 
 
-def layers_per_stage(sh: Shape) -> list[int]:
-    """Blocks on each pipeline stage (all chunks of a stage together); the first stages
-    take one more when the split does not divide."""
-    base, extra = divmod(sh.layers, sh.pp)
-    return [base + (1 if i < extra else 0) for i in range(sh.pp)]
-
-
-@lru_cache(maxsize=512)
-def stage_params(sh: Shape) -> tuple[ParamCount, ...]:
-    """Parameters on one GPU of each pipeline stage."""
-    block = block_params(sh)
-    out = []
-    for i, n in enumerate(layers_per_stage(sh)):
-        pc = block.times(n)
-        if i == 0:
-            pc += _embedding(sh)
-        if i == sh.pp - 1:
-            # A tied head shares the embedding when both live on the same stage; with
-            # pp > 1 the last stage keeps its own copy (synchronised by an all-reduce).
-            pc += _head(sh, shares_embedding=sh.tied and sh.pp == 1)
-        out.append(pc)
+def _stage_count(sh: Shape, i: int, n: int) -> ParamCount:
+    pc = block_params(sh).times(n)
+    if i == 0:
+        pc += _embedding(sh)
+    if i == sh.pp - 1:
+        # A tied head shares the embedding when both live on the same stage; with
+        # pp > 1 the last stage keeps its own copy (synchronised by an all-reduce).
+        pc += _head(sh, shares_embedding=sh.tied and sh.pp == 1)
     if sh.num_params:
         # A loader knew the exact count: keep the split, scale to the exact total.
         total = sum(_full_model(sh))
         if total:
             f = sh.num_params / total
-            out = [
-                ParamCount(
-                    round(p.dense * f),
-                    round(p.expert * f),
-                    round(p.matmul * f),
-                    round(p.factored * f),
-                    p.largest,
-                )
-                for p in out
-            ]
-    return tuple(out)
+            pc = ParamCount(
+                round(pc.dense * f),
+                round(pc.expert * f),
+                round(pc.matmul * f),
+                round(pc.factored * f),
+                pc.largest,
+            )
+    return pc
+
+
+def stage_param_count(sh: Shape, i: int) -> ParamCount:
+    """Parameters on one GPU of pipeline stage ``i``."""
+    return _stage_count(sh, i, layers_per_stage(sh)[i])
+
+
+@lru_cache(maxsize=512)
+def stage_params(sh: Shape) -> tuple[ParamCount, ...]:
+    """Parameters on one GPU of each pipeline stage."""
+    return tuple(_stage_count(sh, i, n) for i, n in enumerate(layers_per_stage(sh)))
 
 
 @lru_cache(maxsize=512)

@@ -52,11 +52,12 @@ def _divisors(n: int) -> list[int]:
 
 def default_memory_check(plan: Plan) -> tuple[bool, float, int | None, float]:
     """Fit by the memory model: (fits, peak GiB, the stage of the peak, the activations
-    GiB at the peak); a plan it rejects as impossible does not fit."""
-    from sapper.memory import estimate
+    GiB at the peak); a plan it rejects as impossible does not fit. Only the stages that
+    can hold the peak are evaluated (the same peak, at a cost that does not grow with PP)."""
+    from sapper.memory import MemoryOptions, estimate
 
     try:
-        est = estimate(plan)
+        est = estimate(plan, MemoryOptions(worst_only=True))
     except InputError:
         return False, math.inf, None, 0.0
     acts = est.breakdown.get("activations", 0) / _GIB

@@ -87,6 +87,7 @@ _ORIGIN: dict[str, tuple[str, ...]] = {
     "head_dim": ("head_dim",),
     "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
     "activation": ("hidden_act", "activation_function", "activation", "hidden_activation"),
+    "hidden_act": ("hidden_activation", "hidden_act", "activation_function", "activation"),
     "vocab_size": ("vocab_size",),
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "seq_length"),
     "rope_theta": ("rope_theta", "rope_parameters", "rotary_emb_base"),
@@ -118,6 +119,7 @@ def read_hf_config(path: str | Path) -> PlanSource:
     cfg = _parse(model_type, kwargs, raw, file)
     family = _describe(cfg, model_type)
     _add_positions(family, cfg, raw)
+    family.model["hidden_act"] = _hidden_act(cfg)
     dropout = dropout_of(cfg)
     if dropout is not None and dropout < 1:
         family.model["dropout"] = dropout
@@ -275,6 +277,20 @@ def _describe(cfg: Any, model_type: str) -> Family:
         )
         family.model["activation"] = activation(act_name, gated=gated)
     return family
+
+
+def _hidden_act(cfg: Any) -> str | None:
+    """The exact activation name the model's MLP is built with, as transformers resolved
+    it (Gemma's legacy ``gelu`` becomes ``gelu_pytorch_tanh``): ``gelu_new`` keeps several
+    width-sized tensors for backward where a fused ``gelu`` keeps one, so activation memory
+    depends on it. Gemma 2 and later read ``hidden_activation``; GPT-2, OPT and GPT-J
+    ``activation_function``; Falcon ``activation``. None when the family hard-codes it."""
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for attr in _ORIGIN["hidden_act"]:
+        value = getattr(text_cfg, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _add_positions(family: Family, cfg: Any, raw: dict[str, Any]) -> None:
