@@ -373,7 +373,10 @@ class Monitor:
         if loss is None:
             return
         b.add_f("model_loss", loss)
-        if loss.requires_grad:
+        # The weight each micro-batch loss enters backward with (GA normalisation) is
+        # measured on the first steps and on sampled steps: a loop's normalisation does
+        # not change from step to step.
+        if loss.requires_grad and (self.next_step < 8 or self._sampled(self.next_step)):
             loss.register_hook(self._on_loss_grad)
 
     def _on_loss_grad(self, grad: torch.Tensor) -> None:
