@@ -323,3 +323,25 @@ def test_state_dict_round_trip() -> None:
     for a, b in zip(dets, fresh, strict=True):
         b.load_state_dict(a.state_dict())
     assert _warn({f.code for f in DetectorSet(fresh).run(stream[30:])}) == set()
+
+
+def test_plan_sets_position_limit_and_declared_norm_placement() -> None:
+    plan = Plan.model_validate(
+        {
+            "model": {
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_heads": 2,
+                "vocab_size": 256,
+                "max_position_embeddings": 1024,
+                "norm_placement": "post",
+            }
+        }
+    )
+    stream = [
+        StepRecord(step=0, extra={"norm_placement": "pre", "num_blocks": 2}),
+        StepRecord(step=1, extra={"max_position": 1500}),
+    ]
+    found = {f.code: f for f in DetectorSet(default_detectors(plan)).run(stream)}
+    assert found["R090"].threshold == 1023
+    assert found["R102"].severity.value == "warning" and "declares post" in found["R102"].message

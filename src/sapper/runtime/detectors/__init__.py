@@ -95,7 +95,8 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
     model = plan.model
     if model is not None:
         rope = model.position_encoding == PositionEncoding.ROPE
-        limit = model.trained_context if rope else model.max_position_embeddings
+        # The declared context (a RoPE extension raises it on purpose), else the trained one.
+        limit = model.max_position_embeddings or model.trained_context
         if limit and model.position_encoding in (PositionEncoding.ROPE, PositionEncoding.LEARNED):
             opts["position"] = {"limit": limit, "kind": "rope" if rope else "learned"}
         if "norm_placement" in model.model_fields_set:
