@@ -173,8 +173,7 @@ def check_fits(plan: Plan) -> Iterator[Finding]:
         yield DOES_NOT_FIT.finding(
             f"estimated peak {fmt_bytes(est.peak_bytes)} per GPU (stage {est.peak_stage}, "
             f"{est.peak_phase}) > {fmt_bytes(gpu)} on {plan.gpu.name}; dominant part: "
-            f"{v.dominant_part} ({v.dominant} {fmt_bytes(est.breakdown[v.dominant])})"
-            + hint,
+            f"{v.dominant_part} ({v.dominant} {fmt_bytes(est.breakdown[v.dominant])})" + hint,
             fix=(
                 f"{first.name} (peak {fmt_bytes(first.peak_bytes)}); see `sapper memory`"
                 if first
@@ -218,8 +217,9 @@ def check_host_memory(plan: Plan) -> Iterator[Finding]:
 @plan_check(ZERO3_UNNEEDED, OFFLOAD_UNNEEDED)
 def check_sharding_choice(plan: Plan) -> Iterator[Finding]:
     par = plan.parallel
-    if plan.gpu is None or (par.zero_stage < 3 and par.offload_optimizer == "none"
-                            and par.offload_params == "none"):
+    if plan.gpu is None or (
+        par.zero_stage < 3 and par.offload_optimizer == "none" and par.offload_params == "none"
+    ):
         return
     try:
         sh = shape_from_plan(plan)

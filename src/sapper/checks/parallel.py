@@ -355,8 +355,13 @@ def layout_constraints(plan: Plan) -> Iterator[Finding]:
 
 def _predict(plan: Plan) -> StepCost | None:
     """The plan's predicted step, when it is complete and its layout has no error."""
-    needed = (plan.model, plan.gpu, plan.hardware.total_gpus, plan.batch.seq_len,
-              plan.batch.micro_batch_size)
+    needed = (
+        plan.model,
+        plan.gpu,
+        plan.hardware.total_gpus,
+        plan.batch.seq_len,
+        plan.batch.micro_batch_size,
+    )
     if any(x is None for x in needed) or Layout.from_plan(plan) is None:
         return None
     if any(i.severity == Severity.ERROR for i in validate(plan)):
@@ -368,9 +373,7 @@ def _predict(plan: Plan) -> StepCost | None:
 
 
 def _shares(cost: StepCost) -> str:
-    return ", ".join(
-        f"{LABELS[k]} {100 * v:.0f}%" for k, v in cost.shares().items() if v >= 0.005
-    )
+    return ", ".join(f"{LABELS[k]} {100 * v:.0f}%" for k, v in cost.shares().items() if v >= 0.005)
 
 
 @plan_check(COMM_BOUND, STEP_PREDICTION)

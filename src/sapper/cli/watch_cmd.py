@@ -63,8 +63,11 @@ def watch(
         "log to appear); 0 never stops.",
     ),
     view: str = typer.Option(
-        "auto", "--format", "-f", help="Output: auto (live on a terminal, else plain), "
-        "live, plain (one line per event) or json (JSON lines)."
+        "auto",
+        "--format",
+        "-f",
+        help="Output: auto (live on a terminal, else plain), "
+        "live, plain (one line per event) or json (JSON lines).",
     ),
     log_format: LogFormatOpt = None,
     mapping: MapOpt = None,

@@ -168,7 +168,8 @@ def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
         checkpoints = sorted(
             (int(m.group(1)), p)
             for p in path.iterdir()
-            if p.is_dir() and (m := _CHECKPOINT.search(p.name))
+            if p.is_dir()
+            and (m := _CHECKPOINT.search(p.name))
             and (p / "trainer_state.json").is_file()
         )
         if checkpoints:

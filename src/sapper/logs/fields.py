@@ -88,64 +88,240 @@ def normalize_name(name: str) -> str:
 _TRAIN_PREFIXES = ("train_", "training_")
 _EVAL_NAMESPACE = re.compile(r"(^|[/_])(eval|evaluation|val|valid|validation|dev)($|[/_])")
 
-_add("loss", 1.0, "loss", "lm loss", "lm_loss", "train_loss", "training_loss", "step loss",
-     "loss/train", "global_avg_loss", "loss_metrics/global_avg_loss", "avg_loss", "total_loss",
-     "train/lm loss", "reduced_train_loss", "train_loss_step", "loss_step")
-_add("eval_loss", 1.0, "eval_loss", "eval/loss", "val_loss", "val/loss", "valid_loss",
-     "valid/loss", "validation_loss", "validation/loss", "loss/val", "loss/eval",
-     "lm loss validation", "lm_loss_validation", "val_loss_epoch", "eval/lm loss",
-     "validation/lm loss", "eval_lm_loss")
-_add("grad_norm", 1.0, "grad_norm", "grad-norm", "grad norm", "gradient_norm", "grad_norm_total",
-     "grad_2.0_norm_total", "total_grad_norm", "global_grad_norm", "gradnorm", "grad_l2_norm",
-     "optim/grad_norm")
-_add("clip_threshold", 1.0, "max_grad_norm", "clip_threshold", "grad_clip", "clip_grad",
-     "max_norm")
-_add("lr", 1.0, "lr", "learning_rate", "learning-rate", "learning rate", "lr-adamw", "lr-adam",
-     "lr-sgd", "lr_adamw", "lr/group_0", "lr/pg0", "lr-adamw/pg1", "learning_rate/group_0",
-     "optimizer/lr", "lr_0", "current_lr")
-_add("loss_scale", 1.0, "loss_scale", "loss-scale", "loss scale", "grad_scale", "scaler/scale",
-     "amp/loss_scale", "loss_scaler")
+_add(
+    "loss",
+    1.0,
+    "loss",
+    "lm loss",
+    "lm_loss",
+    "train_loss",
+    "training_loss",
+    "step loss",
+    "loss/train",
+    "global_avg_loss",
+    "loss_metrics/global_avg_loss",
+    "avg_loss",
+    "total_loss",
+    "train/lm loss",
+    "reduced_train_loss",
+    "train_loss_step",
+    "loss_step",
+)
+_add(
+    "eval_loss",
+    1.0,
+    "eval_loss",
+    "eval/loss",
+    "val_loss",
+    "val/loss",
+    "valid_loss",
+    "valid/loss",
+    "validation_loss",
+    "validation/loss",
+    "loss/val",
+    "loss/eval",
+    "lm loss validation",
+    "lm_loss_validation",
+    "val_loss_epoch",
+    "eval/lm loss",
+    "validation/lm loss",
+    "eval_lm_loss",
+)
+_add(
+    "grad_norm",
+    1.0,
+    "grad_norm",
+    "grad-norm",
+    "grad norm",
+    "gradient_norm",
+    "grad_norm_total",
+    "grad_2.0_norm_total",
+    "total_grad_norm",
+    "global_grad_norm",
+    "gradnorm",
+    "grad_l2_norm",
+    "optim/grad_norm",
+)
+_add("clip_threshold", 1.0, "max_grad_norm", "clip_threshold", "grad_clip", "clip_grad", "max_norm")
+_add(
+    "lr",
+    1.0,
+    "lr",
+    "learning_rate",
+    "learning-rate",
+    "learning rate",
+    "lr-adamw",
+    "lr-adam",
+    "lr-sgd",
+    "lr_adamw",
+    "lr/group_0",
+    "lr/pg0",
+    "lr-adamw/pg1",
+    "learning_rate/group_0",
+    "optimizer/lr",
+    "lr_0",
+    "current_lr",
+)
+_add(
+    "loss_scale",
+    1.0,
+    "loss_scale",
+    "loss-scale",
+    "loss scale",
+    "grad_scale",
+    "scaler/scale",
+    "amp/loss_scale",
+    "loss_scaler",
+)
 _add("skipped", 1.0, "skipped", "skipped_step", "step_skipped", "overflow", "is_overflow")
-_add("skipped_total", 1.0, "skipped_total", "skipped_steps", "skipped_iterations",
-     "number of skipped iterations", "num_skipped", "skipped-iterations")
-_add("memory_allocated_gib", _BYTES, "mem-allocated-bytes", "memory_allocated_bytes",
-     "memory/allocated_bytes")
-_add("memory_reserved_gib", _BYTES, "mem-reserved-bytes", "memory_reserved_bytes",
-     "memory/reserved_bytes")
-_add("memory_peak_gib", _BYTES, "mem-max-allocated-bytes", "max_memory_allocated_bytes",
-     "memory/max_allocated_bytes")
-_add("memory_allocated_gib", _GIB, "memory_allocated_gib", "memory/allocated(gib)",
-     "memory_allocated", "mem_allocated", "gpu_mem_allocated", "memory/current_allocated(gib)",
-     "memory_allocated_gb", "gpu_memory_allocated_gb", "memory/allocated")
-_add("memory_reserved_gib", _GIB, "memory_reserved_gib", "memory/reserved(gib)",
-     "memory_reserved", "mem_reserved", "memory_reserved_gb", "memory/max_reserved(gib)",
-     "memory/reserved", "gpu_memory_reserved_gb")
-_add("memory_peak_gib", _GIB, "memory_peak_gib", "memory/max_active(gib)", "max_memory_allocated",
-     "peak_memory", "peak_memory_gb", "memory/peak", "max_memory_allocated_gb",
-     "gpu_mem_peak", "memory/max_allocated(gib)", "mem_peak_gb")
+_add(
+    "skipped_total",
+    1.0,
+    "skipped_total",
+    "skipped_steps",
+    "skipped_iterations",
+    "number of skipped iterations",
+    "num_skipped",
+    "skipped-iterations",
+)
+_add(
+    "memory_allocated_gib",
+    _BYTES,
+    "mem-allocated-bytes",
+    "memory_allocated_bytes",
+    "memory/allocated_bytes",
+)
+_add(
+    "memory_reserved_gib",
+    _BYTES,
+    "mem-reserved-bytes",
+    "memory_reserved_bytes",
+    "memory/reserved_bytes",
+)
+_add(
+    "memory_peak_gib",
+    _BYTES,
+    "mem-max-allocated-bytes",
+    "max_memory_allocated_bytes",
+    "memory/max_allocated_bytes",
+)
+_add(
+    "memory_allocated_gib",
+    _GIB,
+    "memory_allocated_gib",
+    "memory/allocated(gib)",
+    "memory_allocated",
+    "mem_allocated",
+    "gpu_mem_allocated",
+    "memory/current_allocated(gib)",
+    "memory_allocated_gb",
+    "gpu_memory_allocated_gb",
+    "memory/allocated",
+)
+_add(
+    "memory_reserved_gib",
+    _GIB,
+    "memory_reserved_gib",
+    "memory/reserved(gib)",
+    "memory_reserved",
+    "mem_reserved",
+    "memory_reserved_gb",
+    "memory/max_reserved(gib)",
+    "memory/reserved",
+    "gpu_memory_reserved_gb",
+)
+_add(
+    "memory_peak_gib",
+    _GIB,
+    "memory_peak_gib",
+    "memory/max_active(gib)",
+    "max_memory_allocated",
+    "peak_memory",
+    "peak_memory_gb",
+    "memory/peak",
+    "max_memory_allocated_gb",
+    "gpu_mem_peak",
+    "memory/max_allocated(gib)",
+    "mem_peak_gb",
+)
 _add("memory_allocated_gib", _MIB, "memory_allocated_mb", "mem_allocated_mb", "allocated_mb")
-_add("memory_peak_gib", _MIB, "max_memory_allocated_mb", "peak_memory_mb", "memory_mb",
-     "max_allocated_mb")
+_add(
+    "memory_peak_gib",
+    _MIB,
+    "max_memory_allocated_mb",
+    "peak_memory_mb",
+    "memory_mb",
+    "max_allocated_mb",
+)
 _add("memory_reserved_gib", _MIB, "memory_reserved_mb", "reserved_mb", "max_reserved_mb")
 _add("memory_limit_gib", _GIB, "memory_limit_gib", "memory/limit(gib)", "memory_total_gb")
 _add("rss_gib", _GIB, "rss_gib", "rss_gb", "memory/rss(gib)")
-_add("step_time_s", 1.0, "step_time_s", "step_time", "iteration-time", "iteration_time",
-     "time/step", "time_per_step", "train_step_time", "time_metrics/end_to_end(s)",
-     "elapsed time per iteration (s)", "sec_per_step", "batch_time", "iter_time")
-_add("step_time_s", 1e-3, "step_time_ms", "elapsed time per iteration (ms)", "iteration_time_ms",
-     "time/step_ms", "dt_ms")
-_add("data_time_s", 1.0, "data_time_s", "data_time", "data_loading_time",
-     "time_metrics/data_loading(s)", "dataloader_time")
+_add(
+    "step_time_s",
+    1.0,
+    "step_time_s",
+    "step_time",
+    "iteration-time",
+    "iteration_time",
+    "time/step",
+    "time_per_step",
+    "train_step_time",
+    "time_metrics/end_to_end(s)",
+    "elapsed time per iteration (s)",
+    "sec_per_step",
+    "batch_time",
+    "iter_time",
+)
+_add(
+    "step_time_s",
+    1e-3,
+    "step_time_ms",
+    "elapsed time per iteration (ms)",
+    "iteration_time_ms",
+    "time/step_ms",
+    "dt_ms",
+)
+_add(
+    "data_time_s",
+    1.0,
+    "data_time_s",
+    "data_time",
+    "data_loading_time",
+    "time_metrics/data_loading(s)",
+    "dataloader_time",
+)
 _add("data_time_s", 1e-3, "data_time_ms")
 _add("tokens", 1.0, "tokens", "tokens_per_step", "num_tokens", "ntokens")
-_add("samples", 1.0, "samples", "batch_size", "global batch size", "global_batch_size",
-     "batch-size")
-_add("tokens_per_s", 1.0, "tokens_per_s", "tokens_per_sec", "tokens_per_second", "tokens/s",
-     "tok/s", "tps", "throughput(tps)", "throughput/tokens_per_sec", "train_tokens_per_second",
-     "throughput_tokens", "wps")
-_add("samples_per_s", 1.0, "samples_per_s", "samples_per_sec", "samples_per_second", "samples/s",
-     "train_samples_per_second", "samples per second", "throughput/samples_per_sec",
-     "throughput_samples")
+_add(
+    "samples", 1.0, "samples", "batch_size", "global batch size", "global_batch_size", "batch-size"
+)
+_add(
+    "tokens_per_s",
+    1.0,
+    "tokens_per_s",
+    "tokens_per_sec",
+    "tokens_per_second",
+    "tokens/s",
+    "tok/s",
+    "tps",
+    "throughput(tps)",
+    "throughput/tokens_per_sec",
+    "train_tokens_per_second",
+    "throughput_tokens",
+    "wps",
+)
+_add(
+    "samples_per_s",
+    1.0,
+    "samples_per_s",
+    "samples_per_sec",
+    "samples_per_second",
+    "samples/s",
+    "train_samples_per_second",
+    "samples per second",
+    "throughput/samples_per_sec",
+    "throughput_samples",
+)
 _add("mfu", 1.0, "mfu")
 _add("mfu", 0.01, "mfu(%)", "mfu_percent", "mfu_pct")
 _add("time", 1.0, "time", "timestamp", "_timestamp", "wall_time", "walltime")
@@ -189,7 +365,7 @@ def canonical(name: str) -> FieldMap | None:
     if hit is None:
         for prefix in _TRAIN_PREFIXES:
             if key.startswith(prefix):
-                inner = _ALIASES.get(key[len(prefix):])
+                inner = _ALIASES.get(key[len(prefix) :])
                 if inner is not None and inner[0] != "eval_loss":
                     hit = inner
                 break

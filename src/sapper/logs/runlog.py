@@ -143,9 +143,11 @@ class RunLogParser(LogParser):
         if self._bad:
             last = self._bad[-1] == self._line
             shown = ", ".join(map(str, self._bad[:5])) + (" ..." if len(self._bad) > 5 else "")
-            what = "a torn last line (the run was still writing or crashed)" if (
-                last and len(self._bad) == 1
-            ) else f"{len(self._bad)} unreadable line(s): {shown}"
+            what = (
+                "a torn last line (the run was still writing or crashed)"
+                if (last and len(self._bad) == 1)
+                else f"{len(self._bad)} unreadable line(s): {shown}"
+            )
             self.notes.append(f"skipped {what}")
         if self._replayed:
             self.notes.append(

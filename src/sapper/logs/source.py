@@ -43,8 +43,9 @@ def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None 
         return TableParser(fmt, mapping, delimiter=delimiter, source=source)
     if fmt == "tensorboard":
         return TensorBoardParser(path, mapping)
-    raise InputError("unknown log format", field="--log-format", value=fmt,
-                     expected=" / ".join(FORMATS))
+    raise InputError(
+        "unknown log format", field="--log-format", value=fmt, expected=" / ".join(FORMATS)
+    )
 
 
 class LogSource:

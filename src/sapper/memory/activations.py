@@ -151,8 +151,9 @@ def _megatron(sh: Shape, device: str) -> BlockActivations:
     boundary = int(c * h * rep * n)
     soft = c * heads * s
     fwd_extra = int(n * max(attn + scores + (2 * soft if scores else 0), per_token + c * f))
-    fwd_ckpt = int(n * (2 * c * h * rep + max(c * (q + 2 * kv) + 2 * soft * (not flash),
-                                              3 * c * f)))
+    fwd_ckpt = int(
+        n * (2 * c * h * rep + max(c * (q + 2 * kv) + 2 * soft * (not flash), 3 * c * f))
+    )
     moments = _moments(
         sh,
         n,
@@ -221,12 +222,17 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     eager = sh.attn_impl == "eager"
     # forward: scores before softmax (matmul output, scaled copy) while the attention
     # part is kept; then the MLP's output projection output on top of everything
-    fwd_extra = int(n * max(attn + scores + (2 * c * heads * s if eager else 0),
-                            per_token + c * h))
-    fwd_ckpt = int(n * (2 * r * h * rep + max(
-        c * (q + 2 * kv) + (2 * 4 * heads * s if eager else 0),
-        (3 if (sh.gated or _act_extra(sh.act)) else 2) * c * f,
-    )))
+    fwd_extra = int(n * max(attn + scores + (2 * c * heads * s if eager else 0), per_token + c * h))
+    fwd_ckpt = int(
+        n
+        * (
+            2 * r * h * rep
+            + max(
+                c * (q + 2 * kv) + (2 * 4 * heads * s if eager else 0),
+                (3 if (sh.gated or _act_extra(sh.act)) else 2) * c * f,
+            )
+        )
+    )
     down_in = c * f  # the MLP's output projection input, freed first
     python_act = _act_extra(sh.act) > 0
     mlp_grads = (3 if (sh.gated or python_act) else 2) * c * f - down_in
@@ -254,9 +260,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         core_grads=core_grads,
     )
     shares_input = sh.norm == "layernorm" or r == 4
-    return BlockActivations(
-        saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt
-    )
+    return BlockActivations(saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt)
 
 
 @lru_cache(maxsize=512)

@@ -256,7 +256,7 @@ def shape_from_plan(plan: Plan) -> Shape:
         optimizer=plan.optimizer.type.replace("_", "").replace("-", ""),
         momentum=plan.optimizer.momentum,
         weight_decay=plan.optimizer.weight_decay,
-        family=(m.family or '').lower(),
+        family=(m.family or "").lower(),
         foreach=not plan.optimizer.fused,
         fused=plan.optimizer.fused,
     )

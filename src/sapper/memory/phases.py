@@ -75,9 +75,7 @@ def _ckpt_mask(sh: Shape, n_layers: int) -> list[bool]:
     return [j % sh.ckpt_every == 0 for j in range(n_layers)]
 
 
-def _stage(
-    sh: Shape, i: int, n_layers: int, pc: ParamCount, blk: BlockActivations
-) -> StagePeak:
+def _stage(sh: Shape, i: int, n_layers: int, pc: ParamCount, blk: BlockActivations) -> StagePeak:
     st = stage_states(sh, pc)
     ck = _ckpt_mask(sh, n_layers)
     other = blk.selective if sh.ckpt == "selective" else blk.saved
@@ -89,9 +87,7 @@ def _stage(
     head_saved = head.saved if head else 0
     k = in_flight(sh, i)
     older = int((k - 1) * (total_kept + emb + head_saved))  # other micro-batches in flight
-    persistent_grads = (
-        sh.micro_batches > 1 or sh.pp > 1 or sh.zero >= 1 or sh.impl == "megatron"
-    )
+    persistent_grads = sh.micro_batches > 1 or sh.pp > 1 or sh.zero >= 1 or sh.impl == "megatron"
     g_fwd = st.grads if persistent_grads else 0
     casts = weight_casts(sh, pc, last)
     comm_keep, comm_bwd = comm_buffers(sh, pc)
@@ -103,8 +99,11 @@ def _stage(
     running = (blk.fwd_ckpt if ck[-1] else blk.fwd_extra) if kept else 0
     fwd = (g_fwd, older + acts_now - (kept[-1] if kept else 0) + running, casts + comm_keep)
     if head is not None:
-        at_loss = (g_fwd, older + acts_now + head_saved,
-                   head.fwd_peak - head_saved + casts + comm_keep)
+        at_loss = (
+            g_fwd,
+            older + acts_now + head_saved,
+            head.fwd_peak - head_saved + casts + comm_keep,
+        )
         if sum(at_loss) >= sum(fwd):
             fwd = at_loss
 
@@ -118,8 +117,13 @@ def _stage(
     head_grads = max(st.grads_full - g_block * n_layers - (_emb_grads(sh) if first else 0), 0)
     moments: list[tuple[int, int, int]] = []
     if head is not None:
-        moments.append((g_fwd, older + acts_now + head_saved,
-                        head.bwd_peak - head_saved + casts_bwd + comm_keep))
+        moments.append(
+            (
+                g_fwd,
+                older + acts_now + head_saved,
+                head.bwd_peak - head_saved + casts_bwd + comm_keep,
+            )
+        )
     # Blocks are identical, so within each kind (checkpointed or not) a moment's total
     # is linear in the block's index: its first and last block bound the rest.
     prefix = [0]
@@ -144,8 +148,10 @@ def _stage(
                 below += kept[j]  # its input stays while it recomputes and runs backward
         tmp = casts_j + comm_bwd + comm_keep
         for alive, share in blk.moments:
-            grads = st.grads if persistent_grads else (
-                head_grads + g_block * done + int(g_block * share)
+            grads = (
+                st.grads
+                if persistent_grads
+                else (head_grads + g_block * done + int(g_block * share))
             )
             moments.append((grads, older + below + alive, tmp))
     end_tmp = _emb_grads(sh) if (first and sh.tied and sh.pp == 1) else 0

@@ -74,9 +74,7 @@ def _breakdown(est: MemoryEstimate) -> Table:
             *(fmt_bytes(s.breakdown.get(cat, 0)) for s in est.stages),
             f"{100 * share:.0f}%",
         )
-    t.add_row(
-        "[bold]peak[/]", *(f"[bold]{fmt_bytes(s.peak_bytes)}[/]" for s in est.stages), ""
-    )
+    t.add_row("[bold]peak[/]", *(f"[bold]{fmt_bytes(s.peak_bytes)}[/]" for s in est.stages), "")
     if len(est.stages) > 1:
         t.add_row("layers", *(str(s.layers) for s in est.stages), "")
         t.add_row("micro-batches in flight", *(f"{s.in_flight:g}" for s in est.stages), "")
@@ -113,12 +111,19 @@ def _remedies(v: MemoryVerdict) -> Table:
         title_justify="left",
         box=None,
     )
-    for col, just in (("#", "right"), ("change", "left"), ("peak", "right"),
-                      ("saves", "right"), ("", "left"), ("note", "left")):
+    for col, just in (
+        ("#", "right"),
+        ("change", "left"),
+        ("peak", "right"),
+        ("saves", "right"),
+        ("", "left"),
+        ("note", "left"),
+    ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for i, r in enumerate(v.remedies, 1):
-        t.add_row(str(i), r.name, fmt_bytes(r.peak_bytes), fmt_bytes(r.saves_bytes),
-                  _fit(r.fits), r.note)
+        t.add_row(
+            str(i), r.name, fmt_bytes(r.peak_bytes), fmt_bytes(r.saves_bytes), _fit(r.fits), r.note
+        )
     return t
 
 
@@ -168,8 +173,13 @@ def render_memory(plan: Plan, v: MemoryVerdict) -> Group:
     if est.fits is not None:
         mb = v.max_micro_batch if v.max_micro_batch is not None else "none (not even 1)"
         sl = v.max_seq_len if v.max_seq_len is not None else "none"
-        parts += [Text(""), Text(f"largest micro batch that fits: {mb} · largest sequence "
-                                 f"length (multiples of 128): {sl}")]
+        parts += [
+            Text(""),
+            Text(
+                f"largest micro batch that fits: {mb} · largest sequence "
+                f"length (multiples of 128): {sl}"
+            ),
+        ]
     for note in [*est.notes, *v.notes]:
         parts.append(Text(f"note: {note}", style="dim"))
     return Group(*parts)

@@ -116,27 +116,47 @@ def _remedies(ev: _Evaluator, sh: Shape, base: MemoryEstimate) -> list[Remedy]:
             if ev.fits(sh.replace(zero=stage)):
                 break
         assert chosen is not None
-        note = "shards " + {1: "optimizer states", 2: "optimizer states and gradients",
-                            3: "states, gradients and parameters"}[chosen]
-        add(f"ZeRO stage {chosen}", {"parallel.zero_stage": chosen},
-            sh.replace(zero=chosen), note)
+        note = (
+            "shards "
+            + {
+                1: "optimizer states",
+                2: "optimizer states and gradients",
+                3: "states, gradients and parameters",
+            }[chosen]
+        )
+        add(f"ZeRO stage {chosen}", {"parallel.zero_stage": chosen}, sh.replace(zero=chosen), note)
     # 3. offload (seed §3.4: last, for speed-insensitive jobs)
     if sh.offload_optimizer == "none" and sh.zero >= 1:
-        add("offload optimizer states to CPU", {"parallel.offload_optimizer": "cpu"},
-            sh.replace(offload_optimizer="cpu"), "bounded by PCIe bandwidth and host memory")
+        add(
+            "offload optimizer states to CPU",
+            {"parallel.offload_optimizer": "cpu"},
+            sh.replace(offload_optimizer="cpu"),
+            "bounded by PCIe bandwidth and host memory",
+        )
     elif sh.offload_optimizer == "none" and sh.dp * sh.cp > 1:
-        add("ZeRO stage 1 + offload optimizer to CPU",
+        add(
+            "ZeRO stage 1 + offload optimizer to CPU",
             {"parallel.zero_stage": 1, "parallel.offload_optimizer": "cpu"},
-            sh.replace(zero=1, offload_optimizer="cpu"), "bounded by PCIe bandwidth")
+            sh.replace(zero=1, offload_optimizer="cpu"),
+            "bounded by PCIe bandwidth",
+        )
     # 4. model parallelism (seed §4.2: TP within a node, then PP)
     if sh.heads % (sh.tp * 2) == 0 and sh.tp * 2 <= ev.gpn:
         dp = sh.dp // 2 if sh.dp % 2 == 0 else sh.dp
-        add(f"tensor parallel {sh.tp * 2}", {"parallel.tp": sh.tp * 2},
-            sh.replace(tp=sh.tp * 2, dp=max(dp, 1)), "keep TP inside the NVLink domain")
+        add(
+            f"tensor parallel {sh.tp * 2}",
+            {"parallel.tp": sh.tp * 2},
+            sh.replace(tp=sh.tp * 2, dp=max(dp, 1)),
+            "keep TP inside the NVLink domain",
+        )
     if sh.layers >= sh.pp * 2 * sh.vpp:
         dp = sh.dp // 2 if sh.dp % 2 == 0 else sh.dp
-        add(f"pipeline parallel {sh.pp * 2}", {"parallel.pp": sh.pp * 2},
-            sh.replace(pp=sh.pp * 2, dp=max(dp, 1)), "adds bubbles; more micro-batches")
+        add(
+            f"pipeline parallel {sh.pp * 2}",
+            {"parallel.pp": sh.pp * 2},
+            sh.replace(pp=sh.pp * 2, dp=max(dp, 1)),
+            "adds bubbles; more micro-batches",
+        )
     return out
 
 
@@ -187,12 +207,12 @@ def verdict(plan: Plan, options: MemoryOptions | None = None) -> MemoryVerdict:
     cats = {k: v for k, v in est.breakdown.items() if k != "overheads"}
     dominant = max(cats, key=lambda k: cats[k])
     states = sum(est.breakdown.get(k, 0) for k in STATES)
-    part = "model states" if states >= max(cats["activations"], cats["temporaries"]) else (
-        "activations" if cats["activations"] >= cats["temporaries"] else "temporaries"
+    part = (
+        "model states"
+        if states >= max(cats["activations"], cats["temporaries"])
+        else ("activations" if cats["activations"] >= cats["temporaries"] else "temporaries")
     )
-    worst_states = max(
-        sum(st.phases["optimizer"][k] for k in STATES) for st in est.stages
-    )
+    worst_states = max(sum(st.phases["optimizer"][k] for k in STATES) for st in est.stages)
     exceed = est.gpu_bytes is not None and worst_states > est.gpu_bytes
     v = MemoryVerdict(est, dominant, part, worst_states, exceed)
     if est.gpu_bytes is not None:

@@ -507,10 +507,11 @@ class Monitor:
             self._localise_pending = False
             self.localiser.disarm()
             self._force_read = self._force_read or self._arm_reason == "fault"
-        self._ready_t = time.perf_counter()
+        found: list[Finding] = []
         if self._force_read or len(self.collector) >= self.log_every:
-            return self._read()
-        return []
+            found = self._read()
+        self._ready_t = time.perf_counter()
+        return found
 
     def _seal_pending(self) -> None:
         for slot in self._sealed:
@@ -523,6 +524,17 @@ class Monitor:
         records = self.collector.read()  # note: this is a CPU-GPU sync point
         if not records:
             return []
+        # The host work below (detectors, sinks) is the monitor's, not the step's: it is
+        # left out of the next step's time. The wait in the copy above is not: on an
+        # accelerator it is queued training work catching up.
+        started = time.perf_counter()
+        try:
+            return self._process(records)
+        finally:
+            if self._last_event_t is not None:
+                self._last_event_t += time.perf_counter() - started
+
+    def _process(self, records: list[StepRecord]) -> list[Finding]:
         found: list[Finding] = []
         for rec in records:
             self._enrich(rec)

@@ -43,9 +43,7 @@ def bus_factor(kind: str, n: Any) -> Any:
     return 2.0 * frac if kind == ALL_REDUCE else frac
 
 
-def collective_time(
-    kind: str, payload_bytes: Any, n: Any, bus_gbps: Any, calls: Any = 1
-) -> Any:
+def collective_time(kind: str, payload_bytes: Any, n: Any, bus_gbps: Any, calls: Any = 1) -> Any:
     """Seconds for one collective of ``payload_bytes`` over ``n`` ranks whose slowest link
     sustains ``bus_gbps`` GB/s of bus bandwidth, issued as ``calls`` separate operations
     (a ring of point-to-point steps pays the fixed latency once per step); zero when the

@@ -106,9 +106,7 @@ class LayoutBatch:
         return len(self.tp)
 
     @classmethod
-    def from_layouts(
-        cls, layouts: Sequence[Layout], cluster: Cluster, layers: int
-    ) -> LayoutBatch:
+    def from_layouts(cls, layouts: Sequence[Layout], cluster: Cluster, layers: int) -> LayoutBatch:
         cols: dict[str, list[Any]] = {k: [] for k in cls.__dataclass_fields__}
         for lay in layouts:
             pl = placement(lay, cluster.gpus_per_node)
@@ -117,15 +115,26 @@ class LayoutBatch:
             ) or split_layers(layers, lay.pp)
             assert stages is not None
             row = {
-                "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "ep": lay.ep,
-                "zero": lay.zero, "ckpt": CHECKPOINTING.index(lay.checkpointing),
+                "tp": lay.tp,
+                "pp": lay.pp,
+                "cp": lay.cp,
+                "dp": lay.dp,
+                "ep": lay.ep,
+                "zero": lay.zero,
+                "ckpt": CHECKPOINTING.index(lay.checkpointing),
                 "rc": 1.0 / lay.checkpoint_every if lay.checkpointing == "full" else 0.0,
-                "micro": lay.micro_batch, "ga": lay.grad_accum, "v": lay.virtual_stages,
-                "sp": lay.sequence_parallel, "offload": lay.offload_optimizer,
+                "micro": lay.micro_batch,
+                "ga": lay.grad_accum,
+                "v": lay.virtual_stages,
+                "sp": lay.sequence_parallel,
+                "offload": lay.offload_optimizer,
                 "overlap": lay.overlap_dp_comm,
-                "bw_tp": cluster.bus_gbps(pl.tp), "bw_cp": cluster.bus_gbps(pl.cp),
-                "bw_ep": cluster.bus_gbps(pl.ep), "bw_grad": cluster.bus_gbps(pl.grad),
-                "bw_expert": cluster.bus_gbps(pl.expert_grad), "bw_pp": cluster.bus_gbps(pl.pp),
+                "bw_tp": cluster.bus_gbps(pl.tp),
+                "bw_cp": cluster.bus_gbps(pl.cp),
+                "bw_ep": cluster.bus_gbps(pl.ep),
+                "bw_grad": cluster.bus_gbps(pl.grad),
+                "bw_expert": cluster.bus_gbps(pl.expert_grad),
+                "bw_pp": cluster.bus_gbps(pl.pp),
                 "l_max": max(stages[:-1]) if lay.pp > 1 else layers,
                 "l_last": stages[-1],
             }
@@ -185,9 +194,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     else:
         t_ep = np.zeros_like(tp)
 
-    kv_bytes = micro * w.seq_len * 2 * w.kv_heads * w.head_dim * ab / np.minimum(
-        tp, w.kv_heads
-    )
+    kv_bytes = micro * w.seq_len * 2 * w.kv_heads * w.head_dim * ab / np.minimum(tp, w.kv_heads)
     t_cp_raw = (3 + rc) * collective_time(ALL_GATHER, kv_bytes, cp, b.bw_cp, calls=cp - 1)
     t_cp = np.maximum(0.0, t_cp_raw - t_attn)
 
@@ -215,8 +222,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     bubble = (pp - 1) / v * slot
 
     # -- data parallel / ZeRO ---------------------------------------------------------
-    emb_stage = np.where(pp > 1, max(w.embed_params, w.head_params),
-                         w.embed_params + w.head_params)
+    emb_stage = np.where(pp > 1, max(w.embed_params, w.head_params), w.embed_params + w.head_params)
     psi_dense = (layers_max * w.layer_params + emb_stage) / tp
     psi_expert = layers_max * w.expert_params / (tp * ep)
     n_grad = dp * cp
@@ -339,8 +345,7 @@ def cost_of(result: dict[str, np.ndarray], i: int, layout: Layout) -> StepCost:
         bubble_fraction=g("bubble_fraction"),
         breakdown={k: g(k) for k in BREAKDOWN},
         details={
-            k: g(k)
-            for k in ("microbatch_time", "dp_bytes", "tp_bytes_per_layer", "params_per_gpu")
+            k: g(k) for k in ("microbatch_time", "dp_bytes", "tp_bytes_per_layer", "params_per_gpu")
         },
     )
 
@@ -363,4 +368,3 @@ def predict_step(plan: Plan, layout: Layout | None = None) -> StepCost:
             )
     result = evaluate(work, cluster, LayoutBatch.from_layouts([layout], cluster, work.layers))
     return cost_of(result, 0, layout)
-

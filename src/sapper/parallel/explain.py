@@ -44,6 +44,8 @@ _DIMS: dict[str, tuple[str, str]] = {
     "micro": ("micro_batch", "micro-batch {}"),
     "v": ("virtual_stages", "{} virtual stages"),
 }
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -63,17 +65,15 @@ def placement_lines(layout: Layout, cost: StepCost, cluster: Cluster) -> list[st
         out.append("no TP: no per-layer collectives")
     if layout.pp > 1:
         m, p, v = layout.grad_accum, layout.pp, layout.virtual_stages
-        formula = f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}" if v == 1 else (
-            f"(p-1)/(v·m) = {p - 1}/{v * m}"
+        formula = (
+            f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}" if v == 1 else (f"(p-1)/(v·m) = {p - 1}/{v * m}")
         )
         out.append(
             f"PP{p} {where(pl.pp)} ({cluster.bus_gbps(pl.pp):.0f} GB/s): p2p "
             f"{_pct(share['pp_p2p'])}, bubble {_pct(share['bubble'])} ({formula})"
         )
     if layout.cp > 1:
-        out.append(
-            f"CP{layout.cp} {where(pl.cp)}: ring attention exposes {_pct(share['cp_comm'])}"
-        )
+        out.append(f"CP{layout.cp} {where(pl.cp)}: ring attention exposes {_pct(share['cp_comm'])}")
     if layout.dp * layout.cp > 1:
         out.append(
             f"DP{layout.dp} {where(pl.grad)} ({cluster.bus_gbps(pl.grad):.0f} GB/s), "
@@ -88,12 +88,13 @@ def placement_lines(layout: Layout, cost: StepCost, cluster: Cluster) -> list[st
 def compare(winner: StepCost, other: StepCost) -> str:
     """``other`` against ``winner``: the speed ratio and the two components that move most."""
     ratio = other.step_time_s / winner.step_time_s
-    diffs = {
-        k: (other.breakdown[k] - winner.breakdown[k]) / winner.step_time_s for k in BREAKDOWN
-    }
+    diffs = {k: (other.breakdown[k] - winner.breakdown[k]) / winner.step_time_s for k in BREAKDOWN}
     top = sorted(diffs, key=lambda k: -abs(diffs[k]))[:2]
-    parts = [f"{LABELS[k]} {'+' if diffs[k] >= 0 else '−'}{_pct(abs(diffs[k]))}" for k in top
-             if abs(diffs[k]) >= 0.001]
+    parts = [
+        f"{LABELS[k]} {'+' if diffs[k] >= 0 else '−'}{_pct(abs(diffs[k]))}"
+        for k in top
+        if abs(diffs[k]) >= 0.001
+    ]
     if abs(ratio - 1) < 0.005:
         return "as fast (within 0.5%)"
     speed = f"{ratio:.2f}× slower" if ratio >= 1 else f"{1 / ratio:.2f}× faster"
@@ -133,8 +134,7 @@ def explain_candidates(
                 lines.append(line)
         if current is not None and current.layout != lay:
             lines.append(
-                f"your layout ({current.layout.describe()}) is "
-                f"{compare(cand.cost, current.cost)}"
+                f"your layout ({current.layout.describe()}) is {compare(cand.cost, current.cost)}"
             )
         cand.why = lines
 

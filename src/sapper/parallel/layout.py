@@ -212,14 +212,14 @@ def _radix(layout: Layout) -> tuple[tuple[str, ...], dict[str, int]]:
     order = parse_rank_order(layout.rank_order) or parse_rank_order(DEFAULT_RANK_ORDER)
     assert order is not None
     ep = layout.ep if layout.ep > 0 and layout.dp % layout.ep == 0 else 1
-    degrees = {"tp": layout.tp, "cp": layout.cp, "ep": ep, "dp": layout.dp // ep,
-               "pp": layout.pp}
+    degrees = {"tp": layout.tp, "cp": layout.cp, "ep": ep, "dp": layout.dp // ep, "pp": layout.pp}
     return order, degrees
 
 
 @functools.lru_cache(maxsize=8192)
-def _span(order: tuple[str, ...], degrees: tuple[int, ...], dims: frozenset[str],
-          gpn: int) -> GroupSpan:
+def _span(
+    order: tuple[str, ...], degrees: tuple[int, ...], dims: frozenset[str], gpn: int
+) -> GroupSpan:
     deg = dict(zip(order, degrees, strict=True))
     size = math.prod(deg[d] for d in order if d in dims)
     if size <= 1:
@@ -239,8 +239,9 @@ def _span(order: tuple[str, ...], degrees: tuple[int, ...], dims: frozenset[str]
     return _exact_span(order, deg, dims, gpn)
 
 
-def _exact_span(order: tuple[str, ...], deg: dict[str, int], dims: frozenset[str],
-                gpn: int) -> GroupSpan:
+def _exact_span(
+    order: tuple[str, ...], deg: dict[str, int], dims: frozenset[str], gpn: int
+) -> GroupSpan:
     """Place every group rank by rank (for degrees that do not tile the nodes evenly)."""
     strides, s = {}, 1
     for d in order:

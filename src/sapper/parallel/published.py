@@ -45,8 +45,18 @@ class PublishedRun:
 
 
 def _gpt(
-    name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
-    batch: int, micro: int, v: int, ddp: str, tflops: float,
+    name: str,
+    heads: int,
+    hidden: int,
+    layers: int,
+    tp: int,
+    pp: int,
+    gpus: int,
+    batch: int,
+    micro: int,
+    v: int,
+    ddp: str,
+    tflops: float,
 ) -> PublishedRun:
     plan = {
         "name": f"narayanan2021-{name}",

@@ -36,9 +36,7 @@ def _split(c: Candidate) -> str:
 
 
 def _breakdown(c: Candidate) -> str:
-    return " ".join(
-        f"{_SHORT[k]} {100 * v:.0f}%" for k, v in c.cost.shares().items() if v >= 0.005
-    )
+    return " ".join(f"{_SHORT[k]} {100 * v:.0f}%" for k, v in c.cost.shares().items() if v >= 0.005)
 
 
 def _row(rank: str, c: Candidate) -> list[str]:
@@ -63,10 +61,18 @@ def render_search(result: SearchResult, why: int = 3) -> Group:
     """The ranked layouts as a table with the step breakdown, then the reasons for the
     first ``why`` of them and how the plan's own layout compares."""
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for name, justify in (("#", "left"), ("layout", "left"), ("ZeRO", "right"),
-                          ("ckpt", "left"), ("mb x GA", "right"), ("step s", "right"),
-                          ("TFLOP/s", "right"), ("MFU", "right"), ("GiB", "right"),
-                          ("where the step goes", "left")):
+    for name, justify in (
+        ("#", "left"),
+        ("layout", "left"),
+        ("ZeRO", "right"),
+        ("ckpt", "left"),
+        ("mb x GA", "right"),
+        ("step s", "right"),
+        ("TFLOP/s", "right"),
+        ("MFU", "right"),
+        ("GiB", "right"),
+        ("where the step goes", "left"),
+    ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, cand in enumerate(result.top, 1):
         table.add_row(*_row(str(i), cand))
@@ -88,8 +94,7 @@ def render_search(result: SearchResult, why: int = 3) -> Group:
     if result.current is not None and result.current.fits is False:
         parts.append(
             Text(
-                f"\nyour layout needs {result.current.memory_gib:.0f} GiB per GPU: it does "
-                "not fit",
+                f"\nyour layout needs {result.current.memory_gib:.0f} GiB per GPU: it does not fit",
                 style="bold red",
             )
         )

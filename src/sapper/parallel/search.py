@@ -214,12 +214,28 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     l_max = np.where(pp > 1, -(-layers // pp), layers)
     l_last = np.where(pp > 1, layers // pp, layers)
     batch = LayoutBatch(
-        tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero=zc[:, 0], ckpt=zc[:, 1],
-        rc=(zc[:, 1] == 2).astype(float), micro=micro, ga=m, v=v, sp=tp > 1,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        ep=ep,
+        zero=zc[:, 0],
+        ckpt=zc[:, 1],
+        rc=(zc[:, 1] == 2).astype(float),
+        micro=micro,
+        ga=m,
+        v=v,
+        sp=tp > 1,
         offload=np.zeros(len(grid), dtype=bool),
         overlap=np.full(len(grid), plan.parallel.overlap_dp_comm),
-        bw_tp=bws[:, 0], bw_cp=bws[:, 1], bw_ep=bws[:, 2], bw_grad=bws[:, 3],
-        bw_expert=bws[:, 4], bw_pp=bws[:, 5], l_max=l_max, l_last=l_last,
+        bw_tp=bws[:, 0],
+        bw_cp=bws[:, 1],
+        bw_ep=bws[:, 2],
+        bw_grad=bws[:, 3],
+        bw_expert=bws[:, 4],
+        bw_pp=bws[:, 5],
+        l_max=l_max,
+        l_last=l_last,
     )
     return batch, work, cluster
 
@@ -227,11 +243,20 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
 def _layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
     v = int(b.v[i])
     return Layout(
-        tp=int(b.tp[i]), pp=int(b.pp[i]), cp=int(b.cp[i]), dp=int(b.dp[i]), ep=int(b.ep[i]),
-        zero=int(b.zero[i]), checkpointing=CHECKPOINTING[int(b.ckpt[i])],
-        micro_batch=int(b.micro[i]), grad_accum=int(b.ga[i]), virtual_stages=v,
-        sequence_parallel=bool(b.sp[i]), schedule="interleaved" if v > 1 else "1f1b",
-        rank_order=order, overlap_dp_comm=bool(b.overlap[i]),
+        tp=int(b.tp[i]),
+        pp=int(b.pp[i]),
+        cp=int(b.cp[i]),
+        dp=int(b.dp[i]),
+        ep=int(b.ep[i]),
+        zero=int(b.zero[i]),
+        checkpointing=CHECKPOINTING[int(b.ckpt[i])],
+        micro_batch=int(b.micro[i]),
+        grad_accum=int(b.ga[i]),
+        virtual_stages=v,
+        sequence_parallel=bool(b.sp[i]),
+        schedule="interleaved" if v > 1 else "1f1b",
+        rank_order=order,
+        overlap_dp_comm=bool(b.overlap[i]),
     )
 
 
@@ -269,8 +294,7 @@ class _MemoryWalk:
 
     def _dominated(self, key: tuple[int, ...], v: int, z: int, c: int, mb: int) -> bool:
         return any(
-            fz >= z and fc >= c and fmb <= mb
-            and (fv in (1, v) or (first and 2 <= v <= fv))
+            fz >= z and fc >= c and fmb <= mb and (fv in (1, v) or (first and 2 <= v <= fv))
             for fv, fz, fc, fmb, first in self.fails.get(key, ())
         )
 
@@ -303,8 +327,13 @@ class _MemoryWalk:
             verdict = (True, None)
             if (key, c) not in self.probed and (v, z, mb) != (1, 3, 1):
                 self.probed.add((key, c))
-                leanest = lay.with_(zero=3, micro_batch=1, virtual_stages=1, schedule="1f1b",
-                                    grad_accum=lay.grad_accum * lay.micro_batch)
+                leanest = lay.with_(
+                    zero=3,
+                    micro_batch=1,
+                    virtual_stages=1,
+                    schedule="1f1b",
+                    grad_accum=lay.grad_accum * lay.micro_batch,
+                )
                 ok, gib, first, acts = self._check(leanest)
                 if not ok:
                     self.fails.setdefault(key, []).append((1, 3, c, 1, first))
@@ -399,9 +428,7 @@ def search(
         fits, gib = walk.known[i] if walk else (None, None)
         cand = Candidate(lay, cost_of(result, i, lay), fits, gib)
         cand.warnings = [
-            x.message
-            for x in validate(lay.apply(plan))
-            if x.severity == Severity.WARNING
+            x.message for x in validate(lay.apply(plan)) if x.severity == Severity.WARNING
         ]
         cands.append(cand)
     current = _current(plan, memory)
@@ -409,9 +436,7 @@ def search(
     if n_explain and cands:
         from sapper.parallel.explain import explain_candidates
 
-        explain_candidates(
-            cands[:n_explain], current, result, batch, ranking, walk, cluster, order
-        )
+        explain_candidates(cands[:n_explain], current, result, batch, ranking, walk, cluster, order)
     lap("explain")
     return SearchResult(
         top=cands,

@@ -124,8 +124,7 @@ def _world_size(plan: Plan) -> Iterator[LayoutIssue]:
             yield LayoutIssue(
                 "P102",
                 Severity.ERROR,
-                f"dp=-1 cannot be inferred: GPUs({gpus}) % ({_degrees(plan)} = {mp}) = "
-                f"{gpus % mp}",
+                f"dp=-1 cannot be inferred: GPUs({gpus}) % ({_degrees(plan)} = {mp}) = {gpus % mp}",
                 source="parallel.dp",
                 value=gpus,
                 threshold=mp,
@@ -358,8 +357,7 @@ def _explicit_split(
             source="parallel.first_stage_layers",
             value=L - fixed,
             threshold=rest,
-            fix="choose first/last stage layer counts that leave a multiple of the other "
-            "stages",
+            fix="choose first/last stage layer counts that leave a multiple of the other stages",
         )
         return
     uneven = sorted({n for n in stages if n % v})

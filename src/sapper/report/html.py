@@ -138,7 +138,10 @@ def _charts(
         grad.lines.append({"name": "clip threshold (plan)", "y": float(plan.clipping.max_norm)})
 
     lr = chart(
-        "lr", "Learning rate", "first parameter group", build("lr", "lr"),
+        "lr",
+        "Learning rate",
+        "first parameter group",
+        build("lr", "lr"),
         empty="No learning rate in this log.",
     )
     if plan is not None and lr.series and len(steps):
@@ -187,8 +190,11 @@ def _charts(
             if total is None:
                 flags = cols.present("skipped")
                 total = Series.build(
-                    "skipped", "skipped", steps[flags],
-                    np.equal(cols.raw("skipped")[flags], True).astype(np.float64), steps,
+                    "skipped",
+                    "skipped",
+                    steps[flags],
+                    np.equal(cols.raw("skipped")[flags], True).astype(np.float64),
+                    steps,
                 )
             scale.series.append(total)
             scale.log_scale = False
@@ -215,8 +221,10 @@ def _throughput(cols: Columns) -> ChartData:
         if series is not None:
             return ChartData("throughput", "Throughput", name, [series])
     step_time = cols.floats("step_time_s")
-    for name, key in (("tokens/s (tokens ÷ step time)", "tokens"),
-                      ("samples/s (samples ÷ step time)", "samples")):
+    for name, key in (
+        ("tokens/s (tokens ÷ step time)", "tokens"),
+        ("samples/s (samples ÷ step time)", "samples"),
+    ):
         amount = cols.floats(key)
         ok = (amount > 0) & (step_time > 0)  # NaN (missing) compares False
         if ok.any():

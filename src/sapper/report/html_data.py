@@ -109,8 +109,9 @@ def _merge_ranges(ranges: list[list[int]], max_ranges: int) -> list[list[int]]:
     if len(ranges) <= max_ranges:
         return ranges
     per = -(-len(ranges) // max_ranges)
-    return [[ranges[i][0], ranges[min(i + per, len(ranges)) - 1][1]]
-            for i in range(0, len(ranges), per)]
+    return [
+        [ranges[i][0], ranges[min(i + per, len(ranges)) - 1][1]] for i in range(0, len(ranges), per)
+    ]
 
 
 def nonfinite_ranges(

@@ -79,11 +79,18 @@ class ExecAction(WatchSink):
 
     def __init__(self, command: str, on: Severity = Severity.ERROR, timeout: float = 60.0) -> None:
         if not command.strip():
-            raise InputError("empty command", field="--exec",
-                             expected="a shell command, e.g. 'scancel $SLURM_JOB_ID'")
+            raise InputError(
+                "empty command",
+                field="--exec",
+                expected="a shell command, e.g. 'scancel $SLURM_JOB_ID'",
+            )
         if not timeout > 0:
-            raise InputError("must be positive", field="--exec-timeout", value=timeout,
-                             expected="seconds a command may run before it is killed")
+            raise InputError(
+                "must be positive",
+                field="--exec-timeout",
+                value=timeout,
+                expected="seconds a command may run before it is killed",
+            )
         self.command = command
         self.on = on
         self.timeout = timeout
@@ -161,8 +168,13 @@ class ExecAction(WatchSink):
         except subprocess.TimeoutExpired:
             _kill(proc, posix)
             proc.communicate()
-            return ActionRun(finding.code, finding.step, proc.returncode,
-                             time.monotonic() - begin, f"timed out after {self.timeout:g} s")
+            return ActionRun(
+                finding.code,
+                finding.step,
+                proc.returncode,
+                time.monotonic() - begin,
+                f"timed out after {self.timeout:g} s",
+            )
         seconds = time.monotonic() - begin
         if proc.returncode != 0:
             tail = _last_line(err)

@@ -134,8 +134,9 @@ class TextFeed:
 
     def drain(self) -> list[StepRecord]:
         """The stream ended: its unterminated last line is complete after all."""
-        return self._feed(self._lines.push(self._decoder.decode(b"", final=True))
-                          + self._lines.rest())
+        return self._feed(
+            self._lines.push(self._decoder.decode(b"", final=True)) + self._lines.rest()
+        )
 
     def end(self) -> list[StepRecord]:
         """End of input: drain, then let the parser release what it holds."""
@@ -170,8 +171,7 @@ class TextFeed:
             return False
         if fmt == "trainer_state":
             raise InputError(
-                "a trainer_state.json is rewritten at each save and cannot be read from a "
-                "stream",
+                "a trainer_state.json is rewritten at each save and cannot be read from a stream",
                 file=self.name,
                 expected="the path of the trainer_state.json or of the output folder",
             )
@@ -236,7 +236,8 @@ class FileFollower(Follower):
             return False
         except IsADirectoryError:
             raise InputError(
-                "a folder, not a text log", file=self.name,
+                "a folder, not a text log",
+                file=self.name,
                 expected="a log file, or --log-format tensorboard / trainer_state",
             ) from None
         except OSError as exc:

@@ -35,8 +35,9 @@ def open_follower(
 ) -> Follower:
     """The follower for ``path`` (``-`` is standard input); ``fmt`` skips detection."""
     if fmt is not None and fmt not in FORMATS:
-        raise InputError("unknown log format", field="--log-format", value=fmt,
-                         expected=" / ".join(FORMATS))
+        raise InputError(
+            "unknown log format", field="--log-format", value=fmt, expected=" / ".join(FORMATS)
+        )
     if str(path) == "-":
         if fmt in ("tensorboard", "trainer_state"):
             raise InputError(
@@ -141,8 +142,7 @@ class AutoFollower(Follower):
         if is_event_header(head):
             return EventsFollower(path, self.mapping)
         if b"\x00" in head:
-            raise InputError("binary data, not a training log", file=self.name,
-                             expected=SUPPORTED)
+            raise InputError("binary data, not a training log", file=self.name, expected=SUPPORTED)
         complete = head[: head.rfind(b"\n") + 1].decode("utf-8", errors="replace")
         if not complete.strip():
             self.waiting = f"{path.name} has no complete line yet"

@@ -123,11 +123,19 @@ class Watcher:
         sinks: Iterable[WatchSink] = (),
     ) -> None:
         if not poll > 0:
-            raise InputError("must be positive", field="--poll", value=poll,
-                             expected="seconds between two looks at the log, e.g. 1.0")
+            raise InputError(
+                "must be positive",
+                field="--poll",
+                value=poll,
+                expected="seconds between two looks at the log, e.g. 1.0",
+            )
         if not idle_timeout >= 0:
-            raise InputError("must not be negative", field="--idle-timeout", value=idle_timeout,
-                             expected="seconds without new data before stopping (0: never)")
+            raise InputError(
+                "must not be negative",
+                field="--idle-timeout",
+                value=idle_timeout,
+                expected="seconds without new data before stopping (0: never)",
+            )
         self.follower = follower
         self.plan = plan
         self.make_detectors = detectors
