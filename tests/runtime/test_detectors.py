@@ -346,3 +346,28 @@ def test_plan_sets_position_limit_and_declared_norm_placement() -> None:
     found = {f.code: f for f in DetectorSet(default_detectors(plan)).run(stream)}
     assert found["R090"].threshold == 1023
     assert found["R102"].severity.value == "warning" and "declares post" in found["R102"].message
+
+
+def test_expected_throughput_comes_from_the_cost_model() -> None:
+    from sapper.runtime.detectors import plan_options
+
+    plan = Plan.model_validate(
+        {
+            "model": {
+                "hidden_size": 2048,
+                "num_layers": 16,
+                "num_heads": 16,
+                "vocab_size": 32000,
+                "max_position_embeddings": 4096,
+                "position_encoding": "rope",
+            },
+            "precision": {"dtype": "bf16"},
+            "batch": {"micro_batch_size": 4, "seq_len": 2048, "gradient_accumulation_steps": 2},
+            "hardware": {"gpu": "H100", "num_gpus": 8},
+        }
+    )
+    opts = plan_options(plan)
+    expected = opts["throughput"]["expected_tokens_per_s"]
+    assert 1e3 < expected < 1e6  # tokens/s of one data-parallel replica (one H100)
+    slow = [StepRecord(step=s, tokens=8192, step_time_s=8192 / (0.2 * expected)) for s in range(30)]
+    assert "R060" in {f.code for f in DetectorSet(default_detectors(plan)).run(slow)}
