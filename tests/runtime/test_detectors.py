@@ -302,8 +302,8 @@ def test_options_are_validated() -> None:
         default_detectors(nope={})
     with pytest.raises(InputError, match="loss detector"):
         default_detectors(loss={"windw": 3})
-    names = {d.name for d in default_detectors(exclude=["data"])}  # type: ignore[attr-defined]
-    assert names == set(DETECTORS) - {"data"}
+    kinds = {type(d) for d in default_detectors(exclude=["data"])}
+    assert kinds == {cls for name, cls in DETECTORS.items() if name != "data"}
 
 
 def test_every_runtime_rule_has_docs_and_a_case() -> None:
@@ -324,3 +324,50 @@ def test_state_dict_round_trip() -> None:
     for a, b in zip(dets, fresh, strict=True):
         b.load_state_dict(a.state_dict())
     assert _warn({f.code for f in DetectorSet(fresh).run(stream[30:])}) == set()
+
+
+def test_plan_sets_position_limit_and_declared_norm_placement() -> None:
+    plan = Plan.model_validate(
+        {
+            "model": {
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_heads": 2,
+                "vocab_size": 256,
+                "max_position_embeddings": 1024,
+                "norm_placement": "post",
+            }
+        }
+    )
+    stream = [
+        StepRecord(step=0, extra={"norm_placement": "pre", "num_blocks": 2}),
+        StepRecord(step=1, extra={"max_position": 1500}),
+    ]
+    found = {f.code: f for f in DetectorSet(default_detectors(plan)).run(stream)}
+    assert found["R090"].threshold == 1023
+    assert found["R102"].severity.value == "warning" and "declares post" in found["R102"].message
+
+
+def test_expected_throughput_comes_from_the_cost_model() -> None:
+    from sapper.runtime.detectors import plan_options
+
+    plan = Plan.model_validate(
+        {
+            "model": {
+                "hidden_size": 2048,
+                "num_layers": 16,
+                "num_heads": 16,
+                "vocab_size": 32000,
+                "max_position_embeddings": 4096,
+                "position_encoding": "rope",
+            },
+            "precision": {"dtype": "bf16"},
+            "batch": {"micro_batch_size": 4, "seq_len": 2048, "gradient_accumulation_steps": 2},
+            "hardware": {"gpu": "H100", "num_gpus": 8},
+        }
+    )
+    opts = plan_options(plan)
+    expected = opts["throughput"]["expected_tokens_per_s"]
+    assert 1e3 < expected < 1e6  # tokens/s of one data-parallel replica (one H100)
+    slow = [StepRecord(step=s, tokens=8192, step_time_s=8192 / (0.2 * expected)) for s in range(30)]
+    assert "R060" in {f.code for f in DetectorSet(default_detectors(plan)).run(slow)}

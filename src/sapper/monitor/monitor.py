@@ -43,6 +43,7 @@ from sapper.rules.model import Finding, Severity
 from sapper.runtime.detector import Detector, DetectorSet
 from sapper.runtime.detectors import default_detectors
 from sapper.runtime.detectors.internal import MONITOR_ERROR
+from sapper.runtime.detectors.position import POSITION_OVERFLOW
 from sapper.runtime.records import StepRecord
 
 __all__ = ["Monitor"]
@@ -133,8 +134,10 @@ class Monitor:
         self.rank = rank
         self.halt = HaltPolicy(halt_on)
         self.findings: list[Finding] = []
-        #: The most recent records (the run log keeps them all).
+        #: The most recent records, without their sample fingerprints (the run log keeps
+        #: everything).
         self.history: deque[StepRecord] = deque(maxlen=10_000)
+        self._failed_reported: set[str] = set()
         self.next_step = start_step
         self.collector = StepCollector()
         self.detectors = DetectorSet(
@@ -177,7 +180,12 @@ class Monitor:
         )
         self._opt_params = opt_params
         self.structure = StructureProbe(model, self.guard)
-        self.grad_stats = GradStats(model, opt_params, self.structure.prefix)
+        groups = (
+            [i for i, g in enumerate(self.observer.optimizer.param_groups) for _ in g["params"]]
+            if self.observer.optimizer is not None
+            else None
+        )
+        self.grad_stats = GradStats(model, opt_params, self.structure.prefix, groups)
         self.localiser = Localiser(model, self.guard)
         self.memory = MemoryReader(self.device)
         if not self.memory.cuda:
@@ -343,10 +351,17 @@ class Monitor:
         top = int(pos.max()) if pos is not None else (view.seq_len or 0) - 1
         if top < limit:
             return
-        # Host-known overflow: report now, before the embedding runs past its table.
-        b.extra.update(max_position=top, position_limit=limit, position_kind=kind)
-        rec = StepRecord(step=self.next_step, extra=dict(b.extra))
-        found = self.detectors.update(rec)
+        # Host-known overflow: report now, before the embedding runs past its table, to
+        # the position detectors only (the others see the step's full record later).
+        facts = {"max_position": top, "position_limit": limit, "position_kind": kind}
+        b.extra.update(facts)
+        rec = StepRecord(step=self.next_step, extra=facts)
+        found = [
+            f
+            for det in self.detectors.detectors
+            if any(r.code == POSITION_OVERFLOW.code for r in det.rules)
+            for f in self.detectors._guard(det, det.update, rec)
+        ]
         self._dispatch(found)
 
     def _forward_post(
@@ -361,7 +376,7 @@ class Monitor:
         if (
             self.structure.blocks is not None
             and "norm_placement" not in b.extra
-            and (self.structure._handles)
+            and self.structure.armed
         ):
             self.structure.disarm()
             placement, stds = self.structure.result()
@@ -373,7 +388,10 @@ class Monitor:
         if loss is None:
             return
         b.add_f("model_loss", loss)
-        if loss.requires_grad:
+        # The weight each micro-batch loss enters backward with (GA normalisation) is
+        # measured on the first steps and on sampled steps: a loop's normalisation does
+        # not change from step to step.
+        if loss.requires_grad and (self.next_step < 8 or self._sampled(self.next_step)):
             loss.register_hook(self._on_loss_grad)
 
     def _on_loss_grad(self, grad: torch.Tensor) -> None:
@@ -489,10 +507,11 @@ class Monitor:
             self._localise_pending = False
             self.localiser.disarm()
             self._force_read = self._force_read or self._arm_reason == "fault"
-        self._ready_t = time.perf_counter()
+        found: list[Finding] = []
         if self._force_read or len(self.collector) >= self.log_every:
-            return self._read()
-        return []
+            found = self._read()
+        self._ready_t = time.perf_counter()
+        return found
 
     def _seal_pending(self) -> None:
         for slot in self._sealed:
@@ -505,6 +524,17 @@ class Monitor:
         records = self.collector.read()  # note: this is a CPU-GPU sync point
         if not records:
             return []
+        # The host work below (detectors, sinks) is the monitor's, not the step's: it is
+        # left out of the next step's time. The wait in the copy above is not: on an
+        # accelerator it is queued training work catching up.
+        started = time.perf_counter()
+        try:
+            return self._process(records)
+        finally:
+            if self._last_event_t is not None:
+                self._last_event_t += time.perf_counter() - started
+
+    def _process(self, records: list[StepRecord]) -> list[Finding]:
         found: list[Finding] = []
         for rec in records:
             self._enrich(rec)
@@ -514,8 +544,21 @@ class Monitor:
             self._maybe_arm(rec, new)
         for sink in self.sinks:
             self.guard("sinks", sink.records, records)
+        for rec in records:
+            rec.extra.pop("sample_hashes", None)  # bounded memory: they are in the run log
+        found.extend(self._detector_failures())
         self._dispatch(found, check_halt=False)
         return found
+
+    def _detector_failures(self) -> list[Finding]:
+        """A detector that raised is skipped from then on; say so once."""
+        out = []
+        for name, error in self.detectors.failed.items():
+            if name not in self._failed_reported:
+                self._failed_reported.add(name)
+                message = f"detector {name} failed and was switched off: {error}"
+                out.append(MONITOR_ERROR.finding(message, step=self.next_step, rank=self.rank))
+        return out
 
     def _enrich(self, rec: StepRecord) -> None:
         if self.rank is not None:

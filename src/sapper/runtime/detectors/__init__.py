@@ -1,7 +1,8 @@
 """The R-rule detectors: plain objects over streams of :class:`StepRecord`.
 
 One module per concern (loss, gradient norm, loss scaler, LR, memory, throughput,
-duplicated data, gradient accumulation, position overflow, step-0 structure, numerics).
+duplicated data, gradient accumulation, position overflow, step-0 structure, numerics,
+eval loss).
 The live monitor, the framework callbacks, ``sapper analyze`` and ``sapper watch`` all
 call :func:`default_detectors` and feed it records, so live and offline runs share one
 code path. Records may be sparse (logged every k steps), have gaps or lack fields; a
@@ -18,6 +19,7 @@ from sapper.plan.schema import Plan, PositionEncoding
 from sapper.runtime.detector import Detector
 from sapper.runtime.detectors.accumulation import AccumulationDetector
 from sapper.runtime.detectors.data import DuplicateDataDetector
+from sapper.runtime.detectors.eval import EvalLossDetector
 from sapper.runtime.detectors.gradnorm import GradNormDetector
 from sapper.runtime.detectors.internal import MONITOR_ERROR
 from sapper.runtime.detectors.loss import LossDetector
@@ -34,6 +36,7 @@ __all__ = [
     "MONITOR_ERROR",
     "AccumulationDetector",
     "DuplicateDataDetector",
+    "EvalLossDetector",
     "GradNormDetector",
     "LRDetector",
     "LossDetector",
@@ -60,6 +63,7 @@ DETECTORS: dict[str, type[Detector]] = {
     "accumulation": AccumulationDetector,
     "position": PositionDetector,
     "structure": StructureDetector,
+    "eval": EvalLossDetector,
 }
 
 
@@ -95,7 +99,8 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
     model = plan.model
     if model is not None:
         rope = model.position_encoding == PositionEncoding.ROPE
-        limit = model.trained_context if rope else model.max_position_embeddings
+        # The declared context (a RoPE extension raises it on purpose), else the trained one.
+        limit = model.max_position_embeddings or model.trained_context
         if limit and model.position_encoding in (PositionEncoding.ROPE, PositionEncoding.LEARNED):
             opts["position"] = {"limit": limit, "kind": "rope" if rope else "learned"}
         if "norm_placement" in model.model_fields_set:
@@ -144,7 +149,7 @@ def default_detectors(
     plan implies, e.g. ``default_detectors(plan, loss={"window": 100},
     throughput={"expected_tokens_per_s": 2.5e5})``; ``exclude`` drops detectors by name.
     Names: ``loss, gradnorm, numerics, scaler, lr, memory, throughput, data,
-    accumulation, position, structure``.
+    accumulation, position, structure, eval``.
     """
     unknown = (set(options) | set(exclude)) - set(DETECTORS)
     if unknown:
