@@ -1,0 +1,396 @@
+"""The per-rank side of the distributed monitor: cheap per step, one exchange every N.
+
+Every rank runs a :class:`RankTracker`. Per step it only updates device accumulators
+(non-finite flags, the loss, the sample sketch) and host timers: no sync, no collective.
+Every ``every`` steps :meth:`RankTracker.exchange` packs the window into one vector,
+all-gathers it over sapper's bounded side channel, and on rank 0 runs the cross-rank
+detectors on the gathered table, attaches the table to the step record (the main run
+log keeps the per-rank numbers) and replaces the record's rank-local numbers with the
+job's (mean loss, slowest step, largest memory, summed throughput). Other ranks return
+no findings and write nothing; a lost rank is reported by the lowest surviving rank.
+
+Usable alone (``step()``) or from the live monitor, which calls :meth:`observe` per step
+and :meth:`exchange` at the point where it turns its accumulators into a record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
+from sapper.distributed.context import DistContext, discover, local_node_info
+from sapper.distributed.detectors import (
+    check_process_groups,
+    default_distributed_detectors,
+    lost_rank_finding,
+)
+from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine
+from sapper.distributed.reduce import ChannelLost, SideChannel
+from sapper.distributed.sampling import BottomKSketch, sample_hashes
+from sapper.distributed.table import DIST_KEY, RankTable, pack_row
+from sapper.distributed.timing import ForwardTimer, unwrap_module
+from sapper.plan.schema import Plan
+from sapper.rules.model import Finding
+from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.records import StepRecord
+
+__all__ = ["RankTracker"]
+
+T = TypeVar("T")
+
+#: Record fields a rank reports as it measured them (the monitor's values win).
+_RECORD_FIELDS = (
+    "loss",
+    "grad_norm",
+    "memory_peak_gib",
+    "memory_reserved_gib",
+    "tokens",
+    "samples",
+    "tokens_per_s",
+    "samples_per_s",
+)
+
+
+class RankTracker:
+    """Cross-rank monitoring for one rank. Construct it on every rank at the same point
+    (it creates sapper's gloo side group and gathers every rank's node: collective)."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        plan: Plan | None = None,
+        every: int = 10,
+        timeout_s: float = 300.0,
+        sketch_size: int = 16,
+        checksum: bool = True,
+        detectors: Iterable[Detector] | None = None,
+        group: dist.ProcessGroup | None = None,
+        aggregate: bool = True,
+        max_ranks_logged: int = 256,
+    ) -> None:
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        self.every = int(every)
+        self.timeout_s = float(timeout_s)
+        self.aggregate = aggregate
+        self.max_ranks_logged = max_ranks_logged
+        self.plan = plan
+        self.ctx: DistContext = discover(plan, group)
+        self._engine = model if is_deepspeed_engine(model) else None
+        module = unwrap_module(model) if model is not None else None
+        params = list(module.parameters()) if module is not None else []
+        self._timer = ForwardTimer(module) if module is not None else None
+        self._checksum = ParamChecksum(params) if checksum and params else None
+        self.layout = self._replica_layout(params)
+        self._sketch = BottomKSketch(sketch_size)
+        self.detectors = DetectorSet(
+            default_distributed_detectors() if detectors is None else detectors
+        )
+        self.channel: SideChannel | None = None
+        self.lost: ChannelLost | None = None
+        self.startup_findings: list[Finding] = []
+        self._pending: list[Finding] = []
+        self._prev_step: int | None = None
+        self.last_table: RankTable | None = None
+        #: Exchanges done, and the wall time of the last one (seconds, this rank).
+        self.exchanges = 0
+        self.last_exchange_s = 0.0
+        #: Rank 0's last record with the table attached (what the run log receives).
+        self.last_record: StepRecord | None = None
+        self._reset_window()
+        self._last_end = time.perf_counter()
+        self._last_step = -1
+        if self.ctx.distributed:
+            self._connect(group)
+
+    # ---- setup ----------------------------------------------------------------------
+    def _replica_layout(self, params: list[Any]) -> Any:
+        layout = self.ctx.layout
+        groups = mesh_replica_groups(params)
+        if groups is not None:
+            what = "replicas from the device mesh" if groups else "parameters fully sharded"
+            return layout.with_param_groups(groups, f"{layout.source}; {what}")
+        stage = getattr(self._engine, "zero_optimization_stage", None)
+        if callable(stage) and stage() >= 3:  # ZeRO-3 partitions the parameters
+            return layout.with_param_groups([], layout.source + "; ZeRO-3 partitioned")
+        return layout
+
+    def _connect(self, group: dist.ProcessGroup | None) -> None:
+        try:
+            self.channel = SideChannel(self.timeout_s, group)
+        except Exception as exc:  # the side group could not be formed in time
+            self.lost = ChannelLost(step=-1, reason=" ".join(str(exc).split())[:300])
+            self._pending.append(lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s))
+            return
+        nodes = self.channel.gather_objects(local_node_info(), step=-1)
+        if nodes is None:
+            self._lose()
+            return
+        self.ctx = self.ctx.with_nodes(nodes)
+        if self.ctx.is_main:
+            self.startup_findings = check_process_groups(self.ctx, self.plan)
+            self._pending.extend(self.startup_findings)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def active(self) -> bool:
+        """Cross-rank checks are running (world > 1 and no rank lost)."""
+        return self.channel is not None and self.channel.open
+
+    # ---- per step (no sync, no collective) --------------------------------------------
+    def _reset_window(self) -> None:
+        self._steps = 0
+        self._window_first = 0
+        self._step_time = 0.0
+        self._data_time = 0.0
+        self._data_timed = False
+        self._batch_seen = False
+        self._tokens = 0
+        self._samples = 0
+        self._acc: dict[str, torch.Tensor] = {}
+        self._grad_norm: Any = None
+
+    def batch(self, batch: Any, wait_s: float | None = None) -> None:
+        """A batch arrived: fingerprint its samples (device side) and, unless ``wait_s``
+        is given, count the time since the last step ended as data wait."""
+        if wait_s is None and not self._batch_seen:
+            wait_s = time.perf_counter() - self._last_end
+        if wait_s is not None:
+            self._data_time += wait_s
+            self._data_timed = True
+        self._batch_seen = True
+        hashes = sample_hashes(batch)
+        if hashes is not None:
+            self._sketch.add(hashes)
+            self._samples += int(hashes.numel())
+            ids = batch.get("input_ids") if isinstance(batch, dict) else batch
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point():
+                self._tokens += int(ids.numel())
+
+    def wrap(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate ``loader`` timing each ``next()`` as data wait and fingerprinting
+        every batch (also under gradient accumulation)."""
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self.batch(item, wait_s=time.perf_counter() - t0)
+            yield item
+
+    def _flag(self, name: str, bad: torch.Tensor, step: int) -> None:
+        cur = self._acc.get(name)
+        if cur is None:
+            cur = torch.full((), -1.0, dtype=torch.float64, device=bad.device)
+        self._acc[name] = torch.where(bad & (cur < 0), float(step), cur)
+
+    def _add(self, name: str, value: torch.Tensor) -> None:
+        cur = self._acc.get(name)
+        self._acc[name] = value if cur is None else cur + value.to(cur.device)
+
+    def observe(self, step: int, loss: Any = None, grad_norm: Any = None) -> None:
+        """One optimizer step ended (call after ``optimizer.step()``). ``loss`` and
+        ``grad_norm`` may be device tensors; they are never read back here."""
+        now = time.perf_counter()
+        self._step_time += now - self._last_end
+        self._last_end = now
+        self._batch_seen = False
+        if self._steps == 0:
+            self._window_first = int(step)
+        self._steps += 1
+        self._last_step = int(step)
+        if grad_norm is None and self._engine is not None:
+            grad_norm = engine_grad_norm(self._engine)
+        bad_any: torch.Tensor | None = None
+        if loss is not None:
+            lt = _scalar(loss)
+            fin = torch.isfinite(lt)
+            self._flag("nonfinite_loss_step", ~fin, step)
+            self._add("loss_sum", torch.where(fin, lt, 0.0))
+            self._add("loss_n", fin.to(torch.float64))
+            bad_any = ~fin
+        if grad_norm is not None:
+            local = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
+            gt = _scalar(local)
+            fin = torch.isfinite(gt)
+            self._flag("nonfinite_grad_step", ~fin, step)
+            self._grad_norm = grad_norm
+            bad_any = ~fin if bad_any is None else bad_any | ~fin.to(bad_any.device)
+        if bad_any is not None:
+            self._add("nonfinite_steps", bad_any.to(torch.float64))
+
+    def due(self) -> bool:
+        """The window is full: the next :meth:`exchange` is expected on every rank."""
+        return self._steps >= self.every
+
+    def step(self, step: int, loss: Any = None, grad_norm: Any = None) -> list[Finding]:
+        """Standalone use: :meth:`observe`, and :meth:`exchange` every ``every`` steps."""
+        self.observe(step, loss, grad_norm)
+        return self.exchange() if self.due() else []
+
+    # ---- every N steps ----------------------------------------------------------------
+    def _window_values(self, record: StepRecord | None, step: int) -> dict[str, Any]:
+        n = max(self._steps, 1)
+        v: dict[str, Any] = {"step": step, "steps": self._steps, "time": time.time()}
+        if record is not None:
+            for name in _RECORD_FIELDS:
+                value = getattr(record, name)
+                if value is not None:
+                    v[name] = value
+        if "loss" not in v and "loss_sum" in self._acc:
+            cnt = self._acc["loss_n"]
+            v["loss"] = torch.where(cnt > 0, self._acc["loss_sum"] / cnt.clamp(min=1), math.nan)
+        if "grad_norm" not in v and self._grad_norm is not None:
+            g = self._grad_norm
+            v["grad_norm"] = g.full_tensor() if hasattr(g, "full_tensor") else _scalar(g)
+        if self._steps:
+            v["step_time_s"] = self._step_time / n
+        elif record is not None and record.step_time_s is not None:
+            v["step_time_s"] = record.step_time_s
+        if self._data_timed:
+            v["data_time_s"] = self._data_time / n
+        elif record is not None and record.data_time_s is not None:
+            v["data_time_s"] = record.data_time_s
+        if self._timer is not None:
+            v["forward_time_s"] = self._timer.take() / n
+        if "tokens" not in v and self._tokens:
+            v["tokens"] = self._tokens
+        if "samples" not in v and self._samples:
+            v["samples"] = self._samples
+        if "memory_peak_gib" not in v and torch.cuda.is_available() and torch.cuda.is_initialized():
+            v["memory_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        for name in ("nonfinite_loss_step", "nonfinite_grad_step"):
+            v[name] = self._acc.get(name, -1.0)
+        v["nonfinite_steps"] = self._acc.get("nonfinite_steps", 0.0)
+        if self._checksum is not None and self.layout.param_groups:
+            v["checksum"] = self._checksum.compute()
+        v["samples_hashed"] = self._sketch.count
+        return v
+
+    def exchange(self, record: StepRecord | None = None) -> list[Finding]:
+        """Gather the window from every rank (one bounded collective) and run the
+        cross-rank detectors on rank 0. Every rank must call it at the same step.
+
+        With ``record`` (the monitor's record of this step) rank 0 attaches the table as
+        ``record.extra["dist"]`` and, with ``aggregate``, turns the record's numbers into
+        the job's. Returns the findings to report on this rank (none on other ranks)."""
+        step = record.step if record is not None else self._last_step
+        if not self.active:
+            self._reset_window()
+            self._sketch.take()
+            out, self._pending = self._pending, []
+            return out
+        t0 = time.perf_counter()
+        first = self._window_first if self._steps else step
+        values = self._window_values(record, step)
+        row = pack_row(values, self._sketch.take())
+        self._reset_window()
+        assert self.channel is not None
+        gathered = self.channel.all_gather(row, step)
+        self.exchanges += 1
+        self.last_exchange_s = time.perf_counter() - t0
+        if gathered is None:
+            return self._lose()
+        table = RankTable.from_tensor(
+            gathered,
+            data_groups=self.layout.data_groups,
+            param_groups=self.layout.param_groups,
+            layout_source=self.layout.source,
+            prev_step=self._prev_step if self._prev_step is not None else first - 1,
+        )
+        self._prev_step = step
+        self.last_table = table
+        if not self.ctx.is_main:
+            return []
+        rec = record if record is not None else self._record_from(table)
+        rec.extra[DIST_KEY] = table
+        findings = self._pending + self.detectors.update(rec)
+        self._pending = []
+        if self.aggregate:
+            _aggregate(rec, table)
+        rec.extra[DIST_KEY] = table.to_extra(self.max_ranks_logged)
+        self.last_record = rec
+        return findings
+
+    def _record_from(self, table: RankTable) -> StepRecord:
+        r = self.rank
+        get = {
+            name: table.col(name)[r]
+            for name in ("loss", "grad_norm", "step_time_s", "data_time_s", "memory_peak_gib")
+        }
+        tokens, samples = table.col("tokens")[r], table.col("samples")[r]
+        return StepRecord(
+            step=table.step,
+            **get,
+            tokens=int(tokens) if tokens is not None else None,
+            samples=int(samples) if samples is not None else None,
+            time=time.time(),
+        )
+
+    def _lose(self) -> list[Finding]:
+        assert self.channel is not None and self.channel.lost is not None
+        self.lost = self.channel.lost
+        finding = lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s)
+        alive = sorted(set(range(self.ctx.world_size)) - set(self.lost.missing))
+        reporter = alive[0] if alive else self.rank
+        if self.rank != reporter:
+            return []
+        out, self._pending = [*self._pending, finding], []
+        return out
+
+    def close(self) -> None:
+        """Remove the forward hooks (the side group goes with the process group)."""
+        if self._timer is not None:
+            self._timer.remove()
+
+
+def _scalar(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return (t if t.dim() == 0 else t.float().mean()).to(torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
+def _aggregate(rec: StepRecord, table: RankTable) -> None:
+    """The job's numbers on the main record: mean loss, slowest times, largest memory,
+    throughput summed over one rank per data-parallel replica."""
+
+    def known(name: str) -> list[float]:
+        return [v for v in table.col(name) if v is not None]
+
+    losses = known("loss")
+    if losses:
+        rec.loss = sum(losses) / len(losses)
+    for name in ("step_time_s", "data_time_s", "memory_peak_gib", "memory_reserved_gib"):
+        vals = [v for v in known(name) if not math.isnan(v)]
+        if vals:
+            setattr(rec, name, max(vals))
+    if rec.grad_norm is None:
+        norms = known("grad_norm")
+        if norms:
+            rec.grad_norm = norms[0]
+    replicas = table.data_groups[0] if table.data_groups else None
+    if replicas:
+        for name in ("tokens", "samples"):
+            col = table.col(name)
+            vals = [col[r] for r in replicas if col[r] is not None]
+            if vals:
+                setattr(rec, name, int(sum(vals)))
+        for name in ("tokens_per_s", "samples_per_s"):
+            col = table.col(name)
+            vals = [col[r] for r in replicas if col[r] is not None]
+            if vals:
+                setattr(rec, name, sum(vals))
+    rec.extra["world_size"] = table.world_size
