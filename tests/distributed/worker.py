@@ -36,8 +36,12 @@ class TinyLM(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, width)
         self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(),
-                          nn.Linear(2 * width, width))
+            nn.Sequential(
+                nn.LayerNorm(width),
+                nn.Linear(width, 2 * width),
+                nn.GELU(),
+                nn.Linear(2 * width, width),
+            )
             for _ in range(2)
         )
         self.head = nn.Linear(width, VOCAB)
@@ -56,15 +60,30 @@ def _hf_model(kind: str) -> nn.Module:
     if kind == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
-                         bos_token_id=0, eos_token_id=0)
+        cfg = GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            vocab_size=VOCAB,
+            n_positions=32,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         return GPT2LMHeadModel(cfg)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                      max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
-                      pad_token_id=0)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -91,8 +110,10 @@ def _loader(opts: dict[str, Any], rank: int, world: int) -> DataLoader:
     if opts.get("unsharded"):  # the classic bug: every rank shuffles the same way
         sampler: Any = RandomSampler(ds, generator=torch.Generator().manual_seed(0))
     else:
-        replicas, index = opts.get("dp_size", world), opts.get("dp_rank_of", {}).get(
-            str(rank), rank)
+        replicas, index = (
+            opts.get("dp_size", world),
+            opts.get("dp_rank_of", {}).get(str(rank), rank),
+        )
         sampler = DistributedSampler(ds, num_replicas=replicas, rank=index, seed=0)
     return DataLoader(ds, batch_size=4, sampler=sampler, collate_fn=collate)
 
@@ -115,8 +136,11 @@ def _wrap(model: nn.Module, how: str, opts: dict[str, Any]) -> Any:
     if how == "deepspeed":
         import deepspeed
 
-        cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
-               "zero_optimization": {"stage": opts.get("zero", 1)}}
+        cfg = {
+            "train_micro_batch_size_per_gpu": 4,
+            "gradient_clipping": 1.0,
+            "zero_optimization": {"stage": opts.get("zero", 1)},
+        }
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
         return engine
@@ -135,9 +159,13 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     engine = wrapped if how == "deepspeed" else None
     opt = None if engine else torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     plan = Plan.model_validate(opts["plan"]) if opts.get("plan") else None
-    tracker = RankTracker(wrapped, plan=plan, every=opts.get("every", 5),
-                          timeout_s=opts.get("timeout_s", 20.0),
-                          checksum=opts.get("checksum", True))
+    tracker = RankTracker(
+        wrapped,
+        plan=plan,
+        every=opts.get("every", 5),
+        timeout_s=opts.get("timeout_s", 20.0),
+        checksum=opts.get("checksum", True),
+    )
     findings: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     norms: list[list[float]] = []
@@ -175,8 +203,10 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         if tracker.exchanges > before:
             exchange_s.append(tracker.last_exchange_s)
         findings.extend(f.to_json() for f in got)
-        if rank == 0 and tracker.last_record is not None and (
-            not records or records[-1]["step"] != tracker.last_record.step
+        if (
+            rank == 0
+            and tracker.last_record is not None
+            and (not records or records[-1]["step"] != tracker.last_record.step)
         ):
             records.append(tracker.last_record.to_json())
     tracker.close()
@@ -187,18 +217,25 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         "norms": norms,
         "exchange_s": exchange_s,
         "active": tracker.active,
-        "layout": {"data": tracker.layout.data_groups, "param": tracker.layout.param_groups,
-                   "source": tracker.layout.source},
+        "layout": {
+            "data": tracker.layout.data_groups,
+            "param": tracker.layout.param_groups,
+            "source": tracker.layout.source,
+        },
     }
 
 
-def _compare_norms(model: Any, reference: nn.Module, batch: torch.Tensor,
-                   world: int) -> list[float]:
+def _compare_norms(
+    model: Any, reference: nn.Module, batch: torch.Tensor, world: int
+) -> list[float]:
     """FSDP2's global norm vs one process doing the whole batch on the full model, and
     the naive norm of this rank's shards (wrong under sharding)."""
     sapper_norm = float(global_grad_norm(model))
-    local_only = float(torch.linalg.vector_norm(torch.stack(
-        [torch.linalg.vector_norm(p.grad.to_local()) for p in model.parameters()])))
+    local_only = float(
+        torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad.to_local()) for p in model.parameters()])
+        )
+    )
     with torch.no_grad():  # the reference takes the weights this step ran with
         for ref_p, p in zip(reference.parameters(), model.parameters(), strict=True):
             ref_p.copy_(p.full_tensor())
@@ -207,8 +244,11 @@ def _compare_norms(model: Any, reference: nn.Module, batch: torch.Tensor,
     reference.zero_grad(set_to_none=True)
     loss = sum(_loss(reference, b) for b in gathered) / world  # FSDP averages over ranks
     loss.backward()
-    ref = float(torch.linalg.vector_norm(torch.stack(
-        [torch.linalg.vector_norm(p.grad) for p in reference.parameters()])))
+    ref = float(
+        torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.parameters()])
+        )
+    )
     return [sapper_norm, ref, local_only]
 
 

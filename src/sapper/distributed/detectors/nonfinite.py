@@ -40,7 +40,8 @@ gradients, and make the loop skip a step whose global norm is non-finite.""",
 class NonFiniteRankDetector(Detector):
     """Fires when any rank saw a non-finite loss or gradient norm in the window; the
     finding names the earliest rank(s) (a loss before a gradient at the same step: DDP
-    spreads a gradient NaN, a loss NaN is the rank's own)."""
+    spreads a gradient NaN, a loss NaN is the rank's own). An outbreak is reported once,
+    at its start; a clean window re-arms it."""
 
     rules = (NONFINITE_ON_RANK,)
 
@@ -63,10 +64,10 @@ class NonFiniteRankDetector(Detector):
         if not hits:
             self.reported = []  # clean window: a new outbreak is reported again
             return []
+        if self.reported:  # the same outbreak goes on: reported at its start
+            return []
         first = min(v[:2] for v in hits.values())
         origin = sorted(r for r, v in hits.items() if v[:2] == first)
-        if origin == self.reported:
-            return []
         self.reported = origin
         step, _, what = hits[origin[0]]
         others = sorted(set(hits) - set(origin))
