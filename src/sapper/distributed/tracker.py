@@ -43,6 +43,8 @@ from sapper.runtime.records import StepRecord
 __all__ = ["RankTracker"]
 
 T = TypeVar("T")
+#: Sample hashes are cut to 52 bits so they survive the float64 exchange exactly.
+_HASH_MASK = (1 << 52) - 1
 
 #: Record fields a rank reports as it measured them (the monitor's values win).
 _RECORD_FIELDS = (
@@ -152,6 +154,7 @@ class RankTracker:
         self._steps = 0
         self._window_first = 0
         self._step_time = 0.0
+        self._timed_steps = 0
         self._data_time = 0.0
         self._data_timed = False
         self._batch_seen = False
@@ -194,7 +197,7 @@ class RankTracker:
         cur = self._acc.get(name)
         if cur is None:
             cur = torch.full((), -1.0, dtype=torch.float64, device=bad.device)
-        self._acc[name] = torch.where(bad & (cur < 0), float(step), cur)
+        self._acc[name] = torch.where(bad.to(cur.device) & (cur < 0), float(step), cur)
 
     def _add(self, name: str, value: torch.Tensor) -> None:
         cur = self._acc.get(name)
@@ -205,6 +208,7 @@ class RankTracker:
         ``grad_norm`` may be device tensors; they are never read back here."""
         now = time.perf_counter()
         self._step_time += now - self._last_end
+        self._timed_steps += 1
         self._last_end = now
         self._batch_seen = False
         if self._steps == 0:
@@ -231,6 +235,40 @@ class RankTracker:
         if bad_any is not None:
             self._add("nonfinite_steps", bad_any.to(torch.float64))
 
+    def add_records(self, records: Iterable[StepRecord]) -> None:
+        """Feed steps the live monitor already read to the host (its seam): the same
+        window accumulators as :meth:`observe` and :meth:`batch`, from host numbers."""
+        for rec in records:
+            if self._steps == 0:
+                self._window_first = rec.step
+            self._steps += 1
+            self._last_step = rec.step
+            if rec.step_time_s is not None:
+                self._step_time += rec.step_time_s
+                self._timed_steps += 1
+            if rec.data_time_s is not None:
+                self._data_time += rec.data_time_s
+                self._data_timed = True
+            self._tokens += rec.tokens or 0
+            self._samples += rec.samples or 0
+            bad = False
+            for value, name in ((rec.loss, "nonfinite_loss_step"),
+                                (rec.grad_norm, "nonfinite_grad_step")):
+                if value is not None and not math.isfinite(value):
+                    self._flag(name, torch.tensor(True), rec.step)
+                    bad = True
+            if rec.loss is not None and math.isfinite(rec.loss):
+                self._add("loss_sum", torch.tensor(rec.loss, dtype=torch.float64))
+                self._add("loss_n", torch.tensor(1.0, dtype=torch.float64))
+            self._add("nonfinite_steps", torch.tensor(float(bad), dtype=torch.float64))
+            if rec.grad_norm is not None:
+                self._grad_norm = rec.grad_norm
+            hashes = rec.extra.get("sample_hashes")
+            if hashes:
+                values = [int(h, 16) & _HASH_MASK if isinstance(h, str) else int(h) & _HASH_MASK
+                          for h in hashes]
+                self._sketch.add(torch.tensor(values, dtype=torch.int64))
+
     def due(self) -> bool:
         """The window is full: the next :meth:`exchange` is expected on every rank."""
         return self._steps >= self.every
@@ -255,8 +293,8 @@ class RankTracker:
         if "grad_norm" not in v and self._grad_norm is not None:
             g = self._grad_norm
             v["grad_norm"] = g.full_tensor() if hasattr(g, "full_tensor") else _scalar(g)
-        if self._steps:
-            v["step_time_s"] = self._step_time / n
+        if self._timed_steps:
+            v["step_time_s"] = self._step_time / self._timed_steps
         elif record is not None and record.step_time_s is not None:
             v["step_time_s"] = record.step_time_s
         if self._data_timed:
