@@ -1,0 +1,68 @@
+"""Hugging Face ``Trainer`` integration: one callback.
+
+    trainer = Trainer(..., callbacks=[SapperCallback(run_log="run.jsonl")])
+
+The callback builds a :class:`~sapper.monitor.Monitor` on the Trainer's model, optimizer
+and scheduler when training begins, closes one step per ``on_step_end`` (the Trainer calls
+it once per optimizer step, also when its loss scaler skipped the update), reads the
+device values at each ``on_log`` (the Trainer synchronises there anyway) and closes the
+monitor at the end. Requires ``transformers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from sapper.monitor.monitor import Monitor
+from sapper.plan.schema import Plan
+
+__all__ = ["SapperCallback"]
+
+
+class SapperCallback(TrainerCallback):
+    """Attach sapper's monitor to a ``transformers.Trainer``.
+
+    Args:
+        plan: the declared job, for the detectors (schedule, clipping, GPU ...).
+        **monitor_options: keyword arguments of :class:`~sapper.monitor.Monitor`
+            (``run_log``, ``tensorboard``, ``halt_on``, ``log_every`` ...).
+    """
+
+    def __init__(self, plan: Plan | None = None, **monitor_options: Any) -> None:
+        self.plan = plan
+        self.options = monitor_options
+        self.monitor: Monitor | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        if self.monitor is not None or model is None:
+            return
+        options = dict(self.options)
+        options.setdefault("start_step", state.global_step)
+        if getattr(args, "world_size", 1) > 1:
+            options.setdefault("rank", args.process_index)
+        options.setdefault("console", args.process_index == 0)
+        self.monitor = Monitor(
+            model,
+            kwargs.get("optimizer"),
+            scheduler=kwargs.get("lr_scheduler"),
+            plan=self.plan,
+            step_on_call=True,
+            **options,
+        )
+        self._optimizer = kwargs.get("optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            skipped = getattr(self._optimizer, "step_was_skipped", None)
+            self.monitor.step(skipped=skipped if isinstance(skipped, bool) else None)
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.flush()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()

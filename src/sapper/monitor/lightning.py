@@ -1,0 +1,90 @@
+"""Lightning integration: one callback.
+
+    trainer = lightning.Trainer(..., callbacks=[SapperCallback(run_log="run.jsonl")])
+
+At ``on_train_start`` the callback builds a :class:`~sapper.monitor.Monitor` on the
+LightningModule, its first optimizer, LR scheduler and (under 16-mixed precision) the
+precision plugin's GradScaler; ``on_train_batch_end`` feeds it the batch loss (the
+monitor closes a step at each optimizer step, so gradient accumulation is handled);
+``on_train_end`` closes it. Requires ``lightning`` (or ``pytorch_lightning``):
+``pip install 'sapper[lightning]'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package
+    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+
+from sapper.monitor.monitor import Monitor
+from sapper.plan.schema import Plan
+
+__all__ = ["SapperCallback"]
+
+
+class SapperCallback(Callback):
+    """Attach sapper's monitor to a Lightning ``Trainer``.
+
+    Args:
+        plan: the declared job, for the detectors.
+        module: attribute of the LightningModule whose forward receives the batch
+            (default: a child holding ≥ 90% of the parameters, e.g. ``self.model``, else
+            the LightningModule itself).
+        **monitor_options: keyword arguments of :class:`~sapper.monitor.Monitor`.
+    """
+
+    def __init__(
+        self, plan: Plan | None = None, module: str | None = None, **monitor_options: Any
+    ) -> None:
+        super().__init__()
+        self.plan = plan
+        self.module = module
+        self.options = monitor_options
+        self.monitor: Monitor | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.monitor is not None:
+            return
+        optimizers = list(getattr(trainer, "optimizers", []) or [])
+        configs = list(getattr(trainer, "lr_scheduler_configs", []) or [])
+        scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        options = dict(self.options)
+        options.setdefault("start_step", trainer.global_step)
+        if getattr(trainer, "world_size", 1) > 1:
+            options.setdefault("rank", trainer.global_rank)
+        options.setdefault("console", trainer.is_global_zero)
+        self.monitor = Monitor(
+            _watched(pl_module, self.module),
+            optimizers[0] if optimizers else None,
+            scaler=scaler,
+            scheduler=configs[0].scheduler if configs else None,
+            plan=self.plan,
+            **options,
+        )
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.monitor is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self.monitor.step(loss, batch)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+def _watched(pl_module: Any, name: str | None) -> Any:
+    """The module whose forward sees each batch: training steps usually call a wrapped
+    model (``self.model(**batch)``), not the LightningModule's own forward."""
+    if name:
+        return getattr(pl_module, name)
+    total = sum(p.numel() for p in pl_module.parameters())
+    for child in pl_module.children():
+        if total and sum(p.numel() for p in child.parameters()) >= 0.9 * total:
+            return child
+    return pl_module

@@ -1,0 +1,562 @@
+"""The live monitor: two lines in a plain PyTorch loop.
+
+    mon = sapper.Monitor(model, optimizer, scaler=scaler, scheduler=scheduler)
+    for batch in loader:
+        ...forward, backward, (unscale_, clip), optimizer.step(), scheduler.step()...
+        mon.step(loss)            # once per step (or once per micro-batch)
+
+The model's forward hooks see each micro-batch (data wait, tokens, sample fingerprints,
+positions, the loss and, through a tensor hook, the weight it enters backward with); the
+optimizer's step pre-hook closes a step (gradient norm, LR, loss scale, call order of the
+scaler and clipping). Values stay on the device; every ``log_every`` steps
+:class:`~sapper.monitor.collect.StepCollector` copies them to the host in one transfer,
+the records go through the same detectors the offline analyzer uses, and findings go to
+the console, the run log and TensorBoard. ``Monitor.step`` never syncs otherwise.
+
+The monitor's own failures are caught, reported once (R190) and switch the failing part
+off; only :class:`SapperHalt`, raised on purpose by the halt policy, reaches the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sapper.monitor.collect import StepCollector, StepSlot
+from sapper.monitor.faults import GradStats, Localiser
+from sapper.monitor.fingerprint import fingerprint_rows
+from sapper.monitor.halt import HaltPolicy, SapperHalt
+from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, position_limit, read_batch
+from sapper.monitor.sinks import ConsoleSink, RunLogSink, Sink, TensorBoardSink
+from sapper.monitor.structure import StructureProbe
+from sapper.monitor.system import MemoryReader, flops_per_token, peak_flops
+from sapper.monitor.training import TrainingObserver
+from sapper.plan.schema import Plan
+from sapper.rules.model import Finding, Severity
+from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.detectors import default_detectors
+from sapper.runtime.detectors.internal import MONITOR_ERROR
+from sapper.runtime.records import StepRecord
+
+__all__ = ["Monitor"]
+
+#: After this many ``step()`` calls without an observed optimizer step, each call is one
+#: step (the optimizer is not a torch optimizer, or another one is stepped).
+_FALLBACK_CALLS = 256
+
+
+class Monitor:
+    """Watches one training loop; see the module docstring for the two lines to add.
+
+    Args:
+        model: the module whose forward is called once per micro-batch.
+        optimizer: the torch optimizer (framework wrappers are unwrapped); ``None``
+            makes every :meth:`step` call one step.
+        scaler: the ``torch.amp.GradScaler``, to check its use and read the scale.
+        scheduler: the LR scheduler, to count its ``step()`` calls per optimizer step.
+        plan: the declared job (schedule, clipping, GPU, positions), for the detectors.
+        log_every: steps between reads of the device values (the only host syncs).
+        sample_every: steps between per-parameter gradient statistics.
+        run_log: path of the JSONL run log to append to.
+        tensorboard: a TensorBoard log directory for scalars and findings.
+        console: print findings on stderr (rate-limited), or a ``rich`` Console.
+        halt_on: severities ("error") and/or codes or prefixes ("R001", "R03") that raise
+            :class:`SapperHalt` from :meth:`step`.
+        detectors: detectors to run instead of :func:`default_detectors`.
+        detector_options: per-detector options for :func:`default_detectors`.
+        hash_samples: fingerprint every sample to find duplicated data.
+        flops_per_token: training FLOPs per token for MFU (default: 6·N + attention).
+        peak_flops: the device's peak FLOP/s for MFU (default: sapper's GPU table).
+        start_step: number of the first step (when resuming).
+        rank: global rank stamped on findings in distributed runs.
+        step_on_call: every :meth:`step` call closes one step, whether or not the
+            optimizer stepped (for framework callbacks called once per optimizer step,
+            where a loss scaler may skip ``optimizer.step()``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Any = None,
+        scaler: Any = None,
+        scheduler: Any = None,
+        plan: Plan | None = None,
+        *,
+        log_every: int = 20,
+        sample_every: int = 50,
+        run_log: str | Path | None = None,
+        tensorboard: str | Path | None = None,
+        console: bool | Any = True,
+        halt_on: Iterable[str | Severity] = (),
+        detectors: Iterable[Detector] | None = None,
+        detector_options: dict[str, dict[str, Any]] | None = None,
+        hash_samples: bool = True,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        start_step: int = 0,
+        rank: int | None = None,
+        step_on_call: bool = False,
+    ) -> None:
+        if log_every < 1 or sample_every < 1:
+            from sapper.errors import InputError
+
+            raise InputError(
+                "must be a positive number of steps",
+                field="log_every" if log_every < 1 else "sample_every",
+                value=log_every if log_every < 1 else sample_every,
+                expected="an integer ≥ 1",
+            )
+        self.model = model
+        self.plan = plan
+        self.log_every = log_every
+        self.sample_every = sample_every
+        self.hash_samples = hash_samples
+        self.rank = rank
+        self.halt = HaltPolicy(halt_on)
+        self.findings: list[Finding] = []
+        #: The most recent records (the run log keeps them all).
+        self.history: deque[StepRecord] = deque(maxlen=10_000)
+        self.next_step = start_step
+        self.collector = StepCollector()
+        self.detectors = DetectorSet(
+            list(detectors)
+            if detectors is not None
+            else default_detectors(plan, **(detector_options or {}))
+        )
+        self._disabled: set[str] = set()
+        self.sinks: list[Sink] = []
+        self._closed = False
+        self._bucket = StepSlot()
+        self._sealed: list[StepSlot] = []
+        self._events = 0
+        self._calls_since_event = 0
+        self._call_based = optimizer is None or step_on_call
+        self._last_event_t: float | None = None
+        self._ready_t: float | None = None
+        self._force_read = False
+        self._localise_pending = False
+        self._arm_reason = ""
+        self._fault_arms = 0
+        self._first_forward = True
+
+        params = [p for p in model.parameters()]
+        first = next(iter(params), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        observer = self.guard(
+            "optimizer",
+            lambda: TrainingObserver(
+                self, optimizer, scaler=scaler, scheduler=scheduler, param_ids=map(id, params)
+            ),
+        )
+        self.observer = observer or TrainingObserver(self, None, param_ids=map(id, params))
+        if self.observer.optimizer is None:
+            self._call_based = True
+        opt_params = (
+            [p for g in self.observer.optimizer.param_groups for p in g["params"]]
+            if self.observer.optimizer is not None
+            else [p for p in params if p.requires_grad]
+        )
+        self._opt_params = opt_params
+        self.structure = StructureProbe(model, self.guard)
+        self.grad_stats = GradStats(model, opt_params, self.structure.prefix)
+        self.localiser = Localiser(model, self.guard)
+        self.memory = MemoryReader(self.device)
+        declared = plan.model.max_position_embeddings if plan and plan.model else None
+        self.positions = position_limit(model, declared)
+        self._flops_per_token = flops_per_token
+        self._peak_flops = peak_flops
+        if peak_flops is None:
+            gpu = plan.gpu.name if plan and plan.gpu else None
+            dtype = _compute_dtype(plan, model)
+            self._peak_flops = self.guard("system", _peak, self.device, dtype, gpu)
+        self._handles = [
+            model.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
+            model.register_forward_hook(self._forward_post, with_kwargs=True),
+        ]
+        if console:
+            self.sinks.append(ConsoleSink(None if console is True else console))
+        if run_log is not None:
+            self.sinks.append(RunLogSink(run_log, self._meta(log_every, sample_every)))
+        if tensorboard is not None:
+            tb = self.guard("tensorboard", TensorBoardSink, tensorboard)
+            if tb is not None:
+                self.sinks.append(tb)
+        if self.findings:  # problems met while attaching
+            for sink in self.sinks:
+                self.guard("sinks", sink.findings, list(self.findings))
+
+    # ---- public API ---------------------------------------------------------------
+    def step(
+        self, loss: Any = None, batch: Any = None, *, skipped: bool | None = None
+    ) -> list[Finding]:
+        """Call once per optimizer step (after ``optimizer.step()``), or once per
+        micro-batch; ``loss`` is the step's loss (a tensor is fine: it is not read now),
+        ``batch`` the inputs when the model's forward does not receive token ids.
+        Returns the findings raised by this call (usually none: they arrive every
+        ``log_every`` steps). ``skipped`` tells that a loss scaler the monitor does not
+        see skipped this step's update. Raises :class:`SapperHalt` when the halt policy
+        says so."""
+        if self._closed:
+            return []
+        found = self.guard("step", self._step, loss, batch, skipped) or []
+        self.halt.check(found)
+        return found
+
+    def flush(self) -> list[Finding]:
+        """Read the pending device values now (a host sync) and run the detectors."""
+        if self._closed:
+            return []
+        found = self.guard("read", self._read) or []
+        self.halt.check(found)
+        return found
+
+    def close(self) -> list[Finding]:
+        """Read what is pending, finish the detectors, remove every hook; returns all
+        findings of the run. Safe to call twice."""
+        if self._closed:
+            return self.findings
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self.structure.disarm()
+        self.localiser.disarm()
+        self.observer.close()
+        self._seal_pending()
+        self.guard("read", self._read)
+        self._dispatch(self.detectors.finish())
+        for sink in self.sinks:
+            self.guard("sinks", sink.close)
+        self.memory.close()
+        return self.findings
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def host_transfers(self) -> int:
+        """Host copies of device values so far (each a sync on an accelerator)."""
+        return self.collector.transfers
+
+    # ---- the guard ------------------------------------------------------------------
+    def guard(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn``; on error switch ``part`` off and report it once (R190)."""
+        if part in self._disabled:
+            return None
+        try:
+            return fn(*args)
+        except SapperHalt:
+            raise
+        except Exception as exc:
+            self._disabled.add(part)
+            message = (
+                f"monitor part '{part}' failed and was switched off: {type(exc).__name__}: {exc}"
+            )
+            finding = MONITOR_ERROR.finding(message, step=self.next_step, rank=self.rank)
+            if part != "sinks":
+                self._dispatch([finding], check_halt=False)
+            else:
+                self.findings.append(finding)
+            return None
+
+    # ---- forward hooks ----------------------------------------------------------------
+    def _forward_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        if not (module.training and torch.is_grad_enabled()):
+            return None
+        self.guard("inputs", self._on_inputs, args, kwargs)
+        return None
+
+    def _on_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        b = self._bucket
+        if self._ready_t is not None:
+            b.data_time_s += max(0.0, now - self._ready_t)
+            self._ready_t = None
+        b.micro += 1
+        if self._first_forward:
+            self._first_forward = False
+            self.guard("structure", self.structure.arm)
+        if not self.localiser.armed and self._sampled(self.next_step):
+            self.guard("localise", self.localiser.arm)
+            self._arm_reason = "sampled"
+        if self.localiser.armed:
+            self.localiser.bind(b)
+        self._observe_batch(b, read_batch(args, kwargs))
+
+    def _observe_batch(self, b: StepSlot, view: BatchView) -> None:
+        if view.samples:
+            b.samples += view.samples
+            b.tokens += view.samples * (view.seq_len or 1)
+            b.host["_saw_batch"] = True
+        if view.normalised:
+            b.extra["loss_normalised"] = True
+        if self.hash_samples and view.ids is not None:
+            b.add_i("sample_hash", fingerprint_rows(view.ids))
+        if self.positions is not None and view.seq_len:
+            self._check_positions(b, view)
+        if view.labels is not None and self._sampled(self.next_step):
+            b.add_i("micro_tokens", (view.labels != -100).sum())
+
+    def _check_positions(self, b: StepSlot, view: BatchView) -> None:
+        limit, kind = self.positions  # type: ignore[misc]
+        pos = view.position_ids
+        if pos is not None and pos.device.type != "cpu":
+            b.add_i("position_max", pos.max())
+            b.extra.update(position_limit=limit, position_kind=kind)
+            return
+        top = int(pos.max()) if pos is not None else (view.seq_len or 0) - 1
+        if top < limit:
+            return
+        # Host-known overflow: report now, before the embedding runs past its table.
+        b.extra.update(max_position=top, position_limit=limit, position_kind=kind)
+        rec = StepRecord(step=self.next_step, extra=dict(b.extra))
+        found = self.detectors.update(rec)
+        self._dispatch(found)
+
+    def _forward_post(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        self.guard("outputs", self._on_output, output)
+
+    def _on_output(self, output: Any) -> None:
+        b = self._bucket
+        if (
+            self.structure.blocks is not None
+            and "norm_placement" not in b.extra
+            and (self.structure._handles)
+        ):
+            self.structure.disarm()
+            placement, stds = self.structure.result()
+            b.extra.update(norm_placement=placement, num_blocks=self.structure.num_blocks)
+            if stds:
+                b.add_f("activation_std", torch.stack(stds))
+                b.decoders.append(_decode_stds)
+        loss = find_loss(output)
+        if loss is None:
+            return
+        b.add_f("model_loss", loss)
+        if loss.requires_grad:
+            loss.register_hook(self._on_loss_grad)
+
+    def _on_loss_grad(self, grad: torch.Tensor) -> None:
+        self.guard("accumulation", self._bucket.add_f, "loss_grad", grad)
+
+    # ---- optimizer boundary ----------------------------------------------------------
+    def on_optimizer_step(self, clip_norm: torch.Tensor | None, skipped: bool) -> None:
+        """A step ends: seal the current slot with what the optimizer sees (or, when steps
+        are closed by calls, record it into the step in progress)."""
+        now = time.perf_counter()
+        slot = self._bucket if self._call_based else self._seal(now)
+        obs = self.observer
+        slot.skipped = skipped if obs.scaler is not None else None
+        if clip_norm is not None:
+            slot.add_f("grad_norm", clip_norm)
+            slot.clip_threshold = obs.clip_max
+        elif not skipped:
+            self.guard("gradnorm", self._grad_norm, slot)
+        if obs.scaler is not None:
+            slot.extra["scaler_checked"] = True
+            scale = obs.loss_scale()
+            if scale is not None:
+                slot.add_f("loss_scale", scale)
+            if obs.scaled_grads_step():
+                slot.extra["scaled_grads_step"] = True
+            if obs.clip_before_unscale:
+                slot.extra["clip_before_unscale"] = True
+        if obs.scheduler is not None and self.next_step > 1 and not self._call_based:
+            slot.extra["scheduler_steps"] = obs.scheduler_calls
+        self._lrs(slot, obs.lrs())
+        armed = self.localiser.armed
+        number = slot.step if slot.step >= 0 else self.next_step
+        if armed or (self._sampled(number) and not skipped):
+            self.guard("gradstats", self.grad_stats.measure, slot, armed)
+        obs.reset()
+        if not self._call_based:
+            self._sealed.append(slot)
+
+    def on_optimizer_stepped(self) -> None:
+        self._ready_t = time.perf_counter()
+
+    def _seal(self, now: float) -> StepSlot:
+        slot, self._bucket = self._bucket, StepSlot()
+        slot.step = self.next_step
+        self.next_step += 1
+        self._events += 1
+        self._calls_since_event = 0
+        if self._last_event_t is not None:
+            slot.step_time_s = now - self._last_event_t
+        self._last_event_t = now
+        slot.time = time.time()
+        slot.host.update(self.guard("memory", self.memory.read) or {})
+        if self.localiser.armed:
+            self._localise_pending = True
+        return slot
+
+    def _grad_norm(self, slot: StepSlot) -> None:
+        grads = [p.grad for p in self._opt_params if p.grad is not None and not p.grad.is_sparse]
+        if not grads:
+            return
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for g in grads:
+            by_device.setdefault(g.device, []).append(g)
+        totals = []
+        for gs in by_device.values():
+            norms = torch._foreach_norm(gs)
+            totals.append(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+        total = (
+            totals[0]
+            if len(totals) == 1
+            else torch.linalg.vector_norm(torch.stack([t.to(self.device) for t in totals]))
+        )
+        slot.add_f("grad_norm", total)
+
+    def _lrs(self, slot: StepSlot, lrs: list[Any]) -> None:
+        if any(isinstance(lr, torch.Tensor) and lr.device.type != "cpu" for lr in lrs):
+            for lr in lrs:
+                slot.add_f("lr", torch.as_tensor(lr, device=self.device).reshape(1))
+            return
+        slot.lrs = [float(lr) for lr in lrs if lr is not None]
+
+    # ---- step / read ---------------------------------------------------------------
+    def _sampled(self, step: int) -> bool:
+        return step % self.sample_every == 0
+
+    def _step(self, loss: Any, batch: Any, skipped: bool | None) -> list[Finding]:
+        self._calls_since_event += 1
+        if not self._call_based and self._events == 0 and self._calls_since_event > _FALLBACK_CALLS:
+            self._call_based = True
+        if batch is not None and not self._bucket.host.get("_saw_batch"):
+            target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
+            if not target.host.get("_saw_batch"):
+                self._observe_batch(target, batch_from_user(batch))
+        if loss is not None:
+            target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
+            if isinstance(loss, torch.Tensor):
+                target.add_f("user_loss", loss.detach().float().mean())
+            else:
+                target.add_f("user_loss", torch.tensor(float(loss)))
+        if self._call_based:
+            slot = self._seal(time.perf_counter())
+            if not slot.lrs and "lr" not in slot.dev_f:
+                self._lrs(slot, self.observer.lrs())
+            if skipped is not None:
+                slot.skipped = skipped
+            self._sealed.append(slot)
+        for slot in self._sealed:
+            slot.host.pop("_saw_batch", None)
+            self.collector.add(slot)
+        self._sealed.clear()
+        if self._localise_pending:
+            self._localise_pending = False
+            self.localiser.disarm()
+            self._force_read = self._force_read or self._arm_reason == "fault"
+        self._ready_t = time.perf_counter()
+        if self._force_read or len(self.collector) >= self.log_every:
+            return self._read()
+        return []
+
+    def _seal_pending(self) -> None:
+        for slot in self._sealed:
+            slot.host.pop("_saw_batch", None)
+            self.collector.add(slot)
+        self._sealed.clear()
+
+    def _read(self) -> list[Finding]:
+        self._force_read = False
+        records = self.collector.read()  # note: this is a CPU-GPU sync point
+        if not records:
+            return []
+        found: list[Finding] = []
+        for rec in records:
+            self._enrich(rec)
+            new = self.detectors.update(rec)
+            found.extend(new)
+            self.history.append(rec)
+            self._maybe_arm(rec, new)
+        for sink in self.sinks:
+            self.guard("sinks", sink.records, records)
+        self._dispatch(found, check_halt=False)
+        return found
+
+    def _enrich(self, rec: StepRecord) -> None:
+        if self.rank is not None:
+            rec.extra.setdefault("rank", self.rank)
+        if rec.tokens_per_s and self._peak_flops:
+            fpt = self._flops_per_token
+            if fpt is None and rec.tokens and rec.samples:
+                fpt = flops_per_token(self.model, rec.tokens // max(1, rec.samples))
+                self._flops_per_token = fpt
+            if fpt:
+                rec.mfu = fpt * rec.tokens_per_s / self._peak_flops
+
+    def _maybe_arm(self, rec: StepRecord, found: list[Finding]) -> None:
+        """Arm the localiser for the next step after a non-finite value that was applied
+        (or a scaler that keeps skipping), a few times per run at most."""
+        bad_loss = rec.loss is not None and not math.isfinite(rec.loss)
+        bad_grad = rec.grad_norm is not None and not math.isfinite(rec.grad_norm)
+        scaler = any(f.code in ("R030", "R031") for f in found)
+        if not (bad_loss or (bad_grad and not rec.skipped) or scaler) or self._fault_arms >= 3:
+            return
+        if self._arm_reason == "fault" and self.localiser.armed:
+            return
+        self._fault_arms += 1
+        if not self.localiser.armed:
+            self.guard("localise", self.localiser.arm)
+        self._arm_reason = "fault"
+        self._bucket.extra.setdefault("nonfinite_first_step", rec.step)
+
+    def _dispatch(self, findings: list[Finding], *, check_halt: bool = True) -> None:
+        if not findings:
+            return
+        if self.rank is not None:
+            findings = [f.model_copy(update={"rank": self.rank}) for f in findings]
+        self.findings.extend(findings)
+        for sink in self.sinks:
+            self.guard("sinks", sink.findings, findings)
+        if check_halt:
+            self.halt.check(findings)
+
+    def _meta(self, log_every: int, sample_every: int) -> dict[str, Any]:
+        from sapper import __version__
+
+        return {
+            "source": "sapper.Monitor",
+            "sapper": __version__,
+            "torch": torch.__version__,
+            "model": type(self.model).__name__,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "device": str(self.device),
+            "log_every": log_every,
+            "sample_every": sample_every,
+            "rank": self.rank,
+            "plan": self.plan.model_dump(mode="json") if self.plan is not None else None,
+        }
+
+
+def _decode_stds(slot: StepSlot, f: dict, ints: dict, rec: StepRecord) -> None:
+    if f.get("activation_std"):
+        rec.extra["activation_std"] = [float(v) for v in f["activation_std"]]
+
+
+def _compute_dtype(plan: Plan | None, model: nn.Module) -> str:
+    if plan is not None:
+        return plan.precision.dtype
+    first = next(model.parameters(), None)
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
+        first.dtype if first is not None else torch.float32, "bf16"
+    )
+
+
+def _peak(device: torch.device, dtype: str, gpu: str | None) -> float | None:
+    return peak_flops(device, dtype, gpu)

@@ -1,0 +1,243 @@
+"""Loss (seed §5.2): non-finite, spikes, no progress, oscillation.
+
+The spike test is robust and warmup-aware: a loss is a spike when it stands more than
+``k`` robust standard deviations (1.4826·MAD) *and* a minimum relative margin above the
+median of a rolling window of recent losses. A fixed multiplier alone (3× the running
+mean) misses spikes on a low loss and fires on a noisy high one; a frozen reference (the
+first 100 steps) goes stale as the loss falls. During the LR warmup the loss falls fast
+and the window lags, so the threshold is doubled there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+
+from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.registry import register
+from sapper.runtime.detectors.base import RuleDetector, fmt
+from sapper.runtime.detectors.stats import median, robust_sigma
+from sapper.runtime.records import StepRecord
+
+__all__ = ["LOSS_FLAT", "LOSS_NONFINITE", "LOSS_OSCILLATING", "LOSS_SPIKE", "LossDetector"]
+
+LOSS_NONFINITE = register(
+    Rule(
+        code="R001",
+        name="loss-non-finite",
+        check="loss",
+        severity=Severity.ERROR,
+        title="The loss is NaN or Inf",
+        why="""\
+Once a NaN reaches the loss, the backward pass spreads it into every gradient and, without
+a loss scaler that skips the step, the optimizer writes it into every weight: the run is
+lost from that step on. In fp16 the usual cause is an activation above 65504 (overflow)
+a few layers before the loss; otherwise a too-high LR, a log/div of zero or bad data.""",
+        signs="""\
+Loss spikes and rising gradient norms in the steps before; a loss scale that keeps
+halving; the loss printed as nan or inf.""",
+        fix="""\
+Stop and restore the last good checkpoint; find the first module whose output went
+non-finite (sapper names it when the monitor is attached); lower the LR, enable clipping,
+switch fp16 to bf16 or enable dynamic loss scaling.""",
+        seed="§2.1",
+    )
+)
+
+LOSS_SPIKE = register(
+    Rule(
+        code="R002",
+        name="loss-spike",
+        check="loss",
+        severity=Severity.WARNING,
+        title="Loss spike far above its recent level",
+        why="""\
+A sudden jump of the loss means one update moved the weights far: a bad batch, an LR
+too high for the current curvature, or an fp16 overflow in progress. Repeated spikes are
+the usual prelude to divergence.""",
+        signs="""\
+The loss jumps several robust standard deviations above its rolling median, often with
+a gradient-norm surge at the same step.""",
+        fix="""\
+Check the batch at that step; lower the LR or lengthen warmup; enable gradient clipping
+(≈1.0); if spikes repeat, restore a checkpoint before the first one and skip its data.""",
+        seed="§5.2",
+    )
+)
+
+LOSS_FLAT = register(
+    Rule(
+        code="R003",
+        name="loss-not-decreasing",
+        check="loss",
+        severity=Severity.WARNING,
+        title="The loss is not decreasing in the first steps",
+        why="""\
+In the first few hundred steps a healthy run's loss falls at a visible slope. A flat or
+rising loss there means the updates do not reach the weights: LR far too low, a frozen
+model, labels that do not match the inputs, or data the model cannot learn from.""",
+        signs="""\
+The loss stays at its initial level (for a language model near ln(vocab size)) or
+rises, while the gradient norm looks normal.""",
+        fix="""\
+Check the LR actually applied (print optimizer.param_groups[i]['lr']), that parameters
+require grad and are in the optimizer, and that labels are the inputs shifted by one.""",
+        seed="§5.2",
+    )
+)
+
+LOSS_OSCILLATING = register(
+    Rule(
+        code="R004",
+        name="loss-oscillating",
+        check="loss",
+        severity=Severity.WARNING,
+        title="The loss oscillates with a large amplitude",
+        why="""\
+A loss that swings up and down by a large fraction of its value from step to step means
+the updates overshoot: the LR is too high for the batch size, or the batch is too small
+for the gradient noise, and clipping is not damping it.""",
+        signs="""\
+Consecutive differences alternate in sign most of the time and their typical size is a
+large fraction of the loss itself.""",
+        fix="""\
+Lower the LR, raise the (effective) batch size, or enable gradient clipping at ≈1.0.""",
+        seed="§5.2",
+    )
+)
+
+
+class LossDetector(RuleDetector):
+    """R001-R004 over ``record.loss``."""
+
+    name = "loss"
+    rules = (LOSS_NONFINITE, LOSS_SPIKE, LOSS_FLAT, LOSS_OSCILLATING)
+    cooldown = 100
+
+    def __init__(
+        self,
+        *,
+        window: int = 50,
+        min_history: int = 10,
+        spike_k: float = 6.0,
+        spike_rel: float = 0.1,
+        warmup_steps: int = 0,
+        flat_steps: int = 100,
+        flat_min_drop: float = 0.01,
+        flat_horizon: int = 1000,
+        osc_window: int = 30,
+        osc_flips: float = 0.7,
+        osc_amplitude: float = 0.25,
+    ) -> None:
+        super().__init__()
+        self.window = window
+        self.min_history = min_history
+        self.spike_k = spike_k
+        self.spike_rel = spike_rel
+        self.warmup_steps = warmup_steps
+        self.flat_steps = flat_steps
+        self.flat_min_drop = flat_min_drop
+        self.flat_horizon = flat_horizon
+        self.osc_window = osc_window
+        self.osc_flips = osc_flips
+        self.osc_amplitude = osc_amplitude
+        self.recent: deque[float] = deque(maxlen=max(window, osc_window))
+        self.first: list[float] = []
+        self.first_step: int | None = None
+        self.nonfinite_steps = 0
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        loss, step = record.loss, record.step
+        if loss is None:
+            return []
+        if not math.isfinite(loss):
+            self.nonfinite_steps += 1
+            return self.fire(
+                LOSS_NONFINITE,
+                step,
+                f"loss is {loss} at step {step}"
+                + (f" (last finite loss {fmt(self.recent[-1])})" if self.recent else ""),
+                value=loss,
+            )
+        out: list[Finding] = []
+        out += self._spike(loss, step)
+        self.recent.append(loss)
+        if self.first_step is None:
+            self.first_step = step
+        if len(self.first) < 5:
+            self.first.append(loss)
+        out += self._flat(step)
+        out += self._oscillation(step)
+        return out
+
+    def _spike(self, loss: float, step: int) -> list[Finding]:
+        hist = list(self.recent)[-self.window :]
+        if len(hist) < self.min_history:
+            return []
+        med, sigma = median(hist), robust_sigma(hist)
+        k = self.spike_k * (2.0 if step < self.warmup_steps else 1.0)
+        margin = max(k * sigma, self.spike_rel * abs(med))
+        if loss <= med + margin:
+            return []
+        z = (loss - med) / sigma if sigma > 0 else math.inf
+        return self.fire(
+            LOSS_SPIKE,
+            step,
+            f"loss {fmt(loss)} at step {step} is {fmt(z)}σ above the median {fmt(med)} "
+            f"of the last {len(hist)} logged steps (threshold {fmt(med + margin)})",
+            value=loss,
+            threshold=med + margin,
+            median=med,
+            robust_sigma=sigma,
+        )
+
+    def _flat(self, step: int) -> list[Finding]:
+        if self.first_step is None or len(self.first) < 3 or len(self.recent) < 10:
+            return []
+        elapsed = step - self.first_step
+        start = max(self.flat_steps, self.warmup_steps)
+        if elapsed < start or elapsed > self.flat_horizon:
+            return []
+        # The loss at the first record is the one before any update; the median of the
+        # first few guards against one noisy batch. Take the lower: a loss that jumps in
+        # the first steps (LR too high) must come back below where it started.
+        ref = min(self.first[0], median(self.first))
+        tail = list(self.recent)[-max(5, len(self.recent) // 5) :]
+        now = median(tail)
+        drop = (ref - now) / abs(ref) if ref else 0.0
+        if drop >= self.flat_min_drop:
+            return []
+        verb = "rose" if drop < 0 else "barely moved"
+        return self.fire(
+            LOSS_FLAT,
+            step,
+            f"loss {verb} from {fmt(ref)} to {fmt(now)} over the first {elapsed} steps "
+            f"({fmt(100 * drop)}% drop, expected at least {fmt(100 * self.flat_min_drop)}%)",
+            value=drop,
+            threshold=self.flat_min_drop,
+            initial=ref,
+            current=now,
+        )
+
+    def _oscillation(self, step: int) -> list[Finding]:
+        if step < self.warmup_steps or len(self.recent) < self.osc_window:
+            return []
+        xs = list(self.recent)[-self.osc_window :]
+        diffs = [b - a for a, b in itertools.pairwise(xs)]
+        flips = sum(1 for a, b in itertools.pairwise(diffs) if a * b < 0)
+        flip_share = flips / max(1, len(diffs) - 1)
+        level = abs(median(xs))
+        amplitude = median([abs(d) for d in diffs]) / level if level else 0.0
+        if flip_share < self.osc_flips or amplitude < self.osc_amplitude:
+            return []
+        return self.fire(
+            LOSS_OSCILLATING,
+            step,
+            f"over the last {len(xs)} logged steps the loss changed direction "
+            f"{fmt(100 * flip_share)}% of the time with a typical swing of "
+            f"{fmt(100 * amplitude)}% of its level {fmt(level)}",
+            value=amplitude,
+            threshold=self.osc_amplitude,
+            flip_share=flip_share,
+        )

@@ -1,0 +1,114 @@
+"""The framework adapters feed the same monitor: a transformers Trainer callback and a
+Lightning callback, each on a tiny real run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tinytrain import FAST, Markov, gpt2
+
+from sapper.runtime.runlog import read_runlog
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64, duplicate_from: int | None = None) -> None:
+        rows = Markov(batch=n, seq=32, seed=5).sample(n, 32)
+        if duplicate_from is not None:  # a broken shard list: the tail repeats the head
+            rows[duplicate_from:] = rows[: n - duplicate_from]
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def _hf_trainer(tmp_path: Path, dataset, **callback_options):
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    from transformers import Trainer, TrainingArguments
+
+    from sapper.monitor.hf import SapperCallback
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=16,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        logging_steps=4,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        max_grad_norm=1.0,
+    )
+    cb = SapperCallback(console=False, detector_options=FAST, log_every=4, **callback_options)
+    trainer = Trainer(model=gpt2(), args=args, train_dataset=dataset, callbacks=[cb])
+    trainer.train()
+    return trainer, cb
+
+
+def test_hf_trainer_callback_records_every_step(tmp_path: Path) -> None:
+    trainer, cb = _hf_trainer(tmp_path, _Tokens(128), run_log=tmp_path / "run.jsonl")
+    mon = cb.monitor
+    assert mon is not None
+    steps = [r.step for r in mon.history]
+    assert steps == list(range(16))
+    rec = mon.history[5]
+    assert rec.extra["grad_accum"] == 2 and rec.samples == 8
+    assert rec.grad_norm is not None and rec.clip_threshold == 1.0 and rec.lr is not None
+    # The Trainer's own logged losses and the monitor's agree.
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    ours = [sum(r.loss for r in list(mon.history)[i : i + 4]) / 4 for i in range(0, 16, 4)]
+    assert logged == pytest.approx(ours, rel=0.05)
+    assert {f.code for f in mon.findings if f.severity.value != "info"} == set()
+    assert len(read_runlog(tmp_path / "run.jsonl").steps) == 16
+
+
+def test_hf_trainer_callback_names_duplicated_data(tmp_path: Path) -> None:
+    _, cb = _hf_trainer(tmp_path, _Tokens(128, duplicate_from=64))
+    assert cb.monitor is not None and "R070" in {f.code for f in cb.monitor.findings}
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+
+    from sapper.monitor.lightning import SapperCallback
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = gpt2()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    loader = torch.utils.data.DataLoader(_Tokens(96), batch_size=4)
+    cb = SapperCallback(console=False, detector_options=FAST, log_every=4)
+    trainer = lightning.Trainer(
+        max_steps=10,
+        accumulate_grad_batches=2,
+        gradient_clip_val=1.0,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[cb],
+    )
+    trainer.fit(Module(), loader)
+    mon = cb.monitor
+    assert mon is not None
+    assert [r.step for r in mon.history] == list(range(10))
+    rec = mon.history[4]
+    assert rec.extra["grad_accum"] == 2 and rec.grad_norm is not None
+    assert rec.loss is not None and rec.clip_threshold == 1.0
+    assert {f.code for f in mon.findings if f.severity.value != "info"} == set()
