@@ -164,3 +164,16 @@ def test_deepspeed_engine_clean_run(job) -> None:
     norms = table.col("grad_norm")
     assert norms[0] is not None and norms[0] == pytest.approx(norms[1])  # engine's norm
     assert table.col("checksum")[0] == table.col("checksum")[1]  # ZeRO-2 replicas agree
+
+
+def test_live_monitor_under_ddp_names_the_rank_and_only_rank0_logs(job) -> None:
+    j = job(2, {"steps": 9, "every": 3, "monitor": True, "nan_rank": 1, "nan_step": 4})
+    assert j.returncodes == [0, 0], j.explain()
+    x = [f for f in j.rank(0)["findings"] if f["code"].startswith("X")]
+    assert [(f["code"], f["rank"], f["step"]) for f in x] == [("X001", 1, 4)]
+    assert not [f for f in j.rank(1)["findings"] if f["code"].startswith("X")]
+    assert j.rank(0)["run_log"] and not j.rank(1)["run_log"]  # one main run log
+    logged = [r for r in j.rank(0)["records"] if DIST_KEY in r.get("extra", {})]
+    assert [r["step"] for r in logged] == [2, 5, 8]  # the exchange boundaries
+    table = RankTable.from_extra(logged[0]["extra"][DIST_KEY])
+    assert table is not None and table.col("samples_hashed") == [12.0, 12.0]

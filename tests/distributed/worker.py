@@ -159,13 +159,10 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     engine = wrapped if how == "deepspeed" else None
     opt = None if engine else torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     plan = Plan.model_validate(opts["plan"]) if opts.get("plan") else None
-    tracker = RankTracker(
-        wrapped,
-        plan=plan,
-        every=opts.get("every", 5),
-        timeout_s=opts.get("timeout_s", 20.0),
-        checksum=opts.get("checksum", True),
-    )
+    dist_opts = {"timeout_s": opts.get("timeout_s", 20.0), "checksum": opts.get("checksum", True)}
+    if opts.get("monitor"):
+        return _with_monitor(wrapped, opt, plan, opts, dist_opts, rank, world)
+    tracker = RankTracker(wrapped, plan=plan, every=opts.get("every", 5), **dist_opts)
     findings: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     norms: list[list[float]] = []
@@ -225,6 +222,34 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _with_monitor(model: Any, opt: Any, plan: Plan | None, opts: dict[str, Any],
+                  dist_opts: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """The same loop with the live monitor, which runs the cross-rank checks itself."""
+    from sapper.monitor import Monitor
+    from sapper.runtime.runlog import read_runlog
+
+    run_log = Path(opts["out"]) / f"run-rank{rank}.jsonl"
+    mon = Monitor(model, opt, plan=plan, log_every=opts.get("every", 5), run_log=run_log,
+                  console=False, distributed=dist_opts)
+    for step, batch in enumerate(_loader(opts, rank, world)):
+        if step >= opts.get("steps", 15):
+            break
+        loss = _loss(model, batch)
+        if rank == opts.get("nan_rank") and step == opts.get("nan_step"):
+            loss = loss * float("nan")
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mon.step(loss)
+    findings = mon.close()
+    records = []
+    if run_log.exists():
+        records = [r.to_json() for r in read_runlog(run_log).steps]
+    return {"rank": rank, "findings": [f.to_json() for f in findings], "records": records,
+            "norms": [], "exchange_s": [], "active": mon.dist is not None and
+            mon.dist.tracker.active, "layout": {}, "run_log": run_log.exists()}
+
+
 def _compare_norms(
     model: Any, reference: nn.Module, batch: torch.Tensor, world: int
 ) -> list[float]:
@@ -255,6 +280,7 @@ def _compare_norms(
 def main() -> None:
     scenario, out_dir, raw = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     opts = json.loads(raw)
+    opts["out"] = str(out_dir)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
