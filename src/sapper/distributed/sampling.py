@@ -52,7 +52,7 @@ def _as_samples(batch: Any) -> torch.Tensor | None:
         if batch and all(isinstance(v, int) for v in batch):
             return torch.tensor(batch, dtype=torch.int64).reshape(-1, 1)
         return None
-    if not isinstance(batch, torch.Tensor) or batch.dim() == 0:
+    if not isinstance(batch, torch.Tensor) or batch.dim() == 0 or batch.numel() == 0:
         return None
     t = batch.detach()
     if t.dim() == 1:  # one id per sample
