@@ -31,7 +31,7 @@ def test_single_process_tracker_is_inactive_and_returns_nothing() -> None:
 
 def test_bad_rank_order_in_the_plan_is_an_input_error() -> None:
     plan = Plan.model_validate({"parallel": {"tp": 2, "rank_order": "tp-dp-tp"}})
-    with pytest.raises(InputError, match="parallel.rank_order"):
+    with pytest.raises(InputError, match=r"parallel\.rank_order"):
         RankTracker(nn.Linear(2, 2), plan=plan)
 
 
