@@ -104,6 +104,10 @@ class RankTracker:
         #: Exchanges done, and the wall time of the last one (seconds, this rank).
         self.exchanges = 0
         self.last_exchange_s = 0.0
+        #: ... of which inside the all-gather (waiting for peers and the wire).
+        self.last_gather_s = 0.0
+        #: Errors met while measuring a window (the exchange went on without the values).
+        self.errors: list[str] = []
         #: Rank 0's last record with the table attached (what the run log receives).
         self.last_record: StepRecord | None = None
         self._reset_window()
@@ -160,7 +164,10 @@ class RankTracker:
         self._batch_seen = False
         self._tokens = 0
         self._samples = 0
-        self._acc: dict[str, torch.Tensor] = {}
+        #: (step, value) per step: device tensors or floats, folded at the exchange.
+        self._losses: list[tuple[int, Any]] = []
+        self._norms: list[tuple[int, Any]] = []
+        self._hashes: list[torch.Tensor] = []
         self._grad_norm: Any = None
 
     def batch(self, batch: Any, wait_s: float | None = None) -> None:
@@ -174,7 +181,7 @@ class RankTracker:
         self._batch_seen = True
         hashes = sample_hashes(batch)
         if hashes is not None:
-            self._sketch.add(hashes)
+            self._hashes.append(hashes)
             self._samples += int(hashes.numel())
             ids = batch.get("input_ids") if isinstance(batch, dict) else batch
             if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point():
@@ -193,19 +200,10 @@ class RankTracker:
             self.batch(item, wait_s=time.perf_counter() - t0)
             yield item
 
-    def _flag(self, name: str, bad: torch.Tensor, step: int) -> None:
-        cur = self._acc.get(name)
-        if cur is None:
-            cur = torch.full((), -1.0, dtype=torch.float64, device=bad.device)
-        self._acc[name] = torch.where(bad.to(cur.device) & (cur < 0), float(step), cur)
-
-    def _add(self, name: str, value: torch.Tensor) -> None:
-        cur = self._acc.get(name)
-        self._acc[name] = value if cur is None else cur + value.to(cur.device)
-
     def observe(self, step: int, loss: Any = None, grad_norm: Any = None) -> None:
         """One optimizer step ended (call after ``optimizer.step()``). ``loss`` and
-        ``grad_norm`` may be device tensors; they are never read back here."""
+        ``grad_norm`` may be device tensors: they are only kept (no kernel, no sync)
+        and examined together at the next exchange."""
         now = time.perf_counter()
         self._step_time += now - self._last_end
         self._timed_steps += 1
@@ -217,27 +215,19 @@ class RankTracker:
         self._last_step = int(step)
         if grad_norm is None and self._engine is not None:
             grad_norm = engine_grad_norm(self._engine)
-        bad_any: torch.Tensor | None = None
         if loss is not None:
-            lt = _scalar(loss)
-            fin = torch.isfinite(lt)
-            self._flag("nonfinite_loss_step", ~fin, step)
-            self._add("loss_sum", torch.where(fin, lt, 0.0))
-            self._add("loss_n", fin.to(torch.float64))
-            bad_any = ~fin
+            self._losses.append(
+                (int(step), loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            )
         if grad_norm is not None:
+            # a DTensor norm: its local part is non-finite exactly when the global one is
             local = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
-            gt = _scalar(local)
-            fin = torch.isfinite(gt)
-            self._flag("nonfinite_grad_step", ~fin, step)
+            self._norms.append((int(step), local))
             self._grad_norm = grad_norm
-            bad_any = ~fin if bad_any is None else bad_any | ~fin.to(bad_any.device)
-        if bad_any is not None:
-            self._add("nonfinite_steps", bad_any.to(torch.float64))
 
     def add_records(self, records: Iterable[StepRecord]) -> None:
         """Feed steps the live monitor already read to the host (its seam): the same
-        window accumulators as :meth:`observe` and :meth:`batch`, from host numbers."""
+        window as :meth:`observe` and :meth:`batch`, from host numbers."""
         for rec in records:
             if self._steps == 0:
                 self._window_first = rec.step
@@ -251,23 +241,42 @@ class RankTracker:
                 self._data_timed = True
             self._tokens += rec.tokens or 0
             self._samples += rec.samples or 0
-            bad = False
-            for value, name in ((rec.loss, "nonfinite_loss_step"),
-                                (rec.grad_norm, "nonfinite_grad_step")):
-                if value is not None and not math.isfinite(value):
-                    self._flag(name, torch.tensor(True), rec.step)
-                    bad = True
-            if rec.loss is not None and math.isfinite(rec.loss):
-                self._add("loss_sum", torch.tensor(rec.loss, dtype=torch.float64))
-                self._add("loss_n", torch.tensor(1.0, dtype=torch.float64))
-            self._add("nonfinite_steps", torch.tensor(float(bad), dtype=torch.float64))
+            if rec.loss is not None:
+                self._losses.append((rec.step, rec.loss))
             if rec.grad_norm is not None:
+                self._norms.append((rec.step, rec.grad_norm))
                 self._grad_norm = rec.grad_norm
             hashes = rec.extra.get("sample_hashes")
             if hashes:
-                values = [int(h, 16) & _HASH_MASK if isinstance(h, str) else int(h) & _HASH_MASK
-                          for h in hashes]
-                self._sketch.add(torch.tensor(values, dtype=torch.int64))
+                values = [int(h, 16) if isinstance(h, str) else int(h) for h in hashes]
+                self._hashes.append(torch.tensor([v & _HASH_MASK for v in values]))
+
+    def _fold(self) -> dict[str, Any]:
+        """The window's losses and norms as a few device scalars: the mean finite loss,
+        the first step each went non-finite (-1: never), steps with either."""
+        out: dict[str, Any] = {}
+        bad_steps: torch.Tensor | None = None
+        for name, series in (("loss", self._losses), ("grad", self._norms)):
+            if not series:
+                continue
+            steps, vals = _stack(series)
+            fin = torch.isfinite(vals)
+            first = torch.where(fin, math.inf, steps).min()
+            out[f"nonfinite_{name}_step"] = torch.where(torch.isinf(first), -1.0, first)
+            if name == "loss":
+                n = fin.sum()
+                total = torch.where(fin, vals, 0.0).sum()
+                out["loss"] = torch.where(n > 0, total / n.clamp(min=1), math.nan)
+            bad = torch.zeros(self._steps + 1, dtype=torch.bool, device=vals.device)
+            index = (steps - self._window_first).long().clamp(0, self._steps)
+            bad = bad.index_put((index,), ~fin, accumulate=True)
+            bad_steps = bad if bad_steps is None else bad_steps | bad.to(bad_steps.device)
+        if bad_steps is not None:
+            out["nonfinite_steps"] = bad_steps.sum().to(torch.float64)
+        if self._hashes:
+            dev = self._hashes[0].device
+            self._sketch.add(torch.cat([h.to(dev) for h in self._hashes]))
+        return out
 
     def due(self) -> bool:
         """The window is full: the next :meth:`exchange` is expected on every rank."""
@@ -287,9 +296,9 @@ class RankTracker:
                 value = getattr(record, name)
                 if value is not None:
                     v[name] = value
-        if "loss" not in v and "loss_sum" in self._acc:
-            cnt = self._acc["loss_n"]
-            v["loss"] = torch.where(cnt > 0, self._acc["loss_sum"] / cnt.clamp(min=1), math.nan)
+        folded = self._fold()
+        if "loss" not in v and "loss" in folded:
+            v["loss"] = folded["loss"]
         if "grad_norm" not in v and self._grad_norm is not None:
             g = self._grad_norm
             v["grad_norm"] = g.full_tensor() if hasattr(g, "full_tensor") else _scalar(g)
@@ -310,8 +319,8 @@ class RankTracker:
         if "memory_peak_gib" not in v and torch.cuda.is_available() and torch.cuda.is_initialized():
             v["memory_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for name in ("nonfinite_loss_step", "nonfinite_grad_step"):
-            v[name] = self._acc.get(name, -1.0)
-        v["nonfinite_steps"] = self._acc.get("nonfinite_steps", 0.0)
+            v[name] = folded.get(name, -1.0)
+        v["nonfinite_steps"] = folded.get("nonfinite_steps", 0.0)
         if self._checksum is not None and self.layout.param_groups:
             v["checksum"] = self._checksum.compute()
         v["samples_hashed"] = self._sketch.count
@@ -332,11 +341,18 @@ class RankTracker:
             return out
         t0 = time.perf_counter()
         first = self._window_first if self._steps else step
-        values = self._window_values(record, step)
-        row = pack_row(values, self._sketch.take())
+        try:
+            values = self._window_values(record, step)
+            sketch = self._sketch.take()
+        except Exception as exc:  # still take part, or every other rank would wait
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            values, sketch = {"step": step, "steps": self._steps}, self._sketch.take()
+        row = pack_row(values, sketch)
         self._reset_window()
         assert self.channel is not None
+        t1 = time.perf_counter()
         gathered = self.channel.all_gather(row, step)
+        self.last_gather_s = time.perf_counter() - t1
         self.exchanges += 1
         self.last_exchange_s = time.perf_counter() - t0
         if gathered is None:
@@ -392,6 +408,16 @@ class RankTracker:
         """Remove the forward hooks (the side group goes with the process group)."""
         if self._timer is not None:
             self._timer.remove()
+
+
+def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps and values of a window as two float64 tensors on the values' device (one
+    stack of the kept device scalars; host floats are converted on the host)."""
+    tensors = [v for _, v in series if isinstance(v, torch.Tensor)]
+    dev = tensors[0].device if tensors else torch.device("cpu")
+    vals = torch.stack([_scalar(v).to(dev) for _, v in series])
+    steps = torch.tensor([float(s) for s, _ in series], dtype=torch.float64, device=dev)
+    return steps, vals
 
 
 def _scalar(value: Any) -> torch.Tensor:
