@@ -7,6 +7,7 @@ Cases live in ``tests/rules_cases/<CODE>.yaml``::
       plan: {...}     # a sapper plan (YAML shape)
       deepspeed: {...}  # optional: written to ds.json
       hf_config: {...}  # optional: written to config.json
+      files: {name: text}  # optional: written next to the plan (e.g. a jsonl dataset)
     quiet: {...}      # same shape; the rule must stay silent
 """
 
@@ -31,6 +32,8 @@ def _case_files() -> list[Path]:
 
 def _run(case: dict, tmp_path: Path) -> set[str]:
     plan_file = hf = ds = None
+    for name, text in case.get("files", {}).items():
+        (tmp_path / name).write_text(text)
     if "plan" in case:
         plan_file = tmp_path / "plan.yaml"
         plan_file.write_text(yaml.safe_dump(case["plan"]))

@@ -94,6 +94,8 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         for leaf in _leaves(src.data):
             owners[leaf] = src
         findings.extend(src.findings)
+        # A later source that sets the field resolves it (e.g. --micro-batch over "auto").
+        unresolved = [u for u in unresolved if u not in _leaves(src.data)]
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
     if unresolved:
         merged["unresolved"] = unresolved

@@ -135,6 +135,17 @@ class ModelSpec(_Spec):
         default=AttentionImpl.SDPA, description="eager keeps s×s scores; sdpa/flash do not."
     )
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+    hidden_act: str | None = Field(
+        default=None,
+        description="The activation's name in the source (HF hidden_act, e.g. 'gelu_new', "
+        "'gelu_pytorch_tanh', 'silu'): which kernel runs, and so what it keeps for backward.",
+    )
+    implementation: Literal["transformers", "megatron"] = Field(
+        default="transformers",
+        description="Code that runs the model, for the memory model: 'transformers' (Hugging "
+        "Face modules: unfused norms, RoPE and loss) or 'megatron' (fused kernels, the "
+        "activation accounting of Korthikanti et al. 2022).",
+    )
     num_params: int | None = Field(
         default=None, gt=0, description="Exact parameter count when a loader knows it."
     )
@@ -223,6 +234,18 @@ class PrecisionSpec(_Spec):
         default="fp32", description="Dtype of optimizer moments (int8 = 8-bit optimizers)."
     )
     loss_scaling: LossScalingSpec = Field(default_factory=LossScalingSpec)
+    autocast: bool = Field(
+        default=False,
+        description="Mixed precision by torch.autocast over fp32 weights (PyTorch AMP, HF "
+        "Trainer without DeepSpeed): weights and gradients stay fp32 and each matmul keeps a "
+        "compute-dtype copy of its weight until backward. False: weights in the compute dtype "
+        "with an fp32 master copy in the optimizer (DeepSpeed, Megatron; 16 bytes/param).",
+    )
+    grad_dtype: Literal["fp32", "fp16", "bf16"] | None = Field(
+        default=None,
+        description="Dtype gradients are kept and accumulated in; default: the weights' dtype "
+        "(Megatron's fp32 main grads: fp32).",
+    )
 
 
 class OptimizerSpec(_Spec):
@@ -268,6 +291,11 @@ class InitSpec(_Spec):
     residual_scale: float | None = Field(
         default=None, gt=0, description="Factor on residual projections' std (custom)."
     )
+    from_pretrained: bool = Field(
+        default=False,
+        description="Weights are loaded from a checkpoint (fine-tuning, continued "
+        "pre-training), so the init scheme never runs and init checks are skipped.",
+    )
 
 
 class BatchSpec(_Spec):
@@ -292,6 +320,10 @@ class CheckpointingSpec(_Spec):
         default="none", description="none / selective (attention) / full (whole blocks)."
     )
     every_k_layers: int = Field(default=1, ge=1, description="Checkpoint one block in k.")
+    partition_activations: bool = Field(
+        default=False, description="Checkpoints sharded across tensor-parallel ranks."
+    )
+    cpu_offload: bool = Field(default=False, description="Checkpoints kept in host memory.")
 
 
 class ParallelSpec(_Spec):
@@ -304,14 +336,39 @@ class ParallelSpec(_Spec):
     ep: int = Field(default=1, ge=1, description="Expert-parallel degree (within DP).")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallel.")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO / FSDP sharding stage.")
-    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(default="none")
-    offload_params: Literal["none", "cpu", "nvme"] = Field(default="none")
+    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(
+        default="none", description="Where optimizer states live (ZeRO-Offload / Infinity)."
+    )
+    offload_params: Literal["none", "cpu", "nvme"] = Field(
+        default="none", description="Where parameters live between uses (ZeRO-3 offload)."
+    )
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
     virtual_pipeline_stages: int = Field(default=1, ge=1, description="Interleaved chunks v.")
-    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(default="1f1b")
+    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(
+        default="1f1b", description="Order of micro-batch forward/backward passes per stage."
+    )
     rank_order: str = Field(
         default="tp-cp-ep-dp-pp",
         description="Megatron order, fastest-varying first: TP neighbours share a node.",
+    )
+    first_stage_layers: int | None = Field(
+        default=None,
+        gt=0,
+        description="Layers on the first pipeline stage (Megatron "
+        "--decoder-first-pipeline-num-layers; it also holds the embedding and the most "
+        "micro-batches in flight); default: an even split.",
+    )
+    last_stage_layers: int | None = Field(
+        default=None,
+        gt=0,
+        description="Layers on the last pipeline stage (--decoder-last-pipeline-num-layers; "
+        "it also runs the output head and loss); default: an even split.",
+    )
+    overlap_dp_comm: bool = Field(
+        default=True,
+        description="Data-parallel gradient reduction and ZeRO parameter gathers overlap "
+        "compute (PyTorch DDP/FSDP; Megatron --overlap-grad-reduce/--overlap-param-gather; "
+        "DeepSpeed overlap_comm).",
     )
 
     @field_validator("dp")

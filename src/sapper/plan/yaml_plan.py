@@ -2,11 +2,12 @@
 
 A plan file may point at the files users already have, resolved relative to the plan:
 ``model: {hf_config: path/to/config.json}`` and ``deepspeed: path/to/ds.json``; the keys
-given next to them override what those files say.
+given next to them override what those files say. ``data.path`` is resolved the same way.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,11 @@ def read_plan_file(path: str | Path) -> tuple[PlanSource, dict[str, Path]]:
     if "deepspeed" in data:
         data = dict(data)
         refs["deepspeed"] = base / str(data.pop("deepspeed"))
+    dataset = data.get("data")
+    if isinstance(dataset, dict) and isinstance(dataset.get("path"), str):
+        # Like hf_config and deepspeed, a dataset path is relative to the plan file.
+        resolved = os.path.normpath(base / Path(dataset["path"]).expanduser())
+        data = {**data, "data": {**dataset, "path": resolved}}
     return PlanSource(name=str(path), data=_plain(data)), refs
 
 

@@ -1,0 +1,108 @@
+"""C0xx: what loading the user's own files finds (DeepSpeed JSON, HF ``config.json``).
+
+These rules fire while a source is read, not over the merged Plan: the loaders in
+:mod:`sapper.plan.deepspeed` attach their findings to ``PlanSource.findings`` and the
+checklist reports them with the rest. They are registered here so ``sapper rules`` and
+``sapper explain`` list them like every other rule.
+
+DeepSpeed's own batch triple (``train_batch_size`` = micro × GA × DP) has no rule here:
+the loader keeps all three values as given and the generic batch-arithmetic rule reports
+a mismatch with the arithmetic, which is the check DeepSpeed itself makes at launch.
+"""
+
+from __future__ import annotations
+
+from sapper.rules.model import Rule, Severity
+from sapper.rules.registry import register
+
+__all__ = ["BOTH_FP16_BF16", "DEPRECATED_KEY", "UNKNOWN_KEY", "UNRESOLVED_AUTO"]
+
+UNKNOWN_KEY = register(
+    Rule(
+        code="C001",
+        name="unknown-deepspeed-key",
+        check="config",
+        severity=Severity.WARNING,
+        title="A DeepSpeed config key that DeepSpeed does not know (likely a typo)",
+        why="""\
+DeepSpeed reads most of its JSON with dict.get: a misspelled key is never read and the
+default applies instead. "gradient_cliping": 1.0 trains without clipping;
+"stage3_param_persitance_threshold" leaves the persistence threshold at its default; a
+mistyped "loss_scale_windw" keeps the default growth window. Recent versions validate a few
+sections (zero_optimization, fp16, bf16) strictly and refuse to start, older ones ignore the
+key: the same file behaves differently depending on the installed version.""",
+        signs="""\
+Nothing at launch on older versions; later, the behaviour the key was meant to change is
+missing: gradient norms above the intended threshold, memory or communication different from
+the plan, a loss scale that moves on the default schedule.""",
+        fix="""\
+Rename the key to the documented spelling sapper suggests (see the DeepSpeed configuration
+JSON reference) or delete it.""",
+        seed="§5.1",
+    )
+)
+
+UNRESOLVED_AUTO = register(
+    Rule(
+        code="C002",
+        name="unresolved-auto-value",
+        check="config",
+        severity=Severity.INFO,
+        title='A DeepSpeed value is "auto": resolved at launch, not checked here',
+        why="""\
+"auto" values are filled in by the launcher (the Hugging Face Trainer copies its
+TrainingArguments into the DeepSpeed config). The file alone does not say what the job
+will run with, so every check that needs the value is skipped rather than run on a guess.""",
+        signs="""\
+The checklist reports fewer findings than expected for the items that depend on the value
+(batch arithmetic, learning rate, clipping, precision).""",
+        fix="""\
+Pass the value sapper cannot see on the command line (--micro-batch, --grad-accum,
+--global-batch, --lr, --max-norm, --dtype, --warmup) or write it into the config, so the
+checks that need it run.""",
+        seed="§5.1",
+    )
+)
+
+BOTH_FP16_BF16 = register(
+    Rule(
+        code="C003",
+        name="fp16-and-bf16-enabled",
+        check="precision",
+        severity=Severity.ERROR,
+        title="DeepSpeed config enables both fp16 and bf16",
+        why="""\
+fp16 and bf16 are exclusive training modes: fp16 needs loss scaling against its narrow
+range, bf16 has fp32's range but fewer mantissa bits. DeepSpeed refuses a config that
+enables both, so the job fails at launch after waiting in the queue; a config that is only
+patched at launch leaves it unclear which precision actually ran.""",
+        signs="""\
+An assertion at engine initialization ("bf16 and fp16 modes cannot be simultaneously
+enabled"), or a run whose precision differs from what the config suggests.""",
+        fix="""\
+Keep exactly one: "bf16": {"enabled": true} on GPUs with bf16 (A100, H100 and later), else
+"fp16" with dynamic loss scaling ("loss_scale": 0).""",
+        seed="§2.1",
+    )
+)
+
+DEPRECATED_KEY = register(
+    Rule(
+        code="C004",
+        name="deprecated-deepspeed-key",
+        check="config",
+        severity=Severity.INFO,
+        title="A deprecated DeepSpeed key: still read today, removed in a future version",
+        why="""\
+Deprecated keys (cpu_offload, bfloat16, stage3_gather_fp16_weights_on_model_save ...) are
+translated by the DeepSpeed version in use; when support is dropped, the key becomes an
+unknown one and is ignored or rejected, and the offload or precision it requested silently
+disappears after an upgrade.""",
+        signs="""\
+Deprecation warnings in the launch log; after a DeepSpeed upgrade, more memory per GPU
+(offload gone) or a different precision.""",
+        fix="""\
+Replace the key with the one DeepSpeed's documentation names (sapper shows it).""",
+        seed="§3.4",
+    )
+)

@@ -1,0 +1,189 @@
+"""Checklist item 4, normalization (seed §2.4): Post-LN needs a real warmup.
+
+The placement comes from the plan (``model.norm_placement``), which the HF loader infers
+from the architecture where it is known. Thresholds come from the literature on Post-LN:
+the original Transformer (6 Post-LN layers) used 4000 warmup steps; BERT (12 and 24
+Post-LN layers) used 10,000 for pre-training and 10% of the steps for fine-tuning; Xiong
+et al. 2020 ("On Layer Normalization in the Transformer Architecture") show that Post-LN
+gradients near the output are large at initialization and that Post-LN models trained
+without warmup fail even at 6 layers; Liu et al. 2020 ("Understanding the Difficulty of
+Training Transformers") show the instability grows with depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sapper.checks.engine import plan_check
+from sapper.plan.schema import NormPlacement, Plan
+from sapper.rules.model import Finding, Rule, Severity
+
+__all__ = [
+    "POST_LN_NO_WARMUP",
+    "POST_LN_PREFER_PRE_LN",
+    "POST_LN_SHORT_WARMUP",
+    "required_post_ln_warmup",
+]
+
+#: Layers from which a Post-LN stack counts as deep (BERT-base depth and up).
+DEEP_LAYERS = 12
+#: Layers from which no warmup at all is reported (Xiong et al.: 6 layers already fail).
+SHALLOW_LAYERS = 6
+#: The original Post-LN Transformer's warmup (6 layers); a deeper stack needs at least this.
+POST_LN_WARMUP_STEPS = 4000
+#: BERT's fine-tuning warmup proportion: the floor used when the run is shorter.
+WARMUP_FRACTION = 0.1
+
+POST_LN_NO_WARMUP = Rule(
+    code="N401",
+    name="post-ln-without-warmup",
+    check="normalization",
+    severity=Severity.ERROR,
+    title="Post-LN stack trained without learning-rate warmup",
+    why="""\
+Post-LN puts LayerNorm after the residual add, so there is no clean identity path: the
+gradient of the last layers' parameters is large at initialization and every block's
+output passes through all later norms. At full learning rate from step 0 the first
+updates are too large for the layers near the output and training diverges or settles at
+a poor loss. Xiong et al. (2020) show Post-LN models without warmup fail even at 6
+layers, and Liu et al. (2020) that the amplification grows with depth; from 12 layers on
+this is an error (seed §2.4).""",
+    signs="""\
+Loss that drops for a few steps, then jumps and plateaus high, or NaN within the first
+few hundred steps; gradient norms of the last layers far above the first layers'.""",
+    fix="""\
+Switch to Pre-LN (norm inside the residual branch) — the standard for large models. If
+Post-LN must stay, warm the learning rate up linearly over ≥ 4000 steps (BERT: 10,000).""",
+    seed="§2.4",
+)
+
+POST_LN_SHORT_WARMUP = Rule(
+    code="N402",
+    name="post-ln-short-warmup",
+    check="normalization",
+    severity=Severity.WARNING,
+    title="Deep Post-LN stack with a short warmup",
+    why="""\
+A Post-LN stack tolerates the full learning rate only after its gradients have settled;
+warmup gives it that time. The original 6-layer Post-LN Transformer needed 4000 warmup
+steps and BERT's 12/24-layer stacks 10,000; a deep Post-LN stack warmed up over fewer
+steps sees near-peak learning rates while its output-side gradients are still large
+(Xiong et al. 2020). sapper asks for min(4000 steps, 10% of the run) — 10% being BERT's
+fine-tuning proportion for runs too short for 4000.""",
+    signs="""\
+A loss spike or divergence right around the end of warmup, when the learning rate
+reaches its peak; gradient-norm spikes in the top layers.""",
+    fix="""\
+Lengthen the warmup to ≥ 4000 steps (or ≥ 10% of a short run), lower the peak learning
+rate, or switch to Pre-LN.""",
+    seed="§2.4",
+)
+
+POST_LN_PREFER_PRE_LN = Rule(
+    code="N403",
+    name="post-ln-deep-stack",
+    check="normalization",
+    severity=Severity.INFO,
+    title="Deep Post-LN stack: Pre-LN is far more stable",
+    why="""\
+Even with enough warmup a deep Post-LN stack is more fragile than Pre-LN: it tolerates a
+smaller peak learning rate and diverges more easily when the recipe is scaled up.
+Pre-LN keeps an identity path from the loss to every layer (seed §2.4).""",
+    signs="""\
+Late-run instability at learning rates a Pre-LN model of the same size trains at.""",
+    fix="""\
+Prefer Pre-LN (or a variant such as sandwich-LN or DeepNorm) for new pre-training runs;
+keep Post-LN only to match a pretrained checkpoint.""",
+    seed="§2.4",
+)
+
+
+def required_post_ln_warmup(total_steps: int | None) -> int:
+    """Warmup steps sapper asks of a deep Post-LN stack: 4000, or 10% of a shorter run."""
+    if total_steps is None:
+        return POST_LN_WARMUP_STEPS
+    return min(POST_LN_WARMUP_STEPS, max(1, int(WARMUP_FRACTION * total_steps)))
+
+
+def _post_ln_layers(plan: Plan) -> int | None:
+    m = plan.model
+    if m is None or m.norm_placement != NormPlacement.POST:
+        return None
+    return m.num_layers
+
+
+def _schedule_known(plan: Plan) -> bool:
+    """The plan describes the schedule (any schedule field given, from any source); an
+    absent schedule is unknown, not "no warmup"; so is a warmup a source left as "auto"."""
+    if "schedule.warmup_steps" in plan.unresolved:
+        return False
+    return bool(plan.schedule.model_fields_set)
+
+
+@plan_check(POST_LN_NO_WARMUP)
+def post_ln_no_warmup(plan: Plan) -> Iterator[Finding]:
+    L = _post_ln_layers(plan)
+    if L is None or L < SHALLOW_LAYERS or plan.schedule.warmup_steps > 0:
+        return
+    if not _schedule_known(plan):
+        return
+    deep = L >= DEEP_LAYERS
+    need = required_post_ln_warmup(plan.schedule.total_steps)
+    yield POST_LN_NO_WARMUP.finding(
+        f"Post-LN with {L} layers and warmup_steps 0"
+        + (f" (deep: ≥ {DEEP_LAYERS} layers)" if deep else "")
+        + f": full learning rate from step 0; warm up over ≥ {need} steps or use Pre-LN",
+        severity=None if deep else Severity.WARNING,
+        fix=f"set schedule.warmup_steps ≥ {need}, or model.norm_placement: pre",
+        value=0,
+        threshold=need,
+        source="schedule.warmup_steps",
+        layers=L,
+    )
+
+
+@plan_check(POST_LN_SHORT_WARMUP)
+def post_ln_short_warmup(plan: Plan) -> Iterator[Finding]:
+    L = _post_ln_layers(plan)
+    warmup = plan.schedule.warmup_steps
+    if L is None or L < DEEP_LAYERS or warmup == 0:
+        return
+    need = required_post_ln_warmup(plan.schedule.total_steps)
+    if warmup >= need:
+        return
+    basis = (
+        "the original 6-layer Post-LN Transformer's warmup"
+        if need == POST_LN_WARMUP_STEPS
+        else f"10% of the {plan.schedule.total_steps}-step run"
+    )
+    yield POST_LN_SHORT_WARMUP.finding(
+        f"Post-LN with {L} layers warms up over only {warmup} steps (< {need}, {basis})",
+        fix=f"set schedule.warmup_steps ≥ {need}, or model.norm_placement: pre",
+        value=warmup,
+        threshold=need,
+        source="schedule.warmup_steps",
+        layers=L,
+    )
+
+
+@plan_check(POST_LN_PREFER_PRE_LN)
+def post_ln_prefer_pre_ln(plan: Plan) -> Iterator[Finding]:
+    L = _post_ln_layers(plan)
+    if L is None or L < DEEP_LAYERS:
+        return
+    need = required_post_ln_warmup(plan.schedule.total_steps)
+    if not _schedule_known(plan):
+        message = (
+            f"Post-LN with {L} layers and no schedule in the plan: it needs ≥ {need} warmup "
+            "steps, and Pre-LN trains deep stacks more stably"
+        )
+    elif plan.schedule.warmup_steps >= need:
+        message = (
+            f"Post-LN with {L} layers: warmup {plan.schedule.warmup_steps} steps is enough, "
+            "but Pre-LN trains deep stacks more stably"
+        )
+    else:
+        return  # N401/N402 already say it, louder
+    yield POST_LN_PREFER_PRE_LN.finding(
+        message, source="model.norm_placement", layers=L, warmup_needed=need
+    )

@@ -1,0 +1,34 @@
+"""``sapper plan``: every valid parallel layout for the model and cluster, ranked."""
+
+from __future__ import annotations
+
+import typer
+
+from sapper.cli.app import FormatOpt, OutputFormat, app, console, emit_json, run_guarded
+from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+
+
+@app.command("plan")
+@with_plan_options
+def plan(
+    inputs: PlanInputs,
+    fmt: FormatOpt = OutputFormat.text,
+    top: int = typer.Option(5, "--top", "-k", min=1, max=100, help="Layouts to show."),
+    why: int = typer.Option(3, "--why", min=0, help="Explain the first N layouts."),
+) -> None:
+    """Rank every valid layout (TP, PP, CP, DP, ZeRO, recomputation, micro-batch,
+    virtual stages) by predicted throughput, keep those that fit in memory, and say why
+    each wins. Takes the same inputs as `sapper check`; the global batch stays fixed."""
+    from sapper.parallel import search
+    from sapper.parallel.render import render_search
+
+    def body() -> int:
+        loaded = load_from_options(inputs)
+        result = search(loaded.plan, top=top, explain=min(why, top))
+        if fmt == OutputFormat.json:
+            emit_json(result.to_json())
+        else:
+            console.print(render_search(result, why=why))
+        return 0 if result.top else 1
+
+    run_guarded(body)

@@ -1,0 +1,255 @@
+"""Activation memory of one transformer block for one micro-batch (seed §3.1, §3.2).
+
+What a block keeps for backward depends on the code that runs it, so two profiles are
+modelled tensor by tensor:
+
+* ``megatron``: fused kernels (fused norm, GELU/SwiGLU, RoPE, core attention). This is the
+  accounting of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+  Transformer Models", §4): ``sbh(34 + 5as/h)`` per layer with 16-bit activations,
+  dropout on, MHA and a 4h GELU MLP, with the TP, TP+SP, selective and full-recompute
+  variants falling out of which tensors are sharded or recomputed.
+* ``transformers``: Hugging Face modules as they run under PyTorch eager. Norms, RoPE
+  and some activations are composed of elementwise ops that each keep their inputs;
+  under ``torch.autocast`` every projection keeps its own low-precision copy of its
+  input, and the residual stream stays fp32.
+
+Sizes are bytes per micro-batch on one GPU: tokens are divided by context parallelism,
+heads and MLP width by tensor parallelism, and the tensors between the TP regions by TP
+too when sequence parallelism is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sapper.memory.inputs import Shape
+
+__all__ = ["BlockActivations", "block_activations", "embedding_saved", "tokens"]
+
+
+def _div(n: int, k: int) -> int:
+    return -(-n // k)
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """One block, one micro-batch, one GPU (bytes)."""
+
+    saved: int  # kept for backward without checkpointing
+    selective: int  # kept with selective recompute (attention core recomputed)
+    boundary: int  # kept with full checkpointing (the block's input)
+    fwd_extra: int  # momentary extra during the block's forward
+    #: Moments of the block's backward: (bytes of this block alive then — what it still
+    #: keeps plus the gradients of its intermediates in flight —, share of the block's
+    #: weight gradients already produced). MLP core, norm 2, attention core, norm 1.
+    moments: tuple[tuple[int, float], ...]
+    #: The first norm keeps the block's input itself (so a checkpointed block's saved
+    #: input and its recomputed tensors share it).
+    input_in_saved: bool = True
+
+    def kept(self, mode: str) -> int:
+        return {"none": self.saved, "selective": self.selective, "full": self.boundary}[mode]
+
+
+def tokens(sh: Shape) -> int:
+    """Tokens of one micro-batch on one GPU (context parallelism splits the sequence)."""
+    return sh.micro_batch * sh.seq // sh.cp
+
+
+def _dims(sh: Shape) -> tuple[int, int, int, int, float]:
+    t = sh.tp
+    q = _div(sh.heads, t) * sh.head_dim
+    kv = max(sh.kv_heads // t, 1) * sh.head_dim
+    heads = _div(sh.heads, t)
+    rep = 1 / t if sh.sp else 1.0  # tensors outside the TP regions (SP shards them)
+    return q, kv, heads, _div(sh.ffn if not sh.moe else sh.expert_ffn, t), rep
+
+
+def _mask_bytes(sh: Shape, device: str, compute: int) -> int:
+    """A dropout mask: CUDA keeps a bool mask; the CPU kernel keeps a scaled noise tensor."""
+    if sh.dropout <= 0:
+        return 0
+    return 1 if device == "cuda" else compute
+
+
+def _act_extra(act: str) -> int:
+    """Width-sized tensors an activation keeps beyond its input and output."""
+    # 0.5*x*(1+tanh(√(2/π)(x+0.044715x³))) as separate ops keeps tanh(.), 0.5x and 1+tanh(.)
+    return 3 if act == "gelu_tanh_python" else 0
+
+
+def _weight_shares(sh: Shape) -> tuple[float, float, float]:
+    """Shares of a block's weights in the MLP's output projection, the whole MLP, and
+    the MLP plus the attention's output projection (gradients appear in that order)."""
+    h, f = sh.hidden, sh.expert_ffn if sh.moe else sh.ffn
+    q, kv = sh.heads * sh.head_dim, sh.kv_heads * sh.head_dim
+    n_in = 2 if sh.gated else 1
+    experts = sh.experts if sh.moe else 1
+    mlp = experts * (n_in + 1) * h * f
+    attn = h * (q + 2 * kv) + q * h
+    total = mlp + attn
+    return experts * f * h / total, mlp / total, (mlp + q * h) / total
+
+
+def _moments(
+    sh: Shape,
+    n: int,
+    *,
+    s_attn: float,
+    s_mlp: float,
+    norm_saved: float,
+    norm_bwd: float,
+    resid: float,
+    mlp_grads: float,
+    core_freed: float,
+    core_grads: float,
+) -> tuple[tuple[int, float], ...]:
+    """The four moments of a block's backward, per token then scaled by ``n`` tokens."""
+    down, mlp_all, mlp_o = _weight_shares(sh)
+    m1 = s_attn + s_mlp + mlp_grads + resid  # MLP core: its gradients in flight
+    m2 = s_attn + norm_saved + norm_bwd + resid  # second norm (MLP tensors freed)
+    m3 = s_attn - core_freed + core_grads + resid  # attention core
+    m4 = norm_saved + norm_bwd + resid  # first norm
+    return (
+        (int(m1 * n), down),
+        (int(m2 * n), mlp_all),
+        (int(m3 * n), mlp_o),
+        (int(m4 * n), 1.0),
+    )
+
+
+def _megatron(sh: Shape, device: str) -> BlockActivations:
+    c = sh.recipe.compute
+    h, s = sh.hidden, sh.seq // sh.cp
+    q, kv, heads, f, rep = _dims(sh)
+    mask = _mask_bytes(sh, device, c)
+    stats = 8 if sh.norm == "layernorm" else 4  # fp32 mean + rstd per token
+    ln = (c * h + stats) * rep
+    flash = sh.attn_impl != "eager"
+    if flash:
+        core = c * q + 4 * heads  # output (= out-proj input) and log-sum-exp
+        scores = 0
+    else:
+        scores = (c + (mask + c if mask else 0)) * heads * s  # softmax, dropout mask and output
+        core = c * q  # context = out-proj input
+    attn = ln + c * h * rep + c * (q + 2 * kv) + core + mask * h * rep
+    width = (2 * f if sh.gated else f) + f  # fc1 output(s) and activation output
+    mlp_one = c * width + _act_extra(sh.act) * c * f
+    if sh.moe:
+        k = sh.top_k
+        mlp = c * h * rep + 8 * sh.experts + k * (c * h + mlp_one) + k * c * h
+    else:
+        mlp = c * h * rep + mlp_one
+    mlp += ln + mask * h * rep
+    per_token = attn + scores + mlp
+    n = tokens(sh)
+    saved = int(per_token * n)
+    selective = int((per_token - scores) * n)
+    boundary = int(c * h * rep * n)
+    fwd_extra = int(n * max(2 * scores, c * 2 * f))
+    soft = c * heads * s
+    moments = _moments(
+        sh,
+        n,
+        s_attn=attn + scores,
+        s_mlp=mlp,
+        norm_saved=ln,
+        norm_bwd=c * h * rep,
+        resid=c * h * rep,
+        mlp_grads=(2 * c * f if sh.gated else c * f),
+        core_freed=(scores - soft) if scores else 0,
+        core_grads=(2 * soft if scores else c * (q + 2 * kv)),
+    )
+    return BlockActivations(saved, selective, boundary, fwd_extra, moments, True)
+
+
+def _transformers(sh: Shape, device: str) -> BlockActivations:
+    rc = sh.recipe
+    c, r, ac = rc.compute, rc.residual, rc.autocast
+    h, s = sh.hidden, sh.seq // sh.cp
+    q, kv, heads, f, _rep = _dims(sh)
+    mask = _mask_bytes(sh, device, c)
+    # norms: what a norm keeps of its input x (the residual stream) and its output
+    if sh.norm == "layernorm":
+        norm = r * h + 8  # input, fp32 mean and rstd
+    elif r == 4:
+        norm = 8 * h + 4  # x (fp32), x·rsqrt (fp32), rsqrt
+    else:
+        norm = 6 * h + 4  # fp32 copy of x, rsqrt, normalized x cast back
+    separate_qkv = sh.rope or sh.kv_heads != sh.heads
+
+    def proj_in(n_proj: int) -> int:
+        # autocast casts a fp32 input once per projection; otherwise all share it
+        return n_proj * c * h if ac and r != c else r * h
+
+    n_rep = sh.heads // sh.kv_heads
+    attn = norm + proj_in(3 if separate_qkv else 1)
+    scores = 0
+    if sh.attn_impl == "eager":
+        # q and k as the score matmul sees them, v (repeated for GQA), softmax probabilities
+        attn += c * (q + kv * n_rep) + c * kv * n_rep
+        soft = 4 if (ac or c == 4) else 2
+        scores = soft * heads * s
+        if soft != c:
+            scores += c * heads * s  # the cast the value matmul keeps
+        if mask:
+            scores += (mask + c) * heads * s
+        attn += c * q  # attention output made contiguous for the out-projection
+    else:
+        attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
+    attn += mask * h
+    width = (2 * f if sh.gated else f) + f + (f if sh.gated else 0)
+    mlp_one = c * width + _act_extra(sh.act) * c * f
+    n_mlp_proj = 2 if sh.gated else 1
+    if sh.moe:
+        k = sh.top_k
+        mlp = proj_in(1) + 8 * sh.experts + k * (c * h + mlp_one)
+    else:
+        mlp = proj_in(n_mlp_proj) + mlp_one
+    mlp += norm + mask * h
+    per_token = attn + scores + mlp
+    n = tokens(sh)
+    saved = int(per_token * n)
+    selective = saved  # Hugging Face modules have no selective recompute
+    boundary = int(r * h * n)
+    fwd_extra = int(n * max(2 * c * heads * s if sh.attn_impl == "eager" else 0, 2 * c * f))
+    down_in = c * f  # the MLP's output projection input, freed first
+    python_act = _act_extra(sh.act) > 0
+    mlp_grads = (3 if (sh.gated or python_act) else 2) * c * f - down_in
+    if sh.attn_impl == "eager":
+        soft = (4 if (ac or c == 4 or sh.family != "gpt2") else 2) * heads * s
+        # the value matmul frees its inputs (probabilities as it saw them, v) and the
+        # out-projection its input; softmax backward then holds probabilities, their
+        # gradient and the gradient of the scores, next to the gradient of v
+        core_freed = c * q + c * kv * n_rep + (scores - soft)
+        core_grads = 3 * soft - soft + c * kv * n_rep
+    else:
+        core_freed = 0
+        core_grads = c * (q + 2 * kv)
+    norm_bwd = r * h if sh.norm == "layernorm" else 16 * h
+    moments = _moments(
+        sh,
+        n,
+        s_attn=attn + scores,
+        s_mlp=mlp,
+        norm_saved=norm,
+        norm_bwd=norm_bwd,
+        resid=r * h,
+        mlp_grads=mlp_grads,
+        core_freed=core_freed,
+        core_grads=core_grads,
+    )
+    shares_input = sh.norm == "layernorm" or r == 4
+    return BlockActivations(saved, selective, boundary, fwd_extra, moments, shares_input)
+
+
+def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:
+    """Activation bytes of one block for one micro-batch on one GPU."""
+    if sh.impl == "megatron":
+        return _megatron(sh, device)
+    return _transformers(sh, device)
+
+
+def embedding_saved(sh: Shape) -> int:
+    """What the embedding keeps for backward: the token ids (int64)."""
+    return 8 * tokens(sh)

@@ -1,0 +1,258 @@
+"""The numbers the memory model reads, taken from a Plan once and checked.
+
+:class:`Shape` is a flat, frozen record (plain ints, bools and strings) so the estimator
+runs in microseconds and what-if variants are a ``dataclasses.replace`` away. Impossible
+inputs (heads that do not divide the width, zero layers, negative sizes, more pipeline
+stages than layers) raise :class:`~sapper.errors.InputError` naming the plan field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sapper.errors import InputError
+from sapper.memory.units import DTYPE_BYTES
+from sapper.plan.schema import Plan
+
+__all__ = ["Recipe", "Shape", "shape_from_plan"]
+
+#: Optimizer -> number of full-size state tensors per parameter (momentum-like buffers).
+_STATE_TENSORS: dict[str, int] = {
+    "adam": 2,
+    "adamw": 2,
+    "fusedadam": 2,
+    "lamb": 2,
+    "lion": 1,
+    "adagrad": 1,
+    "rmsprop": 1,
+    "muon": 1,
+    "sgd": 0,  # + one when momentum > 0
+    "adafactor": 0,  # factored: rows + columns per matrix (see states.py)
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Bytes per element of each copy of the model (mixed-precision recipe, seed §2.1)."""
+
+    weight: int  # the model's own weights
+    grad: int  # gradients
+    master: int  # separate master copy in the optimizer (0: the weights are the master)
+    state: float  # optimizer state bytes per parameter (all moments together)
+    compute: int  # activations produced by matmuls
+    residual: int  # the residual stream between blocks
+    autocast: bool  # matmuls cast fp32 weights/inputs to ``compute`` on the fly
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything the analytic memory model needs, per GPU where it says so."""
+
+    # architecture
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    positions: int  # learned position table rows (0 if none)
+    experts: int
+    top_k: int
+    expert_ffn: int
+    gated: bool
+    act: str  # kernel name: gelu, gelu_tanh_python, silu, relu ...
+    norm: str  # layernorm / rmsnorm
+    rope: bool
+    tied: bool
+    attn_bias: bool
+    mlp_bias: bool
+    attn_impl: str  # eager / sdpa / flash
+    dropout: float
+    impl: str  # transformers / megatron
+    num_params: int | None
+    # batch
+    micro_batch: int
+    seq: int
+    micro_batches: int  # per optimizer step per pipeline (gradient accumulation)
+    # layout
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    sp: bool
+    zero: int
+    offload_optimizer: str
+    offload_params: str
+    ckpt: str  # none / selective / full
+    ckpt_every: int
+    vpp: int
+    schedule: str
+    # numerics and optimizer
+    recipe: Recipe
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    family: str
+    foreach: bool  # multi-tensor step: temporaries over all parameters at once
+    fused: bool  # fused step: no temporaries
+
+    def replace(self, **changes: object) -> Shape:
+        return replace(self, **changes)
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
+
+
+def _need(value: int | None, field: str, why: str) -> int:
+    if value is None:
+        raise InputError(f"missing value: {why}", field=field, expected="a positive integer")
+    if value <= 0:
+        raise InputError("must be positive", field=field, value=value, expected="an integer > 0")
+    return value
+
+
+def _act_kernel(activation: str, hidden_act: str | None) -> str:
+    """Which activation kernel runs: it decides what is kept for backward."""
+    name = (hidden_act or activation).lower()
+    if name in ("gelu_new", "gelu_fast", "gelu_python", "quick_gelu"):
+        return "gelu_tanh_python"  # composed of elementwise ops, each keeps its input
+    if name in ("silu", "swish", "swiglu"):
+        return "silu"
+    if name.startswith("gelu") or name == "geglu":
+        return "gelu"
+    return name
+
+
+def _recipe(plan: Plan) -> Recipe:
+    p, opt = plan.precision, plan.optimizer
+    dtype = p.dtype
+    kind = opt.type.replace("_", "").replace("-", "")
+    n_states = _STATE_TENSORS.get(kind, 2)
+    if kind == "sgd" and opt.momentum > 0:
+        n_states = 1
+    if opt.eight_bit or p.optimizer_states == "int8":
+        # bitsandbytes block-wise 8-bit: one byte per moment plus an fp32 scale per 256 values.
+        state_bytes = n_states * (1 + 4 / 256)
+    else:
+        state_bytes = n_states * DTYPE_BYTES[p.optimizer_states]
+    if dtype in ("fp32", "tf32"):
+        grad = DTYPE_BYTES[p.grad_dtype or "fp32"]
+        return Recipe(4, grad, 0, state_bytes, 4, 4, False)
+    compute = 2  # fp8 recipes keep bf16 activations and weights (fp8 copies are transient)
+    if p.autocast:
+        grad = DTYPE_BYTES[p.grad_dtype or "fp32"]
+        return Recipe(4, grad, 0, state_bytes, compute, 4, True)
+    weight = 2
+    master = DTYPE_BYTES[p.master_weights] if DTYPE_BYTES[p.master_weights] != weight else 0
+    grad = DTYPE_BYTES[p.grad_dtype] if p.grad_dtype else weight
+    return Recipe(weight, grad, master, state_bytes, compute, compute, False)
+
+
+def shape_from_plan(plan: Plan) -> Shape:
+    """Read and check the plan; raise :class:`InputError` on anything impossible."""
+    m = plan.model
+    if m is None:
+        raise InputError(
+            "the plan has no model", field="model", expected="a model section or --model config"
+        )
+    hidden = _need(m.hidden_size, "model.hidden_size", "model width")
+    layers = _need(m.num_layers, "model.num_layers", "number of transformer blocks")
+    heads = _need(m.num_heads, "model.num_heads", "attention heads")
+    vocab = _need(m.vocab_size, "model.vocab_size", "vocabulary size")
+    kv = m.kv_heads
+    _need(kv, "model.num_kv_heads", "key/value heads")
+    if m.head_dim is None and hidden % heads:
+        raise InputError(
+            f"hidden_size {hidden} is not divisible by num_heads {heads}",
+            field="model.num_heads",
+            value=heads,
+            expected=f"a divisor of {hidden} (or an explicit model.head_dim)",
+        )
+    if heads % kv:
+        raise InputError(
+            f"num_heads {heads} is not a multiple of num_kv_heads {kv}",
+            field="model.num_kv_heads",
+            value=kv,
+            expected=f"a divisor of {heads}",
+        )
+    if m.experts_top_k > m.num_experts:
+        raise InputError(
+            f"experts_top_k {m.experts_top_k} exceeds num_experts {m.num_experts}",
+            field="model.experts_top_k",
+            value=m.experts_top_k,
+            expected=f"at most {m.num_experts}",
+        )
+    b = plan.batch
+    micro = _need(b.micro_batch_size, "batch.micro_batch_size", "sequences per GPU")
+    seq = _need(b.seq_len, "batch.seq_len", "tokens per sequence")
+    par = plan.parallel
+    if par.pp * par.virtual_pipeline_stages > layers:
+        raise InputError(
+            f"pp {par.pp} × virtual stages {par.virtual_pipeline_stages} exceeds the "
+            f"{layers} layers",
+            field="parallel.pp",
+            value=par.pp,
+            expected=f"at most {layers // par.virtual_pipeline_stages} stages",
+        )
+    if seq % par.cp:
+        raise InputError(
+            f"seq_len {seq} is not divisible by cp {par.cp}",
+            field="parallel.cp",
+            value=par.cp,
+            expected=f"a divisor of {seq}",
+        )
+    dp = plan.dp_degree or 1
+    positions = 0
+    if m.position_encoding.value == "learned":
+        positions = m.max_position_embeddings or seq
+    ffn = m.ffn_size
+    return Shape(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=m.head_size,
+        ffn=ffn,
+        vocab=vocab,
+        positions=positions,
+        experts=m.num_experts,
+        top_k=m.experts_top_k if m.is_moe else 1,
+        expert_ffn=m.moe_ffn_hidden_size or ffn,
+        gated=m.activation.gated,
+        act=_act_kernel(m.activation.value, m.hidden_act),
+        norm=m.norm_type.value,
+        rope=m.position_encoding.value == "rope",
+        tied=m.tied_embeddings,
+        attn_bias=m.attention_bias,
+        mlp_bias=m.mlp_bias,
+        attn_impl=m.attention_impl.value,
+        dropout=m.dropout,
+        impl=m.implementation,
+        num_params=m.num_params,
+        micro_batch=micro,
+        seq=seq,
+        micro_batches=plan.grad_accum or 1,
+        tp=par.tp,
+        pp=par.pp,
+        cp=par.cp,
+        ep=par.ep,
+        dp=dp,
+        sp=par.sequence_parallel and par.tp > 1,
+        zero=par.zero_stage,
+        offload_optimizer=par.offload_optimizer,
+        offload_params=par.offload_params,
+        ckpt=par.checkpointing.granularity,
+        ckpt_every=par.checkpointing.every_k_layers,
+        vpp=par.virtual_pipeline_stages,
+        schedule=par.pipeline_schedule,
+        recipe=_recipe(plan),
+        optimizer=plan.optimizer.type.replace("_", "").replace("-", ""),
+        momentum=plan.optimizer.momentum,
+        weight_decay=plan.optimizer.weight_decay,
+        family=(m.family or '').lower(),
+        foreach=not plan.optimizer.fused,
+        fused=plan.optimizer.fused,
+    )

@@ -1,0 +1,193 @@
+"""Why a layout wins: seed §4.4's rules with the predicted numbers behind them.
+
+§4.4 says: put the cheapest communication on the slowest links (TP inside the NVLink
+domain, PP and DP across nodes). For each ranked layout this module states where each
+group landed and what it costs (share of the step, the link's bus bandwidth), then
+compares it with the best layout that decides one dimension differently (another TP,
+PP, CP, ZeRO stage, recomputation, micro-batch or interleaving): how much slower it is and
+which components make the difference, or that it would be faster but does not fit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sapper.parallel.cluster import Cluster
+from sapper.parallel.cost import BREAKDOWN, LayoutBatch, StepCost
+from sapper.parallel.layout import Layout, placement
+
+if TYPE_CHECKING:
+    from sapper.parallel.search import Candidate, _MemoryWalk
+
+__all__ = ["LABELS", "compare", "explain_candidates", "placement_lines"]
+
+LABELS = {
+    "compute": "compute",
+    "tp_comm": "TP comm",
+    "cp_comm": "CP comm",
+    "ep_comm": "EP all-to-all",
+    "pp_p2p": "PP p2p",
+    "bubble": "bubble",
+    "dp_comm": "DP/ZeRO comm",
+    "optimizer": "optimizer",
+}
+
+#: Dimensions compared, with how to name a layout's value of each.
+_DIMS: dict[str, tuple[str, str]] = {
+    "tp": ("tp", "TP{}"),
+    "pp": ("pp", "PP{}"),
+    "cp": ("cp", "CP{}"),
+    "zero": ("zero", "ZeRO-{}"),
+    "ckpt": ("checkpointing", "{} recompute"),
+    "micro": ("micro_batch", "micro-batch {}"),
+    "v": ("virtual_stages", "{} virtual stages"),
+}
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def placement_lines(layout: Layout, cost: StepCost, cluster: Cluster) -> list[str]:
+    """Where TP, PP, CP and DP landed and what each costs (seed §4.4 made quantitative)."""
+    pl = placement(layout, cluster.gpus_per_node)
+    share = cost.shares()
+    where = lambda span: "inside one node" if span.intra_node else f"across {span.nodes} nodes"  # noqa: E731
+    out = []
+    if layout.tp > 1:
+        out.append(
+            f"TP{layout.tp} {where(pl.tp)} ({cluster.bus_gbps(pl.tp):.0f} GB/s bus): "
+            f"its per-layer collectives take {_pct(share['tp_comm'])} of the step"
+        )
+    else:
+        out.append("no TP: no per-layer collectives")
+    if layout.pp > 1:
+        m, p, v = layout.grad_accum, layout.pp, layout.virtual_stages
+        formula = f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}" if v == 1 else (
+            f"(p-1)/(v·m) = {p - 1}/{v * m}"
+        )
+        out.append(
+            f"PP{p} {where(pl.pp)} ({cluster.bus_gbps(pl.pp):.0f} GB/s): p2p "
+            f"{_pct(share['pp_p2p'])}, bubble {_pct(share['bubble'])} ({formula})"
+        )
+    if layout.cp > 1:
+        out.append(
+            f"CP{layout.cp} {where(pl.cp)}: ring attention exposes {_pct(share['cp_comm'])}"
+        )
+    if layout.dp * layout.cp > 1:
+        out.append(
+            f"DP{layout.dp} {where(pl.grad)} ({cluster.bus_gbps(pl.grad):.0f} GB/s), "
+            f"ZeRO-{layout.zero}: {cost.details.get('dp_bytes', 0) / 1e9:.1f} GB per GPU per "
+            f"step, {_pct(share['dp_comm'])} exposed"
+        )
+    if layout.checkpointing != "none":
+        out.append(f"{layout.checkpointing} recomputation: compute {_pct(share['compute'])}")
+    return out
+
+
+def compare(winner: StepCost, other: StepCost) -> str:
+    """``other`` against ``winner``: the speed ratio and the two components that move most."""
+    ratio = other.step_time_s / winner.step_time_s
+    diffs = {
+        k: (other.breakdown[k] - winner.breakdown[k]) / winner.step_time_s for k in BREAKDOWN
+    }
+    top = sorted(diffs, key=lambda k: -abs(diffs[k]))[:2]
+    parts = [f"{LABELS[k]} {'+' if diffs[k] >= 0 else '−'}{_pct(abs(diffs[k]))}" for k in top
+             if abs(diffs[k]) >= 0.001]
+    if abs(ratio - 1) < 0.005:
+        return "as fast (within 0.5%)"
+    speed = f"{ratio:.2f}× slower" if ratio >= 1 else f"{1 / ratio:.2f}× faster"
+    return speed + (f" ({', '.join(parts)} of this step)" if parts else "")
+
+
+def _value(layout: Layout, dim: str) -> str:
+    attr, fmt = _DIMS[dim]
+    val = getattr(layout, attr)
+    return fmt.format(val)
+
+
+def explain_candidates(
+    cands: list[Candidate],
+    current: Candidate | None,
+    result: dict[str, np.ndarray],
+    batch: LayoutBatch,
+    ranking: np.ndarray,
+    walk: _MemoryWalk | None,
+    cluster: Cluster,
+    order: str,
+    budget: int = 3,
+) -> None:
+    """Fill ``why`` for each candidate (mutates them); ``budget`` caps the memory
+    estimates spent per compared dimension."""
+    ranked = {dim: np.asarray(getattr(batch, dim))[ranking] for dim in _DIMS}
+    for cand in cands:
+        lay = cand.layout
+        lines = [_headline(cand, cluster), *placement_lines(lay, cand.cost, cluster)]
+        for dim, (attr, _) in _DIMS.items():
+            mine = getattr(lay, attr)
+            if dim == "ckpt":
+                mine = ("none", "selective", "full").index(lay.checkpointing)
+            others = ranking[ranked[dim] != mine]
+            line = _alternative(cand, dim, others, result, batch, walk, order, budget)
+            if line:
+                lines.append(line)
+        if current is not None and current.layout != lay:
+            lines.append(
+                f"your layout ({current.layout.describe()}) is "
+                f"{compare(cand.cost, current.cost)}"
+            )
+        cand.why = lines
+
+
+def _headline(cand: Candidate, cluster: Cluster) -> str:
+    c = cand.cost
+    mem = f", {cand.memory_gib:.0f} GiB of {cluster.gpu.memory_gib:g}" if cand.memory_gib else ""
+    return (
+        f"{c.model_tflops_per_gpu:.0f} TFLOP/s per GPU ({100 * c.mfu:.0f}% MFU), "
+        f"{c.step_time_s:.2f} s per step{mem}"
+    )
+
+
+def _alternative(
+    cand: Candidate,
+    dim: str,
+    others: np.ndarray,
+    result: dict[str, np.ndarray],
+    batch: LayoutBatch,
+    walk: _MemoryWalk | None,
+    order: str,
+    budget: int,
+) -> str | None:
+    """The best layout deciding ``dim`` differently, and the faster ones that do not fit."""
+    from sapper.parallel.cost import cost_of
+    from sapper.parallel.search import _layout_at
+
+    blocked: tuple[Layout, float | None] | None = None
+    calls0 = walk.calls if walk else 0
+    for j in others:
+        j = int(j)
+        alt = _layout_at(batch, j, order)
+        ok, gib = walk.fits(j) if walk is not None else (True, None)
+        if ok:
+            text = (
+                f"best with {_alt_name(alt, dim)} ({alt.describe()}): "
+                f"{compare(cand.cost, cost_of(result, j, alt))}"
+            )
+            if blocked is not None:
+                need = f" ≥ {blocked[1]:.0f} GiB" if blocked[1] is not None else " more memory"
+                text += f"; faster {_alt_name(blocked[0], dim)} layouts need{need} (no fit)"
+            return text
+        if blocked is None and result["step_time"][j] < cand.cost.step_time_s:
+            blocked = (alt, gib)
+        if walk is not None and walk.calls - calls0 >= budget:
+            break
+    if blocked is not None:
+        need = f"≥ {blocked[1]:.0f} GiB" if blocked[1] is not None else "more memory"
+        return f"{_alt_name(blocked[0], dim)} would be faster but needs {need} (no fit)"
+    return None
+
+
+def _alt_name(alt: Layout, dim: str) -> str:
+    if dim == "ckpt":
+        return f"{'no' if alt.checkpointing == 'none' else alt.checkpointing} recompute"
+    return _value(alt, dim)

@@ -1,0 +1,452 @@
+"""``search``: every valid layout for a model and cluster, ranked by predicted throughput.
+
+The space is every TP, PP, CP, DP (and EP for MoE) whose product is the GPU count, every
+ZeRO stage, activation checkpointing, micro-batch size (the global batch stays fixed:
+micro x GA x DP) and number of virtual pipeline stages, pruned by the same predicates
+:mod:`sapper.parallel.validate` enforces. The cost model runs once over all of them as
+numpy arrays. Memory is checked lazily with :func:`sapper.memory.estimate`, walking the
+ranking from the fastest layout down until ``top`` layouts fit; the memory model's
+monotonicity (more ZeRO sharding, more recomputation and a smaller micro-batch never use
+more memory) lets one failed check rule out every layout it dominates.
+
+Fixed choices, stated: sequence parallelism whenever TP > 1 (it only removes work and
+memory), the plan's rank order (Megatron's by default), an even layer split, the
+interleaved schedule only where Megatron allows it (layers and micro-batches divisible
+by PP), selective recomputation only for eager attention (flash kernels already
+recompute the attention core), no offload.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sapper.errors import InputError
+from sapper.parallel.cluster import Cluster
+from sapper.parallel.cost import LayoutBatch, StepCost, cost_of, evaluate, predict_step
+from sapper.parallel.layout import CHECKPOINTING, Layout, parse_rank_order, placement
+from sapper.parallel.validate import heads_ok, seq_cp_ok, validate, widths_ok
+from sapper.parallel.workload import Workload
+from sapper.plan.schema import AttentionImpl, Plan
+from sapper.rules.model import Severity
+
+__all__ = ["Candidate", "MemoryCheck", "SearchResult", "enumerate_layouts", "search"]
+
+#: A memory check: plan -> (fits, peak GiB), optionally followed by the pipeline stage of
+#: the peak and the activation GiB at the peak (they sharpen the pruning). The default
+#: is :func:`sapper.memory.estimate`.
+MemoryCheck = Callable[[Plan], tuple[Any, ...]]
+
+_GIB = 1024**3
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def default_memory_check(plan: Plan) -> tuple[bool, float, int | None, float]:
+    """Fit by the memory model: (fits, peak GiB, the stage of the peak, the activations
+    GiB at the peak); a plan it rejects as impossible does not fit."""
+    from sapper.memory import estimate
+
+    try:
+        est = estimate(plan)
+    except InputError:
+        return False, math.inf, None, 0.0
+    acts = est.breakdown.get("activations", 0) / _GIB
+    return bool(est.fits), est.peak_bytes / _GIB, est.peak_stage, acts
+
+
+@dataclass
+class Candidate:
+    """One layout with its predicted cost, memory and the reasons it ranks where it does."""
+
+    layout: Layout
+    cost: StepCost
+    fits: bool | None = None
+    memory_gib: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout.describe(),
+            "tp": self.layout.tp,
+            "pp": self.layout.pp,
+            "cp": self.layout.cp,
+            "dp": self.layout.dp,
+            "ep": self.layout.ep,
+            "zero_stage": self.layout.zero,
+            "checkpointing": self.layout.checkpointing,
+            "micro_batch_size": self.layout.micro_batch,
+            "gradient_accumulation_steps": self.layout.grad_accum,
+            "virtual_pipeline_stages": self.layout.virtual_stages,
+            "sequence_parallel": self.layout.sequence_parallel,
+            "fits": self.fits,
+            "memory_gib": self.memory_gib,
+            "cost": self.cost.to_json(),
+            "warnings": self.warnings,
+            "why": self.why,
+        }
+
+
+@dataclass
+class SearchResult:
+    """The ranked layouts and how the search went."""
+
+    top: list[Candidate]
+    #: The plan's own layout when it is complete and valid (for comparison).
+    current: Candidate | None
+    gpus: int
+    enumerated: int
+    memory_checks: int
+    memory_rejected: int
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+    #: Seconds spent enumerating, costing, checking memory (ranking walk) and explaining.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.top[0] if self.top else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "enumerated": self.enumerated,
+            "memory_checks": self.memory_checks,
+            "memory_rejected": self.memory_rejected,
+            "elapsed_s": self.elapsed_s,
+            "timings_s": self.timings,
+            "top": [c.to_json() for c in self.top],
+            "current": self.current.to_json() if self.current else None,
+            "notes": self.notes,
+        }
+
+
+# ---- enumeration -----------------------------------------------------------------------
+
+
+def _space_inputs(plan: Plan) -> tuple[Workload, Cluster, int, str]:
+    work = Workload.from_plan(plan)
+    cluster = Cluster.from_plan(plan)
+    global_batch = plan.global_batch
+    if global_batch is None:
+        raise InputError(
+            "the planner keeps the global batch fixed and the plan does not give it",
+            field="batch.global_batch_size",
+            expected="sequences per step (or micro batch, GA and a known DP)",
+        )
+    order = plan.parallel.rank_order
+    if parse_rank_order(order) is None:
+        raise InputError(
+            "invalid rank order",
+            field="parallel.rank_order",
+            value=order,
+            expected="tp, cp, dp and pp once each, e.g. tp-cp-ep-dp-pp",
+        )
+    return work, cluster, global_batch, order
+
+
+def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
+    """Every valid layout of the plan's model on its cluster, as a :class:`LayoutBatch`."""
+    work, cluster, gbatch, order = _space_inputs(plan)
+    model = plan.model
+    assert model is not None
+    n, layers, seq = cluster.gpus, work.layers, work.seq_len
+    tps = [t for t in _divisors(n) if heads_ok(model, t) and widths_ok(model, t)]
+    rows: list[tuple[int, ...]] = []
+    for tp in tps:
+        for pp in _divisors(n // tp):
+            if pp > layers:
+                continue
+            for cp in _divisors(n // (tp * pp)):
+                if not seq_cp_ok(seq, cp):
+                    continue
+                dp = n // (tp * pp * cp)
+                if gbatch % dp:
+                    continue
+                eps = [1]
+                if model.is_moe:
+                    eps = _divisors(math.gcd(dp, model.num_experts))
+                per_replica = gbatch // dp
+                for micro in _divisors(per_replica):
+                    m = per_replica // micro
+                    if pp > 1 and m < pp:
+                        continue
+                    vs = [1]
+                    if pp > 1 and m % pp == 0:
+                        vs += [v for v in _divisors(layers // pp)[1:] if layers % (pp * v) == 0]
+                    for ep in eps:
+                        for v in vs:
+                            rows.append((tp, pp, cp, dp, ep, micro, m, v))
+    if not rows:
+        raise InputError(
+            "no valid layout: no TP/PP/CP/DP split of the GPUs fits the model and batch",
+            field="hardware.num_gpus",
+            value=n,
+            expected="a GPU count whose divisors split the heads, layers and global batch",
+        )
+    base = np.array(rows, dtype=np.int64)
+    ckpts = [0, 2] if model.attention_impl != AttentionImpl.EAGER else [0, 1, 2]
+    combos = np.array([(z, c) for z in range(4) for c in ckpts], dtype=np.int64)
+    k = len(combos)
+    grid = np.repeat(base, k, axis=0)
+    zc = np.tile(combos, (len(base), 1))
+    tp, pp, cp, dp, ep = (grid[:, i] for i in range(5))
+    micro, m, v = grid[:, 5], grid[:, 6], grid[:, 7]
+
+    bw: dict[tuple[int, ...], tuple[float, ...]] = {}
+    for key in {tuple(r[:5]) for r in rows}:
+        lay = Layout(tp=key[0], pp=key[1], cp=key[2], dp=key[3], ep=key[4], rank_order=order)
+        pl = placement(lay, cluster.gpus_per_node)
+        bw[key] = tuple(
+            cluster.bus_gbps(s) for s in (pl.tp, pl.cp, pl.ep, pl.grad, pl.expert_grad, pl.pp)
+        )
+    bws = np.array([bw[tuple(r[:5])] for r in rows], dtype=float)
+    bws = np.repeat(bws, k, axis=0)
+    l_max = np.where(pp > 1, -(-layers // pp), layers)
+    l_last = np.where(pp > 1, layers // pp, layers)
+    batch = LayoutBatch(
+        tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero=zc[:, 0], ckpt=zc[:, 1],
+        rc=(zc[:, 1] == 2).astype(float), micro=micro, ga=m, v=v, sp=tp > 1,
+        offload=np.zeros(len(grid), dtype=bool),
+        overlap=np.full(len(grid), plan.parallel.overlap_dp_comm),
+        bw_tp=bws[:, 0], bw_cp=bws[:, 1], bw_ep=bws[:, 2], bw_grad=bws[:, 3],
+        bw_expert=bws[:, 4], bw_pp=bws[:, 5], l_max=l_max, l_last=l_last,
+    )
+    return batch, work, cluster
+
+
+def _layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
+    v = int(b.v[i])
+    return Layout(
+        tp=int(b.tp[i]), pp=int(b.pp[i]), cp=int(b.cp[i]), dp=int(b.dp[i]), ep=int(b.ep[i]),
+        zero=int(b.zero[i]), checkpointing=CHECKPOINTING[int(b.ckpt[i])],
+        micro_batch=int(b.micro[i]), grad_accum=int(b.ga[i]), virtual_stages=v,
+        sequence_parallel=bool(b.sp[i]), schedule="interleaved" if v > 1 else "1f1b",
+        rank_order=order, overlap_dp_comm=bool(b.overlap[i]),
+    )
+
+
+# ---- lazy memory walk ------------------------------------------------------------------
+
+
+class _MemoryWalk:
+    """Memory checks with dominance pruning. Within one TP/PP/CP/DP/EP split, the memory
+    model never uses less memory for a lower ZeRO stage, less recomputation, a larger
+    micro-batch (the global batch is fixed, and the pipeline holds at least PP of them),
+    or interleaving instead of 1F1B (the first stage holds at least as many micro-batches
+    in flight); so one failed check rules out every layout it dominates. When the peak
+    was on the first stage, fewer virtual stages (v ≥ 2) are dominated too: the first
+    stage holds min(((v+1)·p - 1)/v, m) micro-batches in flight, more for smaller v."""
+
+    def __init__(
+        self, plan: Plan, b: LayoutBatch, order: str, check: MemoryCheck, floor: np.ndarray
+    ) -> None:
+        self.plan, self.b, self.order, self.check = plan, b, order, check
+        self.floor = floor
+        gpu = plan.gpu
+        self.capacity = gpu.memory_gib * _GIB if gpu else math.inf
+        self.fails: dict[tuple[int, ...], list[tuple[int, int, int, int, bool]]] = {}
+        self.calls = 0
+        self.rejected = 0
+        self.known: dict[int, tuple[bool, float | None]] = {}
+        self.probed: set[tuple[tuple[int, ...], int]] = set()
+        #: (split, recompute level) -> activation GiB of its leanest member, when that
+        #: member's peak is on the first stage (the stage every leaner member shares).
+        self.lean_acts: dict[tuple[tuple[int, ...], int], float] = {}
+
+    def _key(self, i: int) -> tuple[int, ...]:
+        b = self.b
+        return (int(b.tp[i]), int(b.pp[i]), int(b.cp[i]), int(b.dp[i]), int(b.ep[i]))
+
+    def _dominated(self, key: tuple[int, ...], v: int, z: int, c: int, mb: int) -> bool:
+        return any(
+            fz >= z and fc >= c and fmb <= mb
+            and (fv in (1, v) or (first and 2 <= v <= fv))
+            for fv, fz, fc, fmb, first in self.fails.get(key, ())
+        )
+
+    def _check(self, lay: Layout) -> tuple[bool, float, bool, float | None]:
+        """(fits, peak GiB, whether the peak is on the first stage, activation GiB)."""
+        self.calls += 1
+        out = self.check(lay.apply(self.plan))
+        first = len(out) > 2 and out[2] == 0
+        acts = float(out[3]) if len(out) > 3 else None
+        return bool(out[0]), float(out[1]), first, acts
+
+    def fits(self, i: int) -> tuple[bool, float | None]:
+        """Does layout ``i`` fit (and its peak GiB, or a floor on it, when known)? The
+        first time a split is asked about a recomputation level, its leanest member at
+        that level (1F1B, ZeRO-3, micro-batch 1) is checked first: if even that does not
+        fit, the whole level is ruled out with one memory estimate."""
+        if i in self.known:
+            return self.known[i]
+        b, key = self.b, self._key(i)
+        v, z, c, mb = int(b.v[i]), int(b.zero[i]), int(b.ckpt[i]), int(b.micro[i])
+        verdict: tuple[bool, float | None]
+        lean = self.lean_acts.get((key, c))
+        floor = self.floor[i] + (lean * _GIB if lean is not None else 0.0)
+        if floor > self.capacity:
+            verdict = (False, float(floor) / _GIB)
+        elif self._dominated(key, v, z, c, mb):
+            verdict = (False, None)
+        else:
+            lay = _layout_at(b, i, self.order)
+            verdict = (True, None)
+            if (key, c) not in self.probed and (v, z, mb) != (1, 3, 1):
+                self.probed.add((key, c))
+                leanest = lay.with_(zero=3, micro_batch=1, virtual_stages=1, schedule="1f1b",
+                                    grad_accum=lay.grad_accum * lay.micro_batch)
+                ok, gib, first, acts = self._check(leanest)
+                if not ok:
+                    self.fails.setdefault(key, []).append((1, 3, c, 1, first))
+                    verdict = (False, None)
+                elif first and acts is not None:
+                    # every member of this level holds at least these activations on the
+                    # first stage, next to its weights (and persistent gradients)
+                    self.lean_acts[(key, c)] = acts
+                    if self.floor[i] + acts * _GIB > self.capacity:
+                        verdict = (False, float(self.floor[i]) / _GIB + acts)
+            if verdict[0]:
+                ok, gib, first, _ = self._check(lay)
+                verdict = (ok, gib)
+                if not ok:
+                    self.fails.setdefault(key, []).append((v, z, c, mb, first))
+        if not verdict[0]:
+            self.rejected += 1
+        self.known[i] = verdict
+        return verdict
+
+
+def _state_floor(
+    plan: Plan, work: Workload, b: LayoutBatch, result: dict[str, np.ndarray]
+) -> np.ndarray:
+    """Bytes a GPU holds throughout the step: its stage's weights unless ZeRO-3 shards
+    them, and, where gradients persist across micro-batches (accumulation, a pipeline,
+    a sharded optimizer), their full buffer unless ZeRO-2/3 shards it. Layouts whose
+    floor exceeds the GPU skip the estimator."""
+    p = plan.precision
+    weight = 4 if p.dtype in ("fp32", "tf32") or p.autocast else 2
+    psi = result["params_per_gpu"]
+    z = np.asarray(b.zero)
+    persistent = (np.asarray(b.ga) > 1) | (np.asarray(b.pp) > 1) | (z >= 1)
+    grads = np.where((z < 2) & persistent, work.grad_bytes, 0)
+    return psi * (np.where(z < 3, weight, 0) + grads)
+
+
+# ---- search ------------------------------------------------------------------------------
+
+
+def search(
+    plan: Plan,
+    top: int = 5,
+    *,
+    memory: MemoryCheck | None = default_memory_check,
+    explain: bool | int = True,
+) -> SearchResult:
+    """Rank every valid layout of ``plan``'s model on its cluster by predicted throughput
+    and return the ``top`` fastest that fit in memory (``memory=None`` skips the memory
+    check), one per TP/PP/CP/EP split (its ZeRO, recomputation and micro-batch variants
+    are compared in the reasons), each with the reasons it wins
+    (:mod:`sapper.parallel.explain`): all of them with ``explain=True``, the first N with
+    an integer (the comparisons spend memory estimates)."""
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = now - clock[0]
+        clock[0] = now
+
+    timings: dict[str, float] = {}
+    start = clock[0]
+    batch, work, cluster = enumerate_layouts(plan)
+    lap("enumerate")
+    order = plan.parallel.rank_order
+    result = evaluate(work, cluster, batch)
+    ranking = _rank(result, batch)
+    lap("cost")
+    walk = (
+        _MemoryWalk(plan, batch, order, memory, _state_floor(plan, work, batch, result))
+        if memory
+        else None
+    )
+    chosen: list[int] = []
+    splits: set[tuple[int, ...]] = set()
+    for i in ranking:
+        i = int(i)
+        split = (int(batch.tp[i]), int(batch.pp[i]), int(batch.cp[i]), int(batch.ep[i]))
+        if split in splits or (walk is not None and not walk.fits(i)[0]):
+            continue
+        chosen.append(i)
+        splits.add(split)
+        if len(chosen) >= top:
+            break
+    lap("memory")
+    notes: list[str] = []
+    if not chosen:
+        notes.append("no layout fits in memory: add GPUs, or a GPU with more memory")
+    cands = []
+    for i in chosen:
+        lay = _layout_at(batch, i, order)
+        fits, gib = walk.known[i] if walk else (None, None)
+        cand = Candidate(lay, cost_of(result, i, lay), fits, gib)
+        cand.warnings = [
+            x.message
+            for x in validate(lay.apply(plan))
+            if x.severity == Severity.WARNING
+        ]
+        cands.append(cand)
+    current = _current(plan, memory)
+    n_explain = len(cands) if explain is True else int(explain)
+    if n_explain and cands:
+        from sapper.parallel.explain import explain_candidates
+
+        explain_candidates(
+            cands[:n_explain], current, result, batch, ranking, walk, cluster, order
+        )
+    lap("explain")
+    return SearchResult(
+        top=cands,
+        current=current,
+        gpus=cluster.gpus,
+        enumerated=len(batch),
+        memory_checks=walk.calls if walk else 0,
+        memory_rejected=walk.rejected if walk else 0,
+        elapsed_s=time.perf_counter() - start,
+        notes=notes,
+        timings=timings,
+    )
+
+
+def _rank(result: dict[str, np.ndarray], b: LayoutBatch) -> np.ndarray:
+    """Fastest first. Layouts within 0.1% of each other count as tied and are ordered
+    simplest first: fewest model-parallel splits (TP·PP·CP), then least traffic per GPU,
+    then the lower ZeRO stage and less recomputation."""
+    t = result["step_time"]
+    bucket = np.round(np.log(t / t.min()) / np.log1p(1e-3))
+    volume = result["dp_bytes"] + result["tp_bytes_per_layer"]
+    splits = b.tp * b.pp * b.cp
+    return np.lexsort((b.ckpt, b.zero, volume, splits, bucket))
+
+
+def _current(plan: Plan, memory: MemoryCheck | None) -> Candidate | None:
+    """The plan's own layout, costed, when it is complete and has no layout error."""
+    lay = Layout.from_plan(plan)
+    if lay is None or plan.batch.micro_batch_size is None:
+        return None
+    if any(x.severity == Severity.ERROR for x in validate(plan)):
+        return None
+    try:
+        cost = predict_step(plan)
+    except InputError:
+        return None
+    fits, gib = memory(plan)[:2] if memory else (None, None)
+    return Candidate(lay, cost, fits, gib)

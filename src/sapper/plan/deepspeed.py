@@ -1,0 +1,415 @@
+"""Read a DeepSpeed JSON config into the Plan: precision, clipping, batch, ZeRO, optimizer,
+scheduler, activation checkpointing.
+
+Every value is stored with its DeepSpeed key path as ``origin``, so a validation error
+names the user's key (``zero_optimization.stage``), not sapper's field. Values follow
+DeepSpeed's semantics, not their look: ``"loss_scale": 0`` means dynamic scaling,
+``initial_scale_power: 16`` means 2^16, DeepSpeed's ``Adam`` is AdamW unless
+``adam_w_mode`` is false, ``WarmupLR``'s ``warmup_max_lr`` replaces the optimizer's LR.
+
+What the file does not decide is not guessed. ``"auto"`` (as the Hugging Face Trainer
+writes it) leaves the field unresolved and says so (C002). Defaults are filled in only
+where DeepSpeed's are the same in every version (fp16 loss_scale_window 1000, hysteresis
+2; warmup_num_steps 1000). Every key is checked against DeepSpeed's documented keys
+(:mod:`sapper.plan.deepspeed_keys`); unknown ones become C001 with the likely intended key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sapper.checks.config import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
+from sapper.errors import InputError
+from sapper.plan.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
+from sapper.plan.sources import PlanSource, read_json_file
+
+__all__ = ["read_deepspeed_config"]
+
+_MISSING = object()
+_AUTO = "auto"
+
+#: DeepSpeed scheduler type -> Plan schedule.type.
+_SCHEDULES = {
+    "WarmupLR": "constant",
+    "WarmupDecayLR": "linear",
+    "WarmupCosineLR": "cosine",
+    "OneCycle": "onecycle",
+    "LRRangeTest": "lr_range_test",
+}
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+_KIND_WORDS = {
+    "int": "an integer",
+    "number": "a number",
+    "bool": "true or false",
+    "str": "a string",
+}
+
+
+def read_deepspeed_config(path: str | Path) -> PlanSource:
+    """A Plan source from a DeepSpeed JSON config, with its C0xx findings attached."""
+    file = str(path)
+    raw = read_json_file(path)
+    if not isinstance(raw, dict):
+        raise InputError(
+            "a DeepSpeed config must be a JSON object",
+            file=file,
+            value=type(raw).__name__,
+            expected="keys such as train_batch_size, bf16, zero_optimization",
+        )
+    reader = _Reader(raw, PlanSource(name=file))
+    reader.check_keys(raw, "")
+    _batch(reader)
+    _precision(reader)
+    _clipping(reader)
+    _zero(reader)
+    _optimizer(reader)
+    _scheduler(reader)
+    _checkpointing(reader)
+    _tensor_parallel(reader)
+    return reader.finish()
+
+
+class _Reader:
+    """Typed access to the DeepSpeed dict: each value lands in the Plan with its key path
+    as origin, ``"auto"`` becomes an unresolved field, a wrong type an InputError."""
+
+    def __init__(self, raw: dict[str, Any], src: PlanSource) -> None:
+        self.raw, self.src, self.file = raw, src, src.name
+        self.autos: dict[str, str] = {}  # DeepSpeed key -> Plan field it would set
+
+    # -- access --------------------------------------------------------------------
+    def get(self, key: str) -> Any:
+        node: Any = self.raw
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return _MISSING
+            node = node[part]
+        return node
+
+    def section(self, key: str) -> dict[str, Any] | None:
+        value = self.get(key)
+        if value is _MISSING or value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.error(key, value, "a JSON object")
+        return value
+
+    def error(self, key: str, value: Any, expected: str) -> InputError:
+        return InputError(
+            "invalid value",
+            file=self.file,
+            field=key,
+            value=value,
+            has_value=True,
+            expected=expected,
+        )
+
+    def is_auto(self, key: str, field: str) -> bool:
+        if self.get(key) != _AUTO:
+            return False
+        self.autos[key] = field
+        return True
+
+    def value(self, key: str, field: str, kind: str, *, minimum: float | None = None) -> Any:
+        """The value of ``key`` checked against ``kind`` (int, number, bool, str), or
+        None when absent or "auto"."""
+        value = self.get(key)
+        if value is _MISSING or value is None or self.is_auto(key, field):
+            return None
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+        }[kind]
+        if ok and minimum is not None and value < minimum:
+            ok = False
+        if not ok:
+            words = _KIND_WORDS[kind]
+            if minimum is not None:
+                words += f" ≥ {minimum:g}"
+            raise self.error(key, value, f'{words} or "auto"')
+        return value
+
+    def set(self, field: str, value: Any, key: str) -> None:
+        self.src.set(field, value, origin=key)
+
+    def take(self, key: str, field: str, kind: str, *, minimum: float | None = None) -> Any:
+        value = self.value(key, field, kind, minimum=minimum)
+        if value is not None:
+            self.set(field, value, key)
+        return value
+
+    def take_or_default(self, key: str, field: str, kind: str, default: Any) -> Any:
+        """Like :meth:`take`; an absent key gets DeepSpeed's default (used only where that
+        default is the same in every DeepSpeed version)."""
+        if self.get(key) is _MISSING:
+            self.set(field, default, f"{key} (DeepSpeed default)")
+            return default
+        return self.take(key, field, kind, minimum=0)
+
+    # -- documented keys -------------------------------------------------------------
+    def check_keys(self, node: dict[str, Any], section: str) -> None:
+        known = SECTIONS.get(section)
+        if known is None:
+            return
+        for key, value in node.items():
+            path = f"{section}.{key}" if section else key
+            if key not in known:
+                self._unknown(key, section, path)
+                continue
+            if path in DEPRECATED:
+                self.src.findings.append(
+                    DEPRECATED_KEY.finding(
+                        f"{path} is deprecated; DeepSpeed documents {DEPRECATED[path]} instead",
+                        source=f"{self.file}: {path}",
+                        key=path,
+                        replacement=DEPRECATED[path],
+                    )
+                )
+            if isinstance(value, dict) and path in SECTIONS:
+                self.check_keys(value, path)
+
+    def _unknown(self, key: str, section: str, path: str) -> None:
+        hint = suggest(key, section)
+        where = f"in {section}" if section else "at the top level"
+        did_you_mean = f"did you mean {hint}? " if hint else ""
+        effect = (
+            "older DeepSpeed versions ignore it silently, recent ones refuse to start"
+            if section in STRICT_SECTIONS
+            else "DeepSpeed ignores it silently, so the setting has no effect"
+        )
+        self.src.findings.append(
+            UNKNOWN_KEY.finding(
+                f"{path} is not a DeepSpeed key {where}: {did_you_mean}{effect}",
+                fix=f"rename it to {hint}" if hint else "delete it or use a documented key",
+                source=f"{self.file}: {path}",
+                key=path,
+                suggestion=hint,
+            )
+        )
+
+    def finish(self) -> PlanSource:
+        """Report the "auto" values once; a field stays unresolved unless another key of
+        the file set it."""
+        if self.autos:
+            keys = ", ".join(self.autos)
+            self.src.findings.append(
+                UNRESOLVED_AUTO.finding(
+                    f'{len(self.autos)} value(s) are "auto" and set at launch, so the checks '
+                    f"that need them are skipped: {keys}",
+                    source=f"{self.file}: {keys}",
+                    value=len(self.autos),
+                    keys=dict(self.autos),
+                )
+            )
+        fields = dict.fromkeys(self.autos.values())
+        self.src.unresolved = [f for f in fields if not _has(self.src.data, f)]
+        return self.src
+
+
+def _has(tree: dict[str, Any], path: str) -> bool:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+# ---- sections ------------------------------------------------------------------------
+def _batch(r: _Reader) -> None:
+    """Keep the triple as given: the batch-arithmetic rule checks their relation."""
+    r.take("train_micro_batch_size_per_gpu", "batch.micro_batch_size", "int", minimum=1)
+    r.take("gradient_accumulation_steps", "batch.gradient_accumulation_steps", "int", minimum=1)
+    r.take("train_batch_size", "batch.global_batch_size", "int", minimum=1)
+
+
+def _enabled(r: _Reader, section: str) -> bool | str:
+    """True / False / "auto" for a section's ``enabled`` flag (absent section = False)."""
+    if r.section(section) is None:
+        return False
+    value = r.get(f"{section}.enabled")
+    if value is _MISSING:
+        return False
+    if value == _AUTO:
+        return _AUTO
+    if not isinstance(value, bool):
+        raise r.error(f"{section}.enabled", value, 'true, false or "auto"')
+    return value
+
+
+def _precision(r: _Reader) -> None:
+    fp16 = _enabled(r, "fp16")
+    bf16_key = "bf16" if r.section("bf16") is not None else "bfloat16"
+    bf16 = _enabled(r, bf16_key)
+    amp = _enabled(r, "amp")
+    if fp16 is True and bf16 is True:
+        r.src.findings.append(
+            BOTH_FP16_BF16.finding(
+                f"fp16.enabled and {bf16_key}.enabled are both true: DeepSpeed refuses "
+                "to start with both",
+                source=f"{r.file}: fp16.enabled, {bf16_key}.enabled",
+            )
+        )
+        return
+    for key, flag in (("fp16.enabled", fp16), (f"{bf16_key}.enabled", bf16)):
+        if flag == _AUTO:
+            r.is_auto(key, "precision.dtype")
+    if fp16 is True:
+        _fp16(r)
+    elif bf16 is True:
+        r.set("precision.dtype", "bf16", f"{bf16_key}.enabled")
+        r.set("precision.loss_scaling.mode", "none", f"{bf16_key}.enabled")
+        master = f"{bf16_key}.bf16_master_weights_and_grads"
+        if r.value(master, "precision.master_weights", "bool"):
+            r.set("precision.master_weights", "bf16", master)
+        if r.value(f"{bf16_key}.bf16_optimizer_states", "precision.optimizer_states", "bool"):
+            r.set("precision.optimizer_states", "bf16", f"{bf16_key}.bf16_optimizer_states")
+    elif amp is True:
+        _apex_amp(r)
+    elif _enabled(r, "torch_autocast") is True:
+        dtype = r.value("torch_autocast.dtype", "precision.dtype", "str")
+        if dtype in ("bfloat16", "bf16", "torch.bfloat16"):
+            r.set("precision.dtype", "bf16", "torch_autocast.dtype")
+
+
+def _fp16(r: _Reader) -> None:
+    r.set("precision.dtype", "fp16", "fp16.enabled")
+    scaling = "precision.loss_scaling"
+    scale = r.value("fp16.loss_scale", f"{scaling}.mode", "number", minimum=0)
+    if scale is None and r.get("fp16.loss_scale") == _AUTO:
+        return
+    if scale:  # DeepSpeed: any positive value is a fixed scale
+        r.set(f"{scaling}.mode", "static", "fp16.loss_scale")
+        r.set(f"{scaling}.static_scale", float(scale), "fp16.loss_scale")
+    else:  # 0 or absent: dynamic
+        r.set(f"{scaling}.mode", "dynamic", "fp16.loss_scale")
+        power = r.value("fp16.initial_scale_power", f"{scaling}.initial_scale", "int")
+        if power is not None:
+            r.set(f"{scaling}.initial_scale", 2.0**power, "fp16.initial_scale_power")
+        r.take_or_default("fp16.loss_scale_window", f"{scaling}.growth_interval", "int", 1000)
+        r.take_or_default("fp16.hysteresis", f"{scaling}.hysteresis", "int", 2)
+        r.take("fp16.min_loss_scale", f"{scaling}.min_scale", "number")
+    if r.value("fp16.fp16_master_weights_and_grads", "precision.master_weights", "bool"):
+        r.set("precision.master_weights", "fp16", "fp16.fp16_master_weights_and_grads")
+
+
+def _apex_amp(r: _Reader) -> None:
+    """Apex AMP: fp16 with its own dynamic scaler unless ``loss_scale`` is a number;
+    opt_level O3 is pure fp16, without fp32 master weights."""
+    r.set("precision.dtype", "fp16", "amp.enabled")
+    scale = r.get("amp.loss_scale")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0:
+        r.set("precision.loss_scaling.mode", "static", "amp.loss_scale")
+        r.set("precision.loss_scaling.static_scale", float(scale), "amp.loss_scale")
+    else:
+        r.set("precision.loss_scaling.mode", "dynamic", "amp.loss_scale")
+    if r.get("amp.opt_level") == "O3":
+        r.set("precision.master_weights", "fp16", "amp.opt_level")
+
+
+def _clipping(r: _Reader) -> None:
+    r.take("gradient_clipping", "clipping.max_norm", "number", minimum=0)
+
+
+def _zero(r: _Reader) -> None:
+    zero = r.get("zero_optimization")
+    if zero is _MISSING or zero is None:
+        return
+    if isinstance(zero, bool):  # the deprecated boolean form means stage 1
+        r.set("parallel.zero_stage", 1 if zero else 0, "zero_optimization")
+        return
+    if not isinstance(zero, dict):
+        raise r.error("zero_optimization", zero, "a JSON object")
+    stage = r.value("zero_optimization.stage", "parallel.zero_stage", "int")
+    if stage is not None:
+        if stage not in (0, 1, 2, 3):
+            raise r.error("zero_optimization.stage", stage, "0, 1, 2 or 3 (the ZeRO stage)")
+        r.set("parallel.zero_stage", stage, "zero_optimization.stage")
+    for block, field, legacy in (
+        ("offload_optimizer", "parallel.offload_optimizer", "cpu_offload"),
+        ("offload_param", "parallel.offload_params", "cpu_offload_param"),
+    ):
+        key = f"zero_optimization.{block}"
+        if r.section(key) is not None:
+            device = r.value(f"{key}.device", field, "str")
+            if device is not None:
+                if device not in _OFFLOAD_DEVICES:
+                    raise r.error(f"{key}.device", device, "cpu, nvme or none")
+                r.set(field, device, f"{key}.device")
+        elif r.value(f"zero_optimization.{legacy}", field, "bool"):
+            r.set(field, "cpu", f"zero_optimization.{legacy}")
+
+
+def _optimizer(r: _Reader) -> None:
+    if r.section("optimizer") is None:
+        return
+    r.section("optimizer.params")
+    kind = r.value("optimizer.type", "optimizer.type", "str")
+    if kind is not None:
+        name = kind.lower()
+        adam_w_mode = r.get("optimizer.params.adam_w_mode")
+        if name == "adam" and adam_w_mode is not False:
+            name = "adamw"  # DeepSpeed's Adam decouples weight decay unless told not to
+        r.set("optimizer.type", name, "optimizer.type")
+    p = "optimizer.params"
+    r.take(f"{p}.lr", "optimizer.lr", "number")
+    r.take(f"{p}.eps", "optimizer.eps", "number")
+    r.take(f"{p}.weight_decay", "optimizer.weight_decay", "number", minimum=0)
+    r.take(f"{p}.momentum", "optimizer.momentum", "number", minimum=0)
+    betas = r.get(f"{p}.betas")
+    if betas is not _MISSING and not r.is_auto(f"{p}.betas", "optimizer.betas"):
+        ok = (
+            isinstance(betas, list)
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+        )
+        if not ok:
+            raise r.error(f"{p}.betas", betas, 'two numbers, e.g. [0.9, 0.95], or "auto"')
+        r.set("optimizer.betas", [float(b) for b in betas], f"{p}.betas")
+
+
+def _scheduler(r: _Reader) -> None:
+    if r.section("scheduler") is None:
+        return
+    r.section("scheduler.params")
+    kind = r.value("scheduler.type", "schedule.type", "str")
+    if kind is None:
+        return
+    r.set("schedule.type", _SCHEDULES.get(kind, kind.lower()), "scheduler.type")
+    if kind not in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"):
+        return
+    p = "scheduler.params"
+    r.take_or_default(f"{p}.warmup_num_steps", "schedule.warmup_steps", "int", 1000)
+    if kind != "WarmupLR":
+        r.take(f"{p}.total_num_steps", "schedule.total_steps", "int", minimum=1)
+    if kind in ("WarmupLR", "WarmupDecayLR"):
+        # The warmup ramps to warmup_max_lr, which replaces the optimizer's own LR.
+        r.take(f"{p}.warmup_max_lr", "optimizer.lr", "number")
+    if kind == "WarmupDecayLR":  # decays linearly back to warmup_min_lr
+        r.take(f"{p}.warmup_min_lr", "schedule.min_lr", "number", minimum=0)
+    if kind == "WarmupCosineLR":
+        ratio = r.value(f"{p}.cos_min_ratio", "schedule.min_lr", "number", minimum=0)
+        lr = r.get("optimizer.params.lr")
+        if ratio is not None and isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            r.set("schedule.min_lr", ratio * lr, f"{p}.cos_min_ratio × optimizer.params.lr")
+
+
+def _checkpointing(r: _Reader) -> None:
+    """DeepSpeed's block configures how checkpoints are stored; whether blocks are
+    recomputed at all is decided in the model code, so granularity is not set here."""
+    if r.section("activation_checkpointing") is None:
+        return
+    ac, field = "activation_checkpointing", "parallel.checkpointing"
+    r.take(f"{ac}.partition_activations", f"{field}.partition_activations", "bool")
+    r.take(f"{ac}.cpu_checkpointing", f"{field}.cpu_offload", "bool")
+
+
+def _tensor_parallel(r: _Reader) -> None:
+    if r.section("tensor_parallel") is None:
+        return
+    size = r.value("tensor_parallel.autotp_size", "parallel.tp", "int", minimum=0)
+    if size:  # 0 disables AutoTP
+        r.set("parallel.tp", size, "tensor_parallel.autotp_size")

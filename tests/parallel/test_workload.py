@@ -1,0 +1,50 @@
+"""FLOP counts agree with the published formulas they are compared against."""
+
+from __future__ import annotations
+
+import pytest
+
+from sapper.parallel.published import PUBLISHED_RUNS
+from sapper.parallel.workload import Workload, padded_vocab
+
+
+@pytest.mark.parametrize("run", PUBLISHED_RUNS[:10], ids=lambda r: r.name)
+def test_megatron_formula(run) -> None:
+    """Narayanan et al. count 96·B·s·l·h²·(1 + s/6h + V/16lh) per step with full
+    recomputation; per token that is our model FLOPs plus the recomputed forward."""
+    plan = run.to_plan()
+    w = Workload.from_plan(plan)
+    h, layers, s, v = w.hidden, w.layers, w.seq_len, w.vocab
+    paper = 96 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    ours = w.model_flops_per_token() + w.recompute_flops_per_token("full")
+    assert ours == pytest.approx(paper, rel=1e-3)
+
+
+def test_llama_model_flops_close_to_6n() -> None:
+    plan = PUBLISHED_RUNS[10].to_plan()
+    w = Workload.from_plan(plan)
+    assert plan.model is not None
+    n = plan.model.estimated_params() - plan.model.vocab_size * plan.model.hidden_size
+    attention = 3 * w.layers * w.attn_flops
+    assert w.model_flops_per_token() - attention == pytest.approx(6 * n, rel=0.01)
+
+
+def test_parameters_match_the_schema_estimate() -> None:
+    plan = PUBLISHED_RUNS[10].to_plan()
+    w = Workload.from_plan(plan)
+    assert plan.model is not None
+    total = w.layers * (w.layer_params + w.expert_params) + w.embed_params + w.head_params
+    assert total == pytest.approx(plan.model.estimated_params(), rel=1e-4)
+
+
+def test_eager_attention_executes_the_whole_square() -> None:
+    gpt = Workload.from_plan(PUBLISHED_RUNS[0].to_plan())
+    llama = Workload.from_plan(PUBLISHED_RUNS[10].to_plan())
+    assert gpt.attn_exec == 1.0 and gpt.elem_scores > 0
+    assert llama.attn_exec == 0.5 and llama.elem_scores == 0
+
+
+def test_vocab_padding() -> None:
+    assert padded_vocab(50257, 1) == 50304
+    assert padded_vocab(50257, 8) == 51200
+    assert padded_vocab(51200, 8) == 51200
