@@ -59,8 +59,7 @@ def _worker(steps: int, every: int) -> None:
         else:
             observe.append(spent)
     if dist.get_rank() == 0:
-        print(json.dumps({"observe": observe, "exchange": exchange, "gather": gather}),
-              flush=True)
+        print(json.dumps({"observe": observe, "exchange": exchange, "gather": gather}), flush=True)
     dist.destroy_process_group()
 
 
@@ -74,13 +73,32 @@ def _run(world: int, steps: int, every: int) -> dict[str, list[float]]:
     port = _free_port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker",
-             "--steps", str(steps), "--every", str(every)],
-            env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    "--steps",
+                    str(steps),
+                    "--every",
+                    str(every),
+                ],
+                env=env,
+                stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                text=True,
+            )
+        )
     out, _ = procs[0].communicate(timeout=600)
     for p in procs[1:]:
         p.wait(timeout=600)
@@ -99,15 +117,19 @@ def main() -> None:
     if args.worker:
         _worker(args.steps, args.every)
         return
-    print(f"sapper cross-rank monitoring: {args.steps} steps, one exchange every "
-          f"{args.every} steps, gloo on CPU ({os.cpu_count()} cores)\n")
-    head = (f"{'world':>5} | {'per step µs (median)':>20} | {'exchange ms (median)':>20} | "
-            f"{'in all-gather ms':>16} | {'exchange ms (p90)':>17} | {'amortized µs/step':>17}")
+    print(
+        f"sapper cross-rank monitoring: {args.steps} steps, one exchange every "
+        f"{args.every} steps, gloo on CPU ({os.cpu_count()} cores)\n"
+    )
+    head = (
+        f"{'world':>5} | {'per step µs (median)':>20} | {'exchange ms (median)':>20} | "
+        f"{'in all-gather ms':>16} | {'exchange ms (p90)':>17} | {'amortized µs/step':>17}"
+    )
     print(head)
     print("-" * len(head))
     for world in args.worlds:
         res = _run(world, args.steps, args.every)
-        obs = res["observe"][args.every:]  # skip the first window (lazy setup)
+        obs = res["observe"][args.every :]  # skip the first window (lazy setup)
         exc = res["exchange"][1:] or res["exchange"]
         per = statistics.median(obs) * 1e6
         ex_med = statistics.median(exc) * 1e3 if exc else 0.0
@@ -115,8 +137,10 @@ def main() -> None:
         gat = res["gather"][1:] or res["gather"]
         in_gather = statistics.median(gat) * 1e3 if gat else 0.0
         total = (sum(obs) + sum(exc)) / max(len(obs) + len(exc), 1) * 1e6
-        print(f"{world:>5} | {per:>20.1f} | {ex_med:>20.2f} | {in_gather:>16.2f} | "
-              f"{ex_p90:>17.2f} | {total:>17.1f}")
+        print(
+            f"{world:>5} | {per:>20.1f} | {ex_med:>20.2f} | {in_gather:>16.2f} | "
+            f"{ex_p90:>17.2f} | {total:>17.1f}"
+        )
 
 
 if __name__ == "__main__":
