@@ -11,6 +11,7 @@ rank 0's last record carries the per-rank table and the job's numbers).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,7 +72,12 @@ class MonitorBridge:
         if next_step < self._next:
             return []
         self._next = next_step + self.every
-        return self.tracker.exchange(records[-1] if records else None)
+        found = self.tracker.exchange(records[-1] if records else None)
+        if found and not self.is_main:
+            # rank 0 is gone (the only case another rank reports): say it here, once
+            for f in found:
+                print(f"sapper [rank {self.rank}] {f.code}: {f.message}", file=sys.stderr)
+        return found
 
     def close(self) -> None:
         self.tracker.close()
