@@ -177,3 +177,12 @@ def test_live_monitor_under_ddp_names_the_rank_and_only_rank0_logs(job) -> None:
     assert [r["step"] for r in logged] == [2, 5, 8]  # the exchange boundaries
     table = RankTable.from_extra(logged[0]["extra"][DIST_KEY])
     assert table is not None and table.col("samples_hashed") == [12.0, 12.0]
+
+
+def test_rank0_crash_is_reported_by_rank1(job) -> None:
+    # Outside torchrun rank 0 also hosts the job's store: no heartbeats to read.
+    j = job(2, {"steps": 6, "every": 3, "die_rank": 0, "die_step": 5, "timeout_s": 30})
+    assert j.returncodes == [17, 0], j.explain()
+    [f] = j.rank(1)["findings"]
+    assert (f["code"], f["step"]) == ("X005", 5)
+    assert "store is unreachable" in f["message"] and "by peer" in f["message"]

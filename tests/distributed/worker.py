@@ -289,6 +289,13 @@ def main() -> None:
     result["scenario"] = scenario
     result["elapsed_s"] = time.perf_counter() - t0
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    if rank == 0:  # like a job that keeps training: the store (hosted here) stays up
+        others = [r for r in range(1, world) if r != opts.get("die_rank")]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+            (out_dir / f"rank{r}.json").exists() for r in others
+        ):
+            time.sleep(0.05)
     if not result["active"] and world > 1:
         os._exit(0)  # a peer is gone: skip a teardown that would talk to it
     dist.destroy_process_group()

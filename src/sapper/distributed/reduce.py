@@ -13,6 +13,8 @@ vector is copied to the host once per exchange (the one sync point, every N step
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -57,6 +59,7 @@ class SideChannel:
             ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s)
         )
         self._prefix = f"sapper/{_instances}/hb/"
+        self._lost_key = f"sapper/{_instances}/lost"
         self._store = _default_store()
         self.lost: ChannelLost | None = None
 
@@ -76,12 +79,53 @@ class SideChannel:
         try:
             work = dist.all_gather(out, local, group=self.group, async_op=True)
             assert work is not None
-            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-                raise TimeoutError(f"no answer within {self.timeout_s:g} s")
+            told = self._wait(work, start)
+            if told is not None:  # another rank saw the loss first: agree with it
+                self.lost = told
+                return None
+            work.wait()  # completed: returns at once, or raises the peer's failure
         except Exception as exc:  # a peer crashed, hung or closed its socket
             self._lose(step, exc, time.monotonic() - start)
             return None
         return torch.stack(out)
+
+    #: Seconds of waiting after which the store is asked whether a peer was lost.
+    ASK_AFTER_S = 0.05
+
+    def _wait(self, work: Any, start: float) -> ChannelLost | None:
+        """Wait for ``work`` with backoff polling, bounded by the timeout. A rank next to
+        a crashed peer fails at once, but in a ring the others may wait for peers that
+        gave up: once the wait is long, ask the store whether a loss was announced."""
+        delay = 0.0001
+        while not work.is_completed():
+            waited = time.monotonic() - start
+            if waited > self.timeout_s:
+                raise TimeoutError(f"no answer within {self.timeout_s:g} s")
+            if waited > self.ASK_AFTER_S:
+                told = self._announced()
+                if told is not None:
+                    told.waited_s = waited
+                    return told
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return None
+
+    def _announced(self) -> ChannelLost | None:
+        if self._store is None:
+            return None
+        try:
+            if not self._store.check([self._lost_key]):
+                return None
+            data = json.loads(self._store.get(self._lost_key))
+        except Exception:
+            return None
+        return ChannelLost(
+            step=int(data["step"]),
+            reason=str(data["reason"]),
+            missing=[int(r) for r in data["missing"]],
+            last_seen={int(k): int(v) for k, v in data["last_seen"].items()},
+            timed_out=bool(data["timed_out"]),
+        )
 
     def gather_objects(self, obj: Any, step: int = -1) -> list[Any] | None:
         """All-gather a small picklable object (node info at start), bounded the same way."""
@@ -119,7 +163,7 @@ class SideChannel:
         return seen
 
     def _lose(self, step: int, exc: BaseException, waited: float) -> None:
-        text = " ".join(str(exc).split())
+        text = _short(str(exc))
         timed_out = isinstance(exc, TimeoutError) or "timed out" in text.lower()
         # A crash is seen at once; give live ranks that are a little behind a moment to
         # announce this step, so only the really missing ones are named.
@@ -134,6 +178,8 @@ class SideChannel:
                 break
             time.sleep(0.05)
             now = self._last_seen()
+            if now is None:  # the store went away meanwhile: keep what was read
+                break
             if now != seen:
                 settled = time.monotonic()
             seen = now
@@ -146,6 +192,30 @@ class SideChannel:
             timed_out=timed_out,
             waited_s=waited,
         )
+        if self._store is not None and seen is not None:
+            try:  # let ranks still waiting in the ring agree at once
+                self._store.set(
+                    self._lost_key,
+                    json.dumps(
+                        {
+                            "step": step,
+                            "reason": self.lost.reason,
+                            "missing": missing,
+                            "last_seen": {str(k): v for k, v in seen.items()},
+                            "timed_out": timed_out,
+                        }
+                    ),
+                )
+            except Exception:
+                pass
+
+
+def _short(message: str) -> str:
+    """The first sentence of a backend error, without its source-file prefix."""
+    text = " ".join(message.split())
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)
+    head, dot, _ = text.partition(". ")
+    return head + ("." if dot else "")
 
 
 def _default_store() -> Any:

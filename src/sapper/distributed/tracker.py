@@ -398,8 +398,12 @@ class RankTracker:
         self.lost = self.channel.lost
         finding = lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s)
         alive = sorted(set(range(self.ctx.world_size)) - set(self.lost.missing))
-        reporter = alive[0] if alive else self.rank
-        if self.rank != reporter:
+        reporters = {alive[0] if alive else self.rank}
+        if not self.lost.last_seen:
+            # No heartbeats to read: the store's host is gone, often with rank 0 (which
+            # hosts it outside torchrun). Rank 1 speaks too, in case rank 0 cannot.
+            reporters.add(1)
+        if self.rank not in reporters:
             return []
         out, self._pending = [*self._pending, finding], []
         return out

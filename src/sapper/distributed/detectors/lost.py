@@ -46,6 +46,11 @@ def lost_rank_finding(lost: ChannelLost, world_size: int, timeout_s: float) -> F
             for r in lost.missing[:8]
         )
         msg = f"{fmt_ranks(lost.missing)} did not reach the exchange at step {lost.step} ({seen})"
+    elif not lost.last_seen:
+        msg = (
+            f"the exchange at step {lost.step} failed and the job's store is unreachable "
+            f"(its host, rank 0 outside torchrun, may be the lost rank): {lost.reason}"
+        )
     else:
         msg = f"the exchange at step {lost.step} failed ({lost.reason})"
     how = (
