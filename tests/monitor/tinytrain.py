@@ -90,12 +90,16 @@ class Markov:
         self.gen = torch.Generator().manual_seed(seed)
         self.perm = torch.randperm(VOCAB, generator=self.gen)
         self.batch, self.seq = batch, seq
+        self.ready: list[torch.Tensor] = []
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return self
 
     def __next__(self) -> torch.Tensor:
-        return self.sample(self.batch, self.seq)
+        # Batches are made 16 at a time: loading must not dominate a millisecond step.
+        if not self.ready:
+            self.ready = list(self.sample(16 * self.batch, self.seq).split(self.batch))
+        return self.ready.pop(0)
 
     def sample(self, batch: int, seq: int) -> torch.Tensor:
         g = self.gen
@@ -157,7 +161,7 @@ def train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule else None
     use_scaler = fp16 if scaler is None else scaler
     grad_scaler = torch.amp.GradScaler("cpu") if use_scaler else None
-    options = {"log_every": 5, "sample_every": 5, "console": False}
+    options = {"log_every": 5, "sample_every": 5, "localise_every": 5, "console": False}
     options.update(monitor or {})
     options.setdefault("detector_options", FAST)
     mon = Monitor(model, opt, scaler=grad_scaler, scheduler=sched, **options)  # line 1

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sapper.monitor.fingerprint import finish_fingerprint
 from sapper.runtime.records import StepRecord
 
 __all__ = ["Decoder", "StepCollector", "StepSlot"]
@@ -97,24 +98,33 @@ class StepCollector:
         slots, self.ready = self.ready, []
         if not slots:
             return []
-        # Pack: (device, kind) -> flat tensors, remembering where each value lands.
-        parts: dict[tuple[str, str], list[torch.Tensor]] = {}
-        sizes: dict[tuple[str, str], int] = {}
-        where: list[tuple[int, str, str, tuple[str, str], int, int]] = []
+        # Pack: (device, kind) -> one flat tensor, remembering where each value lands.
+        # Tensors are first concatenated per dtype (views, one cat each), then converted
+        # once per dtype: a handful of kernels per read, however many values.
+        parts: dict[tuple[str, str], dict[torch.dtype, list[torch.Tensor]]] = {}
+        sizes: dict[tuple[str, str, torch.dtype], int] = {}
+        where: list[tuple[int, str, str, tuple[str, str], torch.dtype, int, int]] = []
         for i, slot in enumerate(slots):
             for kind, table in (("f", slot.dev_f), ("i", slot.dev_i)):
                 for key, tensors in table.items():
                     for t in tensors:
                         group = (str(t.device), kind)
-                        if kind == "f":
-                            flat = t.reshape(-1).to(_float_dtype(t.device))
-                        else:
-                            flat = t.reshape(-1).to(torch.int64)
-                        start = sizes.get(group, 0)
-                        parts.setdefault(group, []).append(flat)
-                        sizes[group] = start + flat.numel()
-                        where.append((i, kind, key, group, start, start + flat.numel()))
-        packed = {g: torch.cat(ts) for g, ts in parts.items()}
+                        flat = t.reshape(-1)
+                        start = sizes.get((*group, t.dtype), 0)
+                        parts.setdefault(group, {}).setdefault(t.dtype, []).append(flat)
+                        sizes[(*group, t.dtype)] = start + flat.numel()
+                        where.append((i, kind, key, group, t.dtype, start, start + flat.numel()))
+        packed: dict[tuple[str, str], torch.Tensor] = {}
+        base: dict[tuple[str, str, torch.dtype], int] = {}
+        for group, by_dtype in parts.items():
+            pieces, offset = [], 0
+            for dtype, ts in by_dtype.items():
+                device = ts[0].device
+                target = _float_dtype(device) if group[1] == "f" else torch.int64
+                pieces.append(torch.cat(ts).to(target))
+                base[(*group, dtype)] = offset
+                offset += pieces[-1].numel()
+            packed[group] = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         packed = self.reduce(packed)
         host: dict[tuple[str, str], list[Any]] = {}
         for g, t in packed.items():
@@ -123,9 +133,10 @@ class StepCollector:
             self.transfers += 1
         floats: list[dict[str, list[float]]] = [{} for _ in slots]
         ints: list[dict[str, list[int]]] = [{} for _ in slots]
-        for i, kind, key, g, a, b in where:
+        for i, kind, key, g, dtype, a, b in where:
             target = floats[i] if kind == "f" else ints[i]
-            target.setdefault(key, []).extend(host[g][a:b])
+            off = base[(*g, dtype)]
+            target.setdefault(key, []).extend(host[g][off + a : off + b])
         return [self._record(s, floats[i], ints[i]) for i, s in enumerate(slots)]
 
     def _record(
@@ -167,7 +178,7 @@ class StepCollector:
             rec.samples_per_s = slot.samples / slot.step_time_s
         rec.time = slot.time
         for key, value in slot.host.items():
-            if key != "loss" and hasattr(rec, key):
+            if key != "loss" and not key.startswith("_") and hasattr(rec, key):
                 setattr(rec, key, value)
         rec.extra.update(slot.extra)
         if slot.micro:
@@ -178,9 +189,13 @@ class StepCollector:
             weights = [g / scale for g in grads]
             rec.extra["loss_weight"] = math.fsum(weights) / len(weights)
         if ints.get("sample_hash"):
-            rec.extra["sample_hashes"] = [
-                f"{h & 0xFFFFFFFFFFFFFFFF:016x}" for h in ints["sample_hash"]
-            ]
+            lengths = slot.host.get("_hash_lengths") or []
+            hashes, raw = [], ints["sample_hash"]
+            for n, length in lengths:
+                hashes.extend(
+                    finish_fingerprint(h, length) for h in raw[len(hashes) : len(hashes) + n]
+                )
+            rec.extra["sample_hashes"] = hashes
         if ints.get("position_max"):
             pos = max(ints["position_max"])
             rec.extra["max_position"] = max(pos, rec.extra.get("max_position", -1))

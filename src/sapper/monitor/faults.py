@@ -128,6 +128,7 @@ class Localiser:
     def __init__(self, model: nn.Module, guard: Callable[..., Any]) -> None:
         self.model = model
         self.guard = guard
+        self.modules = [(n, m) for n, m in model.named_modules() if m is not model]
         self.names: list[str] = []
         self.grad_names: list[str] = []
         self._handles: list[Any] = []
@@ -142,9 +143,7 @@ class Localiser:
         if self._handles:
             return
         self.armed_runs += 1
-        for name, mod in self.model.named_modules():
-            if mod is self.model:
-                continue
+        for name, mod in self.modules:
             self._handles.append(mod.register_forward_hook(self._hook(name)))
 
     def disarm(self) -> None:

@@ -1,8 +1,10 @@
 """Per-sample fingerprints computed where the batch lives, read at the log interval.
 
-A fingerprint is a 64-bit linear hash of a sample's values: ``sum((x_i + 1) · P_i)`` with
-``P`` a fixed vector of odd random 64-bit multipliers, in int64 arithmetic that wraps.
-It is one multiply and one sum per batch, runs on the GPU without a host sync, and two
+A fingerprint is a 64-bit linear hash of a sample's values: ``sum(x_i · P_i)`` with ``P``
+a fixed vector of odd random 64-bit multipliers, in int64 arithmetic that wraps, plus the
+sample length (:func:`finish_fingerprint`, on the host, so that samples of different
+lengths differ). It is one multiply and one sum per batch, runs on the GPU without a host
+sync, and two
 different token sequences collide with probability about 2⁻⁴⁵ (token ids are below 2²⁰);
 it is not cryptographic, and need not be. Floating-point samples are hashed through their
 bit patterns.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fingerprint_rows"]
+__all__ = ["fingerprint_rows", "finish_fingerprint"]
 
 _MULTIPLIERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _SEED = 0x5A9_9E4
@@ -45,9 +47,15 @@ def _as_int64(x: torch.Tensor) -> torch.Tensor:
 
 
 def fingerprint_rows(x: torch.Tensor) -> torch.Tensor:
-    """One int64 fingerprint per sample (first dimension) of ``x``, on ``x``'s device."""
+    """One raw int64 fingerprint per sample (first dimension) of ``x``, on its device;
+    :func:`finish_fingerprint` completes it on the host."""
     with torch.no_grad():
         rows = x.detach().reshape(x.shape[0], -1) if x.dim() > 1 else x.detach().reshape(1, -1)
-        v = _as_int64(rows) + 1
-        p = _multipliers(v.device, v.shape[1])
-        return (v * p).sum(dim=1) + v.shape[1]
+        v = _as_int64(rows)
+        return (v * _multipliers(v.device, v.shape[1])).sum(dim=1)
+
+
+def finish_fingerprint(raw: int, length: int) -> str:
+    """The sample's fingerprint as 16 hex digits: raw hash mixed with the length."""
+    h = (raw + length * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"

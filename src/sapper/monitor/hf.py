@@ -54,6 +54,11 @@ class SapperCallback(TrainerCallback):
         )
         self._optimizer = kwargs.get("optimizer")
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer has fetched the step's batches: what came before was data wait.
+        if self.monitor is not None:
+            self.monitor.batch_ready()
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:
             skipped = getattr(self._optimizer, "step_was_skipped", None)

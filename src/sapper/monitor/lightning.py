@@ -65,6 +65,13 @@ class SapperCallback(Callback):
             **options,
         )
 
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Lightning has fetched the batch: what came before was data wait.
+        if self.monitor is not None:
+            self.monitor.batch_ready()
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

@@ -65,6 +65,8 @@ class Monitor:
         plan: the declared job (schedule, clipping, GPU, positions), for the detectors.
         log_every: steps between reads of the device values (the only host syncs).
         sample_every: steps between per-parameter gradient statistics.
+        localise_every: steps between forward/backward finiteness hooks on every
+            module (they are also armed for one step after a fault).
         run_log: path of the JSONL run log to append to.
         tensorboard: a TensorBoard log directory for scalars and findings.
         console: print findings on stderr (rate-limited), or a ``rich`` Console.
@@ -95,6 +97,7 @@ class Monitor:
         *,
         log_every: int = 20,
         sample_every: int = 50,
+        localise_every: int = 500,
         run_log: str | Path | None = None,
         tensorboard: str | Path | None = None,
         console: bool | Any = True,
@@ -109,19 +112,28 @@ class Monitor:
         step_on_call: bool = False,
         distributed: bool | dict[str, Any] = True,
     ) -> None:
-        if log_every < 1 or sample_every < 1:
-            from sapper.errors import InputError
+        for field, value in (
+            ("log_every", log_every),
+            ("sample_every", sample_every),
+            ("localise_every", localise_every),
+        ):
+            if not isinstance(value, int) or value < 1:
+                from sapper.errors import InputError
 
-            raise InputError(
-                "must be a positive number of steps",
-                field="log_every" if log_every < 1 else "sample_every",
-                value=log_every if log_every < 1 else sample_every,
-                expected="an integer ≥ 1",
-            )
+                raise InputError(
+                    "must be a positive number of steps",
+                    field=field,
+                    value=value,
+                    expected="an integer ≥ 1",
+                )
         self.model = model
         self.plan = plan
         self.log_every = log_every
         self.sample_every = sample_every
+        self.localise_every = localise_every
+        #: Steps between memory readings: every step on CUDA (allocator counters are
+        #: free), a few per read interval for the process RSS (a file read).
+        self.memory_every = 1
         self.hash_samples = hash_samples
         self.rank = rank
         self.halt = HaltPolicy(halt_on)
@@ -173,6 +185,8 @@ class Monitor:
         self.grad_stats = GradStats(model, opt_params, self.structure.prefix)
         self.localiser = Localiser(model, self.guard)
         self.memory = MemoryReader(self.device)
+        if not self.memory.cuda:
+            self.memory_every = max(1, log_every // 4)
         declared = plan.model.max_position_embeddings if plan and plan.model else None
         self.positions = position_limit(model, declared)
         self._flops_per_token = flops_per_token
@@ -219,6 +233,18 @@ class Monitor:
         found = self.guard("step", self._step, loss, batch, skipped) or []
         self.halt.check(found)
         return found
+
+    def batch_ready(self) -> None:
+        """The loop has its next batch in hand: the time since the last step ended was
+        spent waiting for data. Optional: without it the wait runs until the next forward
+        pass, which also counts the loop's own work in between (framework callbacks)."""
+        if not self._closed:
+            self.guard("inputs", self._batch_ready)
+
+    def _batch_ready(self) -> None:
+        if self._ready_t is not None:
+            self._bucket.data_time_s += max(0.0, time.perf_counter() - self._ready_t)
+            self._ready_t = None
 
     def flush(self) -> list[Finding]:
         """Read the pending device values now (a host sync) and run the detectors."""
@@ -289,16 +315,13 @@ class Monitor:
         return None
 
     def _on_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        now = time.perf_counter()
         b = self._bucket
-        if self._ready_t is not None:
-            b.data_time_s += max(0.0, now - self._ready_t)
-            self._ready_t = None
+        self._batch_ready()
         b.micro += 1
         if self._first_forward:
             self._first_forward = False
             self.guard("structure", self.structure.arm)
-        if not self.localiser.armed and self._sampled(self.next_step):
+        if not self.localiser.armed and self.next_step % self.localise_every == 0:
             self.guard("localise", self.localiser.arm)
             self._arm_reason = "sampled"
         if self.localiser.armed:
@@ -314,6 +337,10 @@ class Monitor:
             b.extra["loss_normalised"] = True
         if self.hash_samples and view.ids is not None:
             b.add_i("sample_hash", fingerprint_rows(view.ids))
+            rows = view.ids.shape[0] if view.ids.dim() > 1 else 1
+            b.host.setdefault("_hash_lengths", []).append(
+                (rows, view.ids[0].numel() if view.ids.dim() > 1 else view.ids.numel())
+            )
         if self.positions is not None and view.seq_len:
             self._check_positions(b, view)
         if view.labels is not None and self._sampled(self.next_step):
@@ -359,7 +386,10 @@ class Monitor:
         if loss is None:
             return
         b.add_f("model_loss", loss)
-        if loss.requires_grad:
+        # The weight each micro-batch loss enters backward with (GA normalisation) is
+        # measured on the first steps and on sampled steps: a loop's normalisation does
+        # not change from step to step.
+        if loss.requires_grad and (self.next_step < 8 or self._sampled(self.next_step)):
             loss.register_hook(self._on_loss_grad)
 
     def _on_loss_grad(self, grad: torch.Tensor) -> None:
@@ -411,7 +441,8 @@ class Monitor:
             slot.step_time_s = now - self._last_event_t
         self._last_event_t = now
         slot.time = time.time()
-        slot.host.update(self.guard("memory", self.memory.read) or {})
+        if slot.step % self.memory_every == 0:
+            slot.host.update(self.guard("memory", self.memory.read) or {})
         if self.localiser.armed:
             self._localise_pending = True
         return slot
@@ -456,7 +487,7 @@ class Monitor:
         if loss is not None:
             target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
             if isinstance(loss, torch.Tensor):
-                target.add_f("user_loss", loss.detach().float().mean())
+                target.add_f("user_loss", loss.detach())
             else:
                 target.add_f("user_loss", torch.tensor(float(loss)))
         if self._call_based:

@@ -193,7 +193,9 @@ class TrainingObserver:
         self.stepped_in_scaler = self.in_scaler_step
         # optimizer.step(closure): forward and backward run inside the step (Lightning,
         # LBFGS); the gradients exist only after it, so the step ends at the post-hook.
-        self.closure = bool(args) or kwargs.get("closure") is not None
+        # (torch passes the optimizer itself as args[0].)
+        given = args[1] if len(args) > 1 else kwargs.get("closure")
+        self.closure = given is not None
         if not self.closure:
             self.listener.guard("optimizer", self._boundary, False)
 

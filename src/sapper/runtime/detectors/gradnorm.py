@@ -12,7 +12,7 @@ from collections import deque
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
-from sapper.runtime.detectors.stats import median, robust_sigma
+from sapper.runtime.detectors.stats import RollingRobust, median
 from sapper.runtime.records import StepRecord
 
 __all__ = [
@@ -140,7 +140,7 @@ class GradNormDetector(RuleDetector):
         self.surge_k = surge_k
         self.surge_ratio = surge_ratio
         self.clipped: deque[bool] = deque(maxlen=saturate_window)
-        self.log_norms: deque[float] = deque(maxlen=surge_window)
+        self.log_norms = RollingRobust(surge_window)
         self.norms: deque[float] = deque(maxlen=tiny_window)
         self.first_step: int | None = None
 
@@ -160,7 +160,7 @@ class GradNormDetector(RuleDetector):
         out += self._saturation(record, gn, step)
         out += self._surge(gn, step, record)
         if gn > 0:
-            self.log_norms.append(math.log(gn))
+            self.log_norms.add(math.log(gn))
         self.norms.append(gn)
         out += self._tiny(step)
         return out
@@ -206,10 +206,9 @@ class GradNormDetector(RuleDetector):
         )
 
     def _surge(self, gn: float, step: int, record: StepRecord) -> list[Finding]:
-        hist = list(self.log_norms)[-self.surge_window :]
-        if len(hist) < self.surge_min_history or gn <= 0:
+        if len(self.log_norms) < self.surge_min_history or gn <= 0:
             return []
-        med, sigma = median(hist), robust_sigma(hist)
+        med, sigma = self.log_norms.stats()
         k = self.surge_k * (2.0 if step < self.warmup_steps else 1.0)
         log_gn = math.log(gn)
         if log_gn <= med + max(k * sigma, math.log(self.surge_ratio)):

@@ -17,7 +17,7 @@ from collections import deque
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
-from sapper.runtime.detectors.stats import median, robust_sigma
+from sapper.runtime.detectors.stats import RollingRobust, median
 from sapper.runtime.records import StepRecord
 
 __all__ = ["LOSS_FLAT", "LOSS_NONFINITE", "LOSS_OSCILLATING", "LOSS_SPIKE", "LossDetector"]
@@ -143,6 +143,7 @@ class LossDetector(RuleDetector):
         self.osc_flips = osc_flips
         self.osc_amplitude = osc_amplitude
         self.recent: deque[float] = deque(maxlen=max(window, osc_window))
+        self.reference = RollingRobust(window)
         self.first: list[float] = []
         self.first_step: int | None = None
         self.nonfinite_steps = 0
@@ -163,6 +164,7 @@ class LossDetector(RuleDetector):
         out: list[Finding] = []
         out += self._spike(loss, step)
         self.recent.append(loss)
+        self.reference.add(loss)
         if self.first_step is None:
             self.first_step = step
         if len(self.first) < 5:
@@ -172,10 +174,10 @@ class LossDetector(RuleDetector):
         return out
 
     def _spike(self, loss: float, step: int) -> list[Finding]:
-        hist = list(self.recent)[-self.window :]
-        if len(hist) < self.min_history:
+        n = len(self.reference)
+        if n < self.min_history:
             return []
-        med, sigma = median(hist), robust_sigma(hist)
+        med, sigma = self.reference.stats()
         k = self.spike_k * (2.0 if step < self.warmup_steps else 1.0)
         margin = max(k * sigma, self.spike_rel * abs(med))
         if loss <= med + margin:
@@ -185,7 +187,7 @@ class LossDetector(RuleDetector):
             LOSS_SPIKE,
             step,
             f"loss {fmt(loss)} at step {step} is {fmt(z)}σ above the median {fmt(med)} "
-            f"of the last {len(hist)} logged steps (threshold {fmt(med + margin)})",
+            f"of the last {n} logged steps (threshold {fmt(med + margin)})",
             value=loss,
             threshold=med + margin,
             median=med,

@@ -9,9 +9,10 @@ standard deviation for normal noise).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
-__all__ = ["finite", "mad", "median", "robust_sigma", "theil_sen_slope"]
+__all__ = ["RollingRobust", "finite", "mad", "median", "robust_sigma", "theil_sen_slope"]
 
 MAD_TO_SIGMA = 1.4826
 
@@ -41,7 +42,7 @@ def robust_sigma(values: Sequence[float]) -> float:
     return MAD_TO_SIGMA * mad(values)
 
 
-def theil_sen_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 64) -> float:
+def theil_sen_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 32) -> float:
     """Median of pairwise slopes: a trend that one outlier cannot tilt."""
     pts = list(zip(xs, ys, strict=True))
     if len(pts) > max_points:  # thin evenly; the estimate barely changes and stays O(n²)-cheap
@@ -54,3 +55,31 @@ def theil_sen_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 
         if x2 != x1
     ]
     return median(slopes) if slopes else math.nan
+
+
+class RollingRobust:
+    """A rolling window with its median and robust sigma, recomputed every ``refresh``
+    additions: the reference level of a long window moves slowly, and sorting it on
+    every record is most of a detector's cost."""
+
+    def __init__(self, window: int, refresh: int = 4) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+        self.refresh = refresh
+        self._since = refresh
+        self._stats = (math.nan, math.nan)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self._since += 1
+
+    def stats(self) -> tuple[float, float]:
+        """(median, robust sigma) of the window, at most ``refresh`` additions old."""
+        if self._since >= self.refresh:
+            xs = list(self.values)
+            med = median(xs)
+            self._stats = (med, MAD_TO_SIGMA * mad(xs, med))
+            self._since = 0
+        return self._stats

@@ -15,7 +15,7 @@ from collections import deque
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
-from sapper.runtime.detectors.stats import median, robust_sigma
+from sapper.runtime.detectors.stats import RollingRobust, median
 from sapper.runtime.records import StepRecord
 
 __all__ = [
@@ -162,7 +162,7 @@ class ThroughputDetector(RuleDetector):
         self.rate_count = 0
         self.early_unit: str | None = None
         self.rates: deque[float] = deque(maxlen=window)
-        self.times: deque[float] = deque(maxlen=max(window, 50))
+        self.times = RollingRobust(max(window, 50))
         self.waits: deque[tuple[float, float]] = deque(maxlen=window)
         self.last_outlier: int | None = None
 
@@ -249,11 +249,11 @@ class ThroughputDetector(RuleDetector):
         t = record.step_time_s
         if t is None or not math.isfinite(t) or t <= 0:
             return []
-        hist = list(self.times)
-        self.times.append(t)
-        if len(hist) < self.min_records:
+        enough = len(self.times) >= self.min_records
+        med, sigma = self.times.stats() if enough else (0.0, 0.0)
+        self.times.add(t)
+        if not enough:
             return []
-        med, sigma = median(hist), robust_sigma(hist)
         limit = max(med + self.outlier_k * sigma, self.outlier_ratio * med)
         if t <= limit:
             return []

@@ -1,0 +1,226 @@
+"""Overhead of sapper's live monitor on a training step (target: ≤ 2% median, 0 host
+syncs per step by default).
+
+Tiny GPT-2 models on CPU at several sizes train with AdamW and clipping, in one process.
+Three configurations run in interleaved blocks (the order rotates each round, so load
+drifts hit all of them alike): the bare loop, the monitor with its defaults (every
+detector, values read every 20 steps, per-parameter statistics every 50), and the
+monitor with everything at its most frequent (values read and per-parameter statistics,
+localisation hooks included, on every step). The overhead is the median over rounds of
+the paired ratio of median step times, on the wall clock and on the process's CPU time
+(on a shared machine the wall clock mostly measures other processes; the monitor's cost
+is CPU work on the training thread, which CPU time isolates), and as the monitor's own
+time: every entry point of the monitor (hooks, ``step``) is timed, outermost calls only,
+which measures its cost directly rather than as a small difference of two noisy numbers.
+Host syncs are counted with
+:class:`sapper.monitor.syncs.HostSyncCounter` and given in excess of the bare loop's
+(torch's Adam reads its CPU step counters with .item()).
+
+    python benchmarks/monitor_overhead.py [--rounds 6] [--steps 25] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import transformers
+
+from sapper.monitor import Monitor
+from sapper.monitor.syncs import HostSyncCounter
+from sapper.monitor.training import TrainingObserver
+
+transformers.logging.set_verbosity_error()
+
+SIZES = {  # name: (layers, hidden, heads, seq, batch)
+    "S": (2, 64, 2, 64, 8),
+    "M": (4, 128, 4, 128, 8),
+    "L": (6, 192, 4, 128, 8),
+}
+
+#: Where control enters the monitor during a step.
+_ENTRY_POINTS = (
+    (Monitor, ("_forward_pre", "_forward_post", "_on_loss_grad", "step", "on_optimizer_stepped")),
+    (TrainingObserver, ("_pre_step", "_post_step", "before_clip", "after_clip")),
+)
+
+
+class SelfTimer:
+    """Times the monitor's entry points (outermost calls only) while active."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def __enter__(self) -> SelfTimer:
+        for cls, names in _ENTRY_POINTS:
+            for name in names:
+                original = getattr(cls, name)
+                self._saved.append((cls, name, original))
+                setattr(cls, name, self._timed(original))
+        return self
+
+    def _timed(self, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - t0
+
+        return call
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, name, original in self._saved:
+            setattr(cls, name, original)
+        self._saved.clear()
+
+
+CONFIGS: dict[str, dict | None] = {
+    "bare": None,
+    "default": {},
+    "all": {"log_every": 1, "sample_every": 1},
+}
+
+
+def build(layers: int, hidden: int, heads: int, seq: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        vocab_size=1024,
+        n_positions=seq,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def block(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: list[torch.Tensor],
+    options: dict | None,
+    counter: HostSyncCounter,
+    skip: int,
+) -> tuple[list[float], list[float], float, float]:
+    """Run one block of steps; per-step wall and CPU times (after ``skip``), syncs per
+    step and the monitor's own seconds per step."""
+    timer = SelfTimer()
+    with timer:
+        mon = Monitor(model, opt, console=False, **options) if options is not None else None
+    timer.seconds = 0.0
+    times: list[float] = []
+    cpu: list[float] = []
+    counter.reset()
+    with counter, timer:
+        for i, x in enumerate(batches):
+            t0, c0 = time.perf_counter(), time.process_time()
+            out = model(input_ids=x, labels=x)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if mon is not None:
+                mon.step(out.loss)
+            if i >= skip:
+                times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+    syncs = counter.total / len(batches)
+    own = timer.seconds / len(batches)
+    if mon is not None:
+        mon.close()
+    return times, cpu, syncs, own
+
+
+def measure(name: str, rounds: int, steps: int, skip: int) -> dict[str, float]:
+    layers, hidden, heads, seq, batch = SIZES[name]
+    model = build(layers, hidden, heads, seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+
+    def batches() -> list[torch.Tensor]:
+        return [torch.randint(0, 1024, (batch, seq), generator=gen) for _ in range(steps)]
+
+    counter = HostSyncCounter()
+    block(model, opt, batches(), None, counter, skip)  # warm up allocator and kernels
+    order = list(CONFIGS)
+    wall: dict[str, list[float]] = {c: [] for c in order}
+    cpu: dict[str, list[float]] = {c: [] for c in order}
+    syncs: dict[str, list[float]] = {c: [] for c in order}
+    own: dict[str, list[float]] = {c: [] for c in order}
+    for r in range(rounds):
+        for c in order[r % len(order) :] + order[: r % len(order)]:
+            times, cpus, s, mine = block(model, opt, batches(), CONFIGS[c], counter, skip)
+            wall[c].append(statistics.median(times))
+            cpu[c].append(statistics.median(cpus))
+            syncs[c].append(s)
+            own[c].append(mine)
+    out: dict[str, float] = {
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "bare_ms": 1e3 * statistics.median(wall["bare"]),
+    }
+    for c in ("default", "all"):
+        out[f"{c}_ms"] = 1e3 * statistics.median(wall[c])
+        for clock, series in (("wall", wall), ("cpu", cpu)):
+            ratios = [m / b - 1 for m, b in zip(series[c], series["bare"], strict=True)]
+            out[f"{c}_{clock}"] = 100 * statistics.median(ratios)
+        out[f"{c}_syncs"] = statistics.mean(syncs[c]) - statistics.mean(syncs["bare"])
+        ratios = [m / b for m, b in zip(own[c], wall["bare"], strict=True)]
+        out[f"{c}_self"] = 100 * statistics.median(ratios)
+    return out
+
+
+def table(rows: dict[str, dict[str, float]], log_every: int) -> str:
+    head = (
+        "| size | params (M) | bare ms/step | default: self time | Δ cpu | Δ wall | syncs/step "
+        "| all-on: self time | Δ cpu | Δ wall | syncs/step |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | {r['params_m']:.2f} | {r['bare_ms']:.2f} "
+            f"| {r['default_self']:.2f}% | {r['default_cpu']:+.1f}% | {r['default_wall']:+.1f}% "
+            f"| {r['default_syncs']:.2f} | {r['all_self']:.2f}% | {r['all_cpu']:+.1f}% "
+            f"| {r['all_wall']:+.1f}% | {r['all_syncs']:.2f} |"
+        )
+    lines.append(
+        "\nself time: the monitor's own time per step (its hooks and step()) as a share of "
+        "the bare step; Δ cpu / Δ wall: paired median step-time difference to the bare loop."
+    )
+    lines.append(
+        f"\ndefault syncs/step: one read per {log_every} steps (one copy per device and "
+        "dtype), none on the other steps; all-on reads every step."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, run: Callable[..., dict] = measure) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=25, help="steps per block")
+    parser.add_argument("--skip", type=int, default=3, help="untimed steps per block")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--sizes", default=",".join(SIZES))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = {}
+    for name in args.sizes.split(","):
+        rows[name] = run(name.strip(), args.rounds, args.steps, args.skip)
+        print(f"{name}: done", flush=True)
+    print(table(rows, Monitor.__init__.__kwdefaults__["log_every"]))
+
+
+if __name__ == "__main__":
+    main()
