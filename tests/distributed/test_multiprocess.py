@@ -134,6 +134,10 @@ def test_fsdp2_global_grad_norm_equals_single_process(job) -> None:
             assert sapper_norm == pytest.approx(reference, rel=1e-5)
             assert abs(local_only - reference) > 1e-3  # the naive shard norm is wrong
     assert j.rank(0)["layout"]["param"] == []  # fully sharded: no replicas to compare
+    # clip_grad_norm_'s DTensor norm is logged as the global value on every rank
+    table = RankTable.from_extra(j.rank(0)["records"][-1]["extra"][DIST_KEY])
+    last = j.rank(0)["norms"][-1][0]
+    assert table is not None and table.col("grad_norm") == pytest.approx([last, last])
 
 
 def test_clean_run_under_torchrun(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from sapper.distributed.detectors import (
     default_distributed_detectors,
     lost_rank_finding,
 )
-from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine
+from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
 from sapper.distributed.reduce import ChannelLost, SideChannel
 from sapper.distributed.sampling import BottomKSketch, sample_hashes
 from sapper.distributed.table import DIST_KEY, RankTable, pack_row
@@ -300,8 +300,7 @@ class RankTracker:
         if "loss" not in v and "loss" in folded:
             v["loss"] = folded["loss"]
         if "grad_norm" not in v and self._grad_norm is not None:
-            g = self._grad_norm
-            v["grad_norm"] = g.full_tensor() if hasattr(g, "full_tensor") else _scalar(g)
+            v["grad_norm"] = _norm_value(self._grad_norm)
         if self._timed_steps:
             v["step_time_s"] = self._step_time / self._timed_steps
         elif record is not None and record.step_time_s is not None:
@@ -422,6 +421,18 @@ def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     vals = torch.stack([_scalar(v).to(dev) for _, v in series])
     steps = torch.tensor([float(s) for s, _ in series], dtype=torch.float64, device=dev)
     return steps, vals
+
+
+def _norm_value(norm: Any) -> torch.Tensor:
+    """A DTensor norm (``clip_grad_norm_`` under FSDP2/TP): a replicated one is read
+    locally; a pending (Partial) one needs its reduction, on the training mesh — the
+    group every training step already waits on, so it adds no new way to hang."""
+    placements = getattr(norm, "placements", None)
+    if placements is None:
+        return _scalar(norm)
+    if all(p.is_replicate() for p in placements):
+        return _scalar(norm.to_local())
+    return _scalar(to_global(norm))
 
 
 def _scalar(value: Any) -> torch.Tensor:
