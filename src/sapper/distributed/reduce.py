@@ -14,6 +14,7 @@ vector is copied to the host once per exchange (the one sync point, every N step
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -58,8 +59,10 @@ class SideChannel:
         self.group = dist.new_group(
             ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s)
         )
-        self._prefix = f"sapper/{_instances}/hb/"
-        self._lost_key = f"sapper/{_instances}/lost"
+        # keys of an earlier attempt (torchrun restarts keep the agent's store) never match
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self._prefix = f"sapper/{attempt}/{_instances}/hb/"
+        self._lost_key = f"sapper/{attempt}/{_instances}/lost"
         self._store = _default_store()
         self.lost: ChannelLost | None = None
 
