@@ -84,36 +84,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(world: int, steps: int, every: int) -> dict[str, list[float]]:
-    port = _free_port()
+def _run(world: int, steps: int, every: int, copies: int = 1) -> dict[str, list[float]]:
+    """One job of ``world`` ranks (or ``copies`` independent ones side by side, to load
+    the cores the same way without any cross-rank traffic); rank 0 of the first reports."""
     procs = []
-    for r in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    "--worker",
-                    "--steps",
-                    str(steps),
-                    "--every",
-                    str(every),
-                ],
-                env=env,
-                stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                text=True,
+    for copy in range(copies):
+        port = _free_port()
+        for r in range(world):
+            env = dict(
+                os.environ,
+                RANK=str(r),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(r),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
             )
-        )
+            first = copy == 0 and r == 0
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--steps",
+                str(steps),
+                "--every",
+                str(every),
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.PIPE if first else subprocess.DEVNULL, text=True
+                )
+            )
     out, _ = procs[0].communicate(timeout=600)
     for p in procs[1:]:
         p.wait(timeout=600)
@@ -137,14 +139,19 @@ def main() -> None:
         f"{args.every} steps, gloo on CPU ({os.cpu_count()} cores)\n"
     )
     head = (
-        f"{'world':>5} | {'step µs wall':>12} | {'step µs CPU':>11} | "
+        f"{'world':>6} | {'step µs wall':>12} | {'step µs CPU':>11} | "
         f"{'exchange ms wall':>16} | {'in all-gather ms':>16} | {'exchange ms CPU':>15} | "
         f"{'amortized µs/step CPU':>21}"
     )
     print(head)
     print("-" * len(head))
-    for world in args.worlds:
-        res = _run(world, args.steps, args.every)
+    runs = [(str(w), w, 1, args.every) for w in args.worlds]
+    crowd = max(args.worlds)
+    if crowd > 1:  # controls: the same core load without any exchange
+        runs.append((f"{crowd} (*)", crowd, 1, 10**9))
+        runs.append((f"1 ×{crowd}", 1, crowd, args.every))
+    for label, world, copies, every in runs:
+        res = _run(world, args.steps, every, copies)
 
         def med(key: str, skip: int, scale: float, res: dict = res) -> float:
             vals = res[key][skip:] or res[key]
@@ -153,12 +160,17 @@ def main() -> None:
         cpu_all = res["cpu_observe"][args.every :] + res["cpu_exchange"][1:]
         amortized = statistics.fmean(cpu_all) * 1e6 if cpu_all else 0.0
         print(
-            f"{world:>5} | {med('observe', args.every, 1e6):>12.1f} | "
+            f"{label:>6} | {med('observe', args.every, 1e6):>12.1f} | "
             f"{med('cpu_observe', args.every, 1e6):>11.1f} | "
             f"{med('exchange', 1, 1e3):>16.2f} | {med('gather', 1, 1e3):>16.2f} | "
             f"{med('cpu_exchange', 1, 1e3):>15.2f} | {amortized:>21.1f}"
         )
-    print("\nmedians after the first window; the all-gather runs on gloo's own thread")
+    print("\nmedians after the first window; the all-gather runs on gloo's own thread.")
+    print(
+        f"controls: '{crowd} (*)' is the {crowd}-rank job with the exchange switched off "
+        f"(same per-step calls, same lockstep); '1 ×{crowd}' runs {crowd} single-rank jobs "
+        "side by side (same core load, no lockstep)."
+    )
 
 
 if __name__ == "__main__":
