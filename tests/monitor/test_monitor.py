@@ -188,3 +188,16 @@ def test_import_sapper_stays_light_and_exports_monitor() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "sapper.monitor.monitor"]
+
+
+def test_a_failing_detector_is_reported_once() -> None:
+    from sapper.runtime.detector import Detector
+
+    class Boom(Detector):
+        def update(self, record):
+            raise ZeroDivisionError("bad arithmetic")
+
+    run = train(gpt2(), steps=12, monitor={"detectors": [Boom()]})
+    assert run.error is None
+    errors = [f for f in run.monitor.findings if f.code == "R190"]
+    assert len(errors) == 1 and "Boom" in errors[0].message

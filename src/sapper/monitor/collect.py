@@ -156,6 +156,9 @@ class StepCollector:
         if f.get("grad_norm"):
             rec.grad_norm = f["grad_norm"][-1]
         rec.clip_threshold = slot.clip_threshold
+        if rec.grad_norm and rec.clip_threshold and math.isfinite(rec.grad_norm):
+            # The factor clipping multiplied the gradients by (1.0: not engaged).
+            rec.extra["clip_coef"] = min(1.0, rec.clip_threshold / rec.grad_norm)
         if slot.lrs:
             rec.lr = slot.lrs[0]
             rec.lrs = list(slot.lrs) if len(slot.lrs) > 1 else None

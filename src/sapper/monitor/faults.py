@@ -46,10 +46,16 @@ class GradStats:
     """Per-parameter gradient norms and zero counts on sampled (or armed) steps."""
 
     def __init__(
-        self, model: nn.Module, params: list[torch.nn.Parameter], block_prefix: str | None
+        self,
+        model: nn.Module,
+        params: list[torch.nn.Parameter],
+        block_prefix: str | None,
+        groups: list[int] | None = None,
     ):
         names = {id(p): n for n, p in model.named_parameters()}
         self.params = params
+        #: Optimizer parameter group of each parameter.
+        self.groups = groups or [0] * len(params)
         self.names = [names.get(id(p), f"param{i}") for i, p in enumerate(params)]
         embed = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
         self.counted = [id(p) not in embed for p in params]
@@ -101,6 +107,13 @@ class GradStats:
             if f.get("grad_zero_count") and numel:
                 rec.extra["grad_zero_share"] = f["grad_zero_count"][0] / numel
             rec.extra["grad_norm_layers"] = self._layers(names, norms)
+            if max(self.groups, default=0) > 0:
+                sums: dict[int, float] = {}
+                for i, v in zip(idx, norms, strict=True):
+                    sums[self.groups[i]] = sums.get(self.groups[i], 0.0) + v * v
+                rec.extra["grad_norm_groups"] = [
+                    math.sqrt(sums.get(g, 0.0)) for g in range(max(self.groups) + 1)
+                ]
             if values and f.get("param_value_norm"):
                 vals = f["param_value_norm"]
                 bad_vals = [n for n, v in zip(names, vals, strict=True) if not math.isfinite(v)]

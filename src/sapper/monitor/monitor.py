@@ -44,6 +44,7 @@ from sapper.rules.model import Finding, Severity
 from sapper.runtime.detector import Detector, DetectorSet
 from sapper.runtime.detectors import default_detectors
 from sapper.runtime.detectors.internal import MONITOR_ERROR
+from sapper.runtime.detectors.position import POSITION_OVERFLOW
 from sapper.runtime.records import StepRecord
 
 __all__ = ["Monitor"]
@@ -138,8 +139,10 @@ class Monitor:
         self.rank = rank
         self.halt = HaltPolicy(halt_on)
         self.findings: list[Finding] = []
-        #: The most recent records (the run log keeps them all).
+        #: The most recent records, without their sample fingerprints (the run log keeps
+        #: everything).
         self.history: deque[StepRecord] = deque(maxlen=10_000)
+        self._failed_reported: set[str] = set()
         self.next_step = start_step
         self.collector = StepCollector()
         self.detectors = DetectorSet(
@@ -182,7 +185,12 @@ class Monitor:
         )
         self._opt_params = opt_params
         self.structure = StructureProbe(model, self.guard)
-        self.grad_stats = GradStats(model, opt_params, self.structure.prefix)
+        groups = (
+            [i for i, g in enumerate(self.observer.optimizer.param_groups) for _ in g["params"]]
+            if self.observer.optimizer is not None
+            else None
+        )
+        self.grad_stats = GradStats(model, opt_params, self.structure.prefix, groups)
         self.localiser = Localiser(model, self.guard)
         self.memory = MemoryReader(self.device)
         if not self.memory.cuda:
@@ -356,10 +364,17 @@ class Monitor:
         top = int(pos.max()) if pos is not None else (view.seq_len or 0) - 1
         if top < limit:
             return
-        # Host-known overflow: report now, before the embedding runs past its table.
-        b.extra.update(max_position=top, position_limit=limit, position_kind=kind)
-        rec = StepRecord(step=self.next_step, extra=dict(b.extra))
-        found = self.detectors.update(rec)
+        # Host-known overflow: report now, before the embedding runs past its table, to
+        # the position detectors only (the others see the step's full record later).
+        facts = {"max_position": top, "position_limit": limit, "position_kind": kind}
+        b.extra.update(facts)
+        rec = StepRecord(step=self.next_step, extra=facts)
+        found = [
+            f
+            for det in self.detectors.detectors
+            if any(r.code == POSITION_OVERFLOW.code for r in det.rules)
+            for f in self.detectors._guard(det, det.update, rec)
+        ]
         self._dispatch(found)
 
     def _forward_post(
@@ -374,7 +389,7 @@ class Monitor:
         if (
             self.structure.blocks is not None
             and "norm_placement" not in b.extra
-            and (self.structure._handles)
+            and self.structure.armed
         ):
             self.structure.disarm()
             placement, stds = self.structure.result()
@@ -535,8 +550,21 @@ class Monitor:
             self._maybe_arm(rec, new)
         for sink in self.sinks:
             self.guard("sinks", sink.records, records)
+        for rec in records:
+            rec.extra.pop("sample_hashes", None)  # bounded memory: they are in the run log
+        found.extend(self._detector_failures())
         self._dispatch(found, check_halt=False)
         return found
+
+    def _detector_failures(self) -> list[Finding]:
+        """A detector that raised is skipped from then on; say so once."""
+        out = []
+        for name, error in self.detectors.failed.items():
+            if name not in self._failed_reported:
+                self._failed_reported.add(name)
+                message = f"detector {name} failed and was switched off: {error}"
+                out.append(MONITOR_ERROR.finding(message, step=self.next_step, rank=self.rank))
+        return out
 
     def _enrich(self, rec: StepRecord) -> None:
         if self.rank is not None:

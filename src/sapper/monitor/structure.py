@@ -84,6 +84,10 @@ class StructureProbe:
         self._handles: list[Any] = []
 
     @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    @property
     def num_blocks(self) -> int:
         return len(self.blocks) if self.blocks is not None else 0
 

@@ -8,7 +8,7 @@ diverging run yields a few precise findings instead of one per step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.runtime.detector import Detector
@@ -33,6 +33,8 @@ class RuleDetector(Detector):
 
     #: Steps to wait before the same rule may fire again.
     cooldown: int | None = None
+    #: Per-rule exceptions to ``cooldown`` (code -> steps, or None for once per run).
+    cooldowns: ClassVar[dict[str, int | None]] = {}
 
     def __init__(self) -> None:
         self.fired: dict[str, int] = {}
@@ -41,7 +43,8 @@ class RuleDetector(Detector):
         last = self.fired.get(rule.code)
         if last is None:
             return True
-        return self.cooldown is not None and step - last >= self.cooldown
+        cooldown = self.cooldowns.get(rule.code, self.cooldown)
+        return cooldown is not None and step - last >= cooldown
 
     def fire(
         self,

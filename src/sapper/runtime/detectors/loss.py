@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from typing import ClassVar
 
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
@@ -114,6 +115,8 @@ class LossDetector(RuleDetector):
     name = "loss"
     rules = (LOSS_NONFINITE, LOSS_SPIKE, LOSS_FLAT, LOSS_OSCILLATING)
     cooldown = 100
+    #: No progress is a property of the run's start: said once.
+    cooldowns: ClassVar[dict[str, int | None]] = {"R003": None}
 
     def __init__(
         self,
