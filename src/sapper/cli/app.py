@@ -68,7 +68,14 @@ def run_guarded(body: Callable[[], int]) -> None:
 
 def _register_commands() -> None:
     # Each command module adds itself to ``app`` on import.
-    from sapper.cli import check_cmd, plan_cmd, rules_cmd  # noqa: F401
+    from sapper.cli import (  # noqa: F401
+        analyze_cmd,
+        check_cmd,
+        plan_cmd,
+        report_cmd,
+        rules_cmd,
+        watch_cmd,
+    )
 
 
 def main() -> None:

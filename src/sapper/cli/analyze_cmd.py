@@ -1,0 +1,277 @@
+"""``sapper analyze LOG...``: the live monitor's detectors over logs that already exist.
+
+Reads each log (sapper run log, ``trainer_state.json``, TensorBoard, CSV/JSONL, Megatron),
+feeds its records to the same detector objects the monitor runs in the training loop,
+and reports the findings like ``sapper check``: text or ``--format json``, exit 1 on
+errors (or warnings under ``--strict``), 2 when an input cannot be read. A log that can
+be read only in part is analyzed as far as it goes, with notes saying what was skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Group
+from rich.markup import escape
+from rich.text import Text
+
+from sapper.cli.app import (
+    FormatOpt,
+    IgnoreOpt,
+    OutputFormat,
+    SelectOpt,
+    app,
+    console,
+    emit_json,
+    err_console,
+    run_guarded,
+    split_codes,
+)
+from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.errors import InputError
+from sapper.logs import FORMATS, LogData, expand_paths, parse_mapping, read_log
+from sapper.logs.analysis import Analysis, analyze_log
+from sapper.logs.fields import FieldMap
+from sapper.plan.schema import Plan
+from sapper.report.terminal import render_findings
+from sapper.rules.model import Severity
+from sapper.runtime.detector import Detector
+
+__all__ = [
+    "LogFormatOpt",
+    "MapOpt",
+    "analyses_json",
+    "analyze_logs",
+    "column_mapping",
+    "detectors_for",
+    "has_plan_inputs",
+    "load_logs",
+    "merge_logs",
+    "plan_for",
+    "render_analyses",
+    "with_log_plan_options",
+]
+
+LogFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        help=f"Read the logs as this format instead of detecting it: {', '.join(FORMATS)}.",
+        show_default=False,
+    ),
+]
+MapOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--map",
+        help="Map a column or tag to a record field: COLUMN=FIELD or COLUMN=FIELD*FACTOR "
+        "(e.g. --map 'mem_mb=memory_peak_gib*0.0009765625', --map iter=step, --map x=ignore).",
+        show_default=False,
+    ),
+]
+_PlanFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plan", help="A sapper plan file (YAML) describing the run.", show_default=False
+    ),
+]
+
+
+def with_log_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``with_plan_options`` for commands whose positional arguments are logs: the plan
+    file becomes ``--plan``; every other plan option (``--model``, ``--max-norm`` ...)
+    stays as ``sapper check`` has it."""
+    wrapped = with_plan_options(fn)
+    sig = wrapped.__signature__  # type: ignore[attr-defined]
+    params = [
+        p.replace(annotation=_PlanFileOpt) if p.name == "plan" else p
+        for p in sig.parameters.values()
+    ]
+    wrapped.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapped.__annotations__["plan"] = _PlanFileOpt
+    return wrapped
+
+
+def has_plan_inputs(inputs: PlanInputs) -> bool:
+    given = [inputs.plan, inputs.model, inputs.deepspeed, *inputs.values.values()]
+    return any(v is not None for v in given)
+
+
+def plan_for(inputs: PlanInputs, logs: list[LogData]) -> Plan | None:
+    """The Plan from the command line, else the one a sapper run log carries, else None."""
+    if has_plan_inputs(inputs):
+        return load_from_options(inputs).plan
+    for log in logs:
+        raw = log.meta.get("plan")
+        if isinstance(raw, dict):
+            try:
+                return Plan.model_validate(raw)
+            except ValidationError as exc:
+                log.notes.append(
+                    f"the plan stored in the run log is not valid and was ignored "
+                    f"({exc.error_count()} error(s))"
+                )
+    return None
+
+
+def detectors_for(plan: Plan | None) -> list[Detector]:
+    """The monitor's default detectors for this plan, plus the eval-loss detector."""
+    from sapper.runtime.detectors import default_detectors
+    from sapper.runtime.detectors.eval import EvalLossDetector
+
+    detectors = list(default_detectors(plan=plan))
+    if not any(isinstance(d, EvalLossDetector) for d in detectors):
+        detectors.append(EvalLossDetector())
+    return detectors
+
+
+def column_mapping(items: list[str] | None) -> dict[str, FieldMap]:
+    try:
+        return parse_mapping(items or [])
+    except ValueError as exc:
+        raise InputError(
+            str(exc), field="--map", expected="COLUMN=FIELD with a StepRecord field"
+        ) from None
+
+
+def merge_logs(logs: list[LogData]) -> LogData:
+    """One run from several logs (a run resumed into new files): records by step, the
+    first occurrence of a step kept."""
+    by_step: dict[int, Any] = {}
+    for log in logs:
+        for rec in log.records:
+            by_step.setdefault(rec.step, rec)
+    notes = [f"{Path(log.path).name}: {n}" for log in logs for n in log.notes]
+    formats = sorted({log.format for log in logs})
+    return LogData(
+        path=" + ".join(log.path for log in logs),
+        format="+".join(formats),
+        records=[by_step[s] for s in sorted(by_step)],
+        findings=[f for log in logs for f in log.findings],
+        meta={k: v for log in logs for k, v in log.meta.items()},
+        notes=notes,
+    )
+
+
+def load_logs(
+    paths: list[Path], log_format: str | None, mapping: dict[str, FieldMap]
+) -> tuple[list[LogData], list[InputError]]:
+    """Every readable log, and the errors of those that could not be read."""
+    logs: list[LogData] = []
+    errors: list[InputError] = []
+    try:
+        expanded = expand_paths(list(paths))
+    except InputError as exc:
+        return [], [exc]
+    for path, detected in expanded:
+        try:
+            logs.append(read_log(path, fmt=log_format or detected, mapping=mapping))
+        except InputError as exc:
+            errors.append(exc)
+    return logs, errors
+
+
+def analyze_logs(
+    logs: list[LogData],
+    plan: Plan | None,
+    select: list[str],
+    ignore: list[str],
+    detector_factory: Callable[[Plan | None], list[Detector]] = detectors_for,
+) -> list[Analysis]:
+    """One analysis per log, each with fresh detectors (logs are separate runs)."""
+    return [analyze_log(log, detector_factory(plan), select, ignore) for log in logs]
+
+
+def _count(analyses: list[Analysis], severity: Severity) -> int:
+    return sum(a.count(severity) for a in analyses)
+
+
+def render_analyses(analyses: list[Analysis]) -> Group:
+    """Per log: what was read, the notes, the findings in step order; then the totals."""
+    parts: list[Any] = []
+    for a in analyses:
+        log = a.log
+        span = f"steps {log.first_step:,}–{log.last_step:,}" if log.records else "no steps"
+        every = f", every {a.interval:,} step(s)" if a.interval else ""
+        parts.append(
+            Text.from_markup(
+                f"[bold]{escape(log.path)}[/]: {escape(log.format)} log, "
+                f"{len(log.records):,} records, {span}{every}"
+            )
+        )
+        for note in a.notes:
+            parts.append(Text.from_markup(f"  [yellow]note:[/] {escape(note)}"))
+        if a.findings:
+            parts.append(render_findings(a.findings))
+        else:
+            parts.append(Text("  no findings", style="green"))
+        parts.append(Text(""))
+    errors, warnings = _count(analyses, Severity.ERROR), _count(analyses, Severity.WARNING)
+    infos = _count(analyses, Severity.INFO)
+    summary = f"{errors} error(s), {warnings} warning(s), {infos} info"
+    parts.append(Text(summary, style="bold red" if errors else "bold green"))
+    return Group(*parts)
+
+
+def analyses_json(analyses: list[Analysis], failed: list[InputError]) -> dict[str, Any]:
+    return {
+        "findings": [f.to_json() for a in analyses for f in a.findings],
+        "summary": {
+            "errors": _count(analyses, Severity.ERROR),
+            "warnings": _count(analyses, Severity.WARNING),
+            "infos": _count(analyses, Severity.INFO),
+            "logs": [a.summary() for a in analyses],
+            "unreadable": [{"file": e.file, "error": str(e)} for e in failed],
+        },
+    }
+
+
+@app.command("analyze")
+@with_log_plan_options
+def analyze(
+    inputs: PlanInputs,
+    logs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Logs: sapper run log (.jsonl), trainer_state.json or a HF output folder, "
+            "TensorBoard event files or run folders, CSV/JSONL tables, Megatron text logs.",
+            show_default=False,
+        ),
+    ],
+    log_format: LogFormatOpt = None,
+    mapping: MapOpt = None,
+    merge: bool = typer.Option(
+        False, "--merge", help="Treat all logs as one run (a run resumed into new files)."
+    ),
+    fmt: FormatOpt = OutputFormat.text,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+) -> None:
+    """Run the monitor's detectors over existing training logs and name what went wrong."""
+
+    def body() -> int:
+        columns = column_mapping(mapping)
+        loaded, failed = load_logs(logs, log_format, columns)
+        if not loaded:
+            raise failed[0]
+        if merge and len(loaded) > 1:
+            loaded = [merge_logs(loaded)]
+        plan = plan_for(inputs, loaded)
+        analyses = analyze_logs(loaded, plan, split_codes(select), split_codes(ignore))
+        for exc in failed:
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        if fmt == OutputFormat.json:
+            emit_json(analyses_json(analyses, failed))
+        else:
+            console.print(render_analyses(analyses))
+        if failed:
+            return 2
+        errors, warnings = _count(analyses, Severity.ERROR), _count(analyses, Severity.WARNING)
+        return 1 if errors or (strict and warnings) else 0
+
+    run_guarded(body)

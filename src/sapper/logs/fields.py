@@ -1,0 +1,220 @@
+"""Metric names as the field writes them, mapped to :class:`StepRecord` fields.
+
+Every logger spells the same metric its own way: HF Trainer ``train/loss``, Megatron
+``lm loss`` and ``grad-norm``, Lightning ``lr-AdamW``, torchtitan
+``memory/max_reserved(GiB)``, W&B exports ``run-name - train/loss``. One table maps
+them all, with the unit conversion the name implies (``(ms)`` → seconds, ``bytes`` →
+GiB), so the TensorBoard and table readers share it. A name the table does not know
+goes to ``StepRecord.extra`` untouched; ``--map col=field`` covers the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "RECORD_FIELDS",
+    "STEP_NAMES",
+    "FieldMap",
+    "canonical",
+    "normalize_name",
+    "parse_mapping",
+]
+
+#: StepRecord fields a column or tag may map to (besides ``step``).
+RECORD_FIELDS: frozenset[str] = frozenset(
+    {
+        "loss",
+        "grad_norm",
+        "clip_threshold",
+        "lr",
+        "loss_scale",
+        "skipped",
+        "skipped_total",
+        "memory_allocated_gib",
+        "memory_reserved_gib",
+        "memory_peak_gib",
+        "memory_limit_gib",
+        "rss_gib",
+        "step_time_s",
+        "data_time_s",
+        "tokens",
+        "samples",
+        "tokens_per_s",
+        "samples_per_s",
+        "mfu",
+        "eval_loss",
+        "time",
+    }
+)
+
+#: Column / tag names that hold the step, best first: an optimizer-step counter beats
+#: W&B's ``_step`` (which counts ``wandb.log`` calls) and a row index.
+STEP_NAMES: tuple[str, ...] = (
+    "global_step",
+    "train/global_step",
+    "trainer/global_step",
+    "step",
+    "iteration",
+    "iter",
+    "steps",
+    "optimizer_step",
+    "_step",
+)
+
+_GIB = 1.0
+_MIB = 1.0 / 1024
+_BYTES = 1.0 / 2**30
+
+# normalized name -> (field, factor, rank). Names are normalized by ``normalize_name``;
+# the rank is the name's place in its list: the most canonical spelling wins a tie.
+_ALIASES: dict[str, tuple[str, float, int]] = {}
+
+
+def _add(target: str, factor: float, *names: str) -> None:
+    for rank, name in enumerate(names):
+        _ALIASES.setdefault(normalize_name(name), (target, factor, rank))
+
+
+def normalize_name(name: str) -> str:
+    """Lower case, separators unified to ``_``: ``Grad-Norm`` and ``grad norm`` meet."""
+    text = name.strip().lower()
+    text = re.sub(r"[\s\-\.]+", "_", text)
+    return text
+
+
+# Prefixes that only say where a metric was logged ("train/loss" is the loss).
+_TRAIN_PREFIXES = ("train_", "training_")
+_EVAL_NAMESPACE = re.compile(r"(^|[/_])(eval|evaluation|val|valid|validation|dev)($|[/_])")
+
+_add("loss", 1.0, "loss", "lm loss", "lm_loss", "train_loss", "training_loss", "step loss",
+     "loss/train", "global_avg_loss", "loss_metrics/global_avg_loss", "avg_loss", "total_loss",
+     "train/lm loss", "reduced_train_loss", "train_loss_step", "loss_step")
+_add("eval_loss", 1.0, "eval_loss", "eval/loss", "val_loss", "val/loss", "valid_loss",
+     "valid/loss", "validation_loss", "validation/loss", "loss/val", "loss/eval",
+     "lm loss validation", "lm_loss_validation", "val_loss_epoch", "eval/lm loss",
+     "validation/lm loss", "eval_lm_loss")
+_add("grad_norm", 1.0, "grad_norm", "grad-norm", "grad norm", "gradient_norm", "grad_norm_total",
+     "grad_2.0_norm_total", "total_grad_norm", "global_grad_norm", "gradnorm", "grad_l2_norm",
+     "optim/grad_norm")
+_add("clip_threshold", 1.0, "max_grad_norm", "clip_threshold", "grad_clip", "clip_grad",
+     "max_norm")
+_add("lr", 1.0, "lr", "learning_rate", "learning-rate", "learning rate", "lr-adamw", "lr-adam",
+     "lr-sgd", "lr_adamw", "lr/group_0", "lr/pg0", "lr-adamw/pg1", "learning_rate/group_0",
+     "optimizer/lr", "lr_0", "current_lr")
+_add("loss_scale", 1.0, "loss_scale", "loss-scale", "loss scale", "grad_scale", "scaler/scale",
+     "amp/loss_scale", "loss_scaler")
+_add("skipped", 1.0, "skipped", "skipped_step", "step_skipped", "overflow", "is_overflow")
+_add("skipped_total", 1.0, "skipped_total", "skipped_steps", "skipped_iterations",
+     "number of skipped iterations", "num_skipped", "skipped-iterations")
+_add("memory_allocated_gib", _BYTES, "mem-allocated-bytes", "memory_allocated_bytes",
+     "memory/allocated_bytes")
+_add("memory_reserved_gib", _BYTES, "mem-reserved-bytes", "memory_reserved_bytes",
+     "memory/reserved_bytes")
+_add("memory_peak_gib", _BYTES, "mem-max-allocated-bytes", "max_memory_allocated_bytes",
+     "memory/max_allocated_bytes")
+_add("memory_allocated_gib", _GIB, "memory_allocated_gib", "memory/allocated(gib)",
+     "memory_allocated", "mem_allocated", "gpu_mem_allocated", "memory/current_allocated(gib)",
+     "memory_allocated_gb", "gpu_memory_allocated_gb", "memory/allocated")
+_add("memory_reserved_gib", _GIB, "memory_reserved_gib", "memory/reserved(gib)",
+     "memory_reserved", "mem_reserved", "memory_reserved_gb", "memory/max_reserved(gib)",
+     "memory/reserved", "gpu_memory_reserved_gb")
+_add("memory_peak_gib", _GIB, "memory_peak_gib", "memory/max_active(gib)", "max_memory_allocated",
+     "peak_memory", "peak_memory_gb", "memory/peak", "max_memory_allocated_gb",
+     "gpu_mem_peak", "memory/max_allocated(gib)", "mem_peak_gb")
+_add("memory_allocated_gib", _MIB, "memory_allocated_mb", "mem_allocated_mb", "allocated_mb")
+_add("memory_peak_gib", _MIB, "max_memory_allocated_mb", "peak_memory_mb", "memory_mb",
+     "max_allocated_mb")
+_add("memory_reserved_gib", _MIB, "memory_reserved_mb", "reserved_mb", "max_reserved_mb")
+_add("memory_limit_gib", _GIB, "memory_limit_gib", "memory/limit(gib)", "memory_total_gb")
+_add("rss_gib", _GIB, "rss_gib", "rss_gb", "memory/rss(gib)")
+_add("step_time_s", 1.0, "step_time_s", "step_time", "iteration-time", "iteration_time",
+     "time/step", "time_per_step", "train_step_time", "time_metrics/end_to_end(s)",
+     "elapsed time per iteration (s)", "sec_per_step", "batch_time", "iter_time")
+_add("step_time_s", 1e-3, "step_time_ms", "elapsed time per iteration (ms)", "iteration_time_ms",
+     "time/step_ms", "dt_ms")
+_add("data_time_s", 1.0, "data_time_s", "data_time", "data_loading_time",
+     "time_metrics/data_loading(s)", "dataloader_time")
+_add("data_time_s", 1e-3, "data_time_ms")
+_add("tokens", 1.0, "tokens", "tokens_per_step", "num_tokens", "ntokens")
+_add("samples", 1.0, "samples", "batch_size", "global batch size", "global_batch_size",
+     "batch-size")
+_add("tokens_per_s", 1.0, "tokens_per_s", "tokens_per_sec", "tokens_per_second", "tokens/s",
+     "tok/s", "tps", "throughput(tps)", "throughput/tokens_per_sec", "train_tokens_per_second",
+     "throughput_tokens", "wps")
+_add("samples_per_s", 1.0, "samples_per_s", "samples_per_sec", "samples_per_second", "samples/s",
+     "train_samples_per_second", "samples per second", "throughput/samples_per_sec",
+     "throughput_samples")
+_add("mfu", 1.0, "mfu")
+_add("mfu", 0.01, "mfu(%)", "mfu_percent", "mfu_pct")
+_add("time", 1.0, "time", "timestamp", "_timestamp", "wall_time", "walltime")
+
+
+# Lightning's LearningRateMonitor: "lr-AdamW", "lr-AdamW/pg1" (the first group).
+_LR_GROUP = re.compile(r"^lr_[a-z0-9]+(/pg1)?$")
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Where one source column goes: a StepRecord field and the factor to its unit."""
+
+    field: str
+    factor: float = 1.0
+    #: How canonical the source name is (0 = the plainest spelling); picks between two
+    #: columns that mean the same field (``train/loss`` over ``train/train_loss``).
+    rank: int = field(default=0, compare=False)
+
+
+def canonical(name: str) -> FieldMap | None:
+    """The StepRecord field a metric name means, or ``None`` if it is not known.
+
+    ``train/loss``, ``Training/Loss``, ``lm loss``, ``perf/tokens_per_sec`` and ``loss``
+    are looked up by their full name first, then by the last path part; a namespace that
+    says evaluation (``eval/``, ``val/``, ``validation/``) turns a loss into ``eval_loss``
+    and never maps to a training field.
+    """
+    key = normalize_name(name)
+    hit = _ALIASES.get(key)
+    if hit is None and _LR_GROUP.match(key):
+        hit = ("lr", 1.0, 0)
+    if hit is None and "/" in key:
+        namespace, _, leaf = key.rpartition("/")
+        inner = _ALIASES.get(leaf)
+        if _EVAL_NAMESPACE.search(namespace):
+            is_loss = inner is not None and inner[0] in ("loss", "eval_loss")
+            hit = ("eval_loss", 1.0, inner[2]) if inner and is_loss else None
+        elif (inner is not None and inner[0] != "eval_loss") or _LR_GROUP.match(leaf):
+            hit = inner or ("lr", 1.0, 0)
+    if hit is None:
+        for prefix in _TRAIN_PREFIXES:
+            if key.startswith(prefix):
+                inner = _ALIASES.get(key[len(prefix):])
+                if inner is not None and inner[0] != "eval_loss":
+                    hit = inner
+                break
+    return None if hit is None else FieldMap(*hit)
+
+
+def parse_mapping(items: list[str]) -> dict[str, FieldMap]:
+    """``--map`` values (``"col=field"`` or ``"col=field*factor"``) as a column map.
+
+    Raises ``ValueError`` naming the problem; the caller turns it into an InputError.
+    """
+    out: dict[str, FieldMap] = {}
+    for item in items:
+        col, sep, target = item.rpartition("=")
+        if not sep or not col.strip() or not target.strip():
+            raise ValueError(f"{item!r} is not COLUMN=FIELD")
+        name, star, factor_text = target.partition("*")
+        name = name.strip()
+        if name not in RECORD_FIELDS and name != "step" and name != "ignore":
+            raise ValueError(f"{name!r} is not a step-record field")
+        factor = 1.0
+        if star:
+            try:
+                factor = float(factor_text)
+            except ValueError:
+                raise ValueError(f"{factor_text!r} is not a number") from None
+        out[col.strip()] = FieldMap(name, factor)
+    return out

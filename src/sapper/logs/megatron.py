@@ -1,0 +1,187 @@
+"""Megatron-LM (and Megatron-DeepSpeed) text logs.
+
+Megatron prints one line every ``--log-interval`` iterations::
+
+     [2024-08-01 09:44:55] iteration      120/  250000 | consumed samples: 122880 |
+     elapsed time per iteration (ms): 861.2 | learning rate: 9.0E-06 | global batch size:
+     1024 | lm loss: 2.50E+00 | loss scale: 65536.0 | grad norm: 0.231 |
+     number of skipped iterations:   0 | number of nan iterations:   0 |
+
+(one line in the log), possibly behind a launcher prefix (``[default3]:``, ``0:``).
+Values are averages over the interval; the loss is left out when every iteration of the
+interval was skipped (fp16 overflow) or produced NaN, so a non-zero "nan iterations"
+count becomes a non-finite loss here — the detectors must see it. Validation lines
+(``validation loss at iteration N | lm loss value: ...``) and the memory report
+(``[Rank 0] (after N iterations) memory (MB) | allocated: ...``) are merged into the
+step they name. Everything else in the log (arguments, timers, warnings) is skipped.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sapper.logs.base import LogData, LogParser, to_float
+from sapper.runtime.records import StepRecord
+
+__all__ = ["ITERATION_LINE", "MegatronParser", "read_megatron"]
+
+#: The iteration line; also used by format detection.
+ITERATION_LINE = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(?:[.,]\d+)?\]")
+_VALID = re.compile(r"validation loss at (?:iteration\s+(\d+))?(.*?)\|(.*)$")
+_MEMORY = re.compile(r"\(after (\d+) iterations\) memory \((MB|GB|GiB|MiB)\)\s*\|(.*)$")
+
+# segment key (lower case) -> (StepRecord field, factor)
+_KEYS: dict[str, tuple[str, float]] = {
+    "lm loss": ("loss", 1.0),
+    "loss": ("loss", 1.0),
+    "learning rate": ("lr", 1.0),
+    "loss scale": ("loss_scale", 1.0),
+    "grad norm": ("grad_norm", 1.0),
+    "global batch size": ("samples", 1.0),
+    "elapsed time per iteration (ms)": ("step_time_s", 1e-3),
+    "elapsed time per iteration (s)": ("step_time_s", 1.0),
+    "samples per second": ("samples_per_s", 1.0),
+}
+# segment key -> name in StepRecord.extra
+_EXTRA: dict[str, str] = {
+    "consumed samples": "consumed_samples",
+    "consumed tokens": "consumed_tokens",
+    "decoupled learning rate": "decoupled_lr",
+    "num zeros": "num_zeros",
+    "params norm": "params_norm",
+    "throughput per gpu (tflop/s/gpu)": "tflops_per_gpu",
+    "tflops": "tflops_per_gpu",
+    "tokens per gpu per second (tgs)": "tokens_per_s_per_gpu",
+    "actual seqlen": "seq_len",
+    "curriculum seqlen": "curriculum_seq_len",
+    "world size": "world_size",
+}
+_MEM_FIELDS = {
+    "allocated": "memory_allocated_gib",
+    "max allocated": "memory_peak_gib",
+    "reserved": "memory_reserved_gib",
+}
+
+
+def _segments(text: str) -> Iterable[tuple[str, str]]:
+    for part in text.split("|"):
+        key, sep, value = part.rpartition(":")
+        if sep and key.strip():
+            yield key.strip().lower(), value.strip()
+
+
+class MegatronParser(LogParser):
+    """Incremental parser of Megatron text logs (one ``feed`` per batch of lines)."""
+
+    format = "megatron"
+
+    def __init__(self, source: str = "<input>") -> None:
+        super().__init__(source)
+        self.skipped_total = 0
+        self._bad_values = 0
+
+    def feed(self, lines: Iterable[str]) -> list[StepRecord]:
+        for line in lines:
+            if "iteration" not in line:
+                continue
+            match = ITERATION_LINE.search(line)
+            if match:
+                self._iteration(line, match)
+            elif "validation loss at" in line:
+                self._validation(line)
+            elif "memory (" in line:
+                self._memory(line)
+        return self.merger.ready()
+
+    def finish(self) -> list[StepRecord]:
+        if self._bad_values:
+            self.notes.append(f"{self._bad_values} value(s) were not numbers and were skipped")
+        return super().finish()
+
+    def _iteration(self, line: str, match: re.Match[str]) -> None:
+        step, total = int(match.group(1)), int(match.group(2))
+        self.meta.setdefault("train_iters", total)
+        values: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        losses: dict[str, float] = {}
+        nan_iters = 0
+        for key, text in _segments(line[match.end() :]):
+            value = to_float(text)
+            if value is None:
+                self._bad_values += 1
+                continue
+            if key in _KEYS:
+                name, factor = _KEYS[key]
+                if name == "loss":
+                    losses[key] = value
+                    continue
+                values[name] = int(value) if name == "samples" else value * factor
+            elif key == "number of skipped iterations":
+                skipped = int(value)
+                self.skipped_total += skipped
+                values["skipped"] = skipped > 0
+                values["skipped_total"] = self.skipped_total
+                extra["skipped_in_interval"] = skipped
+            elif key == "number of nan iterations":
+                nan_iters = int(value)
+                extra["nan_iterations"] = nan_iters
+            elif key in _EXTRA:
+                extra[_EXTRA[key]] = value
+            elif key.endswith("loss"):
+                extra[key.replace(" ", "_")] = value
+        loss = losses.get("lm loss", losses.get("loss"))
+        if loss is None and nan_iters:
+            loss = math.nan  # Megatron drops a NaN average from the line
+        values["loss"] = loss
+        stamp = _STAMP.search(line, 0, match.start() + 1)
+        if stamp:
+            values["time"] = _unix(stamp.group(1), stamp.group(2))
+        self.merger.put(step, values, extra)
+
+    def _validation(self, line: str) -> None:
+        match = _VALID.search(line)
+        if not match or match.group(1) is None:
+            return
+        if "test" in match.group(2).lower():
+            return  # a test-set evaluation, not the validation curve
+        for key, text in _segments(match.group(3)):
+            if key in ("lm loss value", "loss value"):
+                value = to_float(text)
+                if value is not None:
+                    self.merger.put(int(match.group(1)), {"eval_loss": value})
+                return
+
+    def _memory(self, line: str) -> None:
+        match = _MEMORY.search(line)
+        if not match:
+            return
+        factor = 1.0 if match.group(2) in ("GB", "GiB") else 1.0 / 1024
+        values: dict[str, Any] = {}
+        for key, text in _segments(match.group(3)):
+            name = _MEM_FIELDS.get(key)
+            value = to_float(text)
+            if name and value is not None:
+                values[name] = value * factor
+        if values:
+            self.merger.put(int(match.group(1)), values, keep_max=True)
+
+
+def _unix(day: str, clock: str) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def read_megatron(path: str | Path) -> LogData:
+    """Read a whole Megatron log file."""
+    from sapper.logs.source import read_log
+
+    return read_log(path, fmt="megatron")

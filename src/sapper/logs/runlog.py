@@ -1,0 +1,162 @@
+"""sapper's own JSONL run log, written by the live monitor.
+
+The contract (shared with the monitor and ``sapper watch``): one JSON object per line,
+``{"kind": "meta", "version": 1, ...}`` once at the top, ``{"kind": "step", ...}`` per
+logged step (``StepRecord.to_json``), ``{"kind": "finding", ...}`` per finding the live
+monitor raised (kept, so the report can show what fired during the run). Non-finite
+floats are the strings ``"nan"``, ``"inf"``, ``"-inf"``. The writer appends while
+training runs, so a torn last line is normal after a crash and is skipped with a note.
+
+Lines are decoded in batches (one ``json.loads`` over many lines is several times faster
+than one per line) so a million-step log reads in seconds; a batch with a bad line is
+decoded line by line to find it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sapper.logs.base import LogData, LogParser
+from sapper.rules.model import Finding
+from sapper.runtime.records import StepRecord
+
+__all__ = ["RunLogParser", "read_sapper_log"]
+
+_NAMES = frozenset(f.name for f in fields(StepRecord)) - {"extra"}
+_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_new = StepRecord.__new__
+
+
+def _value(value: Any) -> Any:
+    if value.__class__ is str:
+        return _NONFINITE.get(value, value)
+    if value.__class__ is list:
+        return [_NONFINITE.get(v, v) if v.__class__ is str else v for v in value]
+    return value
+
+
+def _step_record(obj: dict[str, Any], nonfinite: bool) -> StepRecord:
+    """``StepRecord.from_json`` without its per-call overhead (it runs a million times):
+    the record's ``__dict__`` is filled directly. ``nonfinite`` says whether the line
+    spells a float as "nan"/"inf"; most lines do not and skip the conversion."""
+    extra = obj.pop("extra", None) or {}
+    if not _NAMES.issuperset(obj):
+        for key in obj.keys() - _NAMES:
+            extra[key] = obj.pop(key)
+    if nonfinite:
+        obj = {k: _value(v) for k, v in obj.items()}
+    rec = _new(StepRecord)
+    rec.__dict__ = {**_DEFAULTS, **obj, "extra": extra}
+    return rec
+
+
+class RunLogParser(LogParser):
+    """Incremental parser of sapper run logs."""
+
+    format = "sapper"
+
+    def __init__(self, source: str = "<input>") -> None:
+        super().__init__(source)
+        self._line = 0
+        self._bad: list[int] = []
+        self._last: int | None = None
+        self._replayed = 0
+
+    def feed(self, lines: Iterable[str]) -> list[StepRecord]:
+        texts = lines if isinstance(lines, list) else list(lines)
+        first = self._line + 1
+        self._line += len(texts)
+        kept = [t for t in texts if t and not t.isspace()]
+        # Line numbers are only needed for notes; without blank lines they are implicit.
+        numbers: Sequence[int] = (
+            range(first, first + len(texts))
+            if len(kept) == len(texts)
+            else [first + i for i, t in enumerate(texts) if t and not t.isspace()]
+        )
+        batch = "[" + ",".join(kept) + "]"
+        try:
+            objs = json.loads(batch)
+        except json.JSONDecodeError:
+            objs, numbers, kept = self._one_by_one(kept, numbers)
+        # The lines that spell a non-finite float as a string: usually none, so no scan.
+        special: set[int] = set()
+        if '"nan"' in batch or 'inf"' in batch:
+            special = {n for n, t in zip(numbers, kept, strict=True) if '"nan"' in t or 'inf"' in t}
+        out: list[StepRecord] = []
+        last = self._last
+        for obj, line in zip(objs, numbers, strict=True):
+            if obj.__class__ is not dict:
+                self._bad.append(line)
+                continue
+            kind = obj.pop("kind", None)
+            if kind == "step":
+                step = obj.get("step")
+                if step.__class__ is int and (last is None or step > last):
+                    try:
+                        out.append(_step_record(obj, line in special))
+                        last = step
+                    except (TypeError, AttributeError):  # "extra" that is not an object
+                        self._bad.append(line)
+                elif step.__class__ is int:
+                    self._replayed += 1
+                else:
+                    self._bad.append(line)
+            elif kind == "finding":
+                self._finding(obj, line)
+            elif kind == "meta":
+                self.meta.update(obj)
+            else:
+                self._bad.append(line)
+        self._last = last
+        return out
+
+    def _one_by_one(
+        self, texts: list[str], numbers: Sequence[int]
+    ) -> tuple[list[Any], list[int], list[str]]:
+        """Decode line by line after a batch failed: the good lines, the bad ones noted."""
+        objs, good, good_texts = [], [], []
+        for text, line in zip(texts, numbers, strict=True):
+            try:
+                objs.append(json.loads(text))
+            except json.JSONDecodeError:
+                self._bad.append(line)
+                continue
+            good.append(line)
+            good_texts.append(text)
+        return objs, good, good_texts
+
+    def _finding(self, obj: dict[str, Any], line: int) -> None:
+        try:
+            self.findings.append(Finding.model_validate(obj))
+        except ValidationError:
+            self._bad.append(line)
+
+    def finish(self) -> list[StepRecord]:
+        if self._bad:
+            last = self._bad[-1] == self._line
+            shown = ", ".join(map(str, self._bad[:5])) + (" ..." if len(self._bad) > 5 else "")
+            what = "a torn last line (the run was still writing or crashed)" if (
+                last and len(self._bad) == 1
+            ) else f"{len(self._bad)} unreadable line(s): {shown}"
+            self.notes.append(f"skipped {what}")
+        if self._replayed:
+            self.notes.append(
+                f"{self._replayed} step record(s) repeated an earlier step (a restart from a "
+                "checkpoint?); kept the first occurrence"
+            )
+        return []
+
+
+def read_sapper_log(path: str | Path) -> LogData:
+    """Read a sapper JSONL run log."""
+    from sapper.logs.source import read_log
+
+    return read_log(path, fmt="sapper")

@@ -1,0 +1,145 @@
+"""A log on disk, read once (``sapper analyze``) or followed as it grows (``sapper watch``).
+
+:class:`LogSource` owns the file handle and the parser: :meth:`LogSource.poll` reads
+whatever was appended since the last call (bytes decoded incrementally, a torn last line
+held back) and returns the steps now complete; :meth:`LogSource.close` flushes the rest.
+A ``trainer_state.json`` is rewritten rather than appended, so it is re-read when it
+changes. :func:`read_log` is the one-shot convenience over both.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+from typing import Any
+
+from sapper.errors import InputError
+from sapper.logs.base import LineBuffer, LogData, LogParser, gc_paused
+from sapper.logs.detect import FORMATS, detect_format
+from sapper.logs.fields import FieldMap
+from sapper.logs.megatron import MegatronParser
+from sapper.logs.runlog import RunLogParser
+from sapper.logs.table import TableParser
+from sapper.logs.tensorboard import TensorBoardParser
+from sapper.logs.trainer_state import TrainerStateParser
+from sapper.runtime.records import StepRecord
+
+__all__ = ["LogSource", "make_parser", "read_log"]
+
+_CHUNK = 8 << 20
+
+
+def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> Any:
+    """The parser for ``fmt`` (one of :data:`FORMATS`)."""
+    source = str(path)
+    if fmt == "sapper":
+        return RunLogParser(source)
+    if fmt == "megatron":
+        return MegatronParser(source)
+    if fmt == "trainer_state":
+        return TrainerStateParser(source)
+    if fmt in ("csv", "jsonl"):
+        delimiter = "\t" if Path(path).suffix.lower() == ".tsv" else None
+        return TableParser(fmt, mapping, delimiter=delimiter, source=source)
+    if fmt == "tensorboard":
+        return TensorBoardParser(path, mapping)
+    raise InputError("unknown log format", field="--log-format", value=fmt,
+                     expected=" / ".join(FORMATS))
+
+
+class LogSource:
+    """One log file or TensorBoard run, read incrementally."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        fmt: str | None = None,
+        mapping: dict[str, FieldMap] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if self.path.is_dir() and fmt != "tensorboard":
+            inner = self.path / "trainer_state.json"
+            if fmt in (None, "trainer_state") and inner.is_file():
+                self.path = inner
+        self.format = fmt or detect_format(self.path)
+        self.parser: LogParser = make_parser(self.format, self.path, mapping)
+        self._offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._lines = LineBuffer()
+        self._stamp: tuple[float, int] | None = None
+
+    @property
+    def notes(self) -> list[str]:
+        return self.parser.notes
+
+    def poll(self) -> list[StepRecord]:
+        """Steps completed by what was written since the last call."""
+        if isinstance(self.parser, TensorBoardParser):
+            return self.parser.poll()
+        if isinstance(self.parser, TrainerStateParser):
+            return self._poll_snapshot(self.parser)
+        out: list[StepRecord] = []
+        try:
+            with gc_paused(), self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                while chunk := fh.read(_CHUNK):
+                    self._offset += len(chunk)
+                    lines = self._lines.push(self._decoder.decode(chunk))
+                    out.extend(self.parser.feed(lines))
+        except OSError as exc:
+            raise InputError(f"cannot read it ({exc.strerror})", file=str(self.path)) from None
+        return out
+
+    def _poll_snapshot(self, parser: TrainerStateParser) -> list[StepRecord]:
+        try:
+            stat = self.path.stat()
+            stamp = (stat.st_mtime, stat.st_size)
+            if stamp == self._stamp:
+                return []
+            self._stamp = stamp
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise InputError(f"cannot read it ({exc.strerror})", file=str(self.path)) from None
+        return parser.parse(text)
+
+    def close(self) -> list[StepRecord]:
+        """End of input: the records held back (the torn last line is judged here)."""
+        if isinstance(self.parser, TrainerStateParser):
+            return []
+        out: list[StepRecord] = []
+        if not isinstance(self.parser, TensorBoardParser):
+            rest = self._lines.push(self._decoder.decode(b"", final=True)) + self._lines.rest()
+            out.extend(self.parser.feed(rest))
+        out.extend(self.parser.finish())
+        return out
+
+    def data(self, records: list[StepRecord]) -> LogData:
+        return LogData(
+            path=str(self.path),
+            format=self.format,
+            records=records,
+            findings=list(self.parser.findings),
+            meta=dict(self.parser.meta),
+            notes=list(self.parser.notes),
+        )
+
+
+def read_log(
+    path: str | Path,
+    fmt: str | None = None,
+    mapping: dict[str, FieldMap] | None = None,
+) -> LogData:
+    """Read a whole log. Raises :class:`InputError` when it holds no step at all; notes
+    on the result say what was skipped when only part of it could be read."""
+    source = LogSource(path, fmt, mapping)
+    records = source.poll()
+    records.extend(source.close())
+    data = source.data(records)
+    if not records:
+        why = f" ({'; '.join(data.notes)})" if data.notes else ""
+        raise InputError(
+            f"no training steps found in this {source.format} log{why}",
+            file=str(source.path),
+            expected="step records with at least a step number",
+        )
+    return data

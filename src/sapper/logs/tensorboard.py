@@ -1,0 +1,161 @@
+"""TensorBoard event files, read with the tensorboard package's ``EventAccumulator``.
+
+One run is a folder of ``events.out.tfevents.*`` files (or one such file). Scalars
+written by ``torch.utils.tensorboard.SummaryWriter`` (``simple_value``) and by TF2-style
+writers (``scalars``-plugin tensors) are both read. Tags map to record fields through
+:mod:`sapper.logs.fields` (``train/loss``, ``lm loss``, ``grad-norm``, ``learning-rate``,
+``loss-scale``, ``mem-allocated-bytes`` ...); Megatron's ``... vs samples`` duplicates
+are skipped; any other scalar goes to ``StepRecord.extra``. The accumulator keeps every
+scalar (no reservoir sampling) and drops the orphaned tail of a run restarted from a
+checkpoint, as TensorBoard itself shows it. :meth:`TensorBoardParser.poll` reads what was
+appended since the last call, so ``sapper watch`` can follow a live run.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sapper.logs.base import LogData, LogParser, coerce
+from sapper.logs.fields import FieldMap, canonical
+from sapper.runtime.records import StepRecord
+
+__all__ = ["TensorBoardParser", "read_tensorboard"]
+
+
+class TensorBoardParser(LogParser):
+    """Incremental reader of one TensorBoard run (a folder or a single event file)."""
+
+    format = "tensorboard"
+    ordered = False
+
+    def __init__(self, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> None:
+        super().__init__(str(path))
+        self.mapping = dict(mapping or {})
+        self._seen: dict[str, int] = {}
+        self._targets: dict[str, FieldMap | None] = {}
+        self._taken: dict[str, str] = {}
+        self._plugins: dict[str, str] = {}  # tag -> plugin, from its first event's metadata
+
+    @functools.cached_property
+    def _acc(self) -> Any:
+        """Built on first use: its import takes a good part of a second, which a reader
+        fed through :meth:`feed_events` never needs."""
+        from tensorboard.backend.event_processing import event_accumulator as ea
+
+        return ea.EventAccumulator(
+            self.source,
+            size_guidance={
+                ea.SCALARS: 0,
+                ea.TENSORS: 0,
+                ea.IMAGES: 1,
+                ea.AUDIO: 1,
+                ea.HISTOGRAMS: 1,
+                ea.COMPRESSED_HISTOGRAMS: 1,
+            },
+            purge_orphaned_data=True,
+        )
+
+    def feed(self, lines: Iterable[str]) -> list[StepRecord]:
+        """Event files are binary: use :meth:`poll`."""
+        raise TypeError("TensorBoard event files are read with poll(), not feed()")
+
+    def poll(self) -> list[StepRecord]:
+        """Read events appended since the last call; return the steps now complete."""
+        self._acc.Reload()
+        tags = self._acc.Tags()
+        # Of two tags meaning one field, the longer series wins (HF writes the run's
+        # average as ``train/train_loss`` once, next to the ``train/loss`` curve).
+        scalars = sorted(tags.get("scalars", []), key=lambda t: -len(self._acc.Scalars(t)))
+        for tag in scalars:
+            self._take(tag, [(e.step, e.value, e.wall_time) for e in self._new(tag, False)])
+        for tag in tags.get("tensors", []):
+            if self._plugin(tag) == "scalars":
+                events = self._new(tag, True)
+                self._take(tag, [(e.step, _scalar(e.tensor_proto), e.wall_time) for e in events])
+        return self.merger.ready()
+
+    def feed_events(self, events: Iterable[Any]) -> list[StepRecord]:
+        """Decoded ``Event`` protos in file order, for a reader that follows the event files
+        itself (``sapper watch`` keeps an offset per file instead of re-listing every
+        scalar on each :meth:`poll`); returns the steps now complete."""
+        for event in events:
+            for value in event.summary.value:
+                if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
+                    self._plugins[value.tag] = value.metadata.plugin_data.plugin_name
+                kind = value.WhichOneof("value")
+                if kind == "simple_value":
+                    number: float | None = value.simple_value
+                elif kind == "tensor" and self._plugins.get(value.tag) == "scalars":
+                    number = _scalar(value.tensor)
+                else:
+                    continue
+                self._take(value.tag, [(event.step, number, event.wall_time)])
+        return self.merger.ready()
+
+    def finish(self) -> list[StepRecord]:
+        return self.poll() + super().finish()
+
+    def _plugin(self, tag: str) -> str:
+        try:
+            return self._acc.SummaryMetadata(tag).plugin_data.plugin_name
+        except (KeyError, AttributeError):
+            return ""
+
+    def _new(self, tag: str, tensors: bool) -> list[Any]:
+        events = self._acc.Tensors(tag) if tensors else self._acc.Scalars(tag)
+        seen = self._seen.get(tag, 0)
+        if len(events) < seen:  # purged after a restart: the tail was rewritten
+            seen = 0
+            self.notes.append(f"tag {tag!r}: the run restarted and rewrote earlier steps")
+        self._seen[tag] = len(events)
+        return events[seen:]
+
+    def _target(self, tag: str) -> FieldMap | None:
+        if tag not in self._targets:
+            fm = self.mapping.get(tag) or canonical(tag)
+            if fm is not None and fm.field in ("ignore", "step"):
+                fm = None
+            if fm is not None:
+                owner = self._taken.setdefault(fm.field, tag)
+                if owner != tag:
+                    self.notes.append(
+                        f"tags {owner!r} and {tag!r} both mean {fm.field}; read {owner!r}"
+                    )
+                    fm = None
+            self._targets[tag] = fm
+        return self._targets[tag]
+
+    def _take(self, tag: str, events: list[tuple[int, float | None, float]]) -> None:
+        if not events or tag.endswith(" vs samples"):
+            return
+        target = self._target(tag)
+        put = self.merger.put
+        for step, value, wall in events:
+            if value is None:
+                continue
+            if target is None:
+                put(step, {"time": wall}, {tag: value})
+            else:
+                put(step, {target.field: coerce(target.field, value * target.factor), "time": wall})
+
+
+def _scalar(proto: Any) -> float | None:
+    from tensorboard.util import tensor_util
+
+    try:
+        array = tensor_util.make_ndarray(proto)
+    except (ValueError, TypeError):
+        return None
+    if array.size != 1:
+        return None
+    return float(array.reshape(()))
+
+
+def read_tensorboard(path: str | Path, mapping: dict[str, FieldMap] | None = None) -> LogData:
+    """Read one TensorBoard run (a folder of event files, or one event file)."""
+    from sapper.logs.source import read_log
+
+    return read_log(path, fmt="tensorboard", mapping=mapping)

@@ -1,0 +1,158 @@
+"""Hugging Face Trainer ``trainer_state.json``: the ``log_history`` list.
+
+The Trainer rewrites the whole file at every checkpoint save, so it is a snapshot, not
+an append-only stream: :meth:`TrainerStateParser.parse` takes the full text and returns
+only the steps it has not returned before (``sapper watch`` calls it each time the file
+changes). Entries are ``{"loss", "grad_norm", "learning_rate", "epoch", "step"}`` every
+``logging_steps``, ``{"eval_loss", "eval_runtime", ..., "step"}`` every ``eval_steps``
+(merged into the same step), and one closing summary (``train_runtime``, the average
+``train_loss``) that is not a step and is kept in ``meta``. Python's ``json`` writes a
+NaN grad norm as ``NaN`` and the reader here accepts it. A file cut short (copied while
+the Trainer was writing it) still yields every complete entry, with a note.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sapper.errors import InputError
+from sapper.logs.base import LogData, LogParser, StepMerger, to_float
+from sapper.runtime.records import StepRecord
+
+__all__ = ["TrainerStateParser", "read_trainer_state"]
+
+_TRAIN_KEYS = {
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "learning_rate": "lr",
+    "eval_loss": "eval_loss",
+}
+_SUMMARY_KEYS = ("train_runtime", "train_loss", "total_flos")
+_META_KEYS = (
+    "global_step",
+    "max_steps",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+    "num_train_epochs",
+    "train_batch_size",
+    "best_metric",
+    "best_model_checkpoint",
+)
+
+
+class TrainerStateParser(LogParser):
+    """Parser of ``trainer_state.json`` snapshots."""
+
+    format = "trainer_state"
+
+    def __init__(self, source: str = "trainer_state.json") -> None:
+        super().__init__(source)
+        self._text: list[str] = []
+        self._emitted: int | None = None
+
+    def feed(self, lines: Iterable[str]) -> list[StepRecord]:
+        """Collect text; the document is parsed by :meth:`finish` (it is one JSON value)."""
+        self._text.extend(lines)
+        return []
+
+    def finish(self) -> list[StepRecord]:
+        text, self._text = "\n".join(self._text), []
+        return self.parse(text)
+
+    def parse(self, text: str) -> list[StepRecord]:
+        """All steps in this snapshot after the last step returned by an earlier call."""
+        merger = StepMerger(self.notes)
+        for entry in self._entries(text):
+            self._entry(merger, entry)
+        records = merger.flush()
+        if self._emitted is not None:
+            records = [r for r in records if r.step > self._emitted]
+        if records:
+            self._emitted = records[-1].step
+        return records
+
+    def _entries(self, text: str) -> list[dict[str, Any]]:
+        if not text.strip():
+            raise InputError("the file is empty", file=self.source)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return self._salvage(text, exc)
+        if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
+            raise InputError(
+                "no log_history list",
+                file=self.source,
+                field="log_history",
+                expected="a Hugging Face Trainer state (trainer_state.json)",
+            )
+        for key in _META_KEYS:
+            if doc.get(key) is not None:
+                self.meta[key] = doc[key]
+        return [e for e in doc["log_history"] if isinstance(e, dict)]
+
+    def _salvage(self, text: str, exc: json.JSONDecodeError) -> list[dict[str, Any]]:
+        """Entries of a truncated or damaged file, up to the first broken one."""
+        start = text.find('"log_history"')
+        bracket = text.find("[", start) if start >= 0 else -1
+        if bracket < 0:
+            raise InputError(
+                f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}) "
+                "and no log_history found",
+                file=self.source,
+                expected="a Hugging Face Trainer state (trainer_state.json)",
+            )
+        decoder = json.JSONDecoder()
+        entries: list[dict[str, Any]] = []
+        pos = bracket + 1
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(text) or text[pos] == "]":
+                break
+            try:
+                entry, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                break
+            if isinstance(entry, dict):
+                entries.append(entry)
+        line = text.count("\n", 0, pos) + 1
+        self.notes.append(
+            f"not valid JSON ({exc.msg} at line {exc.lineno}); the file looks truncated or "
+            f"damaged: read {len(entries)} log_history entr{'y' if len(entries) == 1 else 'ies'}"
+            f" up to line {line}"
+        )
+        return entries
+
+    def _entry(self, merger: StepMerger, entry: dict[str, Any]) -> None:
+        step = entry.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            self.notes.append(f"a log_history entry without an integer step was skipped: {entry}")
+            return
+        if any(k in entry for k in _SUMMARY_KEYS):
+            self.meta["summary"] = {k: v for k, v in entry.items() if k != "step"}
+            return
+        values: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, raw in entry.items():
+            if key == "step":
+                continue
+            name = _TRAIN_KEYS.get(key)
+            value = to_float(raw)
+            if name is not None:
+                values[name] = value
+            elif key == "num_input_tokens_seen" and value is not None:
+                extra["tokens_seen"] = value
+            elif value is not None or isinstance(raw, (str, list, dict)):
+                extra[key] = raw
+        merger.put(step, values, extra)
+
+
+def read_trainer_state(path: str | Path) -> LogData:
+    """Read a ``trainer_state.json`` (or the checkpoint folder holding one)."""
+    from sapper.logs.source import read_log
+
+    return read_log(path, fmt="trainer_state")

@@ -1,0 +1,183 @@
+"""Eval loss (seed §5.2, §5.3): overfitting and plateaus, over sparse evaluations.
+
+Evaluations are rare (every few hundred steps), so the tests count evaluations, not
+steps, and compare the eval loss with the training loss around the same step (the median
+of the recent training losses, which smooths the per-step noise). Overfitting is an eval
+loss that keeps rising above its best while the training loss keeps falling: the model
+memorizes its training data — after too many epochs, or because the pipeline repeats
+samples (§5.3). A plateau is an eval loss that has not improved by a meaningful margin
+for several evaluations: the LR has decayed too far, is too low, or the data is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.registry import register
+from sapper.runtime.detector import Detector
+from sapper.runtime.records import StepRecord
+
+__all__ = ["EVAL_OVERFIT", "EVAL_PLATEAU", "EvalLossDetector"]
+
+EVAL_OVERFIT = register(
+    Rule(
+        code="R110",
+        name="eval-loss-rising",
+        check="eval",
+        severity=Severity.WARNING,
+        title="The eval loss rises while the training loss falls",
+        why="""\
+When the training loss keeps falling but the loss on held-out data turns up, every
+further step fits the training set at the expense of everything else: the model is
+memorizing. Common causes are too many epochs over a small set, an LR kept high for
+too long, and a data pipeline that repeats samples or batches (seed §5.3: the loss falls
+fast, the model memorizes), which no error message will ever report.""",
+        signs="""\
+The gap between eval and training loss widens evaluation after evaluation; the training
+loss falls faster than expected for the model size; the best checkpoint is several
+evaluations old.""",
+        fix="""\
+Keep the checkpoint with the best eval loss (early stopping); check the data pipeline for
+repeated samples (sample IDs or token hashes per step) and the number of epochs; lower
+the LR or its decay horizon, or add regularization (weight decay, dropout) for
+fine-tuning.""",
+        seed="§5.2, §5.3",
+    )
+)
+
+EVAL_PLATEAU = register(
+    Rule(
+        code="R111",
+        name="eval-loss-plateau",
+        check="eval",
+        severity=Severity.INFO,
+        title="The eval loss has stopped improving",
+        why="""\
+An eval loss that no longer improves means the steps being paid for buy nothing: the LR
+has decayed to a value too small to move the weights, it was too low from the start, or
+the training data has nothing more to teach at this model size. Late in a decayed
+schedule this is expected; early in training it is not.""",
+        signs="""\
+Several evaluations in a row within about 1% of the best eval loss; a training loss
+that is flat as well (LR, data) or still falling (overfitting next).""",
+        fix="""\
+Compare with the LR curve: if the LR is still high, check the data (mix, repeated
+shards) and the LR value; if it has decayed, the run is done at this budget — stop, or
+plan a longer schedule or more data rather than more steps at this LR.""",
+        seed="§5.2",
+    )
+)
+
+
+def _median(values: deque[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+class EvalLossDetector(Detector):
+    """R110 (overfitting) and R111 (plateau) over ``record.eval_loss``.
+
+    ``patience``: evaluations the eval loss must stay above its best before R110 fires;
+    ``min_rise``: how far above the best (relative) counts as rising; ``plateau_evals``:
+    evaluations without an improvement of ``min_improvement`` (relative) before R111;
+    ``train_window``: training losses in the median that stands for "the training loss
+    now".
+    """
+
+    rules = (EVAL_OVERFIT, EVAL_PLATEAU)
+
+    def __init__(
+        self,
+        *,
+        patience: int = 3,
+        min_rise: float = 0.02,
+        plateau_evals: int = 5,
+        min_improvement: float = 0.01,
+        train_window: int = 20,
+    ) -> None:
+        self.patience = patience
+        self.min_rise = min_rise
+        self.plateau_evals = plateau_evals
+        self.min_improvement = min_improvement
+        self.train: deque[float] = deque(maxlen=train_window)
+        #: [step, eval loss, training loss then] of the lowest eval loss so far.
+        self.best: list[Any] | None = None
+        #: Evaluations since the eval loss last improved by ``min_improvement``.
+        self.since_gain = 0
+        self.mark: float | None = None  # the eval loss of the last meaningful gain
+        self.evals_since_best = 0
+        self.overfit_fired = False
+        self.plateau_fired = False
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        if record.loss is not None and math.isfinite(record.loss):
+            self.train.append(record.loss)
+        value = record.eval_loss
+        if value is None or not math.isfinite(value):
+            return []
+        train = _median(self.train)
+        if self.best is None or value < self.best[1]:
+            self.best = [record.step, value, train]
+            self.evals_since_best = 0
+            self.overfit_fired = False
+        else:
+            self.evals_since_best += 1
+        if self.mark is None or value < self.mark * (1 - self.min_improvement):
+            self.mark = value
+            self.since_gain = 0
+            self.plateau_fired = False
+        else:
+            self.since_gain += 1
+        return self._overfit(record.step, value, train) or self._plateau(record.step, value)
+
+    def _overfit(self, step: int, value: float, train: float | None) -> list[Finding]:
+        assert self.best is not None
+        best_step, best, best_train = self.best
+        rise = value / best - 1 if best > 0 else 0.0
+        if self.overfit_fired or self.evals_since_best < self.patience or rise < self.min_rise:
+            return []
+        if train is not None and best_train is not None and train >= best_train:
+            return []  # both rising: divergence, not memorization (the loss rules say so)
+        self.overfit_fired = True
+        trend = (
+            f" while the training loss fell from {best_train:.4g} to {train:.4g}"
+            if train is not None and best_train is not None
+            else ""
+        )
+        return [
+            EVAL_OVERFIT.finding(
+                f"eval loss {value:.4g} at step {step} is {100 * rise:.1f}% above its best "
+                f"{best:.4g} (step {best_step}), {self.evals_since_best} evaluations ago"
+                f"{trend}",
+                step=step,
+                value=value,
+                threshold=best * (1 + self.min_rise),
+                best_step=best_step,
+                best_eval_loss=best,
+                train_loss=train,
+            )
+        ]
+
+    def _plateau(self, step: int, value: float) -> list[Finding]:
+        if self.plateau_fired or self.since_gain < self.plateau_evals or self.mark is None:
+            return []
+        if value > self.mark * (1 + self.min_rise):
+            return []  # rising, not flat: R110's business
+        self.plateau_fired = True
+        return [
+            EVAL_PLATEAU.finding(
+                f"eval loss {value:.4g} at step {step}: no improvement of "
+                f"{100 * self.min_improvement:.0f}% over {self.mark:.4g} in the last "
+                f"{self.since_gain} evaluations",
+                step=step,
+                value=value,
+                threshold=self.mark * (1 - self.min_improvement),
+                evaluations=self.since_gain,
+            )
+        ]
