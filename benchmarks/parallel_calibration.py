@@ -61,23 +61,46 @@ def rows() -> list[dict[str, object]]:
 def main() -> None:
     data = rows()
     if "--markdown" in sys.argv:
-        print("| run | published layout | pub. | pred. | err | memory | planner's choice |"
-              " planner | published vs planner |")
+        print(
+            "| run | published layout | pub. | pred. | err | memory | planner's choice |"
+            " planner | published vs planner |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in data:
-            print(f"| {r['run']} | {r['layout']} | {r['published']:.0f} | {r['predicted']:.0f}"
-                  f" | {r['error']:+.1f}% | {r['memory']} | {r['planner']} |"
-                  f" {r['planner_tflops']:.0f} | {r['why']} |")
+            print(
+                f"| {r['run']} | {r['layout']} | {r['published']:.0f} | {r['predicted']:.0f}"
+                f" | {r['error']:+.1f}% | {r['memory']} | {r['planner']} |"
+                f" {r['planner_tflops']:.0f} | {r['why']} |"
+            )
         return
     table = Table(title="Step cost model vs published runs (TFLOP/s per GPU)")
-    for col in ("run", "GPUs", "published layout", "pub.", "pred.", "err", "conv.", "memory",
-                "planner's choice", "planner", "published vs planner"):
+    for col in (
+        "run",
+        "GPUs",
+        "published layout",
+        "pub.",
+        "pred.",
+        "err",
+        "conv.",
+        "memory",
+        "planner's choice",
+        "planner",
+        "published vs planner",
+    ):
         table.add_column(col, overflow="fold")
     for r in data:
         table.add_row(
-            str(r["run"]), str(r["gpus"]), str(r["layout"]), f"{r['published']:.0f}",
-            f"{r['predicted']:.0f}", f"{r['error']:+.1f}%", str(r["convention"]),
-            str(r["memory"]), str(r["planner"]), f"{r['planner_tflops']:.0f}", str(r["why"]),
+            str(r["run"]),
+            str(r["gpus"]),
+            str(r["layout"]),
+            f"{r['published']:.0f}",
+            f"{r['predicted']:.0f}",
+            f"{r['error']:+.1f}%",
+            str(r["convention"]),
+            str(r["memory"]),
+            str(r["planner"]),
+            f"{r['planner_tflops']:.0f}",
+            str(r["why"]),
         )
     console = Console(width=220)
     console.print(table)

@@ -28,8 +28,9 @@ REPEATS = 5
 def memory_call_ms(plan, pp: int) -> float:
     lay = Layout.from_plan(plan)
     assert lay is not None
-    variant = lay.with_(pp=pp, dp=3072 // (8 * pp), grad_accum=3072 * pp // 3072,
-                        virtual_stages=1, schedule="1f1b").apply(plan)
+    variant = lay.with_(
+        pp=pp, dp=3072 // (8 * pp), grad_accum=3072 * pp // 3072, virtual_stages=1, schedule="1f1b"
+    ).apply(plan)
     times = []
     for _ in range(20):
         t = time.perf_counter()
@@ -44,15 +45,30 @@ def main() -> None:
     warm = [search(plan, top=5, explain=3) for _ in range(REPEATS)]
     every = [search(plan, top=5, explain=True) for _ in range(REPEATS)]
     table = Table(title="sapper plan: GPT 1008B on 3072 A100-80GB (top 5, as the CLI runs it)")
-    for col in ("run", "layouts", "memory estimates", "enumerate s", "cost s", "memory s",
-                "explain s", "total s"):
+    for col in (
+        "run",
+        "layouts",
+        "memory estimates",
+        "enumerate s",
+        "cost s",
+        "memory s",
+        "explain s",
+        "total s",
+    ):
         table.add_column(col, justify="right")
 
     def row(name: str, res) -> None:
         t = res.timings
-        table.add_row(name, f"{res.enumerated:,}", str(res.memory_checks),
-                      f"{t['enumerate']:.3f}", f"{t['cost']:.3f}", f"{t['memory']:.3f}",
-                      f"{t['explain']:.3f}", f"{res.elapsed_s:.3f}")
+        table.add_row(
+            name,
+            f"{res.enumerated:,}",
+            str(res.memory_checks),
+            f"{t['enumerate']:.3f}",
+            f"{t['cost']:.3f}",
+            f"{t['memory']:.3f}",
+            f"{t['explain']:.3f}",
+            f"{res.elapsed_s:.3f}",
+        )
 
     row("cold, 3 explained", cold)
     med = sorted(warm, key=lambda r: r.elapsed_s)[len(warm) // 2]
@@ -69,8 +85,9 @@ def main() -> None:
     console.print(mem)
     best = cold.best
     assert best is not None
-    console.print(f"best: {best.layout.describe()}, {best.cost.model_tflops_per_gpu:.0f} "
-                  f"TFLOP/s per GPU")
+    console.print(
+        f"best: {best.layout.describe()}, {best.cost.model_tflops_per_gpu:.0f} TFLOP/s per GPU"
+    )
     worst = max(cold.elapsed_s, med.elapsed_s, all5.elapsed_s)
     verdict = "OK" if worst < TARGET_S else "TOO SLOW"
     console.print(f"slowest {worst:.3f} s vs target {TARGET_S:.1f} s: {verdict}")

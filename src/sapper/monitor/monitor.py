@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sapper.distributed.bridge import MonitorBridge
 from sapper.monitor.collect import StepCollector, StepSlot
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
@@ -82,6 +83,9 @@ class Monitor:
         step_on_call: every :meth:`step` call closes one step, whether or not the
             optimizer stepped (for framework callbacks called once per optimizer step,
             where a loss scaler may skip ``optimizer.step()``).
+        distributed: cross-rank checks when a process group of 2+ ranks is initialized
+            (:mod:`sapper.distributed`; options such as ``{"timeout_s": 60}``), or False.
+            Only rank 0 prints and writes the run log and TensorBoard.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class Monitor:
         start_step: int = 0,
         rank: int | None = None,
         step_on_call: bool = False,
+        distributed: bool | dict[str, Any] = True,
     ) -> None:
         for field, value in (
             ("log_every", log_every),
@@ -202,11 +207,17 @@ class Monitor:
             model.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
             model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
-        if console:
+        # -- sapper.distributed: the cross-rank half (None on one process); rank 0 reports.
+        self.dist = MonitorBridge.attach(
+            model, plan, every=log_every, start_step=start_step,
+            options=distributed if isinstance(distributed, dict) else None,
+        ) if distributed is not False else None
+        main = self.dist is None or self.dist.is_main
+        if console and main:
             self.sinks.append(ConsoleSink(None if console is True else console))
-        if run_log is not None:
+        if run_log is not None and main:
             self.sinks.append(RunLogSink(run_log, self._meta(log_every, sample_every)))
-        if tensorboard is not None:
+        if tensorboard is not None and main:
             tb = self.guard("tensorboard", TensorBoardSink, tensorboard)
             if tb is not None:
                 self.sinks.append(tb)
@@ -268,6 +279,8 @@ class Monitor:
         for sink in self.sinks:
             self.guard("sinks", sink.close)
         self.memory.close()
+        if self.dist is not None:  # sapper.distributed: remove its hooks
+            self.dist.close()
         return self.findings
 
     def __enter__(self) -> Monitor:
@@ -508,7 +521,9 @@ class Monitor:
             self.localiser.disarm()
             self._force_read = self._force_read or self._arm_reason == "fault"
         found: list[Finding] = []
-        if self._force_read or len(self.collector) >= self.log_every:
+        # sapper.distributed: every rank reads at the same step boundary to exchange.
+        crossing = self.dist is not None and self.dist.due(self.next_step)
+        if self._force_read or crossing or len(self.collector) >= self.log_every:
             found = self._read()
         self._ready_t = time.perf_counter()
         return found
@@ -536,6 +551,9 @@ class Monitor:
 
     def _process(self, records: list[StepRecord]) -> list[Finding]:
         found: list[Finding] = []
+        if self.dist is not None:  # sapper.distributed: the cross-rank exchange (seam)
+            found.extend(self.guard("distributed", self.dist.on_records, records,
+                                    self.next_step) or [])
         for rec in records:
             self._enrich(rec)
             new = self.detectors.update(rec)
@@ -591,7 +609,10 @@ class Monitor:
         if not findings:
             return
         if self.rank is not None:
-            findings = [f.model_copy(update={"rank": self.rank}) for f in findings]
+            findings = [
+                f if f.rank is not None else f.model_copy(update={"rank": self.rank})
+                for f in findings
+            ]
         self.findings.extend(findings)
         for sink in self.sinks:
             self.guard("sinks", sink.findings, findings)

@@ -1,0 +1,45 @@
+"""sapper under torch.distributed: the monitor's cross-rank half (DDP, FSDP2, DeepSpeed).
+
+Per rank, a :class:`RankTracker` keeps cheap device-side accumulators; every N steps one
+small fused all-gather over a bounded gloo side group brings every rank's numbers to
+rank 0, where the X-rule detectors name the rank and step of what went wrong: a
+non-finite value, a straggler, replicas that drifted apart, samples duplicated across
+data-parallel ranks, a lost rank; and, once at start, the process group against the
+Plan. :func:`global_grad_norm` gives the right norm for sharded gradients.
+"""
+
+from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
+from sapper.distributed.context import DistContext, NodeInfo, discover
+from sapper.distributed.detectors import check_process_groups, default_distributed_detectors
+from sapper.distributed.gradnorm import engine_grad_norm, global_grad_norm, to_global
+from sapper.distributed.layout import RankGrid, ReplicaLayout
+from sapper.distributed.reduce import ChannelLost, SideChannel
+from sapper.distributed.sampling import BottomKSketch, jaccard, sample_hashes
+from sapper.distributed.table import DIST_KEY, RankTable
+from sapper.distributed.timing import ForwardTimer, unwrap_module
+from sapper.distributed.tracker import RankTracker
+
+__all__ = [
+    "DIST_KEY",
+    "BottomKSketch",
+    "ChannelLost",
+    "DistContext",
+    "ForwardTimer",
+    "NodeInfo",
+    "ParamChecksum",
+    "RankGrid",
+    "RankTable",
+    "RankTracker",
+    "ReplicaLayout",
+    "SideChannel",
+    "check_process_groups",
+    "default_distributed_detectors",
+    "discover",
+    "engine_grad_norm",
+    "global_grad_norm",
+    "jaccard",
+    "mesh_replica_groups",
+    "sample_hashes",
+    "to_global",
+    "unwrap_module",
+]

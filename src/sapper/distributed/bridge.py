@@ -1,0 +1,83 @@
+"""What the live :class:`~sapper.monitor.Monitor` calls when it runs under torch.distributed.
+
+The monitor reads its device accumulators into step records every ``log_every`` steps —
+and earlier on one rank when a fault makes it look closer. The cross-rank exchange must
+happen at the *same* step on every rank, so it is tied to the step count, not to reads:
+:meth:`MonitorBridge.due` tells the monitor to read at each boundary, and
+:meth:`MonitorBridge.on_records` feeds every read to the rank's tracker and exchanges
+once a boundary is reached, before the records go to the detectors and the run log (so
+rank 0's last record carries the per-rank table and the job's numbers).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from sapper.distributed.tracker import RankTracker
+from sapper.plan.schema import Plan
+from sapper.rules.model import Finding
+from sapper.runtime.records import StepRecord
+
+__all__ = ["MonitorBridge"]
+
+
+class MonitorBridge:
+    """One rank's cross-rank checks inside the monitor."""
+
+    def __init__(self, tracker: RankTracker, every: int, start_step: int = 0) -> None:
+        self.tracker = tracker
+        self.every = int(every)
+        self._next = start_step + self.every
+
+    @classmethod
+    def attach(
+        cls,
+        model: Any,
+        plan: Plan | None = None,
+        *,
+        every: int = 20,
+        start_step: int = 0,
+        options: dict[str, Any] | None = None,
+    ) -> MonitorBridge | None:
+        """A bridge when a process group of two or more ranks is initialized, else None.
+        Collective: every rank must create its monitor at the same point."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        opts = dict(options or {})
+        every = int(opts.pop("every", every))
+        tracker = RankTracker(model, plan=plan, every=every, **opts)
+        return cls(tracker, every, start_step)
+
+    @property
+    def rank(self) -> int:
+        return self.tracker.rank
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 prints and writes the main run log; the other ranks keep quiet."""
+        return self.tracker.ctx.is_main
+
+    def due(self, next_step: int) -> bool:
+        """A boundary is reached: the monitor should read now (on every rank)."""
+        return self.tracker.active and next_step >= self._next
+
+    def on_records(self, records: Sequence[StepRecord], next_step: int) -> list[Finding]:
+        """Records the monitor just read; exchanges at a boundary. Findings for this rank
+        to report (rank 0, or the lowest surviving rank for a lost rank)."""
+        self.tracker.add_records(records)
+        if next_step < self._next:
+            return []
+        self._next = next_step + self.every
+        found = self.tracker.exchange(records[-1] if records else None)
+        if found and not self.is_main:
+            # rank 0 is gone (the only case another rank reports): say it here, once
+            for f in found:
+                print(f"sapper [rank {self.rank}] {f.code}: {f.message}", file=sys.stderr)
+        return found
+
+    def close(self) -> None:
+        self.tracker.close()

@@ -1,0 +1,201 @@
+"""X006–X008: the process group as launched vs the Plan (seed §5.1 item 6, §4.2, §4.4).
+
+Checked once at start with every rank's node: the world size against TP·CP·DP·PP, the
+number of ranks on each node, and whether each tensor-parallel group — which exchanges
+activations in every layer — sits inside one node, given the rank order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sapper.distributed.context import DistContext
+from sapper.distributed.detectors._common import fmt_ranks
+from sapper.distributed.layout import RankGrid
+from sapper.plan.schema import Plan
+from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.registry import register
+
+__all__ = [
+    "RANKS_PER_NODE",
+    "TP_ACROSS_NODES",
+    "WORLD_SIZE_MISMATCH",
+    "check_process_groups",
+]
+
+WORLD_SIZE_MISMATCH = register(
+    Rule(
+        code="X006",
+        name="world-size-mismatch",
+        check="parallel",
+        severity=Severity.ERROR,
+        title="The launched world size does not match the Plan's TP·CP·DP·PP",
+        why="""\
+The parallel degrees fix which ranks form each TP, PP and DP group. Launched on another
+number of ranks, the groups are built differently from the plan: a framework that infers
+DP silently trains with another global batch (and learning rate relation), and one that
+does not fails at initialization or — worse — builds groups over the wrong ranks.""",
+        signs="""\
+A global batch or tokens/step in the logs that differs from the plan; an error at startup
+about a world size not divisible by the model-parallel size; fewer or more steps per
+epoch than expected.""",
+        fix="""\
+Launch exactly TP·CP·DP·PP ranks (torchrun --nnodes N --nproc-per-node G gives N·G), or
+change the degrees in the plan to tile the world size you have.""",
+        seed="§4.4, §5.1 (6)",
+    )
+)
+
+RANKS_PER_NODE = register(
+    Rule(
+        code="X007",
+        name="ranks-per-node",
+        check="parallel",
+        severity=Severity.WARNING,
+        title="Ranks are spread unevenly or unexpectedly over the nodes",
+        why="""\
+Parallel layouts assume the same number of ranks on every node, placed in rank order
+(node k holds ranks k·G ... k·G+G-1): TP groups of G adjacent ranks then sit inside one
+node. Uneven nodes, a GPU count per node other than the plan's, or ranks interleaved
+across nodes (a hand-written hostfile, a scheduler that round-robins tasks) break that
+assumption and put high-traffic groups on the network.""",
+        signs="""\
+Some nodes run fewer processes than they have GPUs; LOCAL_WORLD_SIZE differs between
+nodes; rank r and rank r+1 report different hostnames within one node's range.""",
+        fix="""\
+Launch the same --nproc-per-node on every node and let torchrun assign ranks in node
+order; set the plan's hardware.gpus_per_node to the real count; with a scheduler, use
+block (not cyclic) task distribution.""",
+        seed="§4.2, §4.4, §5.1 (6)",
+    )
+)
+
+TP_ACROSS_NODES = register(
+    Rule(
+        code="X008",
+        name="tp-group-across-nodes",
+        check="parallel",
+        severity=Severity.WARNING,
+        title="A tensor-parallel group spans several nodes",
+        why="""\
+Tensor parallelism exchanges activations (all-gather / reduce-scatter or all-reduce)
+twice per layer in both passes, so it needs NVLink-class bandwidth. A TP group with ranks
+on two nodes sends that traffic over the network, which is an order of magnitude slower:
+the step time grows several-fold while everything stays correct.""",
+        signs="""\
+Step time several times the estimate; low GPU utilization with high network traffic
+between nodes; the slowdown vanishes when TP ≤ GPUs per node.""",
+        fix="""\
+Keep TP within a node (TP ≤ GPUs per node) and put PP and DP across nodes; keep TP the
+fastest-varying dimension of the rank order (Megatron's tp-cp-ep-dp-pp) and launch ranks
+in node order.""",
+        seed="§4.2, §4.4",
+    )
+)
+
+
+def _world_size(ctx: DistContext, plan: Plan) -> list[Finding]:
+    p = plan.parallel
+    mp = p.tp * p.cp * p.pp
+    world = ctx.world_size
+    if p.dp == -1:
+        if world % mp:
+            msg = (
+                f"TP({p.tp}) · CP({p.cp}) · PP({p.pp}) = {mp} does not divide the "
+                f"{world} launched ranks, so DP cannot be inferred"
+            )
+            return [WORLD_SIZE_MISMATCH.finding(msg, value=float(world), threshold=float(mp))]
+        planned_gpus = plan.hardware.total_gpus
+        if planned_gpus is not None and planned_gpus != world:
+            msg = (
+                f"the plan is for {planned_gpus} GPUs (DP would be {planned_gpus // mp}) "
+                f"but {world} ranks were launched (DP is {world // mp})"
+            )
+            return [
+                WORLD_SIZE_MISMATCH.finding(msg, value=float(world), threshold=float(planned_gpus))
+            ]
+        return []
+    planned = mp * p.dp
+    if planned == world:
+        return []
+    msg = (
+        f"TP({p.tp}) · CP({p.cp}) · DP({p.dp}) · PP({p.pp}) = {planned} "
+        f"but {world} ranks were launched"
+    )
+    return [WORLD_SIZE_MISMATCH.finding(msg, value=float(world), threshold=float(planned))]
+
+
+def _ranks_per_node(ctx: DistContext, plan: Plan | None) -> list[Finding]:
+    per_node = ctx.ranks_per_node()
+    if not per_node:
+        return []
+    out: list[Finding] = []
+    counts = {node: len(ranks) for node, ranks in per_node.items()}
+    sizes = Counter(counts.values())
+    problems: list[str] = []
+    if len(sizes) > 1:
+        listing = ", ".join(f"{n}: {c}" for n, c in sorted(counts.items()))
+        problems.append(f"nodes run different numbers of ranks ({listing})")
+    nodes = ctx.nodes or []
+    claimed = {n.local_world_size for n in nodes if n.local_world_size > 0}
+    if claimed and len(sizes) == 1:
+        actual = next(iter(sizes))
+        if claimed != {actual}:
+            problems.append(
+                f"the launcher says {sorted(claimed)} rank(s) per node (LOCAL_WORLD_SIZE) "
+                f"but {actual} share each node name: node names are ambiguous (containers "
+                "with one hostname?)"
+            )
+    scattered = [
+        (node, ranks)
+        for node, ranks in per_node.items()
+        if ranks != list(range(ranks[0], ranks[0] + len(ranks)))
+    ]
+    if scattered:
+        node, ranks = sorted(scattered)[0]
+        problems.append(
+            f"ranks are not contiguous per node ({node} holds {fmt_ranks(ranks[:8])}"
+            + (" ..." if len(ranks) > 8 else "")
+            + "): adjacent ranks, and so TP groups, land on different nodes"
+        )
+    if plan is not None and "gpus_per_node" in plan.hardware.model_fields_set and sizes:
+        expected = plan.hardware.gpus_per_node
+        actual = max(sizes)
+        if expected != actual:
+            problems.append(f"the plan says {expected} GPUs per node, the job runs {actual}")
+    for text in problems:
+        out.append(RANKS_PER_NODE.finding(text, value=float(len(per_node)), nodes=counts))
+    return out
+
+
+def _tp_groups(ctx: DistContext, grid: RankGrid | None) -> list[Finding]:
+    keys = ctx.node_of()
+    if grid is None or keys is None or grid.sizes["tp"] < 2:
+        return []
+    bad = []
+    for group in grid.groups("tp"):
+        hosts = sorted({keys[r] for r in group})
+        if len(hosts) > 1:
+            bad.append((group, hosts))
+    if not bad:
+        return []
+    group, hosts = bad[0]
+    order = "-".join(grid.order)
+    msg = (
+        f"{len(bad)} of {len(grid.groups('tp'))} TP group(s) span nodes, e.g. "
+        f"{fmt_ranks(group)} on {', '.join(hosts[:4])} (TP={grid.sizes['tp']}, "
+        f"rank order {order}, {len(ctx.ranks_per_node())} node(s))"
+    )
+    return [
+        TP_ACROSS_NODES.finding(msg, value=float(len(bad)), threshold=0.0, group=group, nodes=hosts)
+    ]
+
+
+def check_process_groups(ctx: DistContext, plan: Plan | None = None) -> list[Finding]:
+    """The start-of-run checks over the launched process group (world > 1)."""
+    out: list[Finding] = []
+    if plan is not None:
+        out.extend(_world_size(ctx, plan))
+    out.extend(_ranks_per_node(ctx, plan))
+    out.extend(_tp_groups(ctx, ctx.grid))
+    return out

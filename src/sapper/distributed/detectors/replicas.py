@@ -1,0 +1,127 @@
+"""X003: data-parallel replicas whose parameters are no longer identical."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from sapper.distributed.detectors._common import fmt_ranks, table_of
+from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.registry import register
+from sapper.runtime.detector import Detector
+from sapper.runtime.records import StepRecord
+
+__all__ = ["REPLICAS_DIVERGED", "ReplicaDivergenceDetector"]
+
+REPLICAS_DIVERGED = register(
+    Rule(
+        code="X003",
+        name="replicas-diverged",
+        check="distributed",
+        severity=Severity.ERROR,
+        title="Data-parallel replicas hold different parameters",
+        why="""\
+Data parallelism assumes every replica holds the same weights: each applies the same
+averaged gradient to the same parameters. Once one replica differs — a checkpoint loaded
+on rank 0 only, a weight edited outside the optimizer, an update skipped on one rank, a
+buffer that is not synchronized — the replicas compute gradients for different models,
+the average belongs to none of them, and the saved checkpoint (usually rank 0's) is not
+the model that was trained.""",
+        signs="""\
+Parameter fingerprints differ across data-parallel ranks; evaluation of checkpoints saved
+from different ranks disagrees; loss curves of ranks drift apart although they see data
+from the same distribution.""",
+        fix="""\
+Load checkpoints on every rank (or broadcast from rank 0 after loading); change weights
+only through the optimizer step on all ranks; wrap the model in DDP/FSDP before training
+so the initial weights are broadcast; with manual gradient sync, make sure every
+parameter is reduced and every rank takes the same step.""",
+        seed="§4.1, §5.1 (6)",
+    )
+)
+
+
+def _key(v: float) -> str:
+    return "nan" if math.isnan(v) else repr(v)
+
+
+class ReplicaDivergenceDetector(Detector):
+    """Compares the parameter fingerprints within each replica group (ranks at the same
+    step only); the ranks outside the majority value are named, once."""
+
+    rules = (REPLICAS_DIVERGED,)
+
+    def __init__(self) -> None:
+        self.reported: list[int] = []
+        #: Last exchange step at which every group agreed.
+        self.last_agreed: int | None = None
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        table = table_of(record)
+        if table is None:
+            return []
+        sums = table.col("checksum")
+        steps = table.col("step")
+        out: list[Finding] = []
+        all_agree = True
+        for group in table.param_groups:
+            vals = {
+                r: sums[r]
+                for r in group
+                if r < len(sums) and sums[r] is not None and steps[r] == table.step
+            }
+            if len(vals) < 2:
+                continue
+            counts = Counter(_key(v) for v in vals.values())
+            if len(counts) == 1:
+                continue
+            all_agree = False
+            top, n_top = counts.most_common(1)[0]
+            majority = n_top * 2 > len(vals)
+            if majority:
+                odd = sorted(r for r, v in vals.items() if _key(v) != top)
+                ref = float(top)
+            else:
+                odd = sorted(vals)
+                ref = vals[odd[0]]
+            new = [r for r in odd if r not in self.reported]
+            if not new:
+                continue
+            self.reported.extend(new)
+            out.append(self._finding(table.step, group, odd, vals, ref, majority))
+        if all_agree:
+            self.last_agreed = table.step
+        return out
+
+    def _finding(
+        self,
+        step: int,
+        group: list[int],
+        odd: list[int],
+        vals: dict[int, float],
+        ref: float,
+        majority: bool,
+    ) -> Finding:
+        rel = max((abs(vals[r] - ref) / max(abs(ref), 1e-30) for r in odd), default=0.0)
+        since = f" (they agreed at step {self.last_agreed})" if self.last_agreed is not None else ""
+        if majority:
+            msg = (
+                f"{fmt_ranks(odd)} diverged from the other replicas of "
+                f"{fmt_ranks(group)} by step {step}{since}: parameter fingerprint off by "
+                f"a relative {rel:.3g}"
+            )
+        else:
+            msg = (
+                f"replicas {fmt_ranks(odd)} hold different parameters at step {step}"
+                f"{since}, with no majority to say which is right: fingerprints differ by "
+                f"a relative {rel:.3g}"
+            )
+        return REPLICAS_DIVERGED.finding(
+            msg,
+            step=step,
+            rank=odd[0] if majority else None,
+            value=rel if math.isfinite(rel) else None,
+            ranks=odd,
+            group=group,
+            last_agreed_step=self.last_agreed,
+        )

@@ -1,0 +1,475 @@
+"""The per-rank side of the distributed monitor: cheap per step, one exchange every N.
+
+Every rank runs a :class:`RankTracker`. Per step it only updates device accumulators
+(non-finite flags, the loss, the sample sketch) and host timers: no sync, no collective.
+Every ``every`` steps :meth:`RankTracker.exchange` packs the window into one vector,
+all-gathers it over sapper's bounded side channel, and on rank 0 runs the cross-rank
+detectors on the gathered table, attaches the table to the step record (the main run
+log keeps the per-rank numbers) and replaces the record's rank-local numbers with the
+job's (mean loss, slowest step, largest memory, summed throughput). Other ranks return
+no findings and write nothing; a lost rank is reported by the lowest surviving rank.
+
+Usable alone (``step()``) or from the live monitor, which calls :meth:`observe` per step
+and :meth:`exchange` at the point where it turns its accumulators into a record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
+from sapper.distributed.context import DistContext, discover, local_node_info
+from sapper.distributed.detectors import (
+    check_process_groups,
+    default_distributed_detectors,
+    lost_rank_finding,
+)
+from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
+from sapper.distributed.reduce import ChannelLost, SideChannel
+from sapper.distributed.sampling import BottomKSketch, sample_hashes
+from sapper.distributed.table import DIST_KEY, RankTable, pack_row
+from sapper.distributed.timing import ForwardTimer, unwrap_module
+from sapper.plan.schema import Plan
+from sapper.rules.model import Finding
+from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.records import StepRecord
+
+__all__ = ["RankTracker"]
+
+T = TypeVar("T")
+#: Sample hashes are cut to 52 bits so they survive the float64 exchange exactly.
+_HASH_MASK = (1 << 52) - 1
+
+#: Record fields a rank reports as it measured them (the monitor's values win).
+_RECORD_FIELDS = (
+    "loss",
+    "grad_norm",
+    "memory_peak_gib",
+    "memory_reserved_gib",
+    "tokens",
+    "samples",
+    "tokens_per_s",
+    "samples_per_s",
+)
+
+
+class RankTracker:
+    """Cross-rank monitoring for one rank. Construct it on every rank at the same point
+    (it creates sapper's gloo side group and gathers every rank's node: collective)."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        plan: Plan | None = None,
+        every: int = 10,
+        timeout_s: float = 300.0,
+        sketch_size: int = 16,
+        checksum: bool = True,
+        detectors: Iterable[Detector] | None = None,
+        group: dist.ProcessGroup | None = None,
+        aggregate: bool = True,
+        max_ranks_logged: int = 256,
+    ) -> None:
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        self.every = int(every)
+        self.timeout_s = float(timeout_s)
+        self.aggregate = aggregate
+        self.max_ranks_logged = max_ranks_logged
+        self.plan = plan
+        self.ctx: DistContext = discover(plan, group)
+        self._engine = model if is_deepspeed_engine(model) else None
+        module = unwrap_module(model) if model is not None else None
+        params = list(module.parameters()) if module is not None else []
+        self._timer = ForwardTimer(module) if module is not None else None
+        self._checksum = ParamChecksum(params) if checksum and params else None
+        self.layout = self._replica_layout(params)
+        self._sketch = BottomKSketch(sketch_size)
+        self.detectors = DetectorSet(
+            default_distributed_detectors() if detectors is None else detectors
+        )
+        self.channel: SideChannel | None = None
+        self.lost: ChannelLost | None = None
+        self.startup_findings: list[Finding] = []
+        self._pending: list[Finding] = []
+        self._prev_step: int | None = None
+        self.last_table: RankTable | None = None
+        #: Exchanges done, and the wall time of the last one (seconds, this rank).
+        self.exchanges = 0
+        self.last_exchange_s = 0.0
+        #: ... of which inside the all-gather (waiting for peers and the wire).
+        self.last_gather_s = 0.0
+        #: Errors met while measuring a window (the exchange went on without the values).
+        self.errors: list[str] = []
+        #: Rank 0's last record with the table attached (what the run log receives).
+        self.last_record: StepRecord | None = None
+        self._reset_window()
+        self._last_end = time.perf_counter()
+        self._last_step = -1
+        if self.ctx.distributed:
+            self._connect(group)
+
+    # ---- setup ----------------------------------------------------------------------
+    def _replica_layout(self, params: list[Any]) -> Any:
+        layout = self.ctx.layout
+        groups = mesh_replica_groups(params)
+        if groups is not None:
+            what = "replicas from the device mesh" if groups else "parameters fully sharded"
+            return layout.with_param_groups(groups, f"{layout.source}; {what}")
+        stage = getattr(self._engine, "zero_optimization_stage", None)
+        if callable(stage) and stage() >= 3:  # ZeRO-3 partitions the parameters
+            return layout.with_param_groups([], layout.source + "; ZeRO-3 partitioned")
+        return layout
+
+    def _connect(self, group: dist.ProcessGroup | None) -> None:
+        try:
+            self.channel = SideChannel(self.timeout_s, group)
+        except Exception as exc:  # the side group could not be formed in time
+            self.lost = ChannelLost(step=-1, reason=" ".join(str(exc).split())[:300])
+            self._pending.append(lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s))
+            return
+        nodes = self.channel.gather_objects(local_node_info(), step=-1)
+        if nodes is None:
+            self._lose()
+            return
+        self.ctx = self.ctx.with_nodes(nodes)
+        if self.ctx.is_main:
+            self.startup_findings = check_process_groups(self.ctx, self.plan)
+            self._pending.extend(self.startup_findings)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def active(self) -> bool:
+        """Cross-rank checks are running (world > 1 and no rank lost)."""
+        return self.channel is not None and self.channel.open
+
+    # ---- per step (no sync, no collective) --------------------------------------------
+    def _reset_window(self) -> None:
+        self._steps = 0
+        self._window_first = 0
+        self._step_time = 0.0
+        self._timed_steps = 0
+        self._data_time = 0.0
+        self._data_timed = False
+        self._batch_seen = False
+        self._tokens = 0
+        self._samples = 0
+        #: (step, value) per step: device tensors or floats, folded at the exchange.
+        self._losses: list[tuple[int, Any]] = []
+        self._norms: list[tuple[int, Any]] = []
+        self._hashes: list[torch.Tensor] = []
+        self._grad_norm: Any = None
+
+    def batch(self, batch: Any, wait_s: float | None = None) -> None:
+        """A batch arrived: fingerprint its samples (device side) and, unless ``wait_s``
+        is given, count the time since the last step ended as data wait."""
+        if wait_s is None and not self._batch_seen:
+            wait_s = time.perf_counter() - self._last_end
+        if wait_s is not None:
+            self._data_time += wait_s
+            self._data_timed = True
+        self._batch_seen = True
+        hashes = sample_hashes(batch)
+        if hashes is not None:
+            self._hashes.append(hashes)
+            self._samples += int(hashes.numel())
+            ids = batch.get("input_ids") if isinstance(batch, dict) else batch
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point():
+                self._tokens += int(ids.numel())
+
+    def wrap(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate ``loader`` timing each ``next()`` as data wait and fingerprinting
+        every batch (also under gradient accumulation)."""
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self.batch(item, wait_s=time.perf_counter() - t0)
+            yield item
+
+    def observe(self, step: int, loss: Any = None, grad_norm: Any = None) -> None:
+        """One optimizer step ended (call after ``optimizer.step()``). ``loss`` and
+        ``grad_norm`` may be device tensors: they are only kept (no kernel, no sync)
+        and examined together at the next exchange."""
+        now = time.perf_counter()
+        self._step_time += now - self._last_end
+        self._timed_steps += 1
+        self._last_end = now
+        self._batch_seen = False
+        if self._steps == 0:
+            self._window_first = int(step)
+        self._steps += 1
+        self._last_step = int(step)
+        if grad_norm is None and self._engine is not None:
+            grad_norm = engine_grad_norm(self._engine)
+        if loss is not None:
+            self._losses.append(
+                (int(step), loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            )
+        if grad_norm is not None:
+            # a DTensor norm: its local part is non-finite exactly when the global one is
+            local = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
+            self._norms.append((int(step), local))
+            self._grad_norm = grad_norm
+
+    def add_records(self, records: Iterable[StepRecord]) -> None:
+        """Feed steps the live monitor already read to the host (its seam): the same
+        window as :meth:`observe` and :meth:`batch`, from host numbers."""
+        for rec in records:
+            if self._steps == 0:
+                self._window_first = rec.step
+            self._steps += 1
+            self._last_step = rec.step
+            if rec.step_time_s is not None:
+                self._step_time += rec.step_time_s
+                self._timed_steps += 1
+            if rec.data_time_s is not None:
+                self._data_time += rec.data_time_s
+                self._data_timed = True
+            self._tokens += rec.tokens or 0
+            self._samples += rec.samples or 0
+            if rec.loss is not None:
+                self._losses.append((rec.step, rec.loss))
+            if rec.grad_norm is not None:
+                self._norms.append((rec.step, rec.grad_norm))
+                self._grad_norm = rec.grad_norm
+            hashes = rec.extra.get("sample_hashes")
+            if hashes:
+                values = [int(h, 16) if isinstance(h, str) else int(h) for h in hashes]
+                self._hashes.append(torch.tensor([v & _HASH_MASK for v in values]))
+
+    def _fold(self) -> dict[str, Any]:
+        """The window's losses and norms as a few device scalars: the mean finite loss,
+        the first step each went non-finite (-1: never), steps with either."""
+        out: dict[str, Any] = {}
+        bad_steps: torch.Tensor | None = None
+        for name, series in (("loss", self._losses), ("grad", self._norms)):
+            if not series:
+                continue
+            steps, vals = _stack(series)
+            fin = torch.isfinite(vals)
+            first = torch.where(fin, math.inf, steps).min()
+            out[f"nonfinite_{name}_step"] = torch.where(torch.isinf(first), -1.0, first)
+            if name == "loss":
+                n = fin.sum()
+                total = torch.where(fin, vals, 0.0).sum()
+                out["loss"] = torch.where(n > 0, total / n.clamp(min=1), math.nan)
+            bad = torch.zeros(self._steps + 1, dtype=torch.bool, device=vals.device)
+            index = (steps - self._window_first).long().clamp(0, self._steps)
+            bad = bad.index_put((index,), ~fin, accumulate=True)
+            bad_steps = bad if bad_steps is None else bad_steps | bad.to(bad_steps.device)
+        if bad_steps is not None:
+            out["nonfinite_steps"] = bad_steps.sum().to(torch.float64)
+        if self._hashes:
+            dev = self._hashes[0].device
+            self._sketch.add(torch.cat([h.to(dev) for h in self._hashes]))
+        return out
+
+    def due(self) -> bool:
+        """The window is full: the next :meth:`exchange` is expected on every rank."""
+        return self._steps >= self.every
+
+    def step(self, step: int, loss: Any = None, grad_norm: Any = None) -> list[Finding]:
+        """Standalone use: :meth:`observe`, and :meth:`exchange` every ``every`` steps."""
+        self.observe(step, loss, grad_norm)
+        return self.exchange() if self.due() else []
+
+    # ---- every N steps ----------------------------------------------------------------
+    def _window_values(self, record: StepRecord | None, step: int) -> dict[str, Any]:
+        n = max(self._steps, 1)
+        v: dict[str, Any] = {"step": step, "steps": self._steps, "time": time.time()}
+        if record is not None:
+            for name in _RECORD_FIELDS:
+                value = getattr(record, name)
+                if value is not None:
+                    v[name] = value
+        folded = self._fold()
+        if "loss" not in v and "loss" in folded:
+            v["loss"] = folded["loss"]
+        if "grad_norm" not in v and self._grad_norm is not None:
+            v["grad_norm"] = _norm_value(self._grad_norm)
+        if self._timed_steps:
+            v["step_time_s"] = self._step_time / self._timed_steps
+        elif record is not None and record.step_time_s is not None:
+            v["step_time_s"] = record.step_time_s
+        if self._data_timed:
+            v["data_time_s"] = self._data_time / n
+        elif record is not None and record.data_time_s is not None:
+            v["data_time_s"] = record.data_time_s
+        if self._timer is not None:
+            v["forward_time_s"] = self._timer.take() / n
+        if "tokens" not in v and self._tokens:
+            v["tokens"] = self._tokens
+        if "samples" not in v and self._samples:
+            v["samples"] = self._samples
+        if "memory_peak_gib" not in v and torch.cuda.is_available() and torch.cuda.is_initialized():
+            v["memory_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        for name in ("nonfinite_loss_step", "nonfinite_grad_step"):
+            v[name] = folded.get(name, -1.0)
+        v["nonfinite_steps"] = folded.get("nonfinite_steps", 0.0)
+        if self._checksum is not None and self.layout.param_groups:
+            v["checksum"] = self._checksum.compute()
+        v["samples_hashed"] = self._sketch.count
+        return v
+
+    def exchange(self, record: StepRecord | None = None) -> list[Finding]:
+        """Gather the window from every rank (one bounded collective) and run the
+        cross-rank detectors on rank 0. Every rank must call it at the same step.
+
+        With ``record`` (the monitor's record of this step) rank 0 attaches the table as
+        ``record.extra["dist"]`` and, with ``aggregate``, turns the record's numbers into
+        the job's. Returns the findings to report on this rank (none on other ranks)."""
+        step = record.step if record is not None else self._last_step
+        if not self.active:
+            self._reset_window()
+            self._sketch.take()
+            out, self._pending = self._pending, []
+            return out
+        t0 = time.perf_counter()
+        first = self._window_first if self._steps else step
+        try:
+            values = self._window_values(record, step)
+            sketch = self._sketch.take()
+        except Exception as exc:  # still take part, or every other rank would wait
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            values, sketch = {"step": step, "steps": self._steps}, self._sketch.take()
+        row = pack_row(values, sketch)
+        self._reset_window()
+        assert self.channel is not None
+        t1 = time.perf_counter()
+        gathered = self.channel.all_gather(row, step)
+        self.last_gather_s = time.perf_counter() - t1
+        self.exchanges += 1
+        self.last_exchange_s = time.perf_counter() - t0
+        if gathered is None:
+            return self._lose()
+        table = RankTable.from_tensor(
+            gathered,
+            data_groups=self.layout.data_groups,
+            param_groups=self.layout.param_groups,
+            layout_source=self.layout.source,
+            prev_step=self._prev_step if self._prev_step is not None else first - 1,
+        )
+        self._prev_step = step
+        self.last_table = table
+        if not self.ctx.is_main:
+            return []
+        rec = record if record is not None else self._record_from(table)
+        rec.extra[DIST_KEY] = table
+        findings = self._pending + self.detectors.update(rec)
+        self._pending = []
+        if self.aggregate:
+            _aggregate(rec, table)
+        rec.extra[DIST_KEY] = table.to_extra(self.max_ranks_logged)
+        self.last_record = rec
+        return findings
+
+    def _record_from(self, table: RankTable) -> StepRecord:
+        r = self.rank
+        get = {
+            name: table.col(name)[r]
+            for name in ("loss", "grad_norm", "step_time_s", "data_time_s", "memory_peak_gib")
+        }
+        tokens, samples = table.col("tokens")[r], table.col("samples")[r]
+        return StepRecord(
+            step=table.step,
+            **get,
+            tokens=int(tokens) if tokens is not None else None,
+            samples=int(samples) if samples is not None else None,
+            time=time.time(),
+        )
+
+    def _lose(self) -> list[Finding]:
+        assert self.channel is not None and self.channel.lost is not None
+        self.lost = self.channel.lost
+        finding = lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s)
+        alive = sorted(set(range(self.ctx.world_size)) - set(self.lost.missing))
+        reporters = {alive[0] if alive else self.rank}
+        if not self.lost.last_seen:
+            # No heartbeats to read: the store's host is gone, often with rank 0 (which
+            # hosts it outside torchrun). Rank 1 speaks too, in case rank 0 cannot.
+            reporters.add(1)
+        if self.rank not in reporters:
+            return []
+        out, self._pending = [*self._pending, finding], []
+        return out
+
+    def close(self) -> None:
+        """Remove the forward hooks (the side group goes with the process group)."""
+        if self._timer is not None:
+            self._timer.remove()
+
+
+def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps and values of a window as two float64 tensors on the values' device (one
+    stack of the kept device scalars; host floats are converted on the host)."""
+    tensors = [v for _, v in series if isinstance(v, torch.Tensor)]
+    dev = tensors[0].device if tensors else torch.device("cpu")
+    vals = torch.stack([_scalar(v).to(dev) for _, v in series])
+    steps = torch.tensor([float(s) for s, _ in series], dtype=torch.float64, device=dev)
+    return steps, vals
+
+
+def _norm_value(norm: Any) -> torch.Tensor:
+    """A DTensor norm (``clip_grad_norm_`` under FSDP2/TP): a replicated one is read
+    locally; a pending (Partial) one needs its reduction, on the training mesh — the
+    group every training step already waits on, so it adds no new way to hang."""
+    placements = getattr(norm, "placements", None)
+    if placements is None:
+        return _scalar(norm)
+    if all(p.is_replicate() for p in placements):
+        return _scalar(norm.to_local())
+    return _scalar(to_global(norm))
+
+
+def _scalar(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return (t if t.dim() == 0 else t.float().mean()).to(torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
+def _aggregate(rec: StepRecord, table: RankTable) -> None:
+    """The job's numbers on the main record: mean loss, slowest times, largest memory,
+    throughput summed over one rank per data-parallel replica."""
+
+    def known(name: str) -> list[float]:
+        return [v for v in table.col(name) if v is not None]
+
+    losses = known("loss")
+    if losses:
+        rec.loss = sum(losses) / len(losses)
+    for name in ("step_time_s", "data_time_s", "memory_peak_gib", "memory_reserved_gib"):
+        vals = [v for v in known(name) if not math.isnan(v)]
+        if vals:
+            setattr(rec, name, max(vals))
+    if rec.grad_norm is None:
+        norms = known("grad_norm")
+        if norms:
+            rec.grad_norm = norms[0]
+    replicas = table.data_groups[0] if table.data_groups else None
+    if replicas:
+        for name in ("tokens", "samples"):
+            col = table.col(name)
+            vals = [col[r] for r in replicas if col[r] is not None]
+            if vals:
+                setattr(rec, name, int(sum(vals)))
+        for name in ("tokens_per_s", "samples_per_s"):
+            col = table.col(name)
+            vals = [col[r] for r in replicas if col[r] is not None]
+            if vals:
+                setattr(rec, name, sum(vals))
+    rec.extra["world_size"] = table.world_size
