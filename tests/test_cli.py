@@ -105,3 +105,12 @@ def test_nothing_to_check() -> None:
     res = invoke("check")
     assert res.exit_code == 2
     assert "nothing to check" in res.output
+
+
+def test_every_shipped_plan_is_checked_and_estimated() -> None:
+    """No shipped example may end in an input error (2) or a crash (3): the README's main
+    job runs them all, and `sapper memory` explains every plan the checklist accepts."""
+    for plan in sorted(EXAMPLES.glob("*.yaml")):
+        for command in ("check", "memory"):
+            res = invoke(command, str(plan))
+            assert res.exit_code in (0, 1), (command, plan.name, res.output)

@@ -135,8 +135,14 @@ def _remedies(ev: _Evaluator, sh: Shape, base: MemoryEstimate) -> list[Remedy]:
             sh.replace(tp=sh.tp * 2, dp=max(dp, 1)), "keep TP inside the NVLink domain")
     if sh.layers >= sh.pp * 2 * sh.vpp:
         dp = sh.dp // 2 if sh.dp % 2 == 0 else sh.dp
-        add(f"pipeline parallel {sh.pp * 2}", {"parallel.pp": sh.pp * 2},
-            sh.replace(pp=sh.pp * 2, dp=max(dp, 1)), "adds bubbles; more micro-batches")
+        # A hand-set first/last stage split was for the old depth: split evenly again.
+        change: dict[str, object] = {"parallel.pp": sh.pp * 2}
+        if sh.first_layers is not None or sh.last_layers is not None:
+            change.update({"parallel.first_stage_layers": None,
+                           "parallel.last_stage_layers": None})
+        add(f"pipeline parallel {sh.pp * 2}", change,
+            sh.replace(pp=sh.pp * 2, dp=max(dp, 1), first_layers=None, last_layers=None),
+            "adds bubbles; more micro-batches")
     return out
 
 
