@@ -147,6 +147,13 @@ class LossDetector(RuleDetector):
         self.osc_amplitude = osc_amplitude
         self.recent: deque[float] = deque(maxlen=max(window, osc_window))
         self.reference = RollingRobust(window)
+        # The oscillation test's window and, per consecutive pair of differences in it,
+        # whether they have opposite signs, with a running count: the share of flips is
+        # then O(1) per record, and the window is scanned only when it is high.
+        self._osc_last: float | None = None
+        self._osc_diff: float | None = None
+        self._osc_flips: deque[bool] = deque(maxlen=max(0, osc_window - 2))
+        self._osc_flip_count = 0
         self.first: list[float] = []
         self.first_step: int | None = None
         self.nonfinite_steps = 0
@@ -168,6 +175,7 @@ class LossDetector(RuleDetector):
         out += self._spike(loss, step)
         self.recent.append(loss)
         self.reference.add(loss)
+        self._count_flip(loss)
         if self.first_step is None:
             self.first_step = step
         if len(self.first) < 5:
@@ -180,7 +188,10 @@ class LossDetector(RuleDetector):
         n = len(self.reference)
         if n < self.min_history:
             return []
-        med, sigma = self.reference.stats()
+        med = self.reference.level()
+        if loss <= med + self.spike_rel * abs(med):  # below the smallest possible margin
+            return []
+        sigma = self.reference.sigma()
         k = self.spike_k * (2.0 if step < self.warmup_steps else 1.0)
         margin = max(k * sigma, self.spike_rel * abs(med))
         if loss <= med + margin:
@@ -225,8 +236,31 @@ class LossDetector(RuleDetector):
             current=now,
         )
 
+    def _count_flip(self, loss: float) -> None:
+        last, self._osc_last = self._osc_last, loss
+        if last is None:
+            return
+        diff, prev = loss - last, self._osc_diff
+        self._osc_diff = diff
+        if prev is None:
+            return
+        flips = self._osc_flips
+        if flips.maxlen == 0:
+            return
+        if len(flips) == flips.maxlen:
+            self._osc_flip_count -= flips[0]
+        flip = prev * diff < 0
+        flips.append(flip)
+        self._osc_flip_count += flip
+
     def _oscillation(self, step: int) -> list[Finding]:
         if step < self.warmup_steps or len(self.recent) < self.osc_window:
+            return []
+        # The flips among the window's differences are the last osc_window - 2 counted.
+        if (
+            self.osc_window >= 2
+            and self._osc_flip_count / max(1, self.osc_window - 2) < self.osc_flips
+        ):
             return []
         xs = list(self.recent)[-self.osc_window :]
         diffs = [b - a for a, b in itertools.pairwise(xs)]
