@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import deque
 from typing import ClassVar
 
@@ -256,18 +257,20 @@ class LossDetector(RuleDetector):
     def _oscillation(self, step: int) -> list[Finding]:
         if step < self.warmup_steps or len(self.recent) < self.osc_window:
             return []
-        # The flips among the window's differences are the last osc_window - 2 counted.
-        if (
-            self.osc_window >= 2
-            and self._osc_flip_count / max(1, self.osc_window - 2) < self.osc_flips
-        ):
-            return []
-        xs = list(self.recent)[-self.osc_window :]
-        diffs = [b - a for a, b in itertools.pairwise(xs)]
-        flips = sum(1 for a, b in itertools.pairwise(diffs) if a * b < 0)
-        flip_share = flips / max(1, len(diffs) - 1)
+        if self.osc_window >= 2:
+            # The flips among the window's differences are the last osc_window - 2 counted.
+            flip_share = self._osc_flip_count / max(1, self.osc_window - 2)
+            if flip_share < self.osc_flips:
+                return []
+            xs = list(self.recent)[-self.osc_window :]
+            diffs = list(map(operator.sub, xs[1:], xs[:-1]))
+        else:
+            xs = list(self.recent)[-self.osc_window :]
+            diffs = [b - a for a, b in itertools.pairwise(xs)]
+            flips = sum(1 for a, b in itertools.pairwise(diffs) if a * b < 0)
+            flip_share = flips / max(1, len(diffs) - 1)
         level = abs(median(xs))
-        amplitude = median([abs(d) for d in diffs]) / level if level else 0.0
+        amplitude = median(list(map(abs, diffs))) / level if level else 0.0
         if flip_share < self.osc_flips or amplitude < self.osc_amplitude:
             return []
         return self.fire(
