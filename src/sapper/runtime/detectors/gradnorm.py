@@ -161,11 +161,12 @@ class GradNormDetector(RuleDetector):
             return self.fire(
                 GRAD_NONFINITE, step, f"gradient norm is {gn} at step {step}", value=gn
             )
-        out: list[Finding] = []
-        out += self._saturation(record, gn, step)
-        out += self._surge(gn, step, record)
+        out = self._saturation(record, gn, step)
         if gn > 0:
-            self.log_norms.add(math.log(gn))
+            log_gn = math.log(gn)
+            if len(self.log_norms) >= self.surge_min_history:
+                out += self._surge(gn, log_gn, step, record)
+            self.log_norms.add(log_gn)
         norms = self.norms
         if len(norms) == norms.maxlen and norms:
             self._tiny_count -= norms[0] < self.tiny
@@ -220,11 +221,9 @@ class GradNormDetector(RuleDetector):
             threshold=self.tiny,
         )
 
-    def _surge(self, gn: float, step: int, record: StepRecord) -> list[Finding]:
-        if len(self.log_norms) < self.surge_min_history or gn <= 0:
-            return []
+    def _surge(self, gn: float, log_gn: float, step: int, record: StepRecord) -> list[Finding]:
+        """Called for a positive norm once the window holds ``surge_min_history``."""
         med = self.log_norms.level()
-        log_gn = math.log(gn)
         log_ratio = math.log(self.surge_ratio)
         if log_gn <= med + log_ratio:  # below the smallest possible margin
             return []

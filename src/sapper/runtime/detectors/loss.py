@@ -172,8 +172,7 @@ class LossDetector(RuleDetector):
                 + (f" (last finite loss {fmt(self.recent[-1])})" if self.recent else ""),
                 value=loss,
             )
-        out: list[Finding] = []
-        out += self._spike(loss, step)
+        out = self._spike(loss, step) if len(self.reference) >= self.min_history else []
         self.recent.append(loss)
         self.reference.add(loss)
         self._count_flip(loss)
@@ -181,8 +180,10 @@ class LossDetector(RuleDetector):
             self.first_step = step
         if len(self.first) < 5:
             self.first.append(loss)
-        out += self._flat(step)
-        out += self._oscillation(step)
+        if step - self.first_step <= self.flat_horizon:  # silent past its horizon
+            out += self._flat(step)
+        if step >= self.warmup_steps and len(self.recent) >= self.osc_window:
+            out += self._oscillation(step)
         return out
 
     def _spike(self, loss: float, step: int) -> list[Finding]:

@@ -104,7 +104,7 @@ def sorted_median(xs: Sequence[float]) -> float:
     return xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
 
-class RollingRobust:
+class RollingRobust(SortedWindow):
     """A rolling window with its median and robust sigma, as of the last refresh, every
     ``refresh`` additions: the reference level of a long window moves slowly.
 
@@ -115,29 +115,30 @@ class RollingRobust:
     recomputation at the refresh would give. Values must be finite.
     """
 
+    __slots__ = ("_median", "_sigma", "_since", "_snapshot", "refresh")
+
     def __init__(self, window: int, refresh: int = 4) -> None:
-        self.window = SortedWindow(window)
+        super().__init__(window)
         self.refresh = refresh
         self._since = refresh
         self._median = math.nan
         self._snapshot: list[float] = []
         self._sigma: float | None = math.nan
 
-    @property
-    def values(self) -> deque[float]:
-        return self.window.values
-
-    def __len__(self) -> int:
-        return len(self.window.values)
-
     def add(self, value: float) -> None:
-        self.window.add(value)
+        values, ordered = self.values, self.sorted
         self._since += 1
+        if len(values) == values.maxlen:
+            if not ordered:
+                return
+            del ordered[bisect_left(ordered, values[0])]
+        values.append(value)
+        insort(ordered, value)
 
     def level(self) -> float:
         """The median of the window, at most ``refresh`` additions old."""
         if self._since >= self.refresh:
-            self._snapshot = self.window.sorted.copy()
+            self._snapshot = self.sorted.copy()
             self._median = sorted_median(self._snapshot)
             self._sigma = None
             self._since = 0
