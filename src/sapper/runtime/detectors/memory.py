@@ -128,19 +128,16 @@ class MemoryDetector(RuleDetector):
     def _near(self, record: StepRecord, limit: float | None) -> list[Finding]:
         if not limit:
             return []
-        used = next(
-            (
-                v
-                for v in (
-                    record.memory_peak_gib,
-                    record.memory_reserved_gib,
-                    record.memory_allocated_gib,
-                    record.rss_gib,
-                )
-                if v is not None and math.isfinite(v)
-            ),
-            None,
-        )
+        used = None
+        for v in (
+            record.memory_peak_gib,
+            record.memory_reserved_gib,
+            record.memory_allocated_gib,
+            record.rss_gib,
+        ):
+            if v is not None and math.isfinite(v):
+                used = v
+                break
         if used is None or used / limit < self.near:
             return []
         return self.fire(
