@@ -36,7 +36,7 @@ def spiky(rng: random.Random, n: int) -> list[float]:
     for i in range(n):
         v = round(2.0 + math.exp(-i / 200) + rng.gauss(0, 0.05), 3)
         if rng.random() < 0.03:
-            v *= rng.choice([0.2, 3.0, 20.0])
+            v *= rng.choice([0.2, 1.15, 1.25, 1.5, 3.0, 20.0])
         out.append(v)
     return out
 
@@ -118,6 +118,16 @@ class NaiveLoss(LossDetector):
         super().__init__(**kw)
         self.reference = NaiveRolling(self.window)
 
+    def _spike(self, loss: float, step: int) -> list:
+        if len(self.reference) < self.min_history:
+            return []
+        med, sigma = self.reference.stats()
+        k = self.spike_k * (2.0 if step < self.warmup_steps else 1.0)
+        margin = max(k * sigma, self.spike_rel * abs(med))
+        if loss <= med + margin:
+            return []
+        return self.fire(self.rules[1], step, f"spike {med} {sigma}", value=loss)
+
     def _oscillation(self, step: int) -> list:
         xs = list(self.recent)[-self.osc_window :]
         diffs = [b - a for a, b in itertools.pairwise(xs)]
@@ -136,6 +146,13 @@ class NaiveGradNorm(GradNormDetector):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.log_norms = NaiveRolling(self.surge_window)
+
+    def _surge(self, gn: float, log_gn: float, step: int, record: StepRecord) -> list:
+        med, sigma = self.log_norms.stats()
+        k = self.surge_k * (2.0 if step < self.warmup_steps else 1.0)
+        if math.log(gn) <= med + max(k * sigma, math.log(self.surge_ratio)):
+            return []
+        return self.fire(self.rules[3], step, f"surge {med} {sigma}", value=gn)
 
     def _tiny(self, step: int) -> list:
         if len(self.norms) < self.tiny_window:
@@ -166,6 +183,20 @@ class NaiveThroughput(ThroughputDetector):
         self.times = NaiveRolling(self.times.values.maxlen)
         self.rates = NaiveWindow(maxlen=self.rates.values.maxlen)
         self.late = NaiveWindow(maxlen=self.degrade_window)
+
+    def _outlier(self, record: StepRecord) -> list:
+        t = record.step_time_s
+        if t is None or not math.isfinite(t) or t <= 0:
+            return []
+        enough = len(self.times) >= self.min_records
+        med, sigma = self.times.stats() if enough else (0.0, 0.0)
+        self.times.add(t)
+        if not enough or t <= max(med + self.outlier_k * sigma, self.outlier_ratio * med):
+            return []
+        if self.last_outlier is not None and record.step - self.last_outlier < 50:
+            return []
+        self.last_outlier = record.step
+        return self.fire(self.rules[3], record.step, f"outlier {med} {sigma}", value=t)
 
     def _degrading(self, step: int, unit: str) -> list:
         if self.rate_count < 3 * self.degrade_window:
@@ -205,12 +236,12 @@ def stream(seed: int, n: int = 2500) -> list[StepRecord]:
             loss *= 1.6 if i % 2 else 0.6
         if rng.random() < 0.003:
             loss = math.nan
-        gn = abs(0.5 + rng.gauss(0, 0.1)) * (1e-4 if 900 < i < 1000 else 1.0)
+        gn = abs(0.5 + rng.gauss(0, 0.1)) * (2e-3 if 900 < i < 1000 else 1.0)
         if rng.random() < 0.02:
             gn *= rng.choice([4.0, 30.0, 0.0])
         if 1200 < i < 1500:
             gn *= 3.0
-            mem += 0.05 if rng.random() < 0.85 else -0.01
+            mem += rng.choice([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.0, -0.01])
         t = 0.2 + rng.random() * 0.01 + (i / 3000 if i > 1600 else 0.0)
         if rng.random() < 0.01:
             t *= rng.choice([2.0, 5.0, 30.0])
@@ -237,6 +268,7 @@ def test_detectors_find_what_a_full_recomputation_finds(seed: int) -> None:
         (MemoryDetector(window=32 + 16 * seed), NaiveMemory(window=32 + 16 * seed)),
     ]
     for fast, naive in pairs:
+        fast.cooldown = naive.cooldown = 0  # every record that crosses a threshold fires
         got, want = DetectorSet([fast]).run(records), DetectorSet([naive]).run(records)
         assert want, type(fast).__name__  # the stream exercises every detector
         assert _keys(got) == _keys(want), type(fast).__name__
