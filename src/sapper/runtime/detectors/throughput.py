@@ -172,9 +172,9 @@ class ThroughputDetector(RuleDetector):
             self.first_step = record.step
         if record.step - self.first_step < self.warmup_steps:
             return []
-        out: list[Finding] = []
-        out += self._outlier(record)
-        out += self._data_wait(record)
+        out = self._outlier(record)
+        if record.data_time_s is not None:
+            out += self._data_wait(record)
         rate = _rate(record)
         if rate is None or not math.isfinite(rate[0]) or rate[0] <= 0:
             return out
@@ -188,8 +188,10 @@ class ThroughputDetector(RuleDetector):
         self.rate_count += 1
         if len(self.early) < self.degrade_window:
             self.early.append(value)
-        out += self._below(record.step, unit)
-        out += self._degrading(record.step, unit)
+        if self.expected.get(unit):
+            out += self._below(record.step, unit)
+        if self.rate_count >= 3 * self.degrade_window:
+            out += self._degrading(record.step, unit)
         return out
 
     def _below(self, step: int, unit: str) -> list[Finding]:
