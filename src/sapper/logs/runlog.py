@@ -23,20 +23,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sapper.logs.base import LogData, LogParser
+from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
 __all__ = ["RunLogParser", "read_sapper_log"]
 
 _NAMES = frozenset(f.name for f in fields(StepRecord)) - {"extra"}
-# Plain defaults live on the class (the dataclass stores them there), so a record's
-# ``__dict__`` needs only the fields its line has; any default that does not is added.
-_UNSTORED = {
-    f.name: f.default
-    for f in fields(StepRecord)
-    if f.default is not MISSING and f.name not in vars(StepRecord)
-}
+_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _new = StepRecord.__new__
 
@@ -60,11 +54,11 @@ def _step_record(obj: dict[str, Any], nonfinite: bool) -> StepRecord:
     if nonfinite:
         obj = {k: _value(v) for k, v in obj.items()}
     obj["extra"] = extra
-    if _UNSTORED:
-        obj = {**_UNSTORED, **obj}
+    if not SPARSE_RECORDS:
+        obj = {**_DEFAULTS, **obj}
     rec = _new(StepRecord)
-    # A field the line leaves out is read from the class-level default, so the record
-    # keeps the decoded dict as is: no copy of ~25 keys per record.
+    # A field the line leaves out reads as the class-level default, so the record keeps
+    # the decoded dict as is: no copy of ~25 keys per record.
     rec.__dict__ = obj
     return rec
 
