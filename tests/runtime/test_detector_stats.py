@@ -274,3 +274,23 @@ def test_detectors_find_what_a_full_recomputation_finds(seed: int) -> None:
         assert _keys(got) == _keys(want), type(fast).__name__
         for g, w in zip(got, want, strict=True):
             assert g.value == w.value or (math.isnan(g.value) and math.isnan(w.value))
+
+
+DETECTORS = [LossDetector, GradNormDetector, ThroughputDetector, MemoryDetector]
+
+
+@pytest.mark.parametrize("cls", DETECTORS)
+def test_running_counts_travel_with_the_state(cls: type) -> None:
+    """A detector restored from ``state_dict`` mid-stream finds what an uninterrupted one
+    finds: the running counts are part of the state."""
+    records = stream(7)
+    whole = cls()
+    whole.cooldown = 0
+    want = DetectorSet([whole]).run(records)
+    first = cls()
+    first.cooldown = 0
+    got = [f for r in records[:1300] for f in first.update(r)]
+    resumed = cls()
+    resumed.load_state_dict(first.state_dict())
+    got += DetectorSet([resumed]).run(records[1300:])
+    assert _keys(got) == _keys(want)

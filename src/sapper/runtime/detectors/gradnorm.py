@@ -145,8 +145,8 @@ class GradNormDetector(RuleDetector):
         # Running counts over the windows, so most records skip the window scans: the
         # share of clipped steps, and how many recent norms are below ``tiny`` (the
         # median can only be below it when at least half of them are).
-        self._clipped_count = 0
-        self._tiny_count = 0
+        self.clipped_count = 0
+        self.tiny_count = 0
         self.first_step: int | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -169,9 +169,9 @@ class GradNormDetector(RuleDetector):
             self.log_norms.add(log_gn)
         norms = self.norms
         if len(norms) == norms.maxlen and norms:
-            self._tiny_count -= norms[0] < self.tiny
+            self.tiny_count -= norms[0] < self.tiny
         norms.append(gn)
-        self._tiny_count += gn < self.tiny
+        self.tiny_count += gn < self.tiny
         out += self._tiny(step)
         return out
 
@@ -183,13 +183,13 @@ class GradNormDetector(RuleDetector):
             return []
         clipped = self.clipped
         if len(clipped) == clipped.maxlen and clipped:
-            self._clipped_count -= clipped[0]
+            self.clipped_count -= clipped[0]
         over = gn > threshold
         clipped.append(over)
-        self._clipped_count += over
+        self.clipped_count += over
         if len(clipped) < self.saturate_window:
             return []
-        share = self._clipped_count / len(clipped)
+        share = self.clipped_count / len(clipped)
         if share < self.saturate_share:
             return []
         return self.fire(
@@ -206,7 +206,7 @@ class GradNormDetector(RuleDetector):
 
     def _tiny(self, step: int) -> list[Finding]:
         n = len(self.norms)
-        if n < self.tiny_window or self._tiny_count < (n + 1) // 2:
+        if n < self.tiny_window or self.tiny_count < (n + 1) // 2:
             return []
         recent = list(self.norms)
         med = median(recent)

@@ -151,10 +151,10 @@ class LossDetector(RuleDetector):
         # The oscillation test's window and, per consecutive pair of differences in it,
         # whether they have opposite signs, with a running count: the share of flips is
         # then O(1) per record, and the window is scanned only when it is high.
-        self._osc_last: float | None = None
-        self._osc_diff: float | None = None
-        self._osc_flips: deque[bool] = deque(maxlen=max(0, osc_window - 2))
-        self._osc_flip_count = 0
+        self.osc_last: float | None = None
+        self.osc_diff: float | None = None
+        self.osc_flip_flags: deque[bool] = deque(maxlen=max(0, osc_window - 2))
+        self.osc_flip_count = 0
         self.first: list[float] = []
         self.first_step: int | None = None
         self.nonfinite_steps = 0
@@ -239,28 +239,28 @@ class LossDetector(RuleDetector):
         )
 
     def _count_flip(self, loss: float) -> None:
-        last, self._osc_last = self._osc_last, loss
+        last, self.osc_last = self.osc_last, loss
         if last is None:
             return
-        diff, prev = loss - last, self._osc_diff
-        self._osc_diff = diff
+        diff, prev = loss - last, self.osc_diff
+        self.osc_diff = diff
         if prev is None:
             return
-        flips = self._osc_flips
+        flips = self.osc_flip_flags
         if flips.maxlen == 0:
             return
         if len(flips) == flips.maxlen:
-            self._osc_flip_count -= flips[0]
+            self.osc_flip_count -= flips[0]
         flip = prev * diff < 0
         flips.append(flip)
-        self._osc_flip_count += flip
+        self.osc_flip_count += flip
 
     def _oscillation(self, step: int) -> list[Finding]:
         if step < self.warmup_steps or len(self.recent) < self.osc_window:
             return []
         if self.osc_window >= 2:
             # The flips among the window's differences are the last osc_window - 2 counted.
-            flip_share = self._osc_flip_count / max(1, self.osc_window - 2)
+            flip_share = self.osc_flip_count / max(1, self.osc_window - 2)
             if flip_share < self.osc_flips:
                 return []
             xs = list(self.recent)[-self.osc_window :]

@@ -97,8 +97,8 @@ class MemoryDetector(RuleDetector):
         self.series: deque[tuple[int, float]] = deque(maxlen=window)
         # Whether each reading in the window rose over the one before, with a running
         # count: the rising share is O(1) per record, the window is scanned only when high.
-        self._rises: deque[bool] = deque(maxlen=max(0, window - 1))
-        self._rise_count = 0
+        self.rises: deque[bool] = deque(maxlen=max(0, window - 1))
+        self.rise_count = 0
         self.first_step: int | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -114,13 +114,13 @@ class MemoryDetector(RuleDetector):
         if record.step - self.first_step < self.warmup_steps:
             return out
         series = self.series
-        if series and self._rises.maxlen:
-            rises = self._rises
+        if series and self.rises.maxlen:
+            rises = self.rises
             if len(rises) == rises.maxlen:
-                self._rise_count -= rises[0]
+                self.rise_count -= rises[0]
             rise = value > series[-1][1]
             rises.append(rise)
-            self._rise_count += rise
+            self.rise_count += rise
         series.append((record.step, value))
         out += self._growth(record.step, limit)
         return out
@@ -154,7 +154,7 @@ class MemoryDetector(RuleDetector):
         n = len(series)
         if n < self.growth_min_points or series[-1][0] - series[0][0] < self.growth_min_steps:
             return []
-        if n >= 2 and self._rise_count / (n - 1) < self.growth_rising_share:
+        if n >= 2 and self.rise_count / (n - 1) < self.growth_rising_share:
             return []
         pts = list(series)
         values = [v for _, v in pts]

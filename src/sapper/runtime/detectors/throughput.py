@@ -159,7 +159,7 @@ class ThroughputDetector(RuleDetector):
         self.degrade_window = degrade_window
         self.early: list[float] = []
         self.late = SortedWindow(degrade_window)
-        self._early_median: float | None = None
+        self.early_median: float | None = None
         self.rate_count = 0
         self.early_unit: str | None = None
         self.rates = SortedWindow(window)
@@ -216,9 +216,9 @@ class ThroughputDetector(RuleDetector):
         n = self.degrade_window
         if self.rate_count < 3 * n:
             return []
-        if self._early_median is None:  # the early window is full and fixed by now
-            self._early_median = median(self.early)
-        ref, now = self._early_median, self.late.median()
+        if self.early_median is None:  # the early window is full and fixed by now
+            self.early_median = median(self.early)
+        ref, now = self.early_median, self.late.median()
         if now >= self.degrade * ref:
             return []
         return self.fire(
