@@ -16,18 +16,21 @@ import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, ClassVar
 
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
 __all__ = [
+    "SPARSE_RECORDS",
     "LineBuffer",
     "LogData",
     "LogParser",
     "StepMerger",
     "coerce",
     "gc_paused",
+    "new_record",
     "to_float",
 ]
 
@@ -124,15 +127,20 @@ class StepMerger:
             self._top = step
         rec = self._pending.get(step)
         if rec is None:
-            rec = self._pending[step] = StepRecord(step=step)
-        for key, value in values.items():
-            if value is None:
-                continue
-            if keep_max:
+            rec = self._pending[step] = new_record(step)
+        if not keep_max:
+            fields = rec.__dict__
+            for key, value in values.items():
+                if value is not None:
+                    fields[key] = value
+        else:
+            for key, value in values.items():
+                if value is None:
+                    continue
                 old = getattr(rec, key)
                 if old is not None and not old < value:
                     continue
-            setattr(rec, key, value)
+                setattr(rec, key, value)
         if extra:
             rec.extra.update(extra)
 
@@ -181,6 +189,25 @@ class StepMerger:
             self._replay = None
 
 
+_new = StepRecord.__new__
+#: Every StepRecord field but ``step`` and ``extra`` has its default on the class (a
+#: dataclass stores plain defaults there), so a record read from a log may hold only the
+#: fields the log has in its ``__dict__``; the others read as the class's ``None``.
+SPARSE_RECORDS = all(
+    f.name in ("step", "extra") or f.name in vars(StepRecord) for f in dataclass_fields(StepRecord)
+)
+
+
+def new_record(step: int) -> StepRecord:
+    """``StepRecord(step=step)`` without running the dataclass's ``__init__`` over two
+    dozen defaults (it runs once per step read)."""
+    if not SPARSE_RECORDS:
+        return StepRecord(step=step)
+    rec = _new(StepRecord)
+    rec.__dict__ = {"step": step, "extra": {}}
+    return rec
+
+
 class LineBuffer:
     """Splits appended text into complete lines, holding a torn last line back."""
 
@@ -214,6 +241,14 @@ _NONFINITE = {
 def to_float(value: Any) -> float | None:
     """A number from a log cell: ints, floats, numeric strings, "nan"/"inf" spellings,
     booleans as 0/1; ``None`` for empty cells and anything else."""
+    cls = value.__class__
+    if cls is float:  # the common cells first: a decoded JSON number, a CSV number
+        return value
+    if cls is str:
+        try:  # float() itself takes surrounding blanks and the nan/inf spellings
+            return float(value)
+        except ValueError:
+            pass
     if value is None or isinstance(value, bool):
         return None if value is None else float(value)
     if isinstance(value, (int, float)):

@@ -70,11 +70,15 @@ _MEM_FIELDS = {
 }
 
 
-def _segments(text: str) -> Iterable[tuple[str, str]]:
+def _segments(text: str) -> list[tuple[str, str]]:
+    out = []
     for part in text.split("|"):
         key, sep, value = part.rpartition(":")
-        if sep and key.strip():
-            yield key.strip().lower(), value.strip()
+        if sep:
+            key = key.strip()
+            if key:
+                out.append((key.lower(), value.strip()))
+    return out
 
 
 class MegatronParser(LogParser):

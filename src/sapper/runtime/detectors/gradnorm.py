@@ -142,6 +142,11 @@ class GradNormDetector(RuleDetector):
         self.clipped: deque[bool] = deque(maxlen=saturate_window)
         self.log_norms = RollingRobust(surge_window)
         self.norms: deque[float] = deque(maxlen=tiny_window)
+        # Running counts over the windows, so most records skip the window scans: the
+        # share of clipped steps, and how many recent norms are below ``tiny`` (the
+        # median can only be below it when at least half of them are).
+        self.clipped_count = 0
+        self.tiny_count = 0
         self.first_step: int | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -156,12 +161,17 @@ class GradNormDetector(RuleDetector):
             return self.fire(
                 GRAD_NONFINITE, step, f"gradient norm is {gn} at step {step}", value=gn
             )
-        out: list[Finding] = []
-        out += self._saturation(record, gn, step)
-        out += self._surge(gn, step, record)
+        out = self._saturation(record, gn, step)
         if gn > 0:
-            self.log_norms.add(math.log(gn))
-        self.norms.append(gn)
+            log_gn = math.log(gn)
+            if len(self.log_norms) >= self.surge_min_history:
+                out += self._surge(gn, log_gn, step, record)
+            self.log_norms.add(log_gn)
+        norms = self.norms
+        if len(norms) == norms.maxlen and norms:
+            self.tiny_count -= norms[0] < self.tiny
+        norms.append(gn)
+        self.tiny_count += gn < self.tiny
         out += self._tiny(step)
         return out
 
@@ -171,10 +181,15 @@ class GradNormDetector(RuleDetector):
             return []
         if step - (self.first_step or 0) < max(self.skip_first, self.warmup_steps):
             return []
-        self.clipped.append(gn > threshold)
-        if len(self.clipped) < self.saturate_window:
+        clipped = self.clipped
+        if len(clipped) == clipped.maxlen and clipped:
+            self.clipped_count -= clipped[0]
+        over = gn > threshold
+        clipped.append(over)
+        self.clipped_count += over
+        if len(clipped) < self.saturate_window:
             return []
-        share = sum(self.clipped) / len(self.clipped)
+        share = self.clipped_count / len(clipped)
         if share < self.saturate_share:
             return []
         return self.fire(
@@ -190,7 +205,8 @@ class GradNormDetector(RuleDetector):
         )
 
     def _tiny(self, step: int) -> list[Finding]:
-        if len(self.norms) < self.tiny_window:
+        n = len(self.norms)
+        if n < self.tiny_window or self.tiny_count < (n + 1) // 2:
             return []
         recent = list(self.norms)
         med = median(recent)
@@ -205,13 +221,15 @@ class GradNormDetector(RuleDetector):
             threshold=self.tiny,
         )
 
-    def _surge(self, gn: float, step: int, record: StepRecord) -> list[Finding]:
-        if len(self.log_norms) < self.surge_min_history or gn <= 0:
+    def _surge(self, gn: float, log_gn: float, step: int, record: StepRecord) -> list[Finding]:
+        """Called for a positive norm once the window holds ``surge_min_history``."""
+        med = self.log_norms.level()
+        log_ratio = math.log(self.surge_ratio)
+        if log_gn <= med + log_ratio:  # below the smallest possible margin
             return []
-        med, sigma = self.log_norms.stats()
+        sigma = self.log_norms.sigma()
         k = self.surge_k * (2.0 if step < self.warmup_steps else 1.0)
-        log_gn = math.log(gn)
-        if log_gn <= med + max(k * sigma, math.log(self.surge_ratio)):
+        if log_gn <= med + max(k * sigma, log_ratio):
             return []
         base = math.exp(med)
         layer = _largest_layer(record)

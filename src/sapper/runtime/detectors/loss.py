@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import deque
 from typing import ClassVar
 
@@ -147,6 +148,13 @@ class LossDetector(RuleDetector):
         self.osc_amplitude = osc_amplitude
         self.recent: deque[float] = deque(maxlen=max(window, osc_window))
         self.reference = RollingRobust(window)
+        # The oscillation test's window and, per consecutive pair of differences in it,
+        # whether they have opposite signs, with a running count: the share of flips is
+        # then O(1) per record, and the window is scanned only when it is high.
+        self.osc_last: float | None = None
+        self.osc_diff: float | None = None
+        self.osc_flip_flags: deque[bool] = deque(maxlen=max(0, osc_window - 2))
+        self.osc_flip_count = 0
         self.first: list[float] = []
         self.first_step: int | None = None
         self.nonfinite_steps = 0
@@ -164,23 +172,28 @@ class LossDetector(RuleDetector):
                 + (f" (last finite loss {fmt(self.recent[-1])})" if self.recent else ""),
                 value=loss,
             )
-        out: list[Finding] = []
-        out += self._spike(loss, step)
+        out = self._spike(loss, step) if len(self.reference) >= self.min_history else []
         self.recent.append(loss)
         self.reference.add(loss)
+        self._count_flip(loss)
         if self.first_step is None:
             self.first_step = step
         if len(self.first) < 5:
             self.first.append(loss)
-        out += self._flat(step)
-        out += self._oscillation(step)
+        if step - self.first_step <= self.flat_horizon:  # silent past its horizon
+            out += self._flat(step)
+        if step >= self.warmup_steps and len(self.recent) >= self.osc_window:
+            out += self._oscillation(step)
         return out
 
     def _spike(self, loss: float, step: int) -> list[Finding]:
         n = len(self.reference)
         if n < self.min_history:
             return []
-        med, sigma = self.reference.stats()
+        med = self.reference.level()
+        if loss <= med + self.spike_rel * abs(med):  # below the smallest possible margin
+            return []
+        sigma = self.reference.sigma()
         k = self.spike_k * (2.0 if step < self.warmup_steps else 1.0)
         margin = max(k * sigma, self.spike_rel * abs(med))
         if loss <= med + margin:
@@ -225,15 +238,40 @@ class LossDetector(RuleDetector):
             current=now,
         )
 
+    def _count_flip(self, loss: float) -> None:
+        last, self.osc_last = self.osc_last, loss
+        if last is None:
+            return
+        diff, prev = loss - last, self.osc_diff
+        self.osc_diff = diff
+        if prev is None:
+            return
+        flips = self.osc_flip_flags
+        if flips.maxlen == 0:
+            return
+        if len(flips) == flips.maxlen:
+            self.osc_flip_count -= flips[0]
+        flip = prev * diff < 0
+        flips.append(flip)
+        self.osc_flip_count += flip
+
     def _oscillation(self, step: int) -> list[Finding]:
         if step < self.warmup_steps or len(self.recent) < self.osc_window:
             return []
-        xs = list(self.recent)[-self.osc_window :]
-        diffs = [b - a for a, b in itertools.pairwise(xs)]
-        flips = sum(1 for a, b in itertools.pairwise(diffs) if a * b < 0)
-        flip_share = flips / max(1, len(diffs) - 1)
+        if self.osc_window >= 2:
+            # The flips among the window's differences are the last osc_window - 2 counted.
+            flip_share = self.osc_flip_count / max(1, self.osc_window - 2)
+            if flip_share < self.osc_flips:
+                return []
+            xs = list(self.recent)[-self.osc_window :]
+            diffs = list(map(operator.sub, xs[1:], xs[:-1]))
+        else:
+            xs = list(self.recent)[-self.osc_window :]
+            diffs = [b - a for a, b in itertools.pairwise(xs)]
+            flips = sum(1 for a, b in itertools.pairwise(diffs) if a * b < 0)
+            flip_share = flips / max(1, len(diffs) - 1)
         level = abs(median(xs))
-        amplitude = median([abs(d) for d in diffs]) / level if level else 0.0
+        amplitude = median(list(map(abs, diffs))) / level if level else 0.0
         if flip_share < self.osc_flips or amplitude < self.osc_amplitude:
             return []
         return self.fire(

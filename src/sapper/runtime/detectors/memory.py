@@ -95,6 +95,10 @@ class MemoryDetector(RuleDetector):
         self.growth_min_rel = growth_min_rel
         self.growth_rising_share = growth_rising_share
         self.series: deque[tuple[int, float]] = deque(maxlen=window)
+        # Whether each reading in the window rose over the one before, with a running
+        # count: the rising share is O(1) per record, the window is scanned only when high.
+        self.rises: deque[bool] = deque(maxlen=max(0, window - 1))
+        self.rise_count = 0
         self.first_step: int | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
@@ -109,26 +113,31 @@ class MemoryDetector(RuleDetector):
             return out
         if record.step - self.first_step < self.warmup_steps:
             return out
-        self.series.append((record.step, value))
+        series = self.series
+        if series and self.rises.maxlen:
+            rises = self.rises
+            if len(rises) == rises.maxlen:
+                self.rise_count -= rises[0]
+            rise = value > series[-1][1]
+            rises.append(rise)
+            self.rise_count += rise
+        series.append((record.step, value))
         out += self._growth(record.step, limit)
         return out
 
     def _near(self, record: StepRecord, limit: float | None) -> list[Finding]:
         if not limit:
             return []
-        used = next(
-            (
-                v
-                for v in (
-                    record.memory_peak_gib,
-                    record.memory_reserved_gib,
-                    record.memory_allocated_gib,
-                    record.rss_gib,
-                )
-                if v is not None and math.isfinite(v)
-            ),
-            None,
-        )
+        used = None
+        for v in (
+            record.memory_peak_gib,
+            record.memory_reserved_gib,
+            record.memory_allocated_gib,
+            record.rss_gib,
+        ):
+            if v is not None and math.isfinite(v):
+                used = v
+                break
         if used is None or used / limit < self.near:
             return []
         return self.fire(
@@ -141,9 +150,13 @@ class MemoryDetector(RuleDetector):
         )
 
     def _growth(self, step: int, limit: float | None) -> list[Finding]:
-        pts = list(self.series)
-        if len(pts) < self.growth_min_points or pts[-1][0] - pts[0][0] < self.growth_min_steps:
+        series = self.series
+        n = len(series)
+        if n < self.growth_min_points or series[-1][0] - series[0][0] < self.growth_min_steps:
             return []
+        if n >= 2 and self.rise_count / (n - 1) < self.growth_rising_share:
+            return []
+        pts = list(series)
         values = [v for _, v in pts]
         rising = sum(1 for a, b in itertools.pairwise(values) if b > a)
         share = rising / (len(values) - 1)

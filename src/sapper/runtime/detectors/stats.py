@@ -9,10 +9,20 @@ standard deviation for normal noise).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 
-__all__ = ["RollingRobust", "finite", "mad", "median", "robust_sigma", "theil_sen_slope"]
+__all__ = [
+    "RollingRobust",
+    "SortedWindow",
+    "finite",
+    "mad",
+    "median",
+    "robust_sigma",
+    "sorted_median",
+    "theil_sen_slope",
+]
 
 MAD_TO_SIGMA = 1.4826
 
@@ -57,29 +67,92 @@ def theil_sen_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 
     return median(slopes) if slopes else math.nan
 
 
-class RollingRobust:
-    """A rolling window with its median and robust sigma, recomputed every ``refresh``
-    additions: the reference level of a long window moves slowly, and sorting it on
-    every record is most of a detector's cost."""
+class SortedWindow:
+    """The last ``size`` values in arrival order and in sorted order, so the median is a
+    read instead of a sort: each addition costs a binary search and a short list move.
+    Values must not be NaN (a NaN cannot be found again to be removed)."""
 
-    def __init__(self, window: int, refresh: int = 4) -> None:
-        self.values: deque[float] = deque(maxlen=window)
-        self.refresh = refresh
-        self._since = refresh
-        self._stats = (math.nan, math.nan)
+    __slots__ = ("sorted", "values")
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+        self.sorted: list[float] = []
 
     def __len__(self) -> int:
         return len(self.values)
 
     def add(self, value: float) -> None:
-        self.values.append(value)
+        values, ordered = self.values, self.sorted
+        if len(values) == values.maxlen:
+            if not ordered:  # a window of size 0 keeps nothing
+                return
+            del ordered[bisect_left(ordered, values[0])]
+        values.append(value)
+        insort(ordered, value)
+
+    def median(self) -> float:
+        """Same value as ``median(values)``: the middle of the sorted order."""
+        return sorted_median(self.sorted)
+
+
+def sorted_median(xs: Sequence[float]) -> float:
+    """The median of an already sorted sequence."""
+    n = len(xs)
+    if n == 0:
+        return math.nan
+    mid = n // 2
+    return xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+
+
+class RollingRobust(SortedWindow):
+    """A rolling window with its median and robust sigma, as of the last refresh, every
+    ``refresh`` additions: the reference level of a long window moves slowly.
+
+    The window is kept sorted (:class:`SortedWindow`), so the median is read, not
+    sorted; the robust sigma needs a second pass over the window and is computed only
+    when a caller asks for it (most records fail a detector's cheap pre-test first),
+    from a copy of the window taken at the refresh, so it is the same number a full
+    recomputation at the refresh would give. Values must be finite.
+    """
+
+    __slots__ = ("_median", "_sigma", "_since", "_snapshot", "refresh")
+
+    def __init__(self, window: int, refresh: int = 4) -> None:
+        super().__init__(window)
+        self.refresh = refresh
+        self._since = refresh
+        self._median = math.nan
+        self._snapshot: list[float] = []
+        self._sigma: float | None = math.nan
+
+    def add(self, value: float) -> None:
+        values, ordered = self.values, self.sorted
         self._since += 1
+        if len(values) == values.maxlen:
+            if not ordered:
+                return
+            del ordered[bisect_left(ordered, values[0])]
+        values.append(value)
+        insort(ordered, value)
+
+    def level(self) -> float:
+        """The median of the window, at most ``refresh`` additions old."""
+        if self._since >= self.refresh:
+            self._snapshot = self.sorted.copy()
+            self._median = sorted_median(self._snapshot)
+            self._sigma = None
+            self._since = 0
+        return self._median
+
+    def sigma(self) -> float:
+        """The robust sigma (1.4826·MAD) of the window as of the same refresh as
+        :meth:`level`; call :meth:`level` first."""
+        if self._sigma is None:
+            med = self._median
+            self._sigma = MAD_TO_SIGMA * median([abs(v - med) for v in self._snapshot])
+        return self._sigma
 
     def stats(self) -> tuple[float, float]:
         """(median, robust sigma) of the window, at most ``refresh`` additions old."""
-        if self._since >= self.refresh:
-            xs = list(self.values)
-            med = median(xs)
-            self._stats = (med, MAD_TO_SIGMA * mad(xs, med))
-            self._since = 0
-        return self._stats
+        med = self.level()
+        return med, self.sigma()

@@ -15,7 +15,7 @@ from collections import deque
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
-from sapper.runtime.detectors.stats import RollingRobust, median
+from sapper.runtime.detectors.stats import RollingRobust, SortedWindow, median
 from sapper.runtime.records import StepRecord
 
 __all__ = [
@@ -158,10 +158,11 @@ class ThroughputDetector(RuleDetector):
         self.first_step: int | None = None
         self.degrade_window = degrade_window
         self.early: list[float] = []
-        self.late: deque[float] = deque(maxlen=degrade_window)
+        self.late = SortedWindow(degrade_window)
+        self.early_median: float | None = None
         self.rate_count = 0
         self.early_unit: str | None = None
-        self.rates: deque[float] = deque(maxlen=window)
+        self.rates = SortedWindow(window)
         self.times = RollingRobust(max(window, 50))
         self.waits: deque[tuple[float, float]] = deque(maxlen=window)
         self.last_outlier: int | None = None
@@ -171,9 +172,9 @@ class ThroughputDetector(RuleDetector):
             self.first_step = record.step
         if record.step - self.first_step < self.warmup_steps:
             return []
-        out: list[Finding] = []
-        out += self._outlier(record)
-        out += self._data_wait(record)
+        out = self._outlier(record)
+        if record.data_time_s is not None:
+            out += self._data_wait(record)
         rate = _rate(record)
         if rate is None or not math.isfinite(rate[0]) or rate[0] <= 0:
             return out
@@ -182,20 +183,22 @@ class ThroughputDetector(RuleDetector):
             self.early_unit = unit
         if unit != self.early_unit:
             return out
-        self.rates.append(value)
-        self.late.append(value)
+        self.rates.add(value)
+        self.late.add(value)
         self.rate_count += 1
         if len(self.early) < self.degrade_window:
             self.early.append(value)
-        out += self._below(record.step, unit)
-        out += self._degrading(record.step, unit)
+        if self.expected.get(unit):
+            out += self._below(record.step, unit)
+        if self.rate_count >= 3 * self.degrade_window:
+            out += self._degrading(record.step, unit)
         return out
 
     def _below(self, step: int, unit: str) -> list[Finding]:
         expected = self.expected.get(unit)
         if not expected or len(self.rates) < self.min_records:
             return []
-        now = median(list(self.rates))
+        now = self.rates.median()
         if now >= self.below * expected:
             return []
         return self.fire(
@@ -213,7 +216,9 @@ class ThroughputDetector(RuleDetector):
         n = self.degrade_window
         if self.rate_count < 3 * n:
             return []
-        ref, now = median(self.early), median(list(self.late))
+        if self.early_median is None:  # the early window is full and fixed by now
+            self.early_median = median(self.early)
+        ref, now = self.early_median, self.late.median()
         if now >= self.degrade * ref:
             return []
         return self.fire(
@@ -250,11 +255,11 @@ class ThroughputDetector(RuleDetector):
         if t is None or not math.isfinite(t) or t <= 0:
             return []
         enough = len(self.times) >= self.min_records
-        med, sigma = self.times.stats() if enough else (0.0, 0.0)
+        med = self.times.level() if enough else 0.0
         self.times.add(t)
-        if not enough:
+        if not enough or t <= self.outlier_ratio * med:  # below the smallest possible limit
             return []
-        limit = max(med + self.outlier_k * sigma, self.outlier_ratio * med)
+        limit = max(med + self.outlier_k * self.times.sigma(), self.outlier_ratio * med)
         if t <= limit:
             return []
         last = self.last_outlier
