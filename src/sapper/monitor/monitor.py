@@ -369,13 +369,7 @@ class Monitor:
         facts = {"max_position": top, "position_limit": limit, "position_kind": kind}
         b.extra.update(facts)
         rec = StepRecord(step=self.next_step, extra=facts)
-        found = [
-            f
-            for det in self.detectors.detectors
-            if any(r.code == POSITION_OVERFLOW.code for r in det.rules)
-            for f in self.detectors._guard(det, det.update, rec)
-        ]
-        self._dispatch(found)
+        self._dispatch(self.detectors.update_firing(rec, POSITION_OVERFLOW.code))
 
     def _forward_post(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
