@@ -25,7 +25,13 @@ from functools import lru_cache
 
 from sapper.memory.inputs import Shape
 
-__all__ = ["BlockActivations", "block_activations", "embedding_saved", "tokens"]
+__all__ = [
+    "BlockActivations",
+    "attention_kernel",
+    "block_activations",
+    "embedding_saved",
+    "tokens",
+]
 
 
 def _div(n: int, k: int) -> int:
@@ -259,14 +265,29 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     )
 
 
+def attention_kernel(sh: Shape, device: str) -> str:
+    """The attention code that actually runs: PyTorch's CPU ``scaled_dot_product_attention``
+    has no fused kernel with dropout, so in training with attention dropout it falls back
+    to the composed math path, which keeps what eager attention keeps (scores,
+    probabilities, the dropout mask). CUDA's fused kernels handle dropout themselves."""
+    if sh.impl == "transformers" and sh.attn_impl == "sdpa" and device != "cuda" and (
+        sh.dropout > 0
+    ):
+        return "eager"
+    return sh.attn_impl
+
+
 @lru_cache(maxsize=512)
 def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:
     """Activation bytes of one block for one micro-batch on one GPU."""
     if sh.impl == "megatron":
         return _megatron(sh, device)
-    return _transformers(sh, device)
+    kernel = attention_kernel(sh, device)
+    return _transformers(sh if kernel == sh.attn_impl else sh.replace(attn_impl=kernel), device)
 
 
-def embedding_saved(sh: Shape) -> int:
-    """What the embedding keeps for backward: the token ids (int64)."""
-    return 8 * tokens(sh)
+def embedding_saved(sh: Shape, device: str = "cuda") -> int:
+    """What the embedding keeps for backward: the token ids (int64), and the embedding
+    dropout's mask when dropout is on (Hugging Face models drop the summed embeddings)."""
+    mask = _mask_bytes(sh, device, sh.recipe.compute) if sh.impl == "transformers" else 0
+    return 8 * tokens(sh) + int(mask * sh.hidden * tokens(sh) / (sh.tp if sh.sp else 1))
