@@ -206,6 +206,8 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
             scores += c * heads * s  # the cast the value matmul keeps
         if mask:
             scores += (mask + c) * heads * s
+        if sh.attn_softcap:
+            scores += c * heads * s  # tanh(scores / cap), kept by tanh's backward
         attn += c * q  # attention output made contiguous for the out-projection
     else:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
@@ -219,6 +221,9 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
     mlp += norm + mask * h * rep
+    # sandwich placement: each sub-layer's output goes through its own norm as well
+    post_norms = (sh.block_norms - 2) * norm
+    mlp += post_norms
     per_token = attn + scores + mlp
     n = tokens(sh)
     saved = int(per_token * n)
