@@ -217,7 +217,13 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     n_mlp_proj = 2 if sh.gated else 1
     if sh.moe:
         k = sh.top_k
-        mlp = proj_in(1) + 8 * sh.experts + k * (c * h + mlp_one)
+        # router: fp32 probabilities over the experts, the chosen indices (int64) and
+        # weights (fp32) and their sum (renormalized top-k);
+        # per routed copy of a token: its gathered input, the expert's MLP, the expert's
+        # output (kept for the multiply by its routing weight), that weight (fp32) and the
+        # int64 indices that gather and scatter it
+        router = 4 * sh.experts + 12 * k + 4
+        mlp = proj_in(1) + router + k * (2 * c * h + mlp_one + 4 + 24)
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
     mlp += norm + mask * h * rep
