@@ -196,6 +196,10 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
 
     n_rep = sh.heads // sh.kv_heads
     attn = norm + proj_in(3 if separate_qkv else 1)
+    if sh.qk_norm:
+        # a norm per query and key head: fp32 input, rsqrt per head, normalized output
+        kv_heads = max(sh.kv_heads // sh.tp, 1)
+        attn += 8 * (q + kv) + 4 * (heads + kv_heads)
     scores = 0
     if sh.attn_impl == "eager":
         # q and k as the score matmul sees them, v (repeated for GQA), softmax probabilities

@@ -104,6 +104,7 @@ class Shape:
     block_norms: int = 2
     attn_softcap: bool = False  # eager attention keeps tanh(scores / cap) as well
     logit_softcap: bool = False  # the loss reads cap·tanh(logits / cap), kept for backward
+    qk_norm: bool = False  # per-head RMSNorm on queries and keys before RoPE
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)
@@ -127,12 +128,15 @@ def _need(value: int | None, field: str, why: str) -> int:
 
 #: What Hugging Face modelling code of a family runs beyond the Plan's generic fields:
 #: Gemma 2 puts a norm before and after each sub-layer, soft-caps attention scores and
-#: the final logits with tanh, and has no SDPA path (softcapping needs the eager code).
+#: the final logits with tanh, and has no SDPA path (softcapping needs the eager code);
+#: Gemma 3 and Qwen 3 normalize each query and key head.
 _HF_TRAITS: dict[str, dict[str, object]] = {
     "gemma2": {"block_norms": 4, "attn_softcap": True, "logit_softcap": True,
                "no_sdpa": True},
-    "gemma3_text": {"block_norms": 4},
-    "gemma3": {"block_norms": 4},
+    "gemma3_text": {"block_norms": 4, "qk_norm": True},
+    "gemma3": {"block_norms": 4, "qk_norm": True},
+    "qwen3": {"qk_norm": True},
+    "qwen3_moe": {"qk_norm": True},
 }
 
 
