@@ -4,8 +4,7 @@ Toys (what ``sapper smoke`` trains) are each family's default Hugging Face confi
 down: tiny widths, a vocabulary of 512, dropout as the family ships it. At that scale
 terms that vanish at full scale dominate (attention scores at head_dim 16, the
 embedding's dropout mask, sandwich and query/key norms, soft-capping, MoE routing
-bookkeeping), and
-PyTorch's CPU attention falls back to its math path when dropout is on.
+bookkeeping), and PyTorch's CPU attention falls back to its math path when dropout is on.
 """
 
 from __future__ import annotations
