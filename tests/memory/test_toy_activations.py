@@ -4,7 +4,8 @@ Toys (what ``sapper smoke`` trains) are each family's default Hugging Face confi
 down: tiny widths, a vocabulary of 512, dropout as the family ships it. At that scale
 terms that vanish at full scale dominate (attention scores at head_dim 16, the
 embedding's dropout mask, sandwich and query/key norms, soft-capping, MoE routing
-bookkeeping), and PyTorch's CPU attention falls back to its math path when dropout is on.
+bookkeeping, parallel blocks), and PyTorch's CPU attention falls back to its math path
+when dropout is on.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def _plan(toy: dict, tmp: Path) -> Plan:
         "mixtral",  # routed experts: gathered inputs, expert outputs, routing weights
         "gemma3_text",  # sandwich norms and per-head query/key norms
         "qwen3_moe",  # query/key norms and routed experts
+        "gptj",  # parallel block: attention and MLP share one norm
     ],
 )
 def test_analytic_activations_match_traced_on_toys(family: str, tmp_path: Path) -> None:

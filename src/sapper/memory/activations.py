@@ -188,7 +188,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         norm = (8 * h + 4) * rep  # x (fp32), x·rsqrt (fp32), rsqrt
     else:
         norm = (6 * h + 4) * rep  # fp32 copy of x, rsqrt, normalized x cast back
-    separate_qkv = sh.rope or sh.kv_heads != sh.heads
+    separate_qkv = (sh.rope or sh.kv_heads != sh.heads) and not sh.fused_qkv
 
     def proj_in(n_proj: int) -> float:
         # autocast casts a fp32 input once per projection; otherwise all share it
@@ -215,6 +215,8 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         attn += c * q  # attention output made contiguous for the out-projection
     else:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
+    if sh.fused_qkv and sh.rope:
+        attn += c * (q + kv)  # rotated q and k next to the fused output v keeps alive
     attn += mask * h * rep
     width = (2 * f if sh.gated else f) + f + (f if sh.gated else 0)
     mlp_one = c * width + _act_extra(sh.act) * c * f
@@ -230,7 +232,18 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         mlp = proj_in(1) + router + k * (2 * c * h + mlp_one + 4 + 24)
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
-    mlp += norm + mask * h * rep
+    shares_input = sh.norm == "layernorm" or r == 4
+    if sh.parallel_residual == "shared":
+        # the MLP reads the attention's normed input: no norm of its own, and its
+        # projection input is shared unless autocast casts a copy per projection
+        mlp -= proj_in(n_mlp_proj if not sh.moe else 1)
+        mlp += proj_in(n_mlp_proj if not sh.moe else 1) if (ac and r != c) else 0
+    elif sh.parallel_residual:
+        # a second norm of the same block input: the input itself is already kept
+        mlp += norm - (r * h * rep if shares_input else 0)
+    else:
+        mlp += norm
+    mlp += mask * h * rep
     # sandwich placement: each sub-layer's output goes through its own norm as well
     post_norms = (sh.block_norms - 2) * norm
     mlp += post_norms
@@ -274,7 +287,6 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         core_freed=core_freed,
         core_grads=core_grads,
     )
-    shares_input = sh.norm == "layernorm" or r == 4
     return BlockActivations(
         saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt
     )

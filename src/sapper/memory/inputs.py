@@ -105,6 +105,13 @@ class Shape:
     attn_softcap: bool = False  # eager attention keeps tanh(scores / cap) as well
     logit_softcap: bool = False  # the loss reads cap·tanh(logits / cap), kept for backward
     qk_norm: bool = False  # per-head RMSNorm on queries and keys before RoPE
+    #: Attention and MLP read the same block input: "" (sequential), "shared" (one norm
+    #: feeds both: GPT-J, Phi) or "two_norms" (each has its own norm of that same input:
+    #: GPT-NeoX, Pythia).
+    parallel_residual: str = ""
+    #: One fused q/k/v projection even with RoPE (GPT-NeoX): the rotated q and k are new
+    #: tensors while v stays a view that keeps the whole fused output alive.
+    fused_qkv: bool = False
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)
@@ -129,12 +136,16 @@ def _need(value: int | None, field: str, why: str) -> int:
 #: What Hugging Face modelling code of a family runs beyond the Plan's generic fields:
 #: Gemma 2 puts a norm before and after each sub-layer, soft-caps attention scores and
 #: the final logits with tanh, and has no SDPA path (softcapping needs the eager code);
-#: Gemma 3 and Qwen 3 normalize each query and key head.
+#: Gemma 3 and Qwen 3 normalize each query and key head; GPT-J's and Phi's parallel
+#: blocks share one norm; GPT-NeoX fuses q/k/v into one projection despite RoPE.
 _HF_TRAITS: dict[str, dict[str, object]] = {
     "gemma2": {"block_norms": 4, "attn_softcap": True, "logit_softcap": True,
                "no_sdpa": True},
     "gemma3_text": {"block_norms": 4, "qk_norm": True},
     "gemma3": {"block_norms": 4, "qk_norm": True},
+    "gptj": {"parallel_residual": "shared"},
+    "phi": {"parallel_residual": "shared"},
+    "gpt_neox": {"fused_qkv": True},
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
 }
@@ -149,6 +160,8 @@ def _traits(plan: Plan) -> dict[str, object]:
         traits = dict(_HF_TRAITS.get((m.family or "").lower(), {}))
     if m.norm_placement.value == "sandwich":
         traits["block_norms"] = 4
+    if m.parallel_residual and not traits.get("parallel_residual"):
+        traits["parallel_residual"] = "two_norms"
     attn = m.attention_impl.value
     if traits.pop("no_sdpa", False) and attn == "sdpa":
         attn = "eager"  # transformers falls back to the eager code
