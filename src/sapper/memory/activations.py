@@ -25,7 +25,13 @@ from functools import lru_cache
 
 from sapper.memory.inputs import Shape
 
-__all__ = ["BlockActivations", "block_activations", "embedding_saved", "tokens"]
+__all__ = [
+    "BlockActivations",
+    "attention_kernel",
+    "block_activations",
+    "embedding_saved",
+    "tokens",
+]
 
 
 def _div(n: int, k: int) -> int:
@@ -182,7 +188,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         norm = (8 * h + 4) * rep  # x (fp32), x·rsqrt (fp32), rsqrt
     else:
         norm = (6 * h + 4) * rep  # fp32 copy of x, rsqrt, normalized x cast back
-    separate_qkv = sh.rope or sh.kv_heads != sh.heads
+    separate_qkv = (sh.rope or sh.kv_heads != sh.heads) and not sh.fused_qkv
 
     def proj_in(n_proj: int) -> float:
         # autocast casts a fp32 input once per projection; otherwise all share it
@@ -190,6 +196,10 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
 
     n_rep = sh.heads // sh.kv_heads
     attn = norm + proj_in(3 if separate_qkv else 1)
+    if sh.qk_norm:
+        # a norm per query and key head: fp32 input, rsqrt per head, normalized output
+        kv_heads = max(sh.kv_heads // sh.tp, 1)
+        attn += 8 * (q + kv) + 4 * (heads + kv_heads)
     scores = 0
     if sh.attn_impl == "eager":
         # q and k as the score matmul sees them, v (repeated for GQA), softmax probabilities
@@ -200,19 +210,43 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
             scores += c * heads * s  # the cast the value matmul keeps
         if mask:
             scores += (mask + c) * heads * s
+        if sh.attn_softcap:
+            scores += c * heads * s  # tanh(scores / cap), kept by tanh's backward
         attn += c * q  # attention output made contiguous for the out-projection
     else:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
+    if sh.fused_qkv and sh.rope:
+        attn += c * (q + kv)  # rotated q and k next to the fused output v keeps alive
     attn += mask * h * rep
     width = (2 * f if sh.gated else f) + f + (f if sh.gated else 0)
     mlp_one = c * width + _act_extra(sh.act) * c * f
     n_mlp_proj = 2 if sh.gated else 1
     if sh.moe:
         k = sh.top_k
-        mlp = proj_in(1) + 8 * sh.experts + k * (c * h + mlp_one)
+        # router: fp32 probabilities over the experts, the chosen indices (int64) and
+        # weights (fp32) and their sum (renormalized top-k);
+        # per routed copy of a token: its gathered input, the expert's MLP, the expert's
+        # output (kept for the multiply by its routing weight), that weight (fp32) and the
+        # int64 indices that gather and scatter it
+        router = 4 * sh.experts + 12 * k + 4
+        mlp = proj_in(1) + router + k * (2 * c * h + mlp_one + 4 + 24)
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
-    mlp += norm + mask * h * rep
+    shares_input = sh.norm == "layernorm" or r == 4
+    if sh.parallel_residual == "shared":
+        # the MLP reads the attention's normed input: no norm of its own, and its
+        # projection input is shared unless autocast casts a copy per projection
+        mlp -= proj_in(n_mlp_proj if not sh.moe else 1)
+        mlp += proj_in(n_mlp_proj if not sh.moe else 1) if (ac and r != c) else 0
+    elif sh.parallel_residual:
+        # a second norm of the same block input: the input itself is already kept
+        mlp += norm - (r * h * rep if shares_input else 0)
+    else:
+        mlp += norm
+    mlp += mask * h * rep
+    # sandwich placement: each sub-layer's output goes through its own norm as well
+    post_norms = (sh.block_norms - 2) * norm
+    mlp += post_norms
     per_token = attn + scores + mlp
     n = tokens(sh)
     saved = int(per_token * n)
@@ -253,10 +287,21 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         core_freed=core_freed,
         core_grads=core_grads,
     )
-    shares_input = sh.norm == "layernorm" or r == 4
     return BlockActivations(
         saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt
     )
+
+
+def attention_kernel(sh: Shape, device: str) -> str:
+    """The attention code that actually runs: PyTorch's CPU ``scaled_dot_product_attention``
+    has no fused kernel with dropout, so in training with attention dropout it falls back
+    to the composed math path, which keeps what eager attention keeps (scores,
+    probabilities, the dropout mask). CUDA's fused kernels handle dropout themselves."""
+    if sh.impl == "transformers" and sh.attn_impl == "sdpa" and device != "cuda" and (
+        sh.dropout > 0
+    ):
+        return "eager"
+    return sh.attn_impl
 
 
 @lru_cache(maxsize=512)
@@ -264,9 +309,12 @@ def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:
     """Activation bytes of one block for one micro-batch on one GPU."""
     if sh.impl == "megatron":
         return _megatron(sh, device)
-    return _transformers(sh, device)
+    kernel = attention_kernel(sh, device)
+    return _transformers(sh if kernel == sh.attn_impl else sh.replace(attn_impl=kernel), device)
 
 
-def embedding_saved(sh: Shape) -> int:
-    """What the embedding keeps for backward: the token ids (int64)."""
-    return 8 * tokens(sh)
+def embedding_saved(sh: Shape, device: str = "cuda") -> int:
+    """What the embedding keeps for backward: the token ids (int64), and the embedding
+    dropout's mask when dropout is on (Hugging Face models drop the summed embeddings)."""
+    mask = _mask_bytes(sh, device, sh.recipe.compute) if sh.impl == "transformers" else 0
+    return 8 * tokens(sh) + int(mask * sh.hidden * tokens(sh) / (sh.tp if sh.sp else 1))

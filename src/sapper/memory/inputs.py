@@ -99,6 +99,19 @@ class Shape:
     family: str
     foreach: bool  # multi-tensor step: temporaries over all parameters at once
     fused: bool  # fused step: no temporaries
+    #: Norms per block: 2 (pre or post placement) or 4 (sandwich: each sub-layer's
+    #: output is normed too before it joins the residual stream).
+    block_norms: int = 2
+    attn_softcap: bool = False  # eager attention keeps tanh(scores / cap) as well
+    logit_softcap: bool = False  # the loss reads cap·tanh(logits / cap), kept for backward
+    qk_norm: bool = False  # per-head RMSNorm on queries and keys before RoPE
+    #: Attention and MLP read the same block input: "" (sequential), "shared" (one norm
+    #: feeds both: GPT-J, Phi) or "two_norms" (each has its own norm of that same input:
+    #: GPT-NeoX, Pythia).
+    parallel_residual: str = ""
+    #: One fused q/k/v projection even with RoPE (GPT-NeoX): the rotated q and k are new
+    #: tensors while v stays a view that keeps the whole fused output alive.
+    fused_qkv: bool = False
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)
@@ -118,6 +131,42 @@ def _need(value: int | None, field: str, why: str) -> int:
     if value <= 0:
         raise InputError("must be positive", field=field, value=value, expected="an integer > 0")
     return value
+
+
+#: What Hugging Face modelling code of a family runs beyond the Plan's generic fields:
+#: Gemma 2 puts a norm before and after each sub-layer, soft-caps attention scores and
+#: the final logits with tanh, and has no SDPA path (softcapping needs the eager code);
+#: Gemma 3 and Qwen 3 normalize each query and key head; GPT-J's and Phi's parallel
+#: blocks share one norm; GPT-NeoX fuses q/k/v into one projection despite RoPE.
+_HF_TRAITS: dict[str, dict[str, object]] = {
+    "gemma2": {"block_norms": 4, "attn_softcap": True, "logit_softcap": True,
+               "no_sdpa": True},
+    "gemma3_text": {"block_norms": 4, "qk_norm": True},
+    "gemma3": {"block_norms": 4, "qk_norm": True},
+    "gptj": {"parallel_residual": "shared"},
+    "phi": {"parallel_residual": "shared"},
+    "gpt_neox": {"fused_qkv": True},
+    "qwen3": {"qk_norm": True},
+    "qwen3_moe": {"qk_norm": True},
+}
+
+
+def _traits(plan: Plan) -> dict[str, object]:
+    """Family traits of the code that runs (Hugging Face only; Megatron fuses them)."""
+    m = plan.model
+    assert m is not None
+    traits: dict[str, object] = {}
+    if m.implementation == "transformers":
+        traits = dict(_HF_TRAITS.get((m.family or "").lower(), {}))
+    if m.norm_placement.value == "sandwich":
+        traits["block_norms"] = 4
+    if m.parallel_residual and not traits.get("parallel_residual"):
+        traits["parallel_residual"] = "two_norms"
+    attn = m.attention_impl.value
+    if traits.pop("no_sdpa", False) and attn == "sdpa":
+        attn = "eager"  # transformers falls back to the eager code
+    traits["attn_impl"] = attn
+    return traits
 
 
 def _act_kernel(activation: str, hidden_act: str | None) -> str:
@@ -239,7 +288,6 @@ def shape_from_plan(plan: Plan) -> Shape:
         tied=m.tied_embeddings,
         attn_bias=m.attention_bias,
         mlp_bias=m.mlp_bias,
-        attn_impl=m.attention_impl.value,
         dropout=m.dropout,
         impl=m.implementation,
         num_params=m.num_params,
@@ -268,6 +316,7 @@ def shape_from_plan(plan: Plan) -> Shape:
         family=(m.family or '').lower(),
         foreach=not plan.optimizer.fused,
         fused=plan.optimizer.fused,
+        **_traits(plan),  # type: ignore[arg-type]
     )
     from sapper.memory.pipeline import layers_per_stage
 

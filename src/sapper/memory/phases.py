@@ -102,13 +102,15 @@ def _blocks(n: int, every: int, boundary: int, other: int) -> _Blocks:
     return _Blocks(ck, kept, prefix[-1], tuple(prefix), tuple(plain_after), tuple(sorted(cands)))
 
 
-def _stage(sh: Shape, i: int, pc: ParamCount, blk: BlockActivations) -> StagePeak:
+def _stage(
+    sh: Shape, i: int, pc: ParamCount, blk: BlockActivations, device: str = "cuda"
+) -> StagePeak:
     st = stage_states(sh, pc)
     chunks = chunk_layers(sh, i)
     v = len(chunks)
     first, last = i == 0, i == sh.pp - 1
     head = head_cost(sh) if last else None
-    emb = embedding_saved(sh) if first else 0
+    emb = embedding_saved(sh, device) if first else 0
     other = blk.selective if sh.ckpt == "selective" else blk.saved
     every = sh.ckpt_every if sh.ckpt == "full" else 0
     blocks = [_blocks(n, every, blk.boundary, other) for n in chunks]
@@ -240,5 +242,5 @@ def stage_peaks(
     loss; :func:`~sapper.memory.pipeline.peak_candidates` names those that can peak)."""
     blk = block_activations(sh, device)
     if stages is None or len(stages) == sh.pp:
-        return [_stage(sh, i, pc, blk) for i, pc in enumerate(stage_params(sh))]
-    return [_stage(sh, i, stage_param_count(sh, i), blk) for i in stages]
+        return [_stage(sh, i, pc, blk, device) for i, pc in enumerate(stage_params(sh))]
+    return [_stage(sh, i, stage_param_count(sh, i), blk, device) for i in stages]

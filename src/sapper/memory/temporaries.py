@@ -60,6 +60,8 @@ def head_cost(sh: Shape) -> HeadCost:
     upcast = 4 * v * n if c != 4 else 0
     lsm = 4 * v * n
     base = int(n * (norm + proj_in))
+    if sh.logit_softcap:
+        base += c * v * n  # tanh(logits / cap), kept by tanh's backward
     saved = base + lsm
     fwd = base + logits + upcast + lsm
     # nll gradient, log-softmax gradient and the saved log-softmax; then the cast down
