@@ -137,8 +137,13 @@ def _spawn(ctx: SmokeContext, folder: Path, world: int, k: int) -> list[dict[str
 
 
 def _crashed(folder: Path, world: int, exc: BaseException) -> Finding:
-    errors = [(folder / f"rank{r}.err") for r in range(world)]
-    text = next((e.read_text() for e in errors if e.exists()), str(exc))
+    # The rank that failed first wrote first: the others then fail in their collectives
+    # ("connection closed by peer"), which says nothing about the cause.
+    errors = sorted(
+        (e for e in (folder / f"rank{r}.err" for r in range(world)) if e.exists()),
+        key=lambda e: e.stat().st_mtime_ns,
+    )
+    text = errors[0].read_text() if errors else str(exc)
     last = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
     return verdict(
         DATA_PARALLEL,
