@@ -22,7 +22,7 @@ from typing import Any
 from sapper.checks.config import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
 from sapper.errors import InputError
 from sapper.plan.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
-from sapper.plan.sources import PlanSource, read_json_file
+from sapper.plan.sources import PlanSource, read_json_object
 
 __all__ = ["read_deepspeed_config"]
 
@@ -49,14 +49,9 @@ _KIND_WORDS = {
 def read_deepspeed_config(path: str | Path) -> PlanSource:
     """A Plan source from a DeepSpeed JSON config, with its C0xx findings attached."""
     file = str(path)
-    raw = read_json_file(path)
-    if not isinstance(raw, dict):
-        raise InputError(
-            "a DeepSpeed config must be a JSON object",
-            file=file,
-            value=type(raw).__name__,
-            expected="keys such as train_batch_size, bf16, zero_optimization",
-        )
+    raw = read_json_object(
+        path, "a DeepSpeed config", "keys such as train_batch_size, bf16, zero_optimization"
+    )
     reader = _Reader(raw, PlanSource(name=file))
     reader.check_keys(raw, "")
     _batch(reader)

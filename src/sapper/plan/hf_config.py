@@ -34,7 +34,7 @@ from sapper.plan.hf_families import (
     quiet_transformers,
 )
 from sapper.plan.schema import PositionEncoding
-from sapper.plan.sources import PlanSource, read_json_file
+from sapper.plan.sources import PlanSource, read_json_object
 
 __all__ = ["SUPPORTED_FAMILIES", "read_hf_config"]
 
@@ -106,14 +106,11 @@ _ORIGIN: dict[str, tuple[str, ...]] = {
 def read_hf_config(path: str | Path) -> PlanSource:
     """A Plan source holding ``model.*`` from an HF ``config.json``."""
     file = str(path)
-    raw = read_json_file(path)
-    if not isinstance(raw, dict):
-        raise InputError(
-            "a Hugging Face config.json must be a JSON object",
-            file=file,
-            value=type(raw).__name__,
-            expected='an object with "model_type", "hidden_size", "num_hidden_layers", ...',
-        )
+    raw = read_json_object(
+        path,
+        "a Hugging Face config.json",
+        'an object with "model_type", "hidden_size", "num_hidden_layers", ...',
+    )
     model_type, kwargs = _normalize(raw, file)
     _check_numbers(raw, file)
     cfg = _parse(model_type, kwargs, raw, file)

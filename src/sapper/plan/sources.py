@@ -18,7 +18,7 @@ import yaml
 from sapper.errors import InputError
 from sapper.rules.model import Finding
 
-__all__ = ["PlanSource", "read_json_file", "read_yaml_file", "set_path"]
+__all__ = ["PlanSource", "read_json_file", "read_json_object", "read_yaml_file", "set_path"]
 
 
 @dataclass
@@ -80,3 +80,17 @@ def read_json_file(path: str | Path) -> Any:
         raise InputError(
             f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=str(path)
         ) from None
+
+
+def read_json_object(path: str | Path, what: str, expected: str) -> dict[str, Any]:
+    """Load a JSON file that must hold one object (a config), else an InputError saying
+    ``what`` it should be and ``expected`` keys."""
+    raw = read_json_file(path)
+    if not isinstance(raw, dict):
+        raise InputError(
+            f"{what} must be a JSON object",
+            file=str(path),
+            value=type(raw).__name__,
+            expected=expected,
+        )
+    return raw
