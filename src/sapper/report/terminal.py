@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 
 from rich.console import Console, Group
@@ -19,7 +18,6 @@ __all__ = [
     "render_check_report",
     "render_findings",
     "render_rule",
-    "render_to_text",
 ]
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -83,10 +81,3 @@ def render_rule(rule: Rule) -> Panel:
         + f"\n\n[bold]How to defuse[/]\n{escape(rule.fix.strip())}"
     )
     return Panel(body, title=f"{rule.code} {rule.name}", title_align="left")
-
-
-def render_to_text(renderable: object, width: int = 100) -> str:
-    """Plain text of a renderable (for tests and files)."""
-    console = Console(width=width, file=io.StringIO(), color_system=None)
-    console.print(renderable)
-    return console.file.getvalue()  # type: ignore[attr-defined]
