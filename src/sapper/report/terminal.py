@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
