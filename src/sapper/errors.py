@@ -8,7 +8,37 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InputError", "SapperError"]
+__all__ = ["MAX_QUOTE_CHARS", "InputError", "SapperError", "clip", "quote"]
+
+#: Longest value quoted in an error line: enough to recognise it, short enough that a
+#: 50 MB string from a hostile file still gives one readable line.
+MAX_QUOTE_CHARS = 200
+
+
+def clip(text: str, limit: int = MAX_QUOTE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
+    """``repr(value)`` clipped to ``limit`` characters.
+
+    Containers are cut before they are rendered, so quoting a huge list costs no more than
+    quoting a short one, and an integer too long for ``repr`` (Python refuses ints past
+    ``sys.get_int_max_str_digits()`` digits) is described by its size instead.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > 20:
+        kind = type(value).__name__
+        return f"a {kind} of {len(value)} items"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a huge int inside a container, a cycle
+        text = f"<a {type(value).__name__}>"
+    return clip(text, limit)
 
 
 class SapperError(Exception):
@@ -43,10 +73,10 @@ class InputError(SapperError):
     def format(self) -> str:
         where = self.file or "<input>"
         if self.field:
-            where += f": {self.field}"
-        text = f"{where}: {self.problem}"
+            where += f": {clip(self.field)}"
+        text = f"{where}: {clip(self.problem, 2 * MAX_QUOTE_CHARS)}"
         if self.has_value:
-            text += f" (got {self.value!r})"
+            text += f" (got {quote(self.value)})"
         if self.expected:
-            text += f"; expected {self.expected}"
+            text += f"; expected {clip(self.expected, 5 * MAX_QUOTE_CHARS)}"
         return text

@@ -14,8 +14,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from sapper.errors import SapperError
+from sapper.errors import SapperError, clip
 
 __all__ = ["OutputFormat", "app", "console", "emit_json", "main", "run_guarded"]
 
@@ -59,7 +60,9 @@ def run_guarded(body: Callable[[], int]) -> None:
     try:
         code = body()
     except SapperError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # Escaped: the line quotes user values, and "[/x]" in one is not rich markup.
+        line = escape(str(exc))
+        err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -88,7 +91,7 @@ def main() -> None:
         raise
     except Exception as exc:  # never a traceback for the user
         err_console.print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {exc} "
+            f"[bold red]internal error:[/] {type(exc).__name__}: {escape(clip(str(exc)))} "
             "(a bug in sapper; rerun with SAPPER_DEBUG=1 for the traceback)",
             highlight=False,
         )
