@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sapper.plan.hardware import GPUS
-from sapper.plan.schema import Plan
+from sapper.plan.schema import Plan, bounds_text
 
 __all__ = ["render_plan_docs"]
 
@@ -109,13 +109,8 @@ def _default(info: FieldInfo) -> str:
 
 
 def _constraints(info: FieldInfo) -> str:
-    words = []
-    for meta in info.metadata:
-        for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
-            bound = getattr(meta, attr, None)
-            if bound is not None:
-                words.append(f"{sign} {bound}")
-    return f" ({', '.join(words)})" if words else ""
+    words = bounds_text(info)
+    return f" ({words})" if words else ""
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:

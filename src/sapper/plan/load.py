@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sapper.errors import InputError
-from sapper.plan.schema import Plan
+from sapper.plan.schema import Plan, bounds_text, field_info
 from sapper.plan.sources import PlanSource
 from sapper.rules.model import Finding
 
@@ -74,9 +74,14 @@ def _expected(err: dict[str, Any]) -> str:
         return "a value"
     if "expected" in ctx:
         return str(ctx["expected"])
-    for bound, word in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
-        if bound in ctx:
-            return f"a number {word} {ctx[bound]}"
+    if any(bound in ctx for bound in ("gt", "ge", "lt", "le")):
+        # The whole range, not only the side that was crossed.
+        info = field_info(tuple(err.get("loc", ())))
+        words = bounds_text(info) if info is not None else ""
+        if not words:
+            signs = (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"))
+            words = ", ".join(f"{sign} {ctx[b]}" for b, sign in signs if b in ctx)
+        return f"a number {words}"
     return (
         err.get("msg", "a valid value")
         .removeprefix("Input should be ")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from sapper.plan.hardware import GpuSpec, find_gpu
 
@@ -38,13 +39,96 @@ __all__ = [
     "PrecisionSpec",
     "RopeScalingSpec",
     "ScheduleSpec",
+    "bounds_text",
+    "field_info",
 ]
+
+# ---- physical bounds ------------------------------------------------------------------
+# Generous on purpose: 10-1000x anything built or announced. They exist so that a typo or
+# a hostile value (2**64 GPUs, a micro batch of 10^12) is refused with the valid range
+# instead of making the layout search, the memory model or a report run for ever.
+
+#: GPUs in one job: the largest clusters have ~10^5.
+MAX_GPUS = 10**6
+#: GPUs in one node / scale-up domain: 8 in a DGX, 72 in an NVL72 rack, 576 announced.
+MAX_GPUS_PER_NODE = 1024
+#: Hidden, MLP and head widths (features): the largest models have ~3·10^4 hidden, ~10^5 MLP.
+MAX_WIDTH = 10**6
+#: Transformer blocks: the deepest trained models have a few hundred.
+MAX_LAYERS = 10**4
+#: Attention heads: the largest models have ~10^2.
+MAX_HEADS = 10**5
+#: Vocabulary (tokens): the largest are ~2.6·10^5.
+MAX_VOCAB = 10**8
+#: Sequence length and position tables (tokens): the longest contexts are ~10^7.
+MAX_TOKENS = 10**9
+#: MoE experts per layer: "a million experts" (PEER) is the most published.
+MAX_EXPERTS = 10**7
+#: Parameters: the largest models have ~2·10^12.
+MAX_PARAMS = 10**16
+#: Sequences per GPU per micro-batch, and micro-batches per optimizer step.
+MAX_BATCH = 10**6
+#: Sequences per optimizer step (all GPUs): ~10^4 in the largest runs.
+MAX_GLOBAL_BATCH = 10**9
+#: Optimizer steps in a run (warmup, total): ~10^6 in the longest runs.
+MAX_STEPS = 10**12
+#: Interleaved pipeline chunks per stage: each holds at least one block, usually 2-8.
+MAX_VIRTUAL_STAGES = 1024
+#: Characters in a string value (names, paths): a path is at most 4096 on Linux.
+MAX_STR = 4096
 
 
 class _Spec(BaseModel):
     """Strict: an unknown key is an error naming the field (catches typos)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        use_enum_values=False,
+        # NaN passes every comparison a rule makes (nan > 1 is False, so is nan < 1) and
+        # inf overflows estimates: neither is ever a meaningful setting.
+        allow_inf_nan=False,
+        str_max_length=MAX_STR,
+    )
+
+
+def _num(value: float) -> str:
+    """A bound as people read it: 10^6 rather than 1000000."""
+    if isinstance(value, int) and value >= 10_000 and str(value).rstrip("0") == "1":
+        return f"10^{len(str(value)) - 1}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def bounds_text(info: FieldInfo) -> str:
+    """A field's range as ``> 0, ≤ 10^6`` (empty when unbounded), for docs and errors."""
+    words = []
+    for meta in info.metadata:
+        for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
+            bound = getattr(meta, attr, None)
+            if bound is not None:
+                words.append(f"{sign} {_num(bound)}")
+    return ", ".join(words)
+
+
+def field_info(loc: tuple[int | str, ...]) -> FieldInfo | None:
+    """The field a validation error's ``loc`` points at (None when it is not a field)."""
+    model: type[BaseModel] | None = Plan
+    info = None
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _nested(info.annotation)
+    return info
+
+
+def _nested(annotation: object) -> type[BaseModel] | None:
+    import typing
+
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 class PositionEncoding(str, enum.Enum):
@@ -88,7 +172,10 @@ class RopeScalingSpec(_Spec):
     type: str = Field(description="Scaling method: linear, dynamic, yarn, llama3, longrope ...")
     factor: float = Field(gt=0, description="Context extension factor (dimensionless).")
     original_max_position_embeddings: int | None = Field(
-        default=None, gt=0, description="Context length the model was trained at (tokens)."
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="Context length the model was trained at (tokens).",
     )
 
 
@@ -96,20 +183,34 @@ class ModelSpec(_Spec):
     """Architecture of a decoder-only transformer."""
 
     family: str | None = Field(default=None, description="HF model_type, e.g. 'llama', 'gpt2'.")
-    hidden_size: int = Field(gt=0, description="Model width h (features).")
-    num_layers: int = Field(gt=0, description="Transformer blocks L.")
-    num_heads: int = Field(gt=0, description="Attention (query) heads a.")
-    num_kv_heads: int | None = Field(
-        default=None, gt=0, description="Key/value heads (GQA/MQA); defaults to num_heads."
+    hidden_size: int = Field(
+        gt=0, le=MAX_WIDTH, description="Model width h (features; the largest models: ~3·10^4)."
     )
-    head_dim: int | None = Field(default=None, gt=0, description="Per-head width; h / a.")
+    num_layers: int = Field(
+        gt=0, le=MAX_LAYERS, description="Transformer blocks L (the deepest models: hundreds)."
+    )
+    num_heads: int = Field(gt=0, le=MAX_HEADS, description="Attention (query) heads a.")
+    num_kv_heads: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_HEADS,
+        description="Key/value heads (GQA/MQA); defaults to num_heads.",
+    )
+    head_dim: int | None = Field(
+        default=None, gt=0, le=MAX_WIDTH, description="Per-head width; h / a."
+    )
     ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="MLP inner width (features); defaults to 4h."
+        default=None, gt=0, le=MAX_WIDTH, description="MLP inner width (features); defaults to 4h."
     )
     activation: Activation = Field(default=Activation.GELU, description="MLP activation.")
-    vocab_size: int = Field(gt=0, description="Vocabulary size V (tokens).")
+    vocab_size: int = Field(
+        gt=0, le=MAX_VOCAB, description="Vocabulary size V (tokens; the largest: ~2.6·10^5)."
+    )
     max_position_embeddings: int | None = Field(
-        default=None, gt=0, description="Longest sequence the position scheme supports (tokens)."
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="Longest sequence the position scheme supports (tokens).",
     )
     position_encoding: PositionEncoding = Field(
         default=PositionEncoding.LEARNED, description="learned / rope / alibi / sinusoidal / none."
@@ -121,10 +222,17 @@ class ModelSpec(_Spec):
         default=NormPlacement.PRE, description="pre (stable), post (needs warmup), sandwich."
     )
     tied_embeddings: bool = Field(default=False, description="Output head shares embeddings.")
-    num_experts: int = Field(default=1, ge=1, description="MoE experts per layer (1 = dense).")
-    experts_top_k: int = Field(default=1, ge=1, description="Experts each token is routed to.")
+    num_experts: int = Field(
+        default=1, ge=1, le=MAX_EXPERTS, description="MoE experts per layer (1 = dense)."
+    )
+    experts_top_k: int = Field(
+        default=1, ge=1, le=MAX_EXPERTS, description="Experts each token is routed to."
+    )
     moe_ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="Inner width of one expert; defaults to ffn_hidden_size."
+        default=None,
+        gt=0,
+        le=MAX_WIDTH,
+        description="Inner width of one expert; defaults to ffn_hidden_size.",
     )
     attention_bias: bool = Field(default=False, description="Biases on q/k/v/o projections.")
     mlp_bias: bool = Field(default=False, description="Biases on MLP projections.")
@@ -147,7 +255,10 @@ class ModelSpec(_Spec):
         "activation accounting of Korthikanti et al. 2022).",
     )
     num_params: int | None = Field(
-        default=None, gt=0, description="Exact parameter count when a loader knows it."
+        default=None,
+        gt=0,
+        le=MAX_PARAMS,
+        description="Exact parameter count when a loader knows it (the largest: ~2·10^12).",
     )
 
     @property
@@ -213,11 +324,13 @@ class LossScalingSpec(_Spec):
     static_scale: float | None = Field(default=None, description="The fixed scale (static).")
     initial_scale: float = Field(default=2.0**16, gt=0, description="Start value (dynamic).")
     growth_interval: int = Field(
-        default=2000, ge=1, description="Clean steps before the scale grows (steps)."
+        default=2000, ge=1, le=MAX_STEPS, description="Clean steps before the scale grows (steps)."
     )
     growth_factor: float = Field(default=2.0, description="Multiplier on growth.")
     backoff_factor: float = Field(default=0.5, description="Multiplier on overflow.")
-    hysteresis: int = Field(default=1, ge=1, description="Overflows tolerated before backoff.")
+    hysteresis: int = Field(
+        default=1, ge=1, le=MAX_STEPS, description="Overflows tolerated before backoff."
+    )
     min_scale: float = Field(default=1.0, ge=0, description="Floor of the dynamic scale.")
 
 
@@ -266,8 +379,12 @@ class OptimizerSpec(_Spec):
 
 class ScheduleSpec(_Spec):
     type: str = Field(default="constant", description="constant / linear / cosine / wsd ...")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup length (steps).")
-    total_steps: int | None = Field(default=None, gt=0, description="Training length (steps).")
+    warmup_steps: int = Field(
+        default=0, ge=0, le=MAX_STEPS, description="Linear warmup length (steps)."
+    )
+    total_steps: int | None = Field(
+        default=None, gt=0, le=MAX_STEPS, description="Training length (steps)."
+    )
     min_lr: float = Field(default=0.0, ge=0, description="Floor of the decay.")
 
 
@@ -299,16 +416,29 @@ class InitSpec(_Spec):
 
 
 class BatchSpec(_Spec):
-    micro_batch_size: int | None = Field(default=None, gt=0, description="Sequences per GPU.")
+    micro_batch_size: int | None = Field(
+        default=None, gt=0, le=MAX_BATCH, description="Sequences per GPU (usually 1-64)."
+    )
     gradient_accumulation_steps: int | None = Field(
-        default=None, gt=0, description="Micro-batches per optimizer step."
+        default=None, gt=0, le=MAX_BATCH, description="Micro-batches per optimizer step."
     )
     global_batch_size: int | None = Field(
-        default=None, gt=0, description="Sequences per optimizer step."
+        default=None,
+        gt=0,
+        le=MAX_GLOBAL_BATCH,
+        description="Sequences per optimizer step (the largest runs: ~10^4).",
     )
-    seq_len: int | None = Field(default=None, gt=0, description="Tokens per sequence.")
+    seq_len: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="Tokens per sequence (the longest contexts: ~10^7).",
+    )
     reference_global_batch: int | None = Field(
-        default=None, gt=0, description="Global batch the LR was tuned at (sequences)."
+        default=None,
+        gt=0,
+        le=MAX_GLOBAL_BATCH,
+        description="Global batch the LR was tuned at (sequences).",
     )
     reference_lr: float | None = Field(default=None, gt=0, description="LR tuned at that batch.")
 
@@ -319,7 +449,9 @@ class CheckpointingSpec(_Spec):
     granularity: Literal["none", "selective", "full"] = Field(
         default="none", description="none / selective (attention) / full (whole blocks)."
     )
-    every_k_layers: int = Field(default=1, ge=1, description="Checkpoint one block in k.")
+    every_k_layers: int = Field(
+        default=1, ge=1, le=MAX_LAYERS, description="Checkpoint one block in k."
+    )
     partition_activations: bool = Field(
         default=False, description="Checkpoints sharded across tensor-parallel ranks."
     )
@@ -329,11 +461,13 @@ class CheckpointingSpec(_Spec):
 class ParallelSpec(_Spec):
     """Layout (seed §3.3, §4). ``dp = -1`` means GPUs / (tp·pp·cp)."""
 
-    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree.")
-    pp: int = Field(default=1, ge=1, description="Pipeline-parallel degree.")
-    dp: int = Field(default=-1, description="Data-parallel degree; -1 = infer.")
-    cp: int = Field(default=1, ge=1, description="Context-parallel degree.")
-    ep: int = Field(default=1, ge=1, description="Expert-parallel degree (within DP).")
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, ge=1, le=MAX_GPUS, description="Pipeline-parallel degree.")
+    dp: int = Field(default=-1, le=MAX_GPUS, description="Data-parallel degree; -1 = infer.")
+    cp: int = Field(default=1, ge=1, le=MAX_GPUS, description="Context-parallel degree.")
+    ep: int = Field(
+        default=1, ge=1, le=MAX_GPUS, description="Expert-parallel degree (within DP)."
+    )
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallel.")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO / FSDP sharding stage.")
     offload_optimizer: Literal["none", "cpu", "nvme"] = Field(
@@ -343,7 +477,12 @@ class ParallelSpec(_Spec):
         default="none", description="Where parameters live between uses (ZeRO-3 offload)."
     )
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
-    virtual_pipeline_stages: int = Field(default=1, ge=1, description="Interleaved chunks v.")
+    virtual_pipeline_stages: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_VIRTUAL_STAGES,
+        description="Interleaved chunks v per stage (each at least one block; usually 2-8).",
+    )
     pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(
         default="1f1b", description="Order of micro-batch forward/backward passes per stage."
     )
@@ -354,6 +493,7 @@ class ParallelSpec(_Spec):
     first_stage_layers: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_LAYERS,
         description="Layers on the first pipeline stage (Megatron "
         "--decoder-first-pipeline-num-layers; it also holds the embedding and the most "
         "micro-batches in flight); default: an even split.",
@@ -361,6 +501,7 @@ class ParallelSpec(_Spec):
     last_stage_layers: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_LAYERS,
         description="Layers on the last pipeline stage (--decoder-last-pipeline-num-layers; "
         "it also runs the output head and loss); default: an even split.",
     )
@@ -378,12 +519,38 @@ class ParallelSpec(_Spec):
             raise ValueError("must be a positive degree or -1 (infer from the GPU count)")
         return v
 
+    @model_validator(mode="after")
+    def _world(self) -> ParallelSpec:
+        """Each degree is bounded, but their product is the world size."""
+        world = self.tp * self.pp * self.cp * max(self.dp, 1)
+        if world > MAX_GPUS:
+            raise ValueError(
+                f"tp·pp·cp·dp = {world} GPUs; the degrees must multiply to at most "
+                f"{_num(MAX_GPUS)} GPUs"
+            )
+        return self
+
 
 class HardwareSpec(_Spec):
     gpu: str | None = Field(default=None, description="GPU model from the built-in table.")
-    num_gpus: int | None = Field(default=None, gt=0, description="GPUs in the job.")
-    gpus_per_node: int = Field(default=8, gt=0, description="GPUs in one node.")
-    nodes: int | None = Field(default=None, gt=0, description="Nodes in the job.")
+    num_gpus: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_GPUS,
+        description="GPUs in the job (the largest clusters: ~10^5).",
+    )
+    gpus_per_node: int = Field(
+        default=8,
+        gt=0,
+        le=MAX_GPUS_PER_NODE,
+        description="GPUs in one node (8 in a DGX, 72 in an NVL72 rack).",
+    )
+    nodes: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_GPUS,
+        description="Nodes in the job (nodes × gpus_per_node at most 10^6 GPUs).",
+    )
     host_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node.")
     internode_gbps: float | None = Field(
         default=None, gt=0, description="Override: network GB/s per GPU per direction."
@@ -401,6 +568,15 @@ class HardwareSpec(_Spec):
             names = ", ".join(g.name for g in GPUS)
             raise ValueError(f"a GPU from the built-in table: {names}")
         return spec.name
+
+    @model_validator(mode="after")
+    def _cluster(self) -> HardwareSpec:
+        if self.nodes is not None and self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(
+                f"nodes × gpus_per_node = {self.nodes * self.gpus_per_node} GPUs; at most "
+                f"{_num(MAX_GPUS)}"
+            )
+        return self
 
     @property
     def spec(self) -> GpuSpec | None:
