@@ -106,9 +106,17 @@ class _Reader:
         self.autos[key] = field
         return True
 
-    def value(self, key: str, field: str, kind: str, *, minimum: float | None = None) -> Any:
-        """The value of ``key`` checked against ``kind`` (int, number, bool, str), or
-        None when absent or "auto"."""
+    def value(
+        self,
+        key: str,
+        field: str,
+        kind: str,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> Any:
+        """The value of ``key`` checked against ``kind`` (int, number, bool, str) and the
+        bounds, or None when absent or "auto"."""
         value = self.get(key)
         if value is _MISSING or value is None or self.is_auto(key, field):
             return None
@@ -120,10 +128,14 @@ class _Reader:
         }[kind]
         if ok and minimum is not None and value < minimum:
             ok = False
+        if ok and maximum is not None and value > maximum:
+            ok = False
         if not ok:
             words = _KIND_WORDS[kind]
-            if minimum is not None:
-                words += f" ≥ {minimum:g}"
+            bounds = [f"≥ {minimum:g}"] if minimum is not None else []
+            bounds += [f"≤ {maximum:g}"] if maximum is not None else []
+            if bounds:
+                words += " " + ", ".join(bounds)
             raise self.error(key, value, f'{words} or "auto"')
         return value
 
@@ -281,7 +293,10 @@ def _fp16(r: _Reader) -> None:
         r.set(f"{scaling}.static_scale", float(scale), "fp16.loss_scale")
     else:  # 0 or absent: dynamic
         r.set(f"{scaling}.mode", "dynamic", "fp16.loss_scale")
-        power = r.value("fp16.initial_scale_power", f"{scaling}.initial_scale", "int")
+        # 2**127 is already past fp16's range; a larger power would overflow a float.
+        power = r.value(
+            "fp16.initial_scale_power", f"{scaling}.initial_scale", "int", maximum=127
+        )
         if power is not None:
             r.set(f"{scaling}.initial_scale", 2.0**power, "fp16.initial_scale_power")
         r.take_or_default("fp16.loss_scale_window", f"{scaling}.growth_interval", "int", 1000)

@@ -33,7 +33,16 @@ from sapper.plan.hf_families import (
     generic,
     quiet_transformers,
 )
-from sapper.plan.schema import PositionEncoding
+from sapper.plan.schema import (
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    PositionEncoding,
+    fmt_bound,
+)
 from sapper.plan.sources import PlanSource, read_json_object
 
 __all__ = ["SUPPORTED_FAMILIES", "read_hf_config"]
@@ -51,32 +60,24 @@ _LEGACY_KEYS = {
     },
 }
 
-#: Keys that must hold a positive integer when present (checked before transformers, so
-#: the message is the same whatever transformers version is installed).
-_POSITIVE_INTS = (
-    "hidden_size",
-    "n_embd",
-    "n_embed",
-    "d_model",
-    "num_hidden_layers",
-    "n_layer",
-    "num_attention_heads",
-    "n_head",
-    "num_key_value_heads",
-    "num_kv_heads",
-    "n_head_kv",
-    "head_dim",
-    "intermediate_size",
-    "ffn_dim",
-    "n_inner",
-    "ffn_hidden_size",
-    "vocab_size",
-    "max_position_embeddings",
-    "n_positions",
-    "num_local_experts",
-    "num_experts_per_tok",
-    "word_embed_proj_dim",
-)
+#: Keys that must hold a positive integer when present, with the largest value accepted
+#: (checked before transformers, so the message is the same whatever transformers version
+#: is installed, and so a hostile size never reaches transformers or the meta build).
+_POSITIVE_INTS: dict[str, int] = {
+    **dict.fromkeys(
+        ("hidden_size", "n_embd", "n_embed", "d_model", "head_dim", "intermediate_size"),
+        MAX_WIDTH,
+    ),
+    **dict.fromkeys(("ffn_dim", "n_inner", "ffn_hidden_size", "word_embed_proj_dim"), MAX_WIDTH),
+    **dict.fromkeys(("num_hidden_layers", "n_layer"), MAX_LAYERS),
+    **dict.fromkeys(
+        ("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "n_head_kv"),
+        MAX_HEADS,
+    ),
+    "vocab_size": MAX_VOCAB,
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), MAX_TOKENS),
+    **dict.fromkeys(("num_local_experts", "num_experts_per_tok"), MAX_EXPERTS),
+}
 
 #: Plan model field -> config.json keys that state it (the first present names the source).
 _ORIGIN: dict[str, tuple[str, ...]] = {
@@ -215,17 +216,17 @@ def _type_from_architectures(architectures: Any) -> str | None:
 
 
 def _check_numbers(raw: dict[str, Any], file: str) -> None:
-    for key in _POSITIVE_INTS:
+    for key, most in _POSITIVE_INTS.items():
         if key not in raw or raw[key] is None:
             continue
         value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= most:
             raise InputError(
                 "invalid value",
                 file=file,
                 field=key,
                 value=value,
-                expected="a positive integer",
+                expected=f"a positive integer ≤ {fmt_bound(most)}",
             )
 
 

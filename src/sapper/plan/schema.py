@@ -41,6 +41,7 @@ __all__ = [
     "ScheduleSpec",
     "bounds_text",
     "field_info",
+    "fmt_bound",
 ]
 
 # ---- physical bounds ------------------------------------------------------------------
@@ -92,7 +93,7 @@ class _Spec(BaseModel):
     )
 
 
-def _num(value: float) -> str:
+def fmt_bound(value: float) -> str:
     """A bound as people read it: 10^6 rather than 1000000."""
     if isinstance(value, int) and value >= 10_000 and str(value).rstrip("0") == "1":
         return f"10^{len(str(value)) - 1}"
@@ -106,7 +107,7 @@ def bounds_text(info: FieldInfo) -> str:
         for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
             bound = getattr(meta, attr, None)
             if bound is not None:
-                words.append(f"{sign} {_num(bound)}")
+                words.append(f"{sign} {fmt_bound(bound)}")
     return ", ".join(words)
 
 
@@ -526,7 +527,7 @@ class ParallelSpec(_Spec):
         if world > MAX_GPUS:
             raise ValueError(
                 f"tp·pp·cp·dp = {world} GPUs; the degrees must multiply to at most "
-                f"{_num(MAX_GPUS)} GPUs"
+                f"{fmt_bound(MAX_GPUS)} GPUs"
             )
         return self
 
@@ -574,7 +575,7 @@ class HardwareSpec(_Spec):
         if self.nodes is not None and self.nodes * self.gpus_per_node > MAX_GPUS:
             raise ValueError(
                 f"nodes × gpus_per_node = {self.nodes * self.gpus_per_node} GPUs; at most "
-                f"{_num(MAX_GPUS)}"
+                f"{fmt_bound(MAX_GPUS)}"
             )
         return self
 
