@@ -262,7 +262,7 @@ def analyze(
         if merge and len(loaded) > 1:
             loaded = [merge_logs(loaded)]
         plan = plan_for(inputs, loaded)
-        analyses = analyze_logs(loaded, plan, split_codes(select), split_codes(ignore))
+        analyses = analyze_logs(loaded, plan, split_codes(select), split_codes(ignore, "--ignore"))
         for exc in failed:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if fmt == OutputFormat.json:

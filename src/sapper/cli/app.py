@@ -47,8 +47,15 @@ IgnoreOpt = Annotated[
 ]
 
 
-def split_codes(values: list[str] | None) -> list[str]:
-    return [c.strip() for v in values or [] for c in v.split(",") if c.strip()]
+def split_codes(values: list[str] | None, option: str = "--select") -> list[str]:
+    """The codes of a repeated, comma-separated ``option``, each checked to be a rule code
+    or prefix (exit 2 naming the bad one, not a silent PASS)."""
+    codes = [c.strip() for v in values or [] for c in v.split(",") if c.strip()]
+    if codes:
+        from sapper.rules.registry import check_patterns
+
+        check_patterns(codes, option)
+    return codes
 
 
 def emit_json(payload: Any) -> None:

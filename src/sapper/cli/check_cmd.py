@@ -33,8 +33,9 @@ def check(
     parallel layout, data."""
 
     def body() -> int:
+        chosen, dropped = split_codes(select), split_codes(ignore, "--ignore")
         loaded = load_from_options(inputs)
-        report = run_checklist(loaded, split_codes(select), split_codes(ignore))
+        report = run_checklist(loaded, chosen, dropped)
         if fmt == OutputFormat.json:
             emit_json(report.to_json())
         else:

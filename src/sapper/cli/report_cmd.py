@@ -74,7 +74,7 @@ def report(
         if len(loaded) > 1:
             loaded = [merge_logs(loaded)]
         plan = plan_for(inputs, loaded)
-        select_codes, ignore_codes = split_codes(select), split_codes(ignore)
+        select_codes, ignore_codes = split_codes(select), split_codes(ignore, "--ignore")
         analysis = analyze_logs(loaded, plan, select_codes, ignore_codes)[0]
         checklist = None
         if has_plan_inputs(inputs):

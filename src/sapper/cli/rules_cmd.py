@@ -32,7 +32,8 @@ def rules(
 
     def body() -> int:
         table_rules = all_rules()
-        kept = select_rules([r.code for r in table_rules], split_codes(select), split_codes(ignore))
+        chosen_codes = split_codes(select), split_codes(ignore, "--ignore")
+        kept = select_rules([r.code for r in table_rules], *chosen_codes)
         chosen = [r for r in table_rules if r.code in kept]
         if fmt == OutputFormat.json:
             emit_json([r.model_dump(mode="json") for r in chosen])

@@ -110,7 +110,7 @@ def watch(
             plan=plan,
             detectors=detectors_for,
             select=split_codes(select),
-            ignore=split_codes(ignore),
+            ignore=split_codes(ignore, "--ignore"),
             poll=poll,
             idle_timeout=idle_timeout,
             sinks=sinks,

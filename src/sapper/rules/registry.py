@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from sapper.errors import InputError
 from sapper.rules.model import Rule
 
-__all__ = ["all_rules", "get_rule", "register", "select_rules"]
+__all__ = ["all_rules", "check_patterns", "get_rule", "register", "select_rules"]
 
 _RULES: dict[str, Rule] = {}
 _loaded = False
@@ -68,6 +68,22 @@ def get_rule(code: str) -> Rule:
             expected=f"a code listed by `sapper rules` (e.g. {known}, ...)",
         )
     return rule
+
+
+def check_patterns(patterns: Iterable[str], option: str) -> None:
+    """Refuse a ``--select``/``--ignore`` entry that is no rule's code or prefix: a typo
+    (``--select ZZZ``, ``--select N1O3``) would otherwise select nothing and report PASS."""
+    codes = [r.code for r in all_rules()]
+    for pattern in patterns:
+        wanted = pattern.strip().upper()
+        if wanted and not any(code.startswith(wanted) for code in codes):
+            prefixes = ", ".join(sorted({c[0] for c in codes}))
+            raise InputError(
+                "unknown rule code or prefix",
+                field=option,
+                value=pattern,
+                expected=f"a code or prefix listed by `sapper rules` (prefixes {prefixes})",
+            )
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:
