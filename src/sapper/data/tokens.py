@@ -16,6 +16,8 @@ all files instead of being only their beginning.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 import time
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from sapper.errors import InputError
+from sapper.plan.sources import special_kind
 
 __all__ = ["FORMATS", "MEGATRON_DTYPES", "TokenScan", "detect_files", "scan_token_ids"]
 
@@ -45,6 +48,9 @@ _EXT = {".npy": "npy", ".bin": "bin", ".idx": "megatron", ".jsonl": "jsonl"}
 #: Tokens per binary chunk (64 MiB of uint32) and bytes per jsonl block.
 CHUNK_TOKENS = 1 << 24
 JSONL_BLOCK = 8 << 20
+#: Folder entries looked at before giving up: a dataset of 10^5 shards is large, and a
+#: mistaken ``data.path: /`` must fail in seconds, not walk the whole disk.
+MAX_FOLDER_ENTRIES = 100_000
 FIELD = "data.path"
 
 
@@ -95,10 +101,15 @@ def detect_files(path: str | Path, fmt: str | None = None) -> list[tuple[Path, s
             value=fmt,
             expected=" / ".join(FORMATS),
         )
-    if not p.exists():
-        raise _input_error("dataset not found", p, "an existing file or folder")
-    if p.is_dir():
-        found = [(f, _classify(f, fmt)) for f in sorted(p.rglob("*")) if f.is_file()]
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise _input_error("dataset not found", p, "an existing file or folder") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        reason = getattr(exc, "strerror", None) or exc
+        raise _input_error(f"cannot read dataset ({reason})", p) from None
+    if stat.S_ISDIR(mode):
+        found = [(f, _classify(f, fmt)) for f in _folder_files(p)]
         files = [(f, k) for f, k in found if k is not None]
         # A Megatron dataset is one entry per prefix: keep the .bin, drop its .idx.
         files = [(f, k) for f, k in files if not (k == "megatron" and f.suffix == ".idx")]
@@ -109,6 +120,9 @@ def detect_files(path: str | Path, fmt: str | None = None) -> list[tuple[Path, s
                 "files ending in .npy, .bin (+ .idx) or .jsonl",
             )
         return files
+    special = special_kind(mode)
+    if special is not None:  # a FIFO would block the scan, a device never end
+        raise _input_error(f"is {special}, not a regular file", p, "a dataset file or folder")
     kind = _classify(p, fmt) or fmt
     if kind is None:
         raise _input_error(
@@ -119,6 +133,29 @@ def detect_files(path: str | Path, fmt: str | None = None) -> list[tuple[Path, s
     if kind == "megatron" and p.suffix == ".idx":
         p = p.with_suffix(".bin")
     return [(p, kind)]
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """Regular files under ``folder`` (symlinks to files included, linked folders not
+    followed, unreadable sub-folders skipped), sorted; at most MAX_FOLDER_ENTRIES looked at."""
+    out: list[Path] = []
+    seen = 0
+    for root, dirs, names in os.walk(folder):
+        seen += len(dirs) + len(names)
+        if seen > MAX_FOLDER_ENTRIES:
+            raise _input_error(
+                f"the folder holds more than {MAX_FOLDER_ENTRIES} entries",
+                folder,
+                "the folder of the dataset's files (.npy, .bin + .idx, .jsonl)",
+            )
+        for name in names:
+            path = Path(root, name)
+            try:
+                if stat.S_ISREG(path.stat().st_mode):
+                    out.append(path)
+            except OSError:  # a dangling link, a file that vanished
+                continue
+    return sorted(out)
 
 
 def _classify(path: Path, fmt: str | None) -> str | None:
@@ -189,6 +226,8 @@ def _open_raw(path: Path, dtype: np.dtype) -> _Source:
 def _open_megatron(bin_path: Path) -> _Source:
     idx = bin_path.with_suffix(".idx")
     try:
+        if not stat.S_ISREG(idx.stat().st_mode):
+            raise _input_error("the Megatron index is not a regular file", idx)
         with idx.open("rb") as fh:
             head = fh.read(len(MEGATRON_MAGIC) + 9)
     except OSError as exc:

@@ -40,6 +40,7 @@ __all__ = [
     "read_json_object",
     "read_yaml_file",
     "set_path",
+    "special_kind",
 ]
 
 #: Largest config file sapper reads (plan YAML, config.json, DeepSpeed JSON). Real ones are
@@ -83,8 +84,8 @@ def set_path(tree: dict[str, Any], path: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _kind(mode: int) -> str | None:
-    """What a non-regular file is, in words (None for a regular file)."""
+def special_kind(mode: int) -> str | None:
+    """What a file that is not a regular one is, in words (None for a regular file)."""
     if stat.S_ISREG(mode):
         return None
     if stat.S_ISDIR(mode):
@@ -99,7 +100,7 @@ def _kind(mode: int) -> str | None:
 
 
 def _check_file(info: os.stat_result, name: str) -> None:
-    kind = _kind(info.st_mode)
+    kind = special_kind(info.st_mode)
     if kind is not None:
         raise InputError(f"is {kind}, not a regular file", file=name, expected="a config file")
     if info.st_size > MAX_CONFIG_BYTES:

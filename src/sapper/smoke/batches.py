@@ -225,8 +225,9 @@ class TokenFile:
         self.vocab_size = int(uniq.size)
 
     def _read(self) -> np.ndarray:
-        if not self.path.is_file():
-            raise InputError("file not found", file=str(self.path))
+        if not self.path.is_file():  # a FIFO or a device is refused, never opened
+            problem = "not a regular file" if self.path.exists() else "file not found"
+            raise InputError(problem, file=str(self.path))
         suffix = self.path.suffix.lower()
         try:
             if suffix == ".npy":
