@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_QUOTE_CHARS", "InputError", "SapperError", "clip", "quote"]
+__all__ = ["MAX_QUOTE_CHARS", "InputError", "SapperError", "clip", "printable", "quote"]
 
 #: Longest value quoted in an error line: enough to recognise it, short enough that a
 #: 50 MB string from a hostile file still gives one readable line.
@@ -20,6 +20,14 @@ def clip(text: str, limit: int = MAX_QUOTE_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``), so a key or a
+    path from a hostile file keeps the message on one line and cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
@@ -79,4 +87,4 @@ class InputError(SapperError):
             text += f" (got {quote(self.value)})"
         if self.expected:
             text += f"; expected {clip(self.expected, 5 * MAX_QUOTE_CHARS)}"
-        return text
+        return printable(text)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sapper.checks.config import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
-from sapper.errors import InputError
+from sapper.errors import InputError, clip
 from sapper.plan.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
 from sapper.plan.sources import PlanSource, read_json_object
 
@@ -38,6 +38,9 @@ _SCHEDULES = {
     "LRRangeTest": "lr_range_test",
 }
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+#: Unknown keys reported one by one; past this a file is not a DeepSpeed config with
+#: typos but something else, and one summary finding says how many more there are.
+MAX_UNKNOWN_REPORTED = 20
 _KIND_WORDS = {
     "int": "an integer",
     "number": "a number",
@@ -72,6 +75,7 @@ class _Reader:
     def __init__(self, raw: dict[str, Any], src: PlanSource) -> None:
         self.raw, self.src, self.file = raw, src, src.name
         self.autos: dict[str, str] = {}  # DeepSpeed key -> Plan field it would set
+        self.unknown = 0  # unknown keys seen
 
     # -- access --------------------------------------------------------------------
     def get(self, key: str) -> Any:
@@ -179,6 +183,10 @@ class _Reader:
                 self.check_keys(value, path)
 
     def _unknown(self, key: str, section: str, path: str) -> None:
+        self.unknown += 1
+        if self.unknown > MAX_UNKNOWN_REPORTED:
+            return
+        path = clip(path)
         hint = suggest(key, section)
         where = f"in {section}" if section else "at the top level"
         did_you_mean = f"did you mean {hint}? " if hint else ""
@@ -209,6 +217,17 @@ class _Reader:
                     source=f"{self.file}: {keys}",
                     value=len(self.autos),
                     keys=dict(self.autos),
+                )
+            )
+        if self.unknown > MAX_UNKNOWN_REPORTED:
+            more = self.unknown - MAX_UNKNOWN_REPORTED
+            self.src.findings.append(
+                UNKNOWN_KEY.finding(
+                    f"{more} more keys are not DeepSpeed keys (only the first "
+                    f"{MAX_UNKNOWN_REPORTED} are listed): is this a DeepSpeed config?",
+                    fix="delete them or use documented keys",
+                    source=self.file,
+                    value=more,
                 )
             )
         fields = dict.fromkeys(self.autos.values())

@@ -526,8 +526,8 @@ class ParallelSpec(_Spec):
         world = self.tp * self.pp * self.cp * max(self.dp, 1)
         if world > MAX_GPUS:
             raise ValueError(
-                f"tp·pp·cp·dp = {world} GPUs; the degrees must multiply to at most "
-                f"{fmt_bound(MAX_GPUS)} GPUs"
+                f"degrees whose product tp·pp·cp·dp is at most {fmt_bound(MAX_GPUS)} GPUs "
+                f"(it is {world})"
             )
         return self
 
@@ -574,8 +574,8 @@ class HardwareSpec(_Spec):
     def _cluster(self) -> HardwareSpec:
         if self.nodes is not None and self.nodes * self.gpus_per_node > MAX_GPUS:
             raise ValueError(
-                f"nodes × gpus_per_node = {self.nodes * self.gpus_per_node} GPUs; at most "
-                f"{fmt_bound(MAX_GPUS)}"
+                f"nodes × gpus_per_node at most {fmt_bound(MAX_GPUS)} GPUs "
+                f"(it is {self.nodes * self.gpus_per_node})"
             )
         return self
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sapper.checks.engine import CheckReport
+from sapper.errors import printable
 from sapper.rules.model import Finding, Rule, Severity
 
 __all__ = [
@@ -33,6 +34,11 @@ def _where(f: Finding) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _safe(text: str) -> str:
+    """User text (keys, names, paths) as literal text: no rich markup, no terminal codes."""
+    return escape(printable(text))
+
+
 def render_findings(findings: Iterable[Finding]) -> Group:
     """Each finding: code, severity, message with its numbers, then the fix."""
     lines = []
@@ -40,10 +46,10 @@ def render_findings(findings: Iterable[Finding]) -> Group:
         style = SEVERITY_STYLE[f.severity]
         lines.append(
             Text.from_markup(
-                f"  [{style}]{f.code} {f.severity.value}[/]{escape(_where(f))}: {escape(f.message)}"
+                f"  [{style}]{f.code} {f.severity.value}[/]{_safe(_where(f))}: {_safe(f.message)}"
             )
         )
-        lines.append(Text.from_markup(f"      [dim]fix:[/] {escape(f.fix)}"))
+        lines.append(Text.from_markup(f"      [dim]fix:[/] {_safe(f.fix)}"))
     return Group(*lines)
 
 
@@ -52,7 +58,7 @@ def render_check_report(report: CheckReport) -> Group:
     derived = {k: v for k, v in report.plan.derived().items() if v is not None}
     if derived:
         facts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in derived.items())
-        parts.append(Text.from_markup(f"[bold]{escape(report.plan.name or 'plan')}[/]: {facts}"))
+        parts.append(Text.from_markup(f"[bold]{_safe(report.plan.name or 'plan')}[/]: {facts}"))
     if report.plan.unresolved:
         parts.append(Text(f"unresolved ('auto'): {', '.join(report.plan.unresolved)}", style="dim"))
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
