@@ -115,11 +115,21 @@ def read_hf_config(path: str | Path) -> PlanSource:
     model_type, kwargs = _normalize(raw, file)
     _check_numbers(raw, file)
     cfg = _parse(model_type, kwargs, raw, file)
-    family = _describe(cfg, model_type)
-    _add_positions(family, cfg, raw)
-    family.model["hidden_act"] = _hidden_act(cfg)
-    dropout = dropout_of(cfg)
-    if dropout is not None and dropout < 1:
+    _check_resolved(cfg, raw, file)
+    try:
+        family = _describe(cfg, model_type)
+        _add_positions(family, cfg, raw)
+        family.model["hidden_act"] = _hidden_act(cfg)
+        dropout = dropout_of(cfg)
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
+        # transformers accepted the file but a value it left alone (a null width, a
+        # string where a number goes) cannot describe a model: bad input, not a bug.
+        raise InputError(
+            f"the config does not describe a model sapper can count ({exc})",
+            file=file,
+            expected="positive integers for the model's sizes",
+        ) from None
+    if isinstance(dropout, (int, float)) and 0 <= dropout < 1:
         family.model["dropout"] = dropout
 
     src = PlanSource(name=file)
@@ -227,6 +237,33 @@ def _check_numbers(raw: dict[str, Any], file: str) -> None:
                 field=key,
                 value=value,
                 expected=f"a positive integer ≤ {fmt_bound(most)}",
+            )
+
+
+#: Sizes every family needs, as transformers names them once legacy keys are resolved.
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def _check_resolved(cfg: Any, raw: dict[str, Any], file: str) -> None:
+    """A size that transformers resolved to null or a non-integer (``"hidden_size": null``
+    passes transformers) is reported under the key the file used."""
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    names = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+             "num_attention_heads": "num_heads", "vocab_size": "vocab_size"}
+    for attr in _REQUIRED:
+        try:
+            value = getattr(text_cfg, attr)
+        except AttributeError:
+            continue  # a family that names it otherwise; its reader checks it
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            key = _origin(names[attr], raw)
+            raise InputError(
+                "invalid value",
+                file=file,
+                field=key if key != "model_type" else attr,
+                value=value,
+                has_value=True,
+                expected="a positive integer",
             )
 
 
