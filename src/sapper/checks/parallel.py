@@ -172,14 +172,17 @@ SP_WITHOUT_TP = Rule(
     name="sequence-parallel-without-tp",
     check=_CHECK,
     severity=Severity.ERROR,
-    title="Sequence parallelism without tensor parallelism",
+    title="Sequence parallelism without tensor parallelism (or TP overlap without it)",
     why="""\
 Sequence parallelism splits the norms and dropout of a TP group along the sequence; with
-TP = 1 there is no group to split over and frameworks reject the setting.""",
+TP = 1 there is no group to split over and frameworks reject the setting. TP
+communication overlap pipelines the all-gathers and reduce-scatters that sequence
+parallelism issues, so Megatron refuses it without them.""",
     signs="""\
 A start-up assertion.""",
     fix="""\
-Turn sequence parallelism off, or use TP > 1.""",
+Turn sequence parallelism off, or use TP > 1; with tp_comm_overlap, turn sequence
+parallelism on.""",
     seed="§4.2",
 )
 

@@ -48,9 +48,18 @@ from sapper.parallel.collectives import (
     ALL_TO_ALL,
     P2P,
     REDUCE_SCATTER,
+    bus_factor,
     collective_time,
 )
-from sapper.parallel.efficiency import HBM_FRACTION, PCIE_GBPS, gemm_fraction
+from sapper.parallel.efficiency import (
+    COMM_SMS,
+    FLASH_BACKWARD_FACTOR,
+    HBM_FRACTION,
+    KERNEL_OVERHEAD_S,
+    PCIE_GBPS,
+    attention_fraction,
+    gemm_time,
+)
 from sapper.parallel.layout import CHECKPOINTING, Layout, placement, split_layers
 from sapper.parallel.workload import Workload
 from sapper.plan.schema import Plan
@@ -69,10 +78,6 @@ BREAKDOWN: tuple[str, ...] = (
     "optimizer",
 )
 
-#: Bytes per element of the CE softmax over the logits (computed in fp32).
-_LOGIT_BYTES = 4
-#: Element passes of the vocab-parallel cross entropy, forward and backward.
-_CE_PASSES = 6
 
 
 @dataclass
@@ -92,7 +97,10 @@ class LayoutBatch:
     v: np.ndarray
     sp: np.ndarray
     offload: np.ndarray
-    overlap: np.ndarray
+    overlap: np.ndarray  # gradient reduction overlaps the backward
+    overlap_ag: np.ndarray  # ZeRO parameter all-gathers overlap compute
+    overlap_tp: np.ndarray  # TP all-gather / reduce-scatter pipelined with the GEMMs
+    pp_split: np.ndarray  # pipeline sends carry 1/TP of the activation
     bw_tp: np.ndarray
     bw_cp: np.ndarray
     bw_ep: np.ndarray
@@ -123,6 +131,9 @@ class LayoutBatch:
                 "micro": lay.micro_batch, "ga": lay.grad_accum, "v": lay.virtual_stages,
                 "sp": lay.sequence_parallel, "offload": lay.offload_optimizer,
                 "overlap": lay.overlap_dp_comm,
+                "overlap_ag": lay.overlap_param_gather,
+                "overlap_tp": lay.tp_comm_overlap,
+                "pp_split": lay.pipeline_scatter_gather,
                 "bw_tp": cluster.bus_gbps(pl.tp), "bw_cp": cluster.bus_gbps(pl.cp),
                 "bw_ep": cluster.bus_gbps(pl.ep), "bw_grad": cluster.bus_gbps(pl.grad),
                 "bw_expert": cluster.bus_gbps(pl.expert_grad), "bw_pp": cluster.bus_gbps(pl.pp),
@@ -139,35 +150,93 @@ def _padded_vocab(vocab: int, tp: np.ndarray) -> np.ndarray:
     return -(-vocab // unit) * unit
 
 
+def _layer_gemms(
+    w: Workload, cluster: Cluster, tokens: np.ndarray, tp: np.ndarray, ep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of one layer's weight GEMMs per micro-batch: (forward, backward = data
+    gradients + weight gradients), each GEMM at the efficiency of its own shape."""
+    gpu, peak = cluster.gpu, cluster.peak_flops
+    ab = float(w.act_bytes)
+    # weight gradients accumulate into the gradient buffer: read + write it
+    wgrad_out = 2.0 * w.grad_bytes
+    fwd = np.zeros_like(tokens)
+    bwd = np.zeros_like(tokens)
+    for g in w.gemms:
+        n = g.n / tp if g.split == "n" else np.full_like(tp, float(g.n))
+        k = g.k / tp if g.split == "k" else np.full_like(tp, float(g.k))
+        if g.expert:
+            local = np.maximum(w.experts / ep, 1.0)
+            m = tokens * w.top_k / local
+            batch = local
+        else:
+            m, batch = tokens, 1.0
+        fwd = fwd + gemm_time(gpu, peak, m, n, k, batch=batch, in_bytes=ab, out_bytes=ab)
+        bwd = bwd + gemm_time(
+            gpu, peak, m, k, n, batch=batch, in_bytes=ab, out_bytes=ab
+        ) + gemm_time(gpu, peak, n, k, m, batch=batch, in_bytes=ab, out_bytes=wgrad_out)
+    return fwd, bwd
+
+
+def _attention(
+    w: Workload, cluster: Cluster, micro: np.ndarray, tp: np.ndarray, cp: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of one layer's attention core per micro-batch: (forward, backward).
+
+    Flash kernels: the executed causal half of the square at the attention fraction for
+    the local query length, the backward at 2.5 forwards (it recomputes the scores).
+    Eager: the batched Q·Kᵀ and P·V GEMMs (and their four backward GEMMs) through the GEMM
+    formula, over the whole square."""
+    gpu, peak = cluster.gpu, cluster.peak_flops
+    s = float(w.seq_len)
+    s_q = s / cp
+    heads = w.heads / tp
+    if w.attn_exec < 1.0:
+        flops = micro * s_q * w.attn_flops * w.attn_exec / tp
+        rate = peak * attention_fraction(gpu, s_q)
+        fwd = flops / rate + KERNEL_OVERHEAD_S
+        return fwd, FLASH_BACKWARD_FACTOR * (fwd - KERNEL_OVERHEAD_S) + KERNEL_OVERHEAD_S
+    d, b = float(w.head_dim), micro * heads
+    t = lambda m, n, k: gemm_time(gpu, peak, m, n, k, batch=b,  # noqa: E731
+                                  in_bytes=w.act_bytes, out_bytes=w.act_bytes)
+    fwd = t(s_q, s, d) + t(s_q, d, s)
+    bwd = t(s_q, s, d) + t(s, d, s_q) + t(s_q, d, s) + t(s, d, s_q)
+    return fwd, bwd
+
+
+def _overlap(comm: np.ndarray, window: np.ndarray, chunks: Any = 1.0) -> np.ndarray:
+    """Exposed seconds of ``comm`` overlapped with ``window`` seconds of compute: what
+    does not fit in the window, and at least one of ``chunks`` pipelined pieces (the first
+    all-gather chunk or the last reduce-scatter chunk has nothing to hide behind)."""
+    return np.maximum(np.maximum(comm - window, 0.0), comm / np.asarray(chunks, dtype=float))
+
+
 def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndarray]:
     """Cost every layout of ``b``: seconds per step by component (``BREAKDOWN``), the step
-    time, throughput and FLOP rates, plus the intermediate figures reports quote."""
+    time, throughput and FLOP rates, the seconds of communication assumed hidden behind
+    compute (``*_hidden``), plus the intermediate figures reports quote."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     tp, pp, cp, dp, ep = f(b.tp), f(b.pp), f(b.cp), f(b.dp), f(b.ep)
     micro, m, v = f(b.micro), f(b.ga), f(b.v)
     rc = f(b.rc)  # share of layers whose forward is recomputed in full
     sel = b.ckpt == 1
-    flops_rate = cluster.peak_flops * gemm_fraction(cluster.gpu)
-    hbm = cluster.gpu.hbm_gbps * 1e9 * HBM_FRACTION
+    gpu = cluster.gpu
+    hbm = gpu.hbm_gbps * 1e9 * HBM_FRACTION
+    sm_share = min(1.0, COMM_SMS / max(gpu.sms, 1))
     ab = w.act_bytes
     tokens = micro * w.seq_len / cp  # tokens per GPU per micro-batch
 
     # -- one layer, one micro-batch, forward + backward (+ recompute) --------------------
-    gemm = tokens * w.gemm_flops / tp
-    attn = tokens * w.attn_flops * w.attn_exec / tp
-    exec_flops = 3 * (gemm + attn) + rc * (gemm + attn) + np.where(sel, attn, 0)
-    t_attn = (3 * attn + rc * attn + np.where(sel, attn, 0)) / flops_rate
+    g_fwd, g_bwd = _layer_gemms(w, cluster, tokens, tp, ep)
+    a_fwd, a_bwd = _attention(w, cluster, micro, tp, cp)
+    t_attn = a_fwd * (1 + rc + np.where(sel, 1.0, 0.0)) + a_bwd
     rep = np.where(b.sp, w.elem_replicated / tp, w.elem_replicated)
     scores = tokens * w.elem_scores / tp
     elem_fwd = tokens * (rep + w.elem_split / tp) + scores
     elems = 3 * elem_fwd + rc * elem_fwd + np.where(sel, scores, 0)
-    # Matmuls are a roofline: their FLOPs, or streaming the layer's weights (forward,
-    # recompute, backward data-gradient) and accumulating its weight gradients
-    # (read + write), whichever takes longer: few tokens per GPU make them memory-bound.
-    w_local = w.layer_params / tp + w.expert_params / (tp * ep)
-    w_bytes = w_local * (ab * (2 + rc) + 2 * w.grad_bytes)
-    t_matmul = np.maximum(exec_flops / flops_rate, w_bytes / hbm)
-    t_compute = t_matmul + elems * ab / hbm
+    kernels = w.elem_kernels * (3 + rc)
+    t_elem = elems * ab / hbm + kernels * KERNEL_OVERHEAD_S
+    t_gemm = g_fwd * (1 + rc) + g_bwd
+    t_compute = t_gemm + t_attn + t_elem
 
     act = tokens * w.hidden * ab  # one activation tensor [tokens, h]
     n_tp = 4 + 2 * rc
@@ -177,7 +246,16 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
         + collective_time(REDUCE_SCATTER, act, tp, b.bw_tp),
         collective_time(ALL_REDUCE, act, tp, b.bw_tp),
     )
-    t_tp = n_tp * t_tp_one
+    # TP overlap (sequence parallel only): the forward's (and recompute's) all-gathers and
+    # reduce-scatters hide behind the forward GEMMs, the backward's behind the backward's
+    tp_fwd, tp_bwd = (2 + 2 * rc) * t_tp_one, 2 * t_tp_one
+    tpo = b.overlap_tp & b.sp & (tp > 1)
+    t_tp = np.where(
+        tpo,
+        _overlap(tp_fwd, g_fwd * (1 + rc), tp) + _overlap(tp_bwd, g_bwd, tp),
+        n_tp * t_tp_one,
+    )
+    tp_hidden = n_tp * t_tp_one - t_tp
 
     if w.experts > 1:
         a2a = act * w.top_k / np.where(b.sp, tp, 1)
@@ -190,12 +268,20 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     )
     t_cp_raw = (3 + rc) * collective_time(ALL_GATHER, kv_bytes, cp, b.bw_cp, calls=cp - 1)
     t_cp = np.maximum(0.0, t_cp_raw - t_attn)
+    cp_hidden = t_cp_raw - t_cp
+    # overlapped collectives occupy SMs the compute they hide behind would have used
+    t_compute = t_compute + sm_share * (tp_hidden + cp_hidden)
 
     # -- stages: balanced, the last stage also runs the output head ----------------------
     layers_max, layers_last = f(b.l_max), f(b.l_last)
     vpad = _padded_vocab(w.vocab, b.tp).astype(float)
-    head = tokens * 2 * w.hidden * vpad / tp
-    t_head = 3 * head / flops_rate + tokens * vpad / tp * _CE_PASSES * _LOGIT_BYTES / hbm
+    peak = cluster.peak_flops
+    h_fwd = gemm_time(gpu, peak, tokens, vpad / tp, w.hidden, in_bytes=ab, out_bytes=ab)
+    h_bwd = gemm_time(gpu, peak, tokens, w.hidden, vpad / tp, in_bytes=ab, out_bytes=ab) + (
+        gemm_time(gpu, peak, vpad / tp, w.hidden, tokens, in_bytes=ab,
+                  out_bytes=2.0 * w.grad_bytes)
+    )
+    t_head = h_fwd + h_bwd + tokens * vpad / tp * w.ce_bytes / hbm
     t_head_tp = collective_time(ALL_REDUCE, act, tp, b.bw_tp)
     per_layer = t_compute + t_tp + t_ep + t_cp
     mid = layers_max * per_layer
@@ -208,7 +294,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     mb_tp = n_layers * t_tp + head_share * t_head_tp
     mb_ep, mb_cp = n_layers * t_ep, n_layers * t_cp
 
-    p2p_bytes = act / tp
+    p2p_bytes = act / np.where(b.sp | b.pp_split, tp, 1.0)
     t_p2p = np.where(pp > 1, collective_time(P2P, p2p_bytes, 2, b.bw_pp), 0.0)
     mb_p2p = 2 * v * t_p2p
     slot = t_mb + mb_p2p
@@ -228,26 +314,53 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
             nbytes_exp > 0, collective_time(kind, nbytes_exp, n_exp, b.bw_expert), 0.0
         )
 
-    t_ar = sync(ALL_REDUCE, psi_dense * gb, psi_expert * gb)
-    t_rs = sync(REDUCE_SCATTER, psi_dense * gb, psi_expert * gb)
-    t_ag = sync(ALL_GATHER, psi_dense * pb, psi_expert * pb)
-    w_bwd = np.where(b.overlap, t_mb * 2 / 3, 0.0)
-    w_fwd = np.where(b.overlap, t_mb / 3, 0.0)
-    exp = lambda t, window: np.maximum(0.0, t - window)  # noqa: E731
+    def wire(kind: str, nbytes_dense: np.ndarray, nbytes_exp: np.ndarray) -> np.ndarray:
+        """Bytes through each GPU's link (the bus factor applied; 0 for one rank)."""
+        return bus_factor(kind, n_grad) * nbytes_dense + np.where(
+            nbytes_exp > 0, bus_factor(kind, n_exp) * nbytes_exp, 0.0
+        )
+
+    grads = (psi_dense * gb, psi_expert * gb)
+    params = (psi_dense * pb, psi_expert * pb)
+    t_ar, t_rs, t_ag = sync(ALL_REDUCE, *grads), sync(REDUCE_SCATTER, *grads), sync(
+        ALL_GATHER, *params
+    )
+    # windows: gradients overlap one micro-batch's backward (Megatron and DDP reduce on
+    # the last one), parameter gathers its forward (ZeRO-1/2: the next step's first)
+    w_bwd = t_mb * 2 / 3
+    w_fwd = t_mb / 3
+    og, oa = b.overlap.astype(bool), b.overlap_ag.astype(bool)
+    exp = lambda t, on, window: np.where(on, np.maximum(0.0, t - window), t)  # noqa: E731
     zero = b.zero
+    z3_bwd = np.where(oa, t_ag, 0.0) + np.where(og, t_rs, 0.0)
+    z3_exposed = (
+        exp(t_ag, oa, w_fwd)
+        + np.where(oa, 0.0, t_ag) + np.where(og, 0.0, t_rs)
+        + np.maximum(0.0, z3_bwd - np.where(og | oa, w_bwd, 0.0))
+    )
     dp_exposed = np.select(
         [zero == 0, zero == 1, zero == 2],
         [
-            exp(t_ar, w_bwd),
-            exp(t_rs, w_bwd) + exp(t_ag, w_fwd),
-            m * exp(t_rs, w_bwd) + exp(t_ag, w_fwd),
+            exp(t_ar, og, w_bwd),
+            exp(t_rs, og, w_bwd) + exp(t_ag, oa, w_fwd),
+            m * exp(t_rs, og, w_bwd) + exp(t_ag, oa, w_fwd),
         ],
-        default=m * (exp(t_ag, w_fwd) + exp(t_ag + t_rs, w_bwd)),
+        default=m * z3_exposed,
     )
+    dp_total = np.select(
+        [zero == 0, zero == 1, zero == 2],
+        [t_ar, t_rs + t_ag, m * t_rs + t_ag],
+        default=m * (2 * t_ag + t_rs),
+    )
+    dp_hidden = dp_total - dp_exposed
     dp_volume = np.select(
         [zero == 0, zero == 1, zero == 2],
-        [2 * psi_dense * gb, psi_dense * (gb + pb), m * psi_dense * gb + psi_dense * pb],
-        default=m * psi_dense * (2 * pb + gb),
+        [
+            wire(ALL_REDUCE, *grads),
+            wire(REDUCE_SCATTER, *grads) + wire(ALL_GATHER, *params),
+            m * wire(REDUCE_SCATTER, *grads) + wire(ALL_GATHER, *params),
+        ],
+        default=m * (2 * wire(ALL_GATHER, *params) + wire(REDUCE_SCATTER, *grads)),
     )
 
     psi = psi_dense + psi_expert
@@ -259,7 +372,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     )
 
     steady = m * slot
-    step = steady + bubble + dp_exposed + t_opt
+    step = steady + bubble + dp_exposed + t_opt + sm_share * dp_hidden
     global_batch = micro * m * dp
     step_tokens = global_batch * w.seq_len
     world = tp * pp * cp * dp
@@ -269,7 +382,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     )
     hw_flops = model_flops + redo * step_tokens
     out = {
-        "compute": m * mb_compute,
+        "compute": m * mb_compute + sm_share * dp_hidden,
         "tp_comm": m * mb_tp,
         "cp_comm": m * mb_cp,
         "ep_comm": m * mb_ep,
@@ -287,6 +400,11 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
         "tp_bytes_per_layer": n_tp * act,
         "params_per_gpu": psi,
         "global_batch": global_batch,
+        "tp_hidden": m * n_layers * tp_hidden,
+        "cp_hidden": m * n_layers * cp_hidden,
+        "dp_hidden": dp_hidden,
+        "gemm_share": m * n_layers * t_gemm / step,
+        "attention_share": m * n_layers * t_attn / step,
     }
     out["mfu"] = out["model_tflops"] * 1e12 / cluster.peak_flops
     return out

@@ -99,6 +99,9 @@ class Layout:
     rank_order: str = DEFAULT_RANK_ORDER
     offload_optimizer: bool = False
     overlap_dp_comm: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    pipeline_scatter_gather: bool = True
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
 
@@ -150,6 +153,9 @@ class Layout:
             rank_order=par.rank_order,
             offload_optimizer=par.offload_optimizer != "none",
             overlap_dp_comm=par.overlap_dp_comm,
+            overlap_param_gather=par.overlap_param_gather,
+            tp_comm_overlap=par.tp_comm_overlap,
+            pipeline_scatter_gather=par.pipeline_scatter_gather,
             first_stage_layers=par.first_stage_layers,
             last_stage_layers=par.last_stage_layers,
         )
@@ -178,6 +184,9 @@ class Layout:
                 "checkpointing": ckpt,
                 "rank_order": self.rank_order,
                 "overlap_dp_comm": self.overlap_dp_comm,
+                "overlap_param_gather": self.overlap_param_gather,
+                "tp_comm_overlap": self.tp_comm_overlap,
+                "pipeline_scatter_gather": self.pipeline_scatter_gather,
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers,
                 "offload_optimizer": par.offload_optimizer if self.offload_optimizer else "none",

@@ -219,6 +219,9 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
         rc=(zc[:, 1] == 2).astype(float), micro=micro, ga=m, v=v, sp=tp > 1,
         offload=np.zeros(len(grid), dtype=bool),
         overlap=np.full(len(grid), plan.parallel.overlap_dp_comm),
+        overlap_ag=np.full(len(grid), plan.parallel.overlap_param_gather),
+        overlap_tp=np.full(len(grid), plan.parallel.tp_comm_overlap),
+        pp_split=np.full(len(grid), plan.parallel.pipeline_scatter_gather),
         bw_tp=bws[:, 0], bw_cp=bws[:, 1], bw_ep=bws[:, 2], bw_grad=bws[:, 3],
         bw_expert=bws[:, 4], bw_pp=bws[:, 5], l_max=l_max, l_last=l_last,
     )
@@ -233,6 +236,8 @@ def _layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
         micro_batch=int(b.micro[i]), grad_accum=int(b.ga[i]), virtual_stages=v,
         sequence_parallel=bool(b.sp[i]), schedule="interleaved" if v > 1 else "1f1b",
         rank_order=order, overlap_dp_comm=bool(b.overlap[i]),
+        overlap_param_gather=bool(b.overlap_ag[i]), tp_comm_overlap=bool(b.overlap_tp[i]),
+        pipeline_scatter_gather=bool(b.pp_split[i]),
     )
 
 

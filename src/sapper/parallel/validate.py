@@ -441,6 +441,16 @@ def _sequence_parallel(plan: Plan) -> Iterator[LayoutIssue]:
             source="parallel.sequence_parallel",
             fix="turn sequence_parallel off, or use tp > 1",
         )
+    if p.tp_comm_overlap and p.tp > 1 and not p.sequence_parallel:
+        yield LayoutIssue(
+            "P109",
+            Severity.ERROR,
+            f"tp_comm_overlap without sequence_parallel at tp({p.tp}): the overlap pipelines "
+            "the all-gather and reduce-scatter that sequence parallelism issues (Megatron "
+            "refuses it otherwise)",
+            source="parallel.tp_comm_overlap",
+            fix="turn sequence_parallel on, or tp_comm_overlap off",
+        )
 
 
 @_check

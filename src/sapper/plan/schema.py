@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sapper.plan.hardware import GpuSpec, find_gpu
+from sapper.plan.hardware import GpuSpec, expected_gpu, find_gpu
 
 __all__ = [
     "Activation",
@@ -366,9 +366,31 @@ class ParallelSpec(_Spec):
     )
     overlap_dp_comm: bool = Field(
         default=True,
-        description="Data-parallel gradient reduction and ZeRO parameter gathers overlap "
-        "compute (PyTorch DDP/FSDP; Megatron --overlap-grad-reduce/--overlap-param-gather; "
-        "DeepSpeed overlap_comm).",
+        description="Data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) "
+        "overlaps the backward: on by default in PyTorch DDP and FSDP; Megatron needs "
+        "--overlap-grad-reduce and DeepSpeed overlap_comm (both off by default), so set "
+        "false for them without the flag.",
+    )
+    overlap_param_gather: bool = Field(
+        default=True,
+        description="ZeRO/FSDP parameter all-gathers overlap compute: FSDP and ZeRO-3 "
+        "prefetch the next layer's parameters by default; ZeRO-1/2 gather the updated "
+        "parameters during the next step's first forward with Megatron's "
+        "--overlap-param-gather (off by default: set false without it).",
+    )
+    pipeline_scatter_gather: bool = Field(
+        default=True,
+        description="Each pipeline send carries 1/TP of the activation, the TP ranks of the "
+        "next stage all-gathering it (Megatron's default scatter/gather; implied by "
+        "sequence parallelism). False: every TP rank sends the whole activation (DeepSpeed's "
+        "pipeline engine, Megatron --no-scatter-gather-tensors-in-pipeline).",
+    )
+    tp_comm_overlap: bool = Field(
+        default=False,
+        description="Tensor-parallel all-gathers and reduce-scatters run in chunks "
+        "pipelined with the GEMMs that consume or produce them (Megatron --tp-comm-overlap, "
+        "Transformer Engine userbuffers; needs sequence parallelism). Off by default, as "
+        "in Megatron.",
     )
 
     @field_validator("dp")
@@ -396,10 +418,8 @@ class HardwareSpec(_Spec):
             return v
         spec = find_gpu(v)
         if spec is None:
-            from sapper.plan.hardware import GPUS
-
-            names = ", ".join(g.name for g in GPUS)
-            raise ValueError(f"a GPU from the built-in table: {names}")
+            # the loader turns this into an InputError (exit 2) naming hardware.gpu
+            raise ValueError(expected_gpu(v))
         return spec.name
 
     @property
