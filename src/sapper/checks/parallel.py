@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from sapper.checks.engine import plan_check
 from sapper.errors import InputError
 from sapper.parallel import Layout, predict_step, search, validate
+from sapper.parallel.cluster import Cluster
+from sapper.parallel.confidence import claim, mfu_note, outside, ratio_band
 from sapper.parallel.cost import BREAKDOWN, StepCost
 from sapper.parallel.explain import LABELS
+from sapper.parallel.workload import Workload
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Rule, Severity
 
@@ -381,16 +384,30 @@ def predicted_cost(plan: Plan) -> Iterator[Finding]:
     cost = _predict(plan)
     if cost is None:
         return
+    work, cluster = Workload.from_plan(plan), Cluster.from_plan(plan)
+    out = outside(cost.layout, work, cluster)
+    trust = (
+        f"outside the calibrated region ({'; '.join(out)})"
+        if out
+        else f"published runs fit within ±{100 * ratio_band() / 2 ** 0.5:.0f}% (1 sd)"
+    )
+    hidden = cost.assumptions()
+    note = mfu_note(cost.mfu, cluster.gpu.name)
     yield STEP_PREDICTION.finding(
         f"predicted {cost.step_time_s:.3g} s per step, {cost.tokens_per_s:,.0f} tokens/s, "
         f"{cost.model_tflops_per_gpu:.0f} TFLOP/s per GPU ({100 * cost.mfu:.0f}% MFU): "
-        + _shares(cost),
+        + _shares(cost)
+        + (f"; assumed: {'; '.join(hidden)}" if hidden else "")
+        + f"; {trust}"
+        + (f"; {note}" if note else ""),
         value=round(cost.tokens_per_s, 1),
         step_time_s=cost.step_time_s,
         model_tflops_per_gpu=cost.model_tflops_per_gpu,
         hardware_tflops_per_gpu=cost.hardware_tflops_per_gpu,
         mfu=cost.mfu,
         breakdown_s={k: cost.breakdown[k] for k in BREAKDOWN},
+        hidden_s=cost.hidden,
+        outside_calibration=out,
     )
     shares = cost.shares()
     comm = {k: shares[k] for k in _COMM}
@@ -431,13 +448,33 @@ def faster_layout(plan: Plan) -> Iterator[Finding]:
     if best is None:
         return
     ratio = cost.step_time_s / best.cost.step_time_s
-    if ratio >= FASTER_FACTOR:
-        yield FASTER_LAYOUT.finding(
-            f"{best.layout.describe()} is predicted {ratio:.2f}x faster "
-            f"({best.cost.model_tflops_per_gpu:.0f} vs {cost.model_tflops_per_gpu:.0f} "
-            f"TFLOP/s per GPU) and fits ({best.memory_gib:.0f} GiB)",
-            fix="run `sapper plan` with the same inputs to see the ranked layouts and why",
-            value=round(ratio, 3),
-            threshold=FASTER_FACTOR,
-            layout=best.layout.describe(),
+    if ratio < FASTER_FACTOR:
+        return
+    work, cluster = Workload.from_plan(plan), Cluster.from_plan(plan)
+    reasons = outside(best.layout, work, cluster) + outside(cost.layout, work, cluster)
+    text, supported = claim(1 / ratio, reasons)
+    if not supported and not reasons:
+        return  # inside the calibration's error: nothing worth reporting
+    rates = (
+        f"{best.cost.model_tflops_per_gpu:.0f} vs {cost.model_tflops_per_gpu:.0f} TFLOP/s "
+        "per GPU"
+    )
+    if supported:
+        message = (
+            f"{best.layout.describe()} is predicted {text} ({rates}) and fits "
+            f"({best.memory_gib:.0f} GiB)"
         )
+    else:
+        message = (
+            f"{best.layout.describe()} fits ({best.memory_gib:.0f} GiB) and is {ratio:.2f}x "
+            f"faster by the model ({rates}), but outside the calibrated region "
+            f"({'; '.join(dict.fromkeys(reasons))}): not a supported claim"
+        )
+    yield FASTER_LAYOUT.finding(
+        message,
+        fix="run `sapper plan` with the same inputs to see the ranked layouts and why",
+        value=round(ratio, 3),
+        threshold=FASTER_FACTOR,
+        layout=best.layout.describe(),
+        supported=supported,
+    )

@@ -58,6 +58,7 @@ from sapper.parallel.efficiency import (
     KERNEL_OVERHEAD_S,
     PCIE_GBPS,
     attention_fraction,
+    best_published_mfu,
     gemm_time,
 )
 from sapper.parallel.layout import CHECKPOINTING, Layout, placement, split_layers
@@ -407,6 +408,8 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
         "attention_share": m * n_layers * t_attn / step,
     }
     out["mfu"] = out["model_tflops"] * 1e12 / cluster.peak_flops
+    best = best_published_mfu(gpu)
+    out["above_best_mfu"] = (out["mfu"] > best[0]).astype(float) if best else 0.0 * step
     return out
 
 
@@ -425,6 +428,28 @@ class StepCost:
     breakdown: dict[str, float]
     #: Further figures: per-micro-batch time, DP bytes per step, TP bytes per layer ...
     details: dict[str, float] = field(default_factory=dict)
+    #: Seconds per step of communication the model assumes hidden behind compute, by kind
+    #: (``tp``, ``cp``, ``dp``); what is not hidden is in ``breakdown``.
+    hidden: dict[str, float] = field(default_factory=dict)
+
+    def assumptions(self) -> list[str]:
+        """Which collectives the breakdown assumes hidden behind compute, and how much."""
+        lay, out = self.layout, []
+        for key, what in (
+            ("tp", "TP all-gathers/reduce-scatters pipelined with the GEMMs (tp_comm_overlap)"),
+            ("cp", "CP ring K/V exchange behind the attention kernels"),
+            ("dp", "DP gradient reduction behind the last micro-batch's backward "
+                   "(overlap_dp_comm) and ZeRO parameter all-gathers behind a forward "
+                   "(overlap_param_gather)"),
+        ):
+            sec = self.hidden.get(key, 0.0)
+            if sec > 0:
+                out.append(f"{what}: {sec:.3g} s per step hidden")
+        if lay.pp > 1:
+            out.append("pipeline sends and receives: not overlapped")
+        if lay.tp > 1 and not lay.tp_comm_overlap:
+            out.append("TP collectives: not overlapped (tp_comm_overlap off)")
+        return out
 
     def shares(self) -> dict[str, float]:
         """Each component as a fraction of the step."""
@@ -440,6 +465,8 @@ class StepCost:
             "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction,
             "breakdown_s": self.breakdown,
+            "hidden_s": self.hidden,
+            "assumptions": self.assumptions(),
             "details": self.details,
         }
 
@@ -458,8 +485,12 @@ def cost_of(result: dict[str, np.ndarray], i: int, layout: Layout) -> StepCost:
         breakdown={k: g(k) for k in BREAKDOWN},
         details={
             k: g(k)
-            for k in ("microbatch_time", "dp_bytes", "tp_bytes_per_layer", "params_per_gpu")
+            for k in (
+                "microbatch_time", "dp_bytes", "tp_bytes_per_layer", "params_per_gpu",
+                "gemm_share", "attention_share", "above_best_mfu",
+            )
         },
+        hidden={k: g(f"{k}_hidden") for k in ("tp", "cp", "dp")},
     )
 
 

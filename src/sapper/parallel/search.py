@@ -416,7 +416,8 @@ def search(
         from sapper.parallel.explain import explain_candidates
 
         explain_candidates(
-            cands[:n_explain], current, result, batch, ranking, walk, cluster, order
+            cands[:n_explain], current, result, batch, ranking, walk, cluster, order,
+            work=work,
         )
     lap("explain")
     return SearchResult(

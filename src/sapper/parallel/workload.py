@@ -134,6 +134,16 @@ class Workload:
     elem_kernels: float = 6.0
     #: HBM bytes per logit of the cross entropy, forward and backward.
     ce_bytes: float = 60.0
+    #: ``model.implementation``, and the attention kernel's kind (``eager``, or ``flash``
+    #: for flash and SDPA), for the calibration's coverage (:mod:`sapper.parallel.confidence`).
+    implementation: str = "megatron"
+    attention: str = "flash"
+
+    @property
+    def params(self) -> float:
+        """Parameters of the whole model (experts included, embeddings unpadded)."""
+        layer = self.layer_params + self.expert_params
+        return self.layers * layer + self.embed_params + self.head_params
 
     @classmethod
     def from_plan(cls, plan: Plan) -> Workload:
@@ -222,6 +232,8 @@ class Workload:
             gemms=tuple(gemms),
             elem_kernels=kernels,
             ce_bytes=_CE_BYTES["fused" if fused else "transformers"],
+            implementation=m.implementation,
+            attention="eager" if eager else "flash",
         )
 
     def logits_flops(self, tp: int) -> float:
