@@ -6,8 +6,10 @@ Two things follow from that check, and every speed claim sapper prints honours b
 * **A band.** The spread of ln(predicted / published) over the calibration rows says how
   far one prediction can be off beyond the model's common bias. A claim that layout A is
   r times faster than B compares two predictions, each off by its own error, so it holds
-  only to ±√2 · spread (:func:`ratio_band`). A ratio inside that band is reported as no
-  reliable difference; outside, with the band.
+  only to ±√2 · spread (:func:`ratio_band`); a prediction against a measured run (the
+  planner's layout against a published one) to the rows' root-mean-square error
+  (:func:`prediction_band`). A ratio inside its band is reported as no reliable
+  difference; outside, with the band.
 * **A region.** The calibration covers some GPUs, ZeRO stages, recomputation modes,
   degrees and sequence lengths and no others (:class:`Region`, derived from the rows
   themselves, never written by hand). A prediction for a layout outside it (ZeRO-3, a MoE,
@@ -39,8 +41,10 @@ __all__ = [
     "claim",
     "mfu_note",
     "outside",
+    "prediction_band",
     "ratio_band",
     "region",
+    "spread",
 ]
 
 
@@ -88,6 +92,13 @@ def spread() -> float:
     """Standard deviation of ln(predicted / published) over the calibration rows."""
     e = _log_errors()
     return float(np.std(e, ddof=1)) if len(e) > 1 else 0.0
+
+
+def prediction_band() -> float:
+    """Relative band of one prediction against a measurement: the root mean square of
+    ln(predicted / published) over the calibration rows (bias included)."""
+    e = _log_errors()
+    return math.expm1(float(np.sqrt(np.mean(e**2)))) if len(e) else 0.0
 
 
 def ratio_band() -> float:

@@ -18,7 +18,38 @@ authors measured. Sources:
   the *model* FLOP rate. The paper states an interleaved schedule, one layer fewer on the
   first and last stages (126 = 7 + 14 x 8 + 7) and 8K-token training without activation
   checkpointing. It does not state the number of virtual stages: v = 2 is assumed, the
-  smallest interleaving (so the bubble is not understated).
+  smallest interleaving (so the bubble is not understated). The paper gives no FLOP
+  formula; PaLM's MFU definition (6N plus the full s x s attention square, causal masking
+  not halving it) is assumed, the convention its MFU figures are usually compared in.
+  The long-context row (Table 4's third: 131,072 tokens, CP16, DP8, the same 16M tokens
+  per batch) uses all-gather context parallelism, which the model prices as ring
+  attention overlapped with the attention kernel.
+
+Held out (added to test the model beyond the rows it was first built on; no constant is
+fitted to them, but their errors showed which physical effects the model lacked: GEMM
+shape, the flash kernels' rates, TP overlap, the loss's memory traffic):
+
+* Megatron-LM README (July 2024, "Training Speed and Scalability"), the weak-scaling
+  table: GPT models of 1.7B to 462B parameters on H100 (NVIDIA's EOS: 8 x 400 Gb/s per
+  node), bf16, sequence 4096, vocabulary 131072, untied embeddings, data parallel size
+  48, with ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``
+  (distributed optimizer: ZeRO-1; sequence parallelism, which TP overlap needs). The
+  per-GPU TFLOP/s are Megatron-Core's ``num_floating_point_operations``: *model* FLOPs
+  (no recomputation counted), the full attention square, the padded vocabulary. Not
+  stated, so Megatron's defaults are assumed: micro-batch 1 (the batch per replica is
+  4·PP micro-batches, which keeps the 1F1B bubble near 1/5), the non-interleaved 1F1B
+  schedule (119B's 92 layers over PP4 leave 23 per stage, which no interleaving
+  divides), no recomputation, learned positions, dropout 0.1, fp32 gradient reduction
+  (Megatron forces it for bf16).
+* BigScience 2022, BLOOM 176B (``train/tr11-176B-ml`` README and slurm script of the
+  bigscience repository; Le Scao et al. 2022): 384 A100-80GB on Jean Zay (8 per node, 4 x
+  100 Gb/s Omni-Path per node: 6.25 GB/s per GPU), TP4 PP12 DP8, micro-batch 2, global
+  batch 2048, sequence 2048, bf16, full recomputation, ALiBi, fused softmax (eager
+  attention), dropout 0.1, DeepSpeed's pipeline engine (1F1B, whole activations sent from
+  every TP rank, gradients reduced after the pipeline flush), its BF16 optimizer (ZeRO-1
+  with fp32 gradient accumulation), 5 layers plus the embedding on the first and last
+  stages. About 150 TFLOP/s per GPU in Megatron-DeepSpeed's count: Narayanan et al.'s
+  formula with the recomputation factor, *hardware* FLOPs.
 """
 
 from __future__ import annotations
@@ -28,7 +59,20 @@ from typing import Any, Literal
 
 from sapper.plan.schema import Plan
 
-__all__ = ["PUBLISHED_RUNS", "PublishedRun"]
+__all__ = ["FLOP_DEFINITIONS", "PUBLISHED_RUNS", "PublishedRun"]
+
+
+#: How each source counts FLOPs (what its TFLOP/s divide).
+FLOP_DEFINITIONS = {
+    "narayanan": "hardware: 96·B·s·l·h²(1 + s/6h + V/16lh), recomputed forward counted, "
+    "full s² attention",
+    "llama3": "model (BF16 MFU): 6N + full s² attention assumed (PaLM's MFU; the paper "
+    "gives no formula)",
+    "mcore": "model: Megatron-Core num_floating_point_operations, no recomputation, full "
+    "s² attention, padded vocabulary",
+    "bloom": "hardware: Narayanan et al.'s formula with the recomputation factor "
+    "(Megatron-DeepSpeed's log)",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +83,10 @@ class PublishedRun:
     tflops: float
     convention: Literal["hardware", "model"]
     plan: dict[str, Any]
+    #: Key of :data:`FLOP_DEFINITIONS`: how the source counts FLOPs.
+    flops: str = "narayanan"
+    #: True for the rows added to test the model beyond the ones it was built on.
+    held_out: bool = False
 
     def to_plan(self) -> Plan:
         return Plan.model_validate(self.plan)
@@ -137,6 +185,8 @@ def _llama3(gpus: int, dp: int, tflops: float, cp: int = 1, seq: int = 8192) -> 
         tflops=tflops,
         convention="model",
         plan=plan,
+        flops="llama3",
+        held_out=cp > 1,
     )
 
 
@@ -187,6 +237,8 @@ def _mcore(
         tflops=tflops,
         convention="model",
         plan=plan,
+        flops="mcore",
+        held_out=True,
     )
 
 
@@ -239,6 +291,8 @@ def _bloom() -> PublishedRun:
         tflops=150,
         convention="hardware",
         plan=plan,
+        flops="bloom",
+        held_out=True,
     )
 
 
@@ -255,7 +309,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     _gpt("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, "local", 163),
     _llama3(8192, 64, 430),
     _llama3(16384, 128, 400),
-    # held out: fitted after the rows above were, never tuned against
+    # held out (see the module doc)
     _mcore("1.7B", 16, 2048, 24, 1, 1, 192, 408.8),
     _mcore("7.1B", 32, 4096, 30, 2, 1, 192, 465.9),
     _mcore("16B", 48, 6144, 32, 4, 1, 192, 489.1),
