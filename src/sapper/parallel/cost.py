@@ -2,30 +2,44 @@
 
 The model, per GPU and per micro-batch on the slowest pipeline stage:
 
-* **compute**: matmuls as a roofline, the larger of executed FLOPs / (datasheet peak x
-  sustained GEMM fraction) and the weight and weight-gradient bytes they stream / HBM
-  bandwidth (few tokens per GPU make them memory-bound); plus the memory-bound
-  element-wise work (norms, residual adds, activations, eager softmax) as bytes / (HBM
-  bandwidth x its sustained fraction). Training = 3 forwards; full recomputation adds a
-  forward, selective adds the attention core.
+* **compute**: each of the layer's weight GEMMs (:attr:`Workload.gemms`) forward, data
+  gradient and weight gradient, at the efficiency of its own ``M x N x K`` shape after
+  the TP split (:func:`sapper.parallel.efficiency.gemm_time`: the GPU's measured MAMF as
+  the asymptote, tile and wave quantization, the operand-streaming roofline, the
+  prologue/epilogue each output tile pays, a fixed launch cost; weight gradients
+  accumulate into the gradient buffer, read and written); the attention core at the
+  flash kernels' published rate for the local sequence length (causal half executed,
+  backward 2.5 forwards) or, eager, as batched GEMMs; the memory-bound element-wise work
+  (norms, residual adds, activations, eager softmax) as bytes / (HBM bandwidth x its
+  sustained fraction) plus a launch cost per kernel; the output layer's GEMMs and the
+  loss's fp32 passes over the logits on the last stage. Training = forward + backward;
+  full recomputation adds a forward, selective the attention core.
 * **TP**: per layer, 2 all-reduces forward and 2 backward (+2 with full recomputation),
-  or the same volume as all-gather + reduce-scatter with sequence parallelism. *Assumed
-  not overlapped*: each sits between the matmuls that produce and consume it.
+  or the same volume as all-gather + reduce-scatter with sequence parallelism. Exposed
+  in full, unless ``tp_comm_overlap`` (with sequence parallelism) pipelines them with
+  the GEMMs they feed or drain: then each pass exposes what its GEMMs cannot cover, and
+  at least 1/TP of it (the first all-gather chunk, the last reduce-scatter chunk).
 * **EP**: 2 all-to-alls forward and 2 backward per MoE layer, not overlapped.
 * **CP**: ring attention passes K/V around the CP group in CP-1 point-to-point steps
   (1x forward, 2x backward); *assumed overlapped* with the attention core, only the
   excess is exposed.
 * **PP**: one activation send forward and one gradient send backward per micro-batch and
-  virtual chunk, at 1/TP of the activation (scatter/gather or sequence parallel), not
+  virtual chunk, at 1/TP of the activation (Megatron's scatter/gather or sequence
+  parallelism; the whole activation with ``pipeline_scatter_gather`` off), not
   overlapped; the pipeline runs at the pace of its slowest stage (the last one also
   runs the output head). Bubble: (p-1)/v micro-batch slots (1F1B: v = 1).
 * **DP / ZeRO** per step over the data x context parallel group: ZeRO-0 all-reduces the
   gradients once; ZeRO-1 reduce-scatters gradients and all-gathers parameters once;
   ZeRO-2 reduce-scatters on every micro-batch (gradients are sharded, so accumulation
   cannot wait); ZeRO-3 also all-gathers parameters forward and backward on every
-  micro-batch (~1.5x DP's traffic). With ``overlap_dp_comm`` (the default) they overlap
-  one micro-batch's backward (gradients) or forward (parameters), taken as 2/3 and 1/3
-  of its time: only the excess is exposed; without it they are exposed in full.
+  micro-batch (~1.5x DP's traffic). With ``overlap_dp_comm`` gradient reductions overlap
+  one micro-batch's backward (the last one: DDP and Megatron reduce there), taken as 2/3
+  of its time; with ``overlap_param_gather`` parameter gathers overlap one forward (1/3);
+  only the excess is exposed; without a switch its collectives are exposed in full.
+* Overlapped collectives are not free: while hidden they occupy the SMs NCCL or the
+  userbuffers kernels run on (:data:`~sapper.parallel.efficiency.COMM_SMS`), and the
+  compute they hide behind slows by that share. What is hidden is reported per kind
+  (``*_hidden``, :meth:`StepCost.assumptions`).
 * **optimizer**: a memory-bound pass over the parameters this GPU updates.
 
 All functions take numpy arrays of layouts (:class:`LayoutBatch`) so the planner costs
