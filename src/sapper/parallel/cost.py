@@ -218,6 +218,37 @@ def _attention(
     return fwd, bwd
 
 
+def _kernel_times(
+    w: Workload, cluster: Cluster, micro: np.ndarray, tp: np.ndarray, cp: np.ndarray,
+    ep: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """Per micro-batch: one layer's weight GEMMs (forward, backward), its attention core
+    (forward, backward) and the output layer's GEMMs (forward, backward). They depend on
+    (micro-batch, TP, CP, EP) only, of which a search has a few hundred distinct
+    combinations among its many thousand layouts: computed once per combination."""
+    cols = [np.asarray(x, dtype=np.int64) for x in (micro, tp, cp, ep)]
+    key = cols[0]
+    for c in cols[1:]:
+        key = key * (1 << 15) + c  # degrees and micro-batches are far below 2^15
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    um, ut, uc, ue = (np.asarray(x, dtype=float)[first] for x in (micro, tp, cp, ep))
+    gpu, peak, ab = cluster.gpu, cluster.peak_flops, w.act_bytes
+    tokens = um * w.seq_len / uc
+    g_fwd, g_bwd = _layer_gemms(w, cluster, tokens, ut, ue)
+    a_fwd, a_bwd = _attention(w, cluster, um, ut, uc)
+    vpad = _padded_vocab(w.vocab, ut.astype(np.int64)).astype(float)
+    h_fwd = gemm_time(gpu, peak, tokens, vpad / ut, w.hidden, in_bytes=ab, out_bytes=ab)
+    h_bwd = gemm_time(gpu, peak, tokens, w.hidden, vpad / ut, in_bytes=ab, out_bytes=ab) + (
+        gemm_time(gpu, peak, vpad / ut, w.hidden, tokens, in_bytes=ab,
+                  out_bytes=2.0 * w.grad_bytes)
+    )
+    return tuple(
+        np.broadcast_to(np.asarray(x, dtype=float), um.shape)[inverse]
+        for x in (g_fwd, g_bwd, a_fwd, a_bwd, h_fwd, h_bwd)
+    )
+
+
 def _overlap(comm: np.ndarray, window: np.ndarray, chunks: Any = 1.0) -> np.ndarray:
     """Exposed seconds of ``comm`` overlapped with ``window`` seconds of compute: what
     does not fit in the window, and at least one of ``chunks`` pipelined pieces (the first
@@ -241,8 +272,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     tokens = micro * w.seq_len / cp  # tokens per GPU per micro-batch
 
     # -- one layer, one micro-batch, forward + backward (+ recompute) --------------------
-    g_fwd, g_bwd = _layer_gemms(w, cluster, tokens, tp, ep)
-    a_fwd, a_bwd = _attention(w, cluster, micro, tp, cp)
+    g_fwd, g_bwd, a_fwd, a_bwd, h_fwd, h_bwd = _kernel_times(w, cluster, micro, tp, cp, ep)
     t_attn = a_fwd * (1 + rc + np.where(sel, 1.0, 0.0)) + a_bwd
     rep = np.where(b.sp, w.elem_replicated / tp, w.elem_replicated)
     scores = tokens * w.elem_scores / tp
@@ -290,12 +320,6 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
     # -- stages: balanced, the last stage also runs the output head ----------------------
     layers_max, layers_last = f(b.l_max), f(b.l_last)
     vpad = _padded_vocab(w.vocab, b.tp).astype(float)
-    peak = cluster.peak_flops
-    h_fwd = gemm_time(gpu, peak, tokens, vpad / tp, w.hidden, in_bytes=ab, out_bytes=ab)
-    h_bwd = gemm_time(gpu, peak, tokens, w.hidden, vpad / tp, in_bytes=ab, out_bytes=ab) + (
-        gemm_time(gpu, peak, vpad / tp, w.hidden, tokens, in_bytes=ab,
-                  out_bytes=2.0 * w.grad_bytes)
-    )
     t_head = h_fwd + h_bwd + tokens * vpad / tp * w.ce_bytes / hbm
     t_head_tp = collective_time(ALL_REDUCE, act, tp, b.bw_tp)
     per_layer = t_compute + t_tp + t_ep + t_cp
