@@ -43,7 +43,24 @@ def rows() -> list[dict[str, object]]:
         mem = estimate(plan)
         res = search(plan, top=1, explain=False)
         best = res.best
-        assert best is not None
+        row: dict[str, object] = {
+            "run": run.name + (" *" if run.held_out else ""),
+            "gpus": plan.hardware.total_gpus,
+            "layout": cost.layout.describe(),
+            "published": run.tflops,
+            "predicted": pred,
+            "error": 100 * (pred / run.tflops - 1),
+            "convention": FLOP_DEFINITIONS[run.flops],
+            "memory": f"{mem.peak_bytes / GIB:.0f} GiB {'fits' if mem.fits else 'NO FIT'}",
+            "search_s": res.elapsed_s,
+        }
+        if best is None:
+            # every PP that divides the GPUs splits the layers unevenly unless the first
+            # and last stages are set, which the planner does not search
+            row.update(planner="none that passes sapper's checks (uneven stages)",
+                       planner_tflops=float("nan"), planner_mark="", why="-")
+            out.append(row)
+            continue
         work, cluster = Workload.from_plan(plan), Cluster.from_plan(plan)
         reasons = outside(best.layout, work, cluster)
         same = best.layout == cost.layout
@@ -54,23 +71,13 @@ def rows() -> list[dict[str, object]]:
         text, _ = claim(
             measured_step / best.cost.step_time_s, reasons, band=prediction_band()
         )
-        out.append(
-            {
-                "run": run.name + (" *" if run.held_out else ""),
-                "gpus": plan.hardware.total_gpus,
-                "layout": cost.layout.describe(),
-                "published": run.tflops,
-                "predicted": pred,
-                "error": 100 * (pred / run.tflops - 1),
-                "convention": FLOP_DEFINITIONS[run.flops],
-                "memory": f"{mem.peak_bytes / GIB:.0f} GiB {'fits' if mem.fits else 'NO FIT'}",
-                "planner": best.layout.describe(),
-                "planner_tflops": best.cost.model_tflops_per_gpu,
-                "planner_mark": "!" if best.cost.details.get("above_best_mfu") else "",
-                "why": "same layout" if same else "published (measured) is " + text,
-                "search_s": res.elapsed_s,
-            }
+        row.update(
+            planner=best.layout.describe(),
+            planner_tflops=best.cost.model_tflops_per_gpu,
+            planner_mark="!" if best.cost.details.get("above_best_mfu") else "",
+            why="same layout" if same else "published (measured) is " + text,
         )
+        out.append(row)
     return out
 
 

@@ -8,9 +8,7 @@ findings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.errors import InputError
 from sapper.parallel import Layout, predict_step, search, validate
 from sapper.parallel.cluster import Cluster
@@ -18,6 +16,7 @@ from sapper.parallel.confidence import claim, mfu_note, outside, ratio_band
 from sapper.parallel.cost import BREAKDOWN, StepCost
 from sapper.parallel.explain import LABELS
 from sapper.parallel.workload import Workload
+from sapper.plan.load import LoadedPlan
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Rule, Severity
 
@@ -264,6 +263,28 @@ Use an EP that divides DP (and the number of experts); EP = 1 for dense models."
     seed="§4.1",
 )
 
+CP_UNSUPPORTED = Rule(
+    code="P117",
+    name="context-parallel-unsupported",
+    check=_CHECK,
+    severity=Severity.ERROR,
+    title="Context parallelism with an attention kernel or position scheme it cannot split",
+    why="""\
+Context parallelism (ring attention) splits each sequence across ranks and passes key/value
+blocks around the ring, computing attention block by block with a fused (flash-style)
+kernel that carries the softmax statistics between blocks. Eager attention materializes
+the whole s×s score matrix on one rank, and ALiBi's position bias is not supported by the
+context-parallel fused kernels (Megatron-Core/Transformer Engine), so the job refuses to
+start or computes attention over the local chunk only.""",
+    signs="""\
+An assertion when the attention module is built; or, where nothing checks, a loss worse
+than the same run without CP.""",
+    fix="""\
+Use CP = 1 for such models (split the batch with DP, the weights with TP/PP), or switch to
+flash/SDPA attention with RoPE or learned positions.""",
+    seed="§4.1",
+)
+
 COMM_BOUND = Rule(
     code="P114",
     name="communication-bound-layout",
@@ -333,6 +354,7 @@ PARALLEL_RULES: tuple[Rule, ...] = (
     ZERO_WITH_PP,
     RANK_ORDER,
     EP_VS_DP,
+    CP_UNSUPPORTED,
 )
 _BY_CODE = {r.code: r for r in PARALLEL_RULES}
 
@@ -345,7 +367,15 @@ _COMM = {"tp_comm": "TP", "cp_comm": "CP", "ep_comm": "EP", "pp_p2p": "PP p2p", 
 
 
 @plan_check(*PARALLEL_RULES)
-def layout_constraints(plan: Plan) -> Iterator[Finding]:
+def layout_constraints(plan: Plan) -> CheckOutput:
+    missing = [f for f, v in (("model", plan.model), ("hardware.num_gpus",
+               plan.hardware.total_gpus)) if v is None]
+    if missing:
+        yield not_evaluated(
+            "the layout against the model (heads, layers, widths) and the cluster (world "
+            "size, TP inside a node)",
+            *missing,
+        )
     for issue in validate(plan):
         rule = _BY_CODE[issue.code]
         yield rule.finding(
@@ -380,7 +410,7 @@ def _shares(cost: StepCost) -> str:
 
 
 @plan_check(COMM_BOUND, STEP_PREDICTION)
-def predicted_cost(plan: Plan) -> Iterator[Finding]:
+def predicted_cost(plan: Plan) -> CheckOutput:
     cost = _predict(plan)
     if cost is None:
         return
@@ -436,7 +466,7 @@ def _comm_fix(kind: str) -> str:
 
 
 @plan_check(FASTER_LAYOUT)
-def faster_layout(plan: Plan) -> Iterator[Finding]:
+def faster_layout(plan: Plan) -> CheckOutput:
     cost = _predict(plan)
     if cost is None or plan.global_batch is None:
         return
@@ -478,3 +508,18 @@ def faster_layout(plan: Plan) -> Iterator[Finding]:
         layout=best.layout.describe(),
         supported=supported,
     )
+
+
+def layout_errors(loaded: LoadedPlan) -> list[Finding]:
+    """The errors ``sapper check`` reports for the layout and the batch arithmetic.
+    ``sapper memory`` and ``sapper plan`` stop on them first, so ``--tp 3`` with 32 heads
+    is the same P104 error in every command, never "FITS"."""
+    from sapper.checks.consistency import global_batch_indivisible, global_batch_mismatch
+
+    found = [f for f in loaded.findings if f.severity == Severity.ERROR]
+    for check in (layout_constraints, global_batch_mismatch, global_batch_indivisible):
+        found.extend(
+            f for f in check(loaded.plan)
+            if isinstance(f, Finding) and f.severity == Severity.ERROR
+        )
+    return found

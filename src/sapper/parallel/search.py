@@ -30,7 +30,7 @@ from sapper.errors import InputError
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.cost import LayoutBatch, StepCost, cost_of, evaluate, predict_step
 from sapper.parallel.layout import CHECKPOINTING, Layout, parse_rank_order, placement
-from sapper.parallel.validate import heads_ok, seq_cp_ok, validate, widths_ok
+from sapper.parallel.validate import cp_supported, heads_ok, seq_cp_ok, validate, widths_ok
 from sapper.parallel.workload import Workload
 from sapper.plan.schema import AttentionImpl, Plan
 from sapper.rules.model import Severity
@@ -162,13 +162,14 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     assert model is not None
     n, layers, seq = cluster.gpus, work.layers, work.seq_len
     tps = [t for t in _divisors(n) if heads_ok(model, t) and widths_ok(model, t)]
+    cp_ok = cp_supported(model)
     rows: list[tuple[int, ...]] = []
     for tp in tps:
         for pp in _divisors(n // tp):
             if pp > layers:
                 continue
             for cp in _divisors(n // (tp * pp)):
-                if not seq_cp_ok(seq, cp):
+                if not seq_cp_ok(seq, cp) or (cp > 1 and not cp_ok):
                     continue
                 dp = n // (tp * pp * cp)
                 if gbatch % dp:
@@ -391,6 +392,8 @@ def search(
         split = (int(batch.tp[i]), int(batch.pp[i]), int(batch.cp[i]), int(batch.ep[i]))
         if split in splits or (walk is not None and not walk.fits(i)[0]):
             continue
+        if not _passes_checks(plan, batch, i, order, walk):
+            continue
         chosen.append(i)
         splits.add(split)
         if len(chosen) >= top:
@@ -431,6 +434,26 @@ def search(
         notes=notes,
         timings=timings,
     )
+
+
+#: Peak memory above this share of the GPU is flagged by ``sapper check`` (M003), so the
+#: planner never proposes it.
+_HEADROOM_SHARE = 0.90
+
+
+def _passes_checks(
+    plan: Plan, b: LayoutBatch, i: int, order: str, walk: _MemoryWalk | None
+) -> bool:
+    """A layout the planner may recommend: no layout error or warning from the checks
+    ``sapper check`` runs (TP across nodes, ZeRO-2/3 with a pipeline, rank order ...), and
+    the memory headroom M003 asks for. One truth: a proposal never fails its own check."""
+    lay = _layout_at(b, i, order)
+    if any(x.severity != Severity.INFO for x in validate(lay.apply(plan))):
+        return False
+    if walk is None:
+        return True
+    gib = walk.known.get(i, (True, None))[1]
+    return gib is None or gib * _GIB <= _HEADROOM_SHARE * walk.capacity
 
 
 def _rank(result: dict[str, np.ndarray], b: LayoutBatch) -> np.ndarray:

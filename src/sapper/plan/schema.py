@@ -342,6 +342,12 @@ class ParallelSpec(_Spec):
     offload_params: Literal["none", "cpu", "nvme"] = Field(
         default="none", description="Where parameters live between uses (ZeRO-3 offload)."
     )
+    optimizer_partitioned: bool = Field(
+        default=False,
+        description="Master weights and optimizer states are partitioned over the "
+        "data-parallel group although zero_stage is 0 or 1 says otherwise: DeepSpeed's "
+        "BF16_Optimizer does this for bf16 without ZeRO (set by the DeepSpeed reader).",
+    )
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
     virtual_pipeline_stages: int = Field(default=1, ge=1, description="Interleaved chunks v.")
     pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] = Field(
@@ -453,6 +459,12 @@ class Plan(_Spec):
     """A training job before it starts."""
 
     name: str | None = Field(default=None, description="A label for reports.")
+    framework: Literal["deepspeed", "megatron", "transformers", "torch"] | None = Field(
+        default=None,
+        description="What runs the training step; it decides what the plan leaves unsaid "
+        "(DeepSpeed fills in the batch triple and defaults fp16 to dynamic loss scaling). "
+        "The DeepSpeed reader sets it; null: not known.",
+    )
     model: ModelSpec | None = None
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
