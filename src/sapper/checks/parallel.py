@@ -12,7 +12,7 @@ from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.errors import InputError
 from sapper.parallel import Layout, predict_step, search, validate
 from sapper.parallel.cluster import Cluster
-from sapper.parallel.confidence import claim, mfu_note, outside, ratio_band
+from sapper.parallel.confidence import claim, mfu_note, outside, prediction_band
 from sapper.parallel.cost import BREAKDOWN, StepCost
 from sapper.parallel.explain import LABELS
 from sapper.parallel.workload import Workload
@@ -419,7 +419,7 @@ def predicted_cost(plan: Plan) -> CheckOutput:
     trust = (
         f"outside the calibrated region ({'; '.join(out)})"
         if out
-        else f"published runs fit within ±{100 * ratio_band() / 2 ** 0.5:.0f}% (1 sd)"
+        else f"the calibration's published runs are predicted to ±{100 * prediction_band():.0f}%"
     )
     hidden = cost.assumptions()
     note = mfu_note(cost.mfu, cluster.gpu.name)
