@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterator
 
 from sapper.checks.engine import plan_check
-from sapper.data.tokens import scan_token_ids
 from sapper.plan.schema import Plan, PositionEncoding
 from sapper.rules.model import Finding, Rule, Severity
 
@@ -227,6 +226,9 @@ def token_ids_out_of_vocab(plan: Plan) -> Iterator[Finding]:
     m, d = plan.model, plan.data
     if m is None or d.path is None:
         return
+    # The scanner needs numpy; a plan without a dataset (and ``sapper rules``) should not.
+    from sapper.data.tokens import scan_token_ids
+
     scan = scan_token_ids(
         d.path, m.vocab_size, fmt=d.format, token_dtype=d.token_dtype, budget_s=SCAN_BUDGET_S
     )

@@ -8,14 +8,16 @@ length gets no memory findings (nothing is guessed).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from sapper.checks.engine import plan_check
-from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
-from sapper.memory.inputs import MissingInput, shape_from_plan
-from sapper.memory.units import GIB, fmt_bytes
-from sapper.memory.verdict import MemoryVerdict, verdict
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Rule, Severity
+
+# The memory model is imported inside the checks: the rules below are imported whenever
+# sapper lists its rules, which must not pay for the estimator.
+if TYPE_CHECKING:
+    from sapper.memory.verdict import MemoryVerdict
 
 STATES_EXCEED = Rule(
     code="M001",
@@ -137,10 +139,15 @@ Turn offload off (DeepSpeed offload_optimizer/offload_param device "none").""",
 
 
 def _gib(n: int) -> float:
+    from sapper.memory.units import GIB
+
     return round(n / GIB, 2)
 
 
 def _verdict(plan: Plan) -> MemoryVerdict | None:
+    from sapper.memory.inputs import MissingInput
+    from sapper.memory.verdict import verdict
+
     try:
         return verdict(plan)
     except MissingInput:
@@ -149,6 +156,8 @@ def _verdict(plan: Plan) -> MemoryVerdict | None:
 
 @plan_check(STATES_EXCEED, DOES_NOT_FIT, LOW_HEADROOM)
 def check_fits(plan: Plan) -> Iterator[Finding]:
+    from sapper.memory.units import fmt_bytes
+
     if plan.gpu is None:
         return
     v = _verdict(plan)
@@ -197,6 +206,10 @@ def check_fits(plan: Plan) -> Iterator[Finding]:
 
 @plan_check(HOST_MEMORY)
 def check_host_memory(plan: Plan) -> Iterator[Finding]:
+    from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
+    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.units import GIB, fmt_bytes
+
     host = plan.hardware.host_memory_gib
     if host is None:
         return
@@ -221,6 +234,10 @@ def check_sharding_choice(plan: Plan) -> Iterator[Finding]:
     if plan.gpu is None or (par.zero_stage < 3 and par.offload_optimizer == "none"
                             and par.offload_params == "none"):
         return
+    from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
+    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.units import fmt_bytes
+
     try:
         sh = shape_from_plan(plan)
     except MissingInput:

@@ -9,14 +9,17 @@ findings.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from sapper.checks.engine import plan_check
 from sapper.errors import InputError
-from sapper.parallel import Layout, predict_step, search, validate
-from sapper.parallel.cost import BREAKDOWN, StepCost
-from sapper.parallel.explain import LABELS
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Rule, Severity
+
+# sapper.parallel (numpy) is imported inside the checks: the rules below are imported
+# whenever sapper lists its rules, which must not pay for the cost model.
+if TYPE_CHECKING:
+    from sapper.parallel.cost import StepCost
 
 __all__ = ["PARALLEL_RULES"]
 
@@ -340,6 +343,8 @@ _COMM = {"tp_comm": "TP", "cp_comm": "CP", "ep_comm": "EP", "pp_p2p": "PP p2p", 
 
 @plan_check(*PARALLEL_RULES)
 def layout_constraints(plan: Plan) -> Iterator[Finding]:
+    from sapper.parallel import validate
+
     for issue in validate(plan):
         rule = _BY_CODE[issue.code]
         yield rule.finding(
@@ -355,6 +360,8 @@ def layout_constraints(plan: Plan) -> Iterator[Finding]:
 
 def _predict(plan: Plan) -> StepCost | None:
     """The plan's predicted step, when it is complete and its layout has no error."""
+    from sapper.parallel import Layout, predict_step, validate
+
     needed = (plan.model, plan.gpu, plan.hardware.total_gpus, plan.batch.seq_len,
               plan.batch.micro_batch_size)
     if any(x is None for x in needed) or Layout.from_plan(plan) is None:
@@ -368,6 +375,8 @@ def _predict(plan: Plan) -> StepCost | None:
 
 
 def _shares(cost: StepCost) -> str:
+    from sapper.parallel.explain import LABELS
+
     return ", ".join(
         f"{LABELS[k]} {100 * v:.0f}%" for k, v in cost.shares().items() if v >= 0.005
     )
@@ -375,6 +384,8 @@ def _shares(cost: StepCost) -> str:
 
 @plan_check(COMM_BOUND, STEP_PREDICTION)
 def predicted_cost(plan: Plan) -> Iterator[Finding]:
+    from sapper.parallel.cost import BREAKDOWN
+
     cost = _predict(plan)
     if cost is None:
         return
@@ -420,6 +431,8 @@ def faster_layout(plan: Plan) -> Iterator[Finding]:
     cost = _predict(plan)
     if cost is None or plan.global_batch is None:
         return
+    from sapper.parallel import search
+
     try:
         result = search(plan, top=1, explain=False)
     except InputError:

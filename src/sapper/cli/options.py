@@ -11,12 +11,12 @@ import inspect
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sapper.plan.load import LoadedPlan, load_plan
-from sapper.plan.sources import PlanSource
+if TYPE_CHECKING:
+    from sapper.plan.load import LoadedPlan
 
 __all__ = ["PLAN_OPTION_FIELDS", "PlanInputs", "load_from_options", "with_plan_options"]
 
@@ -55,6 +55,11 @@ class PlanInputs:
 
 
 def load_from_options(inputs: PlanInputs) -> LoadedPlan:
+    """The Plan the options describe. The loaders (pydantic, YAML) are imported here, not
+    at the top, so every command's ``--help`` and ``sapper rules`` start without them."""
+    from sapper.plan.load import load_plan
+    from sapper.plan.sources import PlanSource
+
     overrides = PlanSource(name="command line")
     for key, value in inputs.values.items():
         if value is not None:

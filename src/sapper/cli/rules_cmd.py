@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from sapper.cli.app import (
     FormatOpt,
@@ -18,8 +17,9 @@ from sapper.cli.app import (
     run_guarded,
     split_codes,
 )
-from sapper.report.terminal import render_rule
-from sapper.rules.registry import all_rules, get_rule, select_rules
+
+# The rule registry and the renderers are imported inside the commands: ``sapper --help``
+# imports every command module, and should pay for none of them.
 
 
 @app.command("rules")
@@ -31,6 +31,10 @@ def rules(
     """List every rule with its code, checklist item, severity and title."""
 
     def body() -> int:
+        from rich.table import Table
+
+        from sapper.rules.registry import all_rules, select_rules
+
         table_rules = all_rules()
         kept = select_rules([r.code for r in table_rules], split_codes(select), split_codes(ignore))
         chosen = [r for r in table_rules if r.code in kept]
@@ -56,10 +60,14 @@ def explain(
     """Why it explodes, the early signs, and how to defuse it — for one rule."""
 
     def body() -> int:
+        from sapper.rules.registry import get_rule
+
         rule = get_rule(code)
         if fmt == OutputFormat.json:
             emit_json(rule.model_dump(mode="json"))
         else:
+            from sapper.report.terminal import render_rule
+
             console.print(render_rule(rule))
         return 0
 
