@@ -166,9 +166,9 @@ def _alternative(
     calls0 = walk.calls if walk else 0
     for j in others:
         j = int(j)
-        alt = _layout_at(batch, j, order)
         ok, gib = walk.fits(j) if walk is not None else (True, None)
         if ok:
+            alt = _layout_at(batch, j, order)
             text = (
                 f"best with {_alt_name(alt, dim)} ({alt.describe()}): "
                 f"{compare(cand.cost, cost_of(result, j, alt))}"
@@ -178,7 +178,7 @@ def _alternative(
                 text += f"; faster {_alt_name(blocked[0], dim)} layouts need{need} (no fit)"
             return text
         if blocked is None and result["step_time"][j] < cand.cost.step_time_s:
-            blocked = (alt, gib)
+            blocked = (_layout_at(batch, j, order), gib)
         if walk is not None and walk.calls - calls0 >= budget:
             break
     if blocked is not None:
