@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
-from sapper.data.tokens import scan_token_ids
 from sapper.plan.schema import Plan, PositionEncoding
 from sapper.rules.model import Rule, Severity
 
@@ -238,6 +237,9 @@ def token_ids_out_of_vocab(plan: Plan) -> CheckOutput:
         missing = [f for f, v in (("model", m), ("data.path", d.path)) if v is None]
         yield not_evaluated("the dataset's token ids against the model's vocabulary", *missing)
         return
+    # The scanner needs numpy; a plan without a dataset (and ``sapper rules``) should not.
+    from sapper.data.tokens import scan_token_ids
+
     scan = scan_token_ids(
         d.path, m.vocab_size, fmt=d.format, token_dtype=d.token_dtype, budget_s=SCAN_BUDGET_S
     )

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sapper.plan.load import LoadedPlan
 from sapper.plan.schema import Plan
 from sapper.rules.model import CHECKLIST_ITEMS, Finding, Rule, Severity
 from sapper.rules.registry import load_rules, register, select_rules
+
+if TYPE_CHECKING:  # the loaders (YAML, HF, DeepSpeed) are not needed to list rules
+    from sapper.plan.load import LoadedPlan
 
 __all__ = [
     "CheckOutput",

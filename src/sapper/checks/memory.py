@@ -7,14 +7,17 @@ length gets no memory findings (nothing is guessed).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
-from sapper.memory.estimate import MemoryOptions, estimate, estimate_shape, gpu_bytes_of
-from sapper.memory.inputs import MissingInput, shape_from_plan
-from sapper.memory.units import GIB, fmt_bytes
-from sapper.memory.verdict import MemoryVerdict, verdict
-from sapper.plan.hardware import GPUS, GpuSpec
 from sapper.plan.schema import Plan
 from sapper.rules.model import Rule, Severity
+
+# The memory model is imported inside the checks: the rules below are imported whenever
+# sapper lists its rules, which must not pay for the estimator.
+if TYPE_CHECKING:
+    from sapper.memory.verdict import MemoryVerdict
+    from sapper.plan.hardware import GpuSpec
 
 STATES_EXCEED = Rule(
     code="M001",
@@ -136,10 +139,15 @@ Turn offload off (DeepSpeed offload_optimizer/offload_param device "none").""",
 
 
 def _gib(n: int) -> float:
+    from sapper.memory.units import GIB
+
     return round(n / GIB, 2)
 
 
 def _verdict(plan: Plan) -> MemoryVerdict | None:
+    from sapper.memory.inputs import MissingInput
+    from sapper.memory.verdict import verdict
+
     try:
         return verdict(plan)
     except MissingInput:
@@ -176,12 +184,18 @@ def _trouble(v: MemoryVerdict) -> bool:
 
 
 def _largest_gpu() -> GpuSpec:
+    from sapper.plan.hardware import GPUS
+
     return max(GPUS, key=lambda g: g.memory_gib)
 
 
 def _fits_without_gpu(plan: Plan) -> CheckOutput:
     """No GPU named: an estimate above the largest GPU sapper knows fails on any GPU;
     anything else depends on the GPU and stays unknown."""
+    from sapper.memory.estimate import estimate
+    from sapper.memory.inputs import MissingInput
+    from sapper.memory.units import GIB, fmt_bytes
+
     try:
         est = estimate(plan)
         bf16 = _as_bf16(plan)
@@ -213,6 +227,8 @@ def _fits_without_gpu(plan: Plan) -> CheckOutput:
 
 @plan_check(STATES_EXCEED, DOES_NOT_FIT, LOW_HEADROOM)
 def check_fits(plan: Plan) -> CheckOutput:
+    from sapper.memory.units import fmt_bytes
+
     missing = _estimate_inputs_missing(plan)
     if missing:
         if plan.gpu is None:
@@ -284,6 +300,10 @@ def check_fits(plan: Plan) -> CheckOutput:
 
 @plan_check(HOST_MEMORY)
 def check_host_memory(plan: Plan) -> CheckOutput:
+    from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
+    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.units import GIB, fmt_bytes
+
     host = plan.hardware.host_memory_gib
     par = plan.parallel
     if host is None:
@@ -309,6 +329,10 @@ def check_host_memory(plan: Plan) -> CheckOutput:
 
 @plan_check(ZERO3_UNNEEDED, OFFLOAD_UNNEEDED)
 def check_sharding_choice(plan: Plan) -> CheckOutput:
+    from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
+    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.units import fmt_bytes
+
     par = plan.parallel
     if plan.gpu is None or (par.zero_stage < 3 and par.offload_optimizer == "none"
                             and par.offload_params == "none"):

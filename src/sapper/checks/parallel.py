@@ -8,17 +8,18 @@ findings.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.errors import InputError
-from sapper.parallel import Layout, predict_step, search, validate
-from sapper.parallel.cluster import Cluster
-from sapper.parallel.confidence import claim, mfu_note, outside, prediction_band
-from sapper.parallel.cost import BREAKDOWN, StepCost
-from sapper.parallel.explain import LABELS
-from sapper.parallel.workload import Workload
-from sapper.plan.load import LoadedPlan
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Rule, Severity
+
+# sapper.parallel (numpy) is imported inside the checks: the rules below are imported
+# whenever sapper lists its rules, which must not pay for the cost model.
+if TYPE_CHECKING:
+    from sapper.parallel.cost import StepCost
+    from sapper.plan.load import LoadedPlan
 
 __all__ = ["PARALLEL_RULES"]
 
@@ -368,6 +369,8 @@ _COMM = {"tp_comm": "TP", "cp_comm": "CP", "ep_comm": "EP", "pp_p2p": "PP p2p", 
 
 @plan_check(*PARALLEL_RULES)
 def layout_constraints(plan: Plan) -> CheckOutput:
+    from sapper.parallel import validate
+
     missing = [f for f, v in (("model", plan.model), ("hardware.num_gpus",
                plan.hardware.total_gpus)) if v is None]
     if missing:
@@ -391,6 +394,8 @@ def layout_constraints(plan: Plan) -> CheckOutput:
 
 def _predict(plan: Plan) -> StepCost | None:
     """The plan's predicted step, when it is complete and its layout has no error."""
+    from sapper.parallel import Layout, predict_step, validate
+
     needed = (plan.model, plan.gpu, plan.hardware.total_gpus, plan.batch.seq_len,
               plan.batch.micro_batch_size)
     if any(x is None for x in needed) or Layout.from_plan(plan) is None:
@@ -404,6 +409,8 @@ def _predict(plan: Plan) -> StepCost | None:
 
 
 def _shares(cost: StepCost) -> str:
+    from sapper.parallel.explain import LABELS
+
     return ", ".join(
         f"{LABELS[k]} {100 * v:.0f}%" for k, v in cost.shares().items() if v >= 0.005
     )
@@ -411,6 +418,11 @@ def _shares(cost: StepCost) -> str:
 
 @plan_check(COMM_BOUND, STEP_PREDICTION)
 def predicted_cost(plan: Plan) -> CheckOutput:
+    from sapper.parallel.cluster import Cluster
+    from sapper.parallel.confidence import mfu_note, outside, prediction_band
+    from sapper.parallel.cost import BREAKDOWN
+    from sapper.parallel.workload import Workload
+
     cost = _predict(plan)
     if cost is None:
         return
@@ -467,6 +479,11 @@ def _comm_fix(kind: str) -> str:
 
 @plan_check(FASTER_LAYOUT)
 def faster_layout(plan: Plan) -> CheckOutput:
+    from sapper.parallel import search
+    from sapper.parallel.cluster import Cluster
+    from sapper.parallel.confidence import claim, outside
+    from sapper.parallel.workload import Workload
+
     cost = _predict(plan)
     if cost is None or plan.global_batch is None:
         return

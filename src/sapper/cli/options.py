@@ -12,14 +12,15 @@ import math
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from sapper.errors import InputError
 from sapper.plan.flags import OPTION_FIELDS
-from sapper.plan.load import LoadedPlan, load_plan
-from sapper.plan.sources import PlanSource
+
+if TYPE_CHECKING:
+    from sapper.plan.load import LoadedPlan
 
 __all__ = ["PlanInputs", "load_from_options", "stop_on_layout_errors", "with_plan_options"]
 
@@ -55,6 +56,11 @@ def _loss_scaling(text: str) -> dict[str, Any]:
 
 
 def load_from_options(inputs: PlanInputs) -> LoadedPlan:
+    """The Plan the options describe. The loaders (pydantic, YAML) are imported here, not
+    at the top, so every command's ``--help`` and ``sapper rules`` start without them."""
+    from sapper.plan.load import load_plan
+    from sapper.plan.sources import PlanSource
+
     overrides = PlanSource(name="command line")
     for key, value in inputs.values.items():
         if value is None:

@@ -223,9 +223,9 @@ def _alternative(
     calls0 = walk.calls if walk else 0
     for j in others:
         j = int(j)
-        alt = _layout_at(batch, j, order)
         ok, gib = walk.fits(j) if walk is not None else (True, None)
         if ok:
+            alt = _layout_at(batch, j, order)
             reasons = (mine_out or []) + (region(alt) if region is not None else [])
             text = (
                 f"best with {_alt_name(alt, dim)} ({alt.describe()}): "
@@ -236,7 +236,7 @@ def _alternative(
                 text += f"; faster {_alt_name(blocked[0], dim)} layouts need{need} (no fit)"
             return text
         if blocked is None and result["step_time"][j] < cand.cost.step_time_s:
-            blocked = (alt, gib)
+            blocked = (_layout_at(batch, j, order), gib)
         if walk is not None and walk.calls - calls0 >= budget:
             break
     if blocked is not None:

@@ -256,15 +256,21 @@ def _exact_span(order: tuple[str, ...], deg: dict[str, int], dims: frozenset[str
         strides[d] = s
         s *= deg[d]
 
-    def offsets(names: list[str]) -> np.ndarray:
-        out = np.zeros(1, dtype=np.int64)
-        for d in names:
-            out = np.add.outer(out, np.arange(deg[d], dtype=np.int64) * strides[d]).ravel()
-        return out
-
-    members = offsets([d for d in order if d in dims])
-    bases = offsets([d for d in order if d not in dims])
-    nodes = np.sort((bases[:, None] + members[None, :]) // gpn, axis=1)
+    members = np.zeros(1, dtype=np.int64)
+    for d in order:
+        if d in dims:
+            step = np.arange(deg[d], dtype=np.int64) * strides[d]
+            members = np.add.outer(members, step).ravel()
+    # (base + m) // gpn == base // gpn + (base % gpn + m) // gpn: a group's node pattern
+    # depends only on its first rank's offset within a node, so at most gpn distinct
+    # groups need placing (not every group of a 32k-GPU job). The offsets i·stride mod
+    # gpn repeat after at most gpn steps.
+    starts = {0}
+    for d in order:
+        if d not in dims:
+            starts = {(a + i * strides[d]) % gpn for a in starts for i in range(min(deg[d], gpn))}
+    first = np.array(sorted(starts), dtype=np.int64)
+    nodes = np.sort((first[:, None] + members[None, :]) // gpn, axis=1)
     change = np.diff(nodes, axis=1) != 0
     distinct = 1 + change.sum(axis=1)
     # run lengths of equal node ids in each sorted row: the members sharing a node

@@ -33,6 +33,7 @@ from sapper.plan.hf_families import (
     generic,
     quiet_transformers,
 )
+from sapper.plan.hf_fast import fast_config
 from sapper.plan.schema import PositionEncoding
 from sapper.plan.sources import PlanSource, read_json_object
 
@@ -113,7 +114,11 @@ def read_hf_config(path: str | Path) -> PlanSource:
     )
     model_type, kwargs = _normalize(raw, file)
     _check_numbers(raw, file)
-    cfg = _parse(model_type, kwargs, raw, file)
+    # A family sapper counts itself is resolved without transformers (seconds to import);
+    # anything the fast path is unsure of is parsed, and validated, by transformers.
+    cfg = fast_config(model_type, kwargs) if model_type in FAMILIES else None
+    if cfg is None:
+        cfg = _parse(model_type, kwargs, raw, file)
     family = _describe(cfg, model_type)
     _add_positions(family, cfg, raw)
     family.model["hidden_act"] = _hidden_act(cfg)
@@ -153,7 +158,10 @@ def _expected_types(given: object = None) -> str:
 
 
 def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
-    """The model_type and the keyword dict transformers' config class should receive."""
+    """The model_type and the keyword dict transformers' config class should receive.
+
+    Needs transformers only for a file without ``model_type`` (its architecture names the
+    family) and for a family sapper does not count itself (is it a causal LM?)."""
     kwargs = dict(raw)
     model_type = raw.get("model_type")
     if model_type is None:
@@ -181,7 +189,13 @@ def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
         if old in kwargs and new not in kwargs:
             kwargs[new] = kwargs.pop(old)
     kwargs["model_type"] = model_type
+    if model_type not in FAMILIES:
+        _check_causal_lm(model_type, raw, file)
+    return model_type, kwargs
 
+
+def _check_causal_lm(model_type: str, raw: dict[str, Any], file: str) -> None:
+    """A family transformers knows, and a causal language model."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:
@@ -200,7 +214,6 @@ def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
             value=model_type,
             expected=_expected_types(),
         )
-    return model_type, kwargs
 
 
 def _type_from_architectures(architectures: Any) -> str | None:
