@@ -233,7 +233,10 @@ def _alternative(
             )
             if blocked is not None:
                 need = f" ≥ {blocked[1]:.0f} GiB" if blocked[1] is not None else " more memory"
-                text += f"; faster {_alt_name(blocked[0], dim)} layouts need{need} (no fit)"
+                text += (
+                    f"; faster {_alt_name(blocked[0], dim)} layouts need{need} "
+                    "(no fit with 10% headroom)"
+                )
             return text
         if blocked is None and result["step_time"][j] < cand.cost.step_time_s:
             blocked = (_layout_at(batch, j, order), gib)
@@ -241,7 +244,10 @@ def _alternative(
             break
     if blocked is not None:
         need = f"≥ {blocked[1]:.0f} GiB" if blocked[1] is not None else "more memory"
-        return f"{_alt_name(blocked[0], dim)} would be faster but needs {need} (no fit)"
+        return (
+            f"{_alt_name(blocked[0], dim)} would be faster but needs {need} "
+            "(no fit with 10% headroom)"
+        )
     return None
 
 
