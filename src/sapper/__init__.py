@@ -6,9 +6,15 @@ run the pre-flight checklist over a planned job; during training, the runtime de
 inside a PyTorch training loop.
 """
 
-from sapper.errors import InputError, SapperError
-from sapper.plan import LoadedPlan, Plan, load_plan
-from sapper.rules import Finding, Rule, Severity
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sapper.errors import InputError, SapperError
+    from sapper.monitor import Monitor, SapperHalt
+    from sapper.plan import LoadedPlan, Plan, load_plan
+    from sapper.rules import Finding, Rule, Severity
 
 __all__ = [
     "Finding",
@@ -24,14 +30,32 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-#: Exported lazily: the monitor imports torch, which ``import sapper`` (and the CLI) must
-#: not pay for.
-_LAZY = {"Monitor": "sapper.monitor", "SapperHalt": "sapper.monitor"}
+#: Every export is lazy: importing any ``sapper.*`` module runs this file first, and
+#: ``sapper --help`` or ``sapper rules`` must not pay for the plan schema (pydantic, YAML)
+#: nor the monitor (torch) just because ``sapper.errors`` lives in this package.
+_LAZY = {
+    "Finding": "sapper.rules",
+    "InputError": "sapper.errors",
+    "LoadedPlan": "sapper.plan",
+    "Monitor": "sapper.monitor",
+    "Plan": "sapper.plan",
+    "Rule": "sapper.rules",
+    "SapperError": "sapper.errors",
+    "SapperHalt": "sapper.monitor",
+    "Severity": "sapper.rules",
+    "load_plan": "sapper.plan",
+}
 
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
     raise AttributeError(f"module 'sapper' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

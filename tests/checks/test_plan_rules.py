@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from sapper.checks import clipping, consistency, data, init, normalization
+from sapper.checks.engine import NotEvaluated
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
 
@@ -146,8 +147,9 @@ def test_init_gain_bounds() -> None:
 
 
 def test_residual_rule_needs_an_init_statement() -> None:
-    # A plan that says nothing about init is not taken as "unscaled".
-    assert list(init.residual_not_scaled(plan(model=LLAMA2_7B))) == []
+    # A plan that says nothing about init is not taken as "unscaled", nor as a pass.
+    (unknown,) = init.residual_not_scaled(plan(model=LLAMA2_7B))
+    assert isinstance(unknown, NotEvaluated) and unknown.missing == ("init.residual_scaling",)
     f = only(list(init.residual_not_scaled(plan(model=LLAMA2_7B, init={"std": 0.02}))))
     assert "1/√(2·32) = 0.125" in f.message and "std 0.0025" in f.message
     shallow = {**LLAMA2_7B, "num_layers": 4}
@@ -180,10 +182,13 @@ def test_post_ln_without_warmup_by_depth(layers: int, expected: Severity | None)
 
 
 def test_unknown_schedule_is_not_no_warmup() -> None:
-    # An HF config alone says nothing about the schedule: N401 stays silent, N403 reminds.
-    p = plan(model=BERT_LARGE)
-    assert list(normalization.post_ln_no_warmup(p)) == []
-    assert "no schedule in the plan" in only(list(normalization.post_ln_prefer_pre_ln(p))).message
+    # An HF config alone says nothing about the schedule: N401 stays silent, and N403
+    # warns (an unverified Post-LN stack is never a PASS), also below the deep threshold.
+    for layers in (6, 24):
+        p = plan(model={**BERT_LARGE, "num_layers": layers})
+        assert list(normalization.post_ln_no_warmup(p)) == []
+        f = only(list(normalization.post_ln_prefer_pre_ln(p)))
+        assert f.severity == Severity.WARNING and "no schedule visible" in f.message
 
 
 def test_short_run_asks_for_ten_percent() -> None:

@@ -18,6 +18,9 @@ from sapper.errors import InputError
 from sapper.memory import MemoryOptions, estimate
 from sapper.memory.inputs import Shape, shape_from_plan
 from sapper.memory.pipeline import (
+    InFlight,
+    _forward_chunk,
+    _forward_counts,
     chunk_layers,
     in_flight,
     layers_per_stage,
@@ -85,6 +88,40 @@ def test_in_flight_matches_megatrons_schedule(p: int, v: int) -> None:
                 fl = in_flight(sh, r, tuple(weights))
                 held = sum(k * w for k, w in zip(fl.counts, weights, strict=True))
                 assert held == _simulated_peak(p, r, v, m, weights), (m, r, weights)
+
+
+def _scanned(sh: Shape, r: int, weights: tuple[int, ...]) -> InFlight:
+    """in_flight's scan with _forward_chunk's general table (any last group)."""
+    p, m, v = sh.pp, sh.micro_batches, len(weights)
+    total, w = m * v, warmup_forwards(sh, r)
+    held = min(w + 1, total)
+    counts = _forward_counts(held, p, v, m)
+    best = (tuple(counts), _forward_chunk(held - 1, p, v, m), v - 1 - _forward_chunk(0, p, v, m))
+    if held == total or len(set(weights)) == 1:
+        return InFlight(*best)
+    load = top = sum(c * x for c, x in zip(counts, weights, strict=True))
+    for t in range(1, total - w if m % p else min(total - w, p * v + 1)):
+        b, f = v - 1 - _forward_chunk(t - 1, p, v, m), _forward_chunk(w + t, p, v, m)
+        counts[b] -= 1
+        counts[f] += 1
+        load += weights[f] - weights[b]
+        if load > top:
+            top = load
+            best = (tuple(counts), f, v - 1 - _forward_chunk(t, p, v, m))
+    return InFlight(*best)
+
+
+def test_in_flight_whole_groups_scan_is_the_general_one() -> None:
+    """With whole groups of p micro-batches in_flight inlines the chunk table; the held
+    counts and the chunks it names are those of the general table."""
+    rng = random.Random(7)
+    for _ in range(300):
+        p, v = rng.randint(2, 16), rng.randint(2, 9)
+        sh = _shape(pp=p, vpp=v, micro_batches=p * rng.randint(1, 8), layers=p * v * 2,
+                    schedule="interleaved")
+        r = rng.randrange(p)
+        weights = tuple(rng.choice([3, 5, 8, 13, 100]) for _ in range(v))
+        assert in_flight(sh, r, weights) == _scanned(sh, r, weights)
 
 
 def test_interleaved_warmup_is_megatrons() -> None:

@@ -91,3 +91,81 @@ def test_missing_inputs_raise(section: str, value: dict, field: str) -> None:
 def test_undeterminable_dp_raises() -> None:
     with pytest.raises(InputError, match="data-parallel degree"):
         predict_step(gpt_plan(parallel={"tp": 3}))
+
+
+def _h100_plan(**parallel: object) -> Plan:
+    """A 7B-class GPT on 64 H100s with TP4 + SP, Megatron kernels."""
+    par: dict[str, object] = {"tp": 4, "pp": 1, "dp": -1, "sequence_parallel": True}
+    par.update(parallel)
+    return gpt_plan(
+        model={
+            "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 50304,
+            "max_position_embeddings": 4096, "attention_impl": "flash",
+            "implementation": "megatron",
+        },
+        batch={"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 64},
+        parallel=par,
+        hardware={"gpu": "H100", "num_gpus": 64, "gpus_per_node": 8},
+    )
+
+
+def test_tp_overlap_hides_tp_collectives_and_says_so() -> None:
+    off = predict_step(_h100_plan())
+    on = predict_step(_h100_plan(tp_comm_overlap=True))
+    assert on.breakdown["tp_comm"] < 0.5 * off.breakdown["tp_comm"]
+    assert on.hidden["tp"] > 0 and off.hidden["tp"] == 0
+    assert on.step_time_s < off.step_time_s
+    # hidden collectives still cost the SMs they run on
+    assert on.breakdown["compute"] > off.breakdown["compute"]
+    assert any("tp_comm_overlap" in a for a in on.assumptions())
+    assert any("not overlapped (tp_comm_overlap off)" in a for a in off.assumptions())
+    # at least one of TP chunks is exposed
+    assert on.breakdown["tp_comm"] > 0
+
+
+def test_tp_overlap_needs_sequence_parallelism() -> None:
+    lay = Layout.from_plan(_h100_plan(tp_comm_overlap=True))
+    assert lay is not None
+    plain = predict_step(_h100_plan(), lay.with_(sequence_parallel=False, tp_comm_overlap=False))
+    tried = predict_step(_h100_plan(), lay.with_(sequence_parallel=False))
+    assert tried.breakdown["tp_comm"] == pytest.approx(plain.breakdown["tp_comm"])
+
+
+def test_param_gather_overlap_is_its_own_switch() -> None:
+    plan = _h100_plan(zero_stage=1)
+    on = predict_step(plan)
+    off = predict_step(plan, Layout.from_plan(plan).with_(overlap_param_gather=False))  # type: ignore[union-attr]
+    assert off.breakdown["dp_comm"] > on.breakdown["dp_comm"]
+    grads_off = predict_step(plan, Layout.from_plan(plan).with_(overlap_dp_comm=False))  # type: ignore[union-attr]
+    assert grads_off.breakdown["dp_comm"] > on.breakdown["dp_comm"]
+
+
+def test_dp_bytes_are_wire_bytes_and_zero_for_one_rank(plan: Plan) -> None:
+    one = _cost(plan, dp=1, grad_accum=64, zero=3)
+    assert one.details["dp_bytes"] == 0 and one.breakdown["dp_comm"] == 0
+    two = _cost(plan, dp=2, grad_accum=32)
+    sixteen = _cost(plan, grad_accum=4)
+    # an all-reduce moves 2(n-1)/n of the gradients through each link
+    psi = sixteen.details["params_per_gpu"]
+    assert two.details["dp_bytes"] == pytest.approx(2 * psi * 2 * 1 / 2)
+    assert sixteen.details["dp_bytes"] == pytest.approx(2 * psi * 2 * 15 / 16)
+
+
+def test_flash_attention_executes_the_causal_half(plan: Plan) -> None:
+    """Reported FLOPs count the full s x s square either way; only the time differs."""
+    model = dict(plan.model.model_dump(exclude_none=True)) if plan.model else {}
+    eager = _cost(gpt_plan(model={**model, "attention_impl": "eager"}))
+    flash = _cost(gpt_plan(model={**model, "attention_impl": "flash"}))
+    assert flash.step_time_s < eager.step_time_s
+    mf_eager = eager.model_tflops_per_gpu * eager.step_time_s
+    mf_flash = flash.model_tflops_per_gpu * flash.step_time_s
+    assert mf_eager == pytest.approx(mf_flash)
+
+
+def test_small_models_reach_lower_mfu_than_large_ones() -> None:
+    from sapper.parallel.published import PUBLISHED_RUNS
+
+    mcore = [r for r in PUBLISHED_RUNS if r.name.startswith("MCore")]
+    small, mid = predict_step(mcore[0].to_plan()), predict_step(mcore[2].to_plan())
+    assert small.mfu < mid.mfu
+    assert small.details["gemm_share"] > 0 and small.details["attention_share"] > 0

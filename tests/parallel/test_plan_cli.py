@@ -73,3 +73,19 @@ def test_published_examples_match_the_calibration_data() -> None:
     for f in files:
         data = yaml.safe_load(f.read_text())
         assert data == by_name[data["name"]].plan, f.name
+
+
+def test_ambiguous_gpu_exits_2_listing_the_candidates() -> None:
+    res = invoke("plan", str(EXAMPLES / "healthy-llama-7b.yaml"), "--gpu", "A100")
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "A100-40GB" in res.output and "A100-80GB" in res.output
+
+
+def test_json_names_hidden_collectives_and_calibration_limits() -> None:
+    res = invoke("plan", str(EXAMPLES / "published-llama3-405b.yaml"), "--top", "1", "-f",
+                 "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    cost = data["top"][0]["cost"]
+    assert set(cost["hidden_s"]) == {"tp", "cp", "dp"}
+    assert isinstance(cost["assumptions"], list)

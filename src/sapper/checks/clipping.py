@@ -8,11 +8,9 @@ norm is not set by a few huge matrices.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.plan.schema import Plan
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
 
 __all__ = [
     "CLIP_BEFORE_UNSCALE",
@@ -137,7 +135,7 @@ def _enabled(plan: Plan) -> bool:
 
 
 @plan_check(NO_CLIPPING)
-def clipping_off(plan: Plan) -> Iterator[Finding]:
+def clipping_off(plan: Plan) -> CheckOutput:
     max_norm = plan.clipping.max_norm
     if max_norm is None and any("clipping" in key for key in plan.unresolved):
         return  # "auto": the launcher fills it in; C002 says so, nothing to guess
@@ -159,7 +157,7 @@ def clipping_off(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(CLIP_THRESHOLD)
-def clip_threshold(plan: Plan) -> Iterator[Finding]:
+def clip_threshold(plan: Plan) -> CheckOutput:
     max_norm = plan.clipping.max_norm
     if max_norm is None or max_norm == 0:
         return
@@ -195,9 +193,20 @@ def clip_threshold(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(CLIP_BEFORE_UNSCALE)
-def clip_before_unscale(plan: Plan) -> Iterator[Finding]:
+def clip_before_unscale(plan: Plan) -> CheckOutput:
     ls = plan.precision.loss_scaling
-    if not _enabled(plan) or plan.clipping.applied != "before_unscale" or ls.mode == "none":
+    if not _enabled(plan) or ls.mode == "none" or plan.precision.dtype != "fp16":
+        return
+    if "applied" not in plan.clipping.model_fields_set and plan.framework in (None, "torch"):
+        # DeepSpeed, Megatron and the Trainer unscale before they clip; a hand-written
+        # loop must call scaler.unscale_ itself, which no config file shows.
+        yield not_evaluated(
+            "whether the training loop calls scaler.unscale_ before clipping (sapper.Monitor "
+            "sees it at runtime: R032, R033)",
+            "clipping.applied",
+        )
+        return
+    if plan.clipping.applied != "before_unscale":
         return
     scale = ls.static_scale if ls.mode == "static" else ls.initial_scale
     max_norm = plan.clipping.max_norm
@@ -232,8 +241,11 @@ def vocab_param_share(plan: Plan) -> tuple[int, int, float] | None:
 
 
 @plan_check(VOCAB_DOMINATES_NORM)
-def vocab_dominates_norm(plan: Plan) -> Iterator[Finding]:
+def vocab_dominates_norm(plan: Plan) -> CheckOutput:
     if not _enabled(plan) or plan.clipping.mode != "global":
+        return
+    if plan.model is None:
+        yield not_evaluated("whether the embedding and head dominate the global norm", "model")
         return
     share = vocab_param_share(plan)
     if share is None or share[2] < VOCAB_SHARE_LIMIT:

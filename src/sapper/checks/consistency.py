@@ -9,11 +9,9 @@ parallel checks; these rules need a known DP degree and stay silent otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, plan_check
 from sapper.plan.schema import Plan
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
 
 __all__ = ["GLOBAL_BATCH_INDIVISIBLE", "GLOBAL_BATCH_MISMATCH"]
 
@@ -58,7 +56,7 @@ data-parallel degree so it divides.""",
 
 
 @plan_check(GLOBAL_BATCH_MISMATCH)
-def global_batch_mismatch(plan: Plan) -> Iterator[Finding]:
+def global_batch_mismatch(plan: Plan) -> CheckOutput:
     b, dp = plan.batch, plan.dp_degree
     if None in (b.global_batch_size, b.micro_batch_size, b.gradient_accumulation_steps, dp):
         return
@@ -85,7 +83,7 @@ def global_batch_mismatch(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(GLOBAL_BATCH_INDIVISIBLE)
-def global_batch_indivisible(plan: Plan) -> Iterator[Finding]:
+def global_batch_indivisible(plan: Plan) -> CheckOutput:
     b, dp = plan.batch, plan.dp_degree
     if b.gradient_accumulation_steps is not None:
         return  # with GA given, C101 checks the product

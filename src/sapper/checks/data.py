@@ -9,12 +9,10 @@ the learning rate stayed where it was tuned.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
-from sapper.checks.engine import plan_check
-from sapper.data.tokens import scan_token_ids
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.plan.schema import Plan, PositionEncoding
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
 
 __all__ = [
     "ASSUMED_MFU",
@@ -156,11 +154,21 @@ sweep around it; keep warmup at least as long in tokens.""",
 
 
 @plan_check(POSITION_OVERFLOW)
-def position_overflow(plan: Plan) -> Iterator[Finding]:
+def position_overflow(plan: Plan) -> CheckOutput:
     m, s = plan.model, plan.batch.seq_len
-    if m is None or s is None or m.max_position_embeddings is None:
+    if m is None or s is None:
+        missing = [f for f, v in (("model", m), ("batch.seq_len", s)) if v is None]
+        yield not_evaluated("the sequence length against the position table", *missing)
         return
-    if m.position_encoding != PositionEncoding.LEARNED or s <= m.max_position_embeddings:
+    if m.position_encoding != PositionEncoding.LEARNED:
+        return
+    if m.max_position_embeddings is None:
+        yield not_evaluated(
+            "the sequence length against the learned position table",
+            "model.max_position_embeddings",
+        )
+        return
+    if s <= m.max_position_embeddings:
         return
     table = m.max_position_embeddings
     yield POSITION_OVERFLOW.finding(
@@ -189,7 +197,7 @@ def _rope_supported(plan: Plan) -> tuple[int, int, float | None] | None:
 
 
 @plan_check(ROPE_BEYOND_CONTEXT)
-def rope_beyond_context(plan: Plan) -> Iterator[Finding]:
+def rope_beyond_context(plan: Plan) -> CheckOutput:
     s = plan.batch.seq_len
     info = _rope_supported(plan)
     if s is None or info is None:
@@ -223,10 +231,15 @@ def rope_beyond_context(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(TOKEN_IDS_OUT_OF_VOCAB)
-def token_ids_out_of_vocab(plan: Plan) -> Iterator[Finding]:
+def token_ids_out_of_vocab(plan: Plan) -> CheckOutput:
     m, d = plan.model, plan.data
     if m is None or d.path is None:
+        missing = [f for f, v in (("model", m), ("data.path", d.path)) if v is None]
+        yield not_evaluated("the dataset's token ids against the model's vocabulary", *missing)
         return
+    # The scanner needs numpy; a plan without a dataset (and ``sapper rules``) should not.
+    from sapper.data.tokens import scan_token_ids
+
     scan = scan_token_ids(
         d.path, m.vocab_size, fmt=d.format, token_dtype=d.token_dtype, budget_s=SCAN_BUDGET_S
     )
@@ -294,17 +307,27 @@ def planned_tokens_per_sec_per_gpu(plan: Plan) -> float | None:
 
 
 @plan_check(LOADER_TOO_SLOW)
-def loader_too_slow(plan: Plan) -> Iterator[Finding]:
+def loader_too_slow(plan: Plan) -> CheckOutput:
     d, s = plan.data, plan.batch.seq_len
     if d.loader_tokens_per_sec is not None:
         have, unit = d.loader_tokens_per_sec, "data.loader_tokens_per_sec"
     elif d.loader_samples_per_sec is not None and s is not None:
         have, unit = d.loader_samples_per_sec * s, "data.loader_samples_per_sec"
     else:
+        yield not_evaluated(
+            "whether the data loader keeps up with the GPUs (sapper.Monitor measures the "
+            "data wait at runtime)",
+            "data.loader_tokens_per_sec",
+        )
         return
     per_gpu = planned_tokens_per_sec_per_gpu(plan)
     flops = training_flops_per_token(plan)
     if per_gpu is None or flops is None or plan.gpu is None:
+        needed = (("model", plan.model), ("batch.seq_len", s), ("hardware.gpu", plan.gpu))
+        yield not_evaluated(
+            "the loader's throughput against what the GPUs consume",
+            *(f for f, v in needed if v is None),
+        )
         return
     group = plan.model_parallel_size
     need = per_gpu * group
@@ -345,7 +368,7 @@ _ADAPTIVE = ("adam", "lamb", "lion", "adafactor", "sophia", "came", "muon")
 
 
 @plan_check(LR_NOT_RESCALED)
-def lr_not_rescaled(plan: Plan) -> Iterator[Finding]:
+def lr_not_rescaled(plan: Plan) -> CheckOutput:
     b, lr = plan.batch, plan.optimizer.lr
     if b.reference_global_batch is None or b.reference_lr is None or lr is None:
         return

@@ -2,22 +2,70 @@
 
 A check module declares its :class:`Rule` objects and decorates its check functions with
 :func:`plan_check`; :func:`run_checklist` runs them all over a loaded plan. A check that
-needs a value the plan does not have returns nothing: it never guesses.
+needs a value the plan does not have never guesses and never passes silently: it yields
+:func:`not_evaluated` naming the inputs it lacks, and its checklist item reads ``unknown``
+instead of ``pass`` (an unverified item is not a PASS; a false PASS is what burns GPU-days).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sapper.plan.load import LoadedPlan
 from sapper.plan.schema import Plan
 from sapper.rules.model import CHECKLIST_ITEMS, Finding, Rule, Severity
 from sapper.rules.registry import load_rules, register, select_rules
 
-__all__ = ["CheckReport", "ItemStatus", "plan_check", "run_checklist"]
+if TYPE_CHECKING:  # the loaders (YAML, HF, DeepSpeed) are not needed to list rules
+    from sapper.plan.load import LoadedPlan
 
-PlanCheckFn = Callable[[Plan], Iterable[Finding]]
+__all__ = [
+    "CheckOutput",
+    "CheckReport",
+    "ItemStatus",
+    "NotEvaluated",
+    "Unverified",
+    "not_evaluated",
+    "plan_check",
+    "run_checklist",
+]
+
+
+@dataclass(frozen=True)
+class NotEvaluated:
+    """Yielded by a check that could not run: what it could not verify, and the plan
+    fields (dotted paths, e.g. ``hardware.gpu``) that would let it."""
+
+    what: str
+    missing: tuple[str, ...]
+
+
+def not_evaluated(what: str, *missing: str) -> NotEvaluated:
+    return NotEvaluated(what, tuple(missing))
+
+
+@dataclass(frozen=True)
+class Unverified:
+    """A check of the report that did not run: its item, its rule codes and what it lacks."""
+
+    item: str
+    codes: tuple[str, ...]
+    what: str
+    missing: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "item": self.item,
+            "codes": list(self.codes),
+            "what": self.what,
+            "missing": list(self.missing),
+        }
+
+
+PlanCheckFn = Callable[[Plan], Iterable[Finding | NotEvaluated]]
+#: What a plan check function returns.
+CheckOutput = Iterator[Finding | NotEvaluated]
 
 
 @dataclass(frozen=True)
@@ -44,11 +92,13 @@ def plan_check(*rules: Rule) -> Callable[[PlanCheckFn], PlanCheckFn]:
 
 @dataclass
 class ItemStatus:
-    """One checklist item's verdict: ``fail`` (an error), ``warn``, or ``pass``."""
+    """One checklist item's verdict: ``fail`` (an error), ``warn``, ``unknown`` (a check
+    it owns could not run for lack of inputs), or ``pass``."""
 
     item: str
     status: str
     findings: list[Finding] = field(default_factory=list)
+    unverified: list[Unverified] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +106,7 @@ class CheckReport:
     plan: Plan
     findings: list[Finding]
     sources: list[str] = field(default_factory=list)
+    unverified: list[Unverified] = field(default_factory=list)
 
     @property
     def errors(self) -> int:
@@ -73,13 +124,19 @@ class CheckReport:
         out = []
         for topic in topics:
             found = [f for f in self.findings if f.check == topic]
+            open_ = [u for u in self.unverified if u.item == topic]
             worst = max((f.severity.rank for f in found), default=-1)
-            status = {2: "fail", 1: "warn"}.get(worst, "pass")
-            out.append(ItemStatus(topic, status, found))
+            status = {2: "fail", 1: "warn"}.get(worst, "unknown" if open_ else "pass")
+            out.append(ItemStatus(topic, status, found, open_))
         return out
 
+    def missing_inputs(self) -> list[str]:
+        """Every plan field some check lacked, in first-seen order."""
+        return list(dict.fromkeys(m for u in self.unverified for m in u.missing))
+
     def exit_code(self, strict: bool = False) -> int:
-        if self.errors or (strict and self.warnings):
+        """1 on errors; under ``strict`` also on warnings and on checks that could not run."""
+        if self.errors or (strict and (self.warnings or self.unverified)):
             return 1
         return 0
 
@@ -93,7 +150,9 @@ class CheckReport:
                 "items": {i.item: i.status for i in self.items()},
                 "derived": self.plan.derived(),
                 "sources": self.sources,
-                "unresolved": list(self.plan.unresolved),
+                "unresolved": list(dict.fromkeys([*self.plan.unresolved,
+                                                  *self.missing_inputs()])),
+                "not_evaluated": [u.to_json() for u in self.unverified],
             },
         }
 
@@ -109,8 +168,16 @@ def run_checklist(
     """Run every registered plan check; keep the codes ``select``/``ignore`` allow."""
     load_rules()
     findings = list(loaded.findings)
+    unverified: list[Unverified] = []
     for check in _CHECKS:
-        findings.extend(check.fn(loaded.plan))
-    kept = select_rules({f.code for f in findings}, select, ignore)
+        for out in check.fn(loaded.plan):
+            if isinstance(out, NotEvaluated):
+                codes = tuple(r.code for r in check.rules)
+                unverified.append(Unverified(check.rules[0].check, codes, out.what, out.missing))
+            else:
+                findings.append(out)
+    codes = {f.code for f in findings} | {c for u in unverified for c in u.codes}
+    kept = select_rules(codes, select, ignore)
     findings = sorted((f for f in findings if f.code in kept), key=_order)
-    return CheckReport(loaded.plan, findings, loaded.sources)
+    unverified = [u for u in unverified if any(c in kept for c in u.codes)]
+    return CheckReport(loaded.plan, findings, loaded.sources, unverified)

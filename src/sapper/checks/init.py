@@ -11,11 +11,10 @@ None of this applies when the weights come from a checkpoint (``init.from_pretra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.plan.schema import Plan
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
 
 __all__ = [
     "INIT_STD_VS_WIDTH",
@@ -121,9 +120,17 @@ def depth_scale(num_layers: int) -> float:
 
 
 @plan_check(INIT_STD_VS_WIDTH)
-def std_vs_width(plan: Plan) -> Iterator[Finding]:
+def std_vs_width(plan: Plan) -> CheckOutput:
     std, m = plan.init.std, plan.model
-    if std is None or m is None or plan.init.from_pretrained:
+    if plan.init.from_pretrained:
+        return
+    if std is None or m is None:
+        missing = [f for f, v in (("model", m), ("init.std", std)) if v is None]
+        yield not_evaluated(
+            "the init std against the model's width (give init.std, or init.from_pretrained "
+            "when the weights are loaded)",
+            *missing,
+        )
         return
     h = m.hidden_size
     gain = init_gain(std, h)
@@ -161,11 +168,15 @@ def _init_described(plan: Plan) -> bool:
 
 
 @plan_check(RESIDUAL_NOT_SCALED)
-def residual_not_scaled(plan: Plan) -> Iterator[Finding]:
+def residual_not_scaled(plan: Plan) -> CheckOutput:
     m = plan.model
-    if m is None or plan.init.residual_scaling != "none" or not _init_described(plan):
+    if m is None or plan.init.residual_scaling != "none" or plan.init.from_pretrained:
         return
-    if plan.init.from_pretrained:
+    if not _init_described(plan):
+        yield not_evaluated(
+            "whether residual output projections are scaled for depth",
+            "init.residual_scaling",
+        )
         return
     L = m.num_layers
     if L < MIN_LAYERS_FOR_SCALING:
@@ -186,7 +197,7 @@ def residual_not_scaled(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(RESIDUAL_SCALE_MISMATCH)
-def residual_scale_mismatch(plan: Plan) -> Iterator[Finding]:
+def residual_scale_mismatch(plan: Plan) -> CheckOutput:
     m = plan.model
     if m is None or plan.init.residual_scaling != "custom" or plan.init.from_pretrained:
         return

@@ -7,15 +7,17 @@ length gets no memory findings (nothing is guessed).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from sapper.checks.engine import plan_check
-from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
-from sapper.memory.inputs import MissingInput, shape_from_plan
-from sapper.memory.units import GIB, fmt_bytes
-from sapper.memory.verdict import MemoryVerdict, verdict
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.plan.schema import Plan
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
+
+# The memory model is imported inside the checks: the rules below are imported whenever
+# sapper lists its rules, which must not pay for the estimator.
+if TYPE_CHECKING:
+    from sapper.memory.verdict import MemoryVerdict
+    from sapper.plan.hardware import GpuSpec
 
 STATES_EXCEED = Rule(
     code="M001",
@@ -137,25 +139,126 @@ Turn offload off (DeepSpeed offload_optimizer/offload_param device "none").""",
 
 
 def _gib(n: int) -> float:
+    from sapper.memory.units import GIB
+
     return round(n / GIB, 2)
 
 
 def _verdict(plan: Plan) -> MemoryVerdict | None:
+    from sapper.memory.inputs import MissingInput
+    from sapper.memory.verdict import verdict
+
     try:
         return verdict(plan)
     except MissingInput:
         return None
 
 
+def _estimate_inputs_missing(plan: Plan) -> list[str]:
+    """Plan fields the estimate needs and the plan lacks."""
+    b = plan.batch
+    needed = (("model", plan.model), ("batch.micro_batch_size", b.micro_batch_size),
+              ("batch.seq_len", b.seq_len))
+    return [name for name, value in needed if value is None]
+
+
+def _sharded_over_dp(plan: Plan) -> bool:
+    par = plan.parallel
+    return par.zero_stage > 0 or par.optimizer_partitioned
+
+
+def _as_bf16(plan: Plan) -> Plan | None:
+    """The plan in bf16 when it does not state its dtype (the fp32 default is the larger
+    estimate, so a problem seen only in fp32 is not yet a problem), else None."""
+    if "dtype" in plan.precision.model_fields_set:
+        return None
+    return plan.model_copy(
+        update={"precision": plan.precision.model_copy(update={"dtype": "bf16"})}
+    )
+
+
+def _trouble(v: MemoryVerdict) -> bool:
+    est, gpu = v.estimate, v.estimate.gpu_bytes or 0
+    low = est.headroom_bytes is not None and est.headroom_bytes < 0.10 * gpu
+    return v.states_exceed_gpu or est.fits is False or low
+
+
+def _largest_gpu() -> GpuSpec:
+    from sapper.plan.hardware import GPUS
+
+    return max(GPUS, key=lambda g: g.memory_gib)
+
+
+def _fits_without_gpu(plan: Plan) -> CheckOutput:
+    """No GPU named: an estimate above the largest GPU sapper knows fails on any GPU;
+    anything else depends on the GPU and stays unknown."""
+    from sapper.memory.estimate import estimate
+    from sapper.memory.inputs import MissingInput
+    from sapper.memory.units import GIB, fmt_bytes
+
+    try:
+        est = estimate(plan)
+        bf16 = _as_bf16(plan)
+        if bf16 is not None:
+            est = min(est, estimate(bf16), key=lambda e: e.peak_bytes)
+    except MissingInput:
+        return
+    largest = _largest_gpu()
+    cap = int(largest.memory_gib * GIB)
+    upper_bound_only = plan.dp_degree is None and _sharded_over_dp(plan)
+    if est.peak_bytes > cap and not upper_bound_only:
+        yield DOES_NOT_FIT.finding(
+            f"estimated peak {fmt_bytes(est.peak_bytes)} per GPU (stage {est.peak_stage}, "
+            f"{est.peak_phase}) exceeds every GPU sapper knows (largest: {largest.name}, "
+            f"{fmt_bytes(cap)})",
+            fix="shard the model states (ZeRO, TP/PP) or checkpoint activations; "
+            "`sapper memory` lists what each would give",
+            value=_gib(est.peak_bytes),
+            threshold=_gib(cap),
+            breakdown_gib={k: _gib(b) for k, b in est.breakdown.items()},
+        )
+        return
+    yield not_evaluated(
+        f"whether the estimated peak of {fmt_bytes(est.peak_bytes)} per GPU fits the GPU",
+        "hardware.gpu",
+        *(["hardware.num_gpus"] if upper_bound_only else []),
+    )
+
+
 @plan_check(STATES_EXCEED, DOES_NOT_FIT, LOW_HEADROOM)
-def check_fits(plan: Plan) -> Iterator[Finding]:
+def check_fits(plan: Plan) -> CheckOutput:
+    from sapper.memory.units import fmt_bytes
+
+    missing = _estimate_inputs_missing(plan)
+    if missing:
+        if plan.gpu is None:
+            missing.append("hardware.gpu")
+        yield not_evaluated("the memory per GPU against the GPU's memory", *missing)
+        return
     if plan.gpu is None:
+        yield from _fits_without_gpu(plan)
         return
     v = _verdict(plan)
     if v is None:
         return
     est = v.estimate
     gpu = est.gpu_bytes or 0
+    if plan.dp_degree is None and _sharded_over_dp(plan) and est.fits is not True:
+        # Nothing sharded is an upper bound: it may fit once the DP degree is known.
+        yield not_evaluated(
+            f"whether ZeRO sharding brings the peak ({fmt_bytes(est.peak_bytes)} unsharded) "
+            "under the GPU's memory",
+            "hardware.num_gpus",
+        )
+        return
+    bf16 = _as_bf16(plan)
+    if _trouble(v) and bf16 is not None and (other := _verdict(bf16)) and not _trouble(other):
+        yield not_evaluated(
+            f"the memory per GPU: {fmt_bytes(est.peak_bytes)} in fp32, "
+            f"{fmt_bytes(other.estimate.peak_bytes)} in bf16",
+            "precision.dtype",
+        )
+        return
     if v.states_exceed_gpu:
         yield STATES_EXCEED.finding(
             f"parameters, gradients and optimizer states take {fmt_bytes(v.states_bytes)} "
@@ -196,9 +299,18 @@ def check_fits(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(HOST_MEMORY)
-def check_host_memory(plan: Plan) -> Iterator[Finding]:
+def check_host_memory(plan: Plan) -> CheckOutput:
+    from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
+    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.units import GIB, fmt_bytes
+
     host = plan.hardware.host_memory_gib
+    par = plan.parallel
     if host is None:
+        if par.offload_optimizer != "none" or par.offload_params != "none":
+            yield not_evaluated(
+                "whether offloaded states fit the nodes' CPU memory", "hardware.host_memory_gib"
+            )
         return
     try:
         sh = shape_from_plan(plan)
@@ -216,7 +328,11 @@ def check_host_memory(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(ZERO3_UNNEEDED, OFFLOAD_UNNEEDED)
-def check_sharding_choice(plan: Plan) -> Iterator[Finding]:
+def check_sharding_choice(plan: Plan) -> CheckOutput:
+    from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
+    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.units import fmt_bytes
+
     par = plan.parallel
     if plan.gpu is None or (par.zero_stage < 3 and par.offload_optimizer == "none"
                             and par.offload_params == "none"):

@@ -12,11 +12,9 @@ Training Transformers") show the instability grows with depth.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.plan.schema import NormPlacement, Plan
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
 
 __all__ = [
     "POST_LN_NO_WARMUP",
@@ -121,12 +119,15 @@ def _schedule_known(plan: Plan) -> bool:
 
 
 @plan_check(POST_LN_NO_WARMUP)
-def post_ln_no_warmup(plan: Plan) -> Iterator[Finding]:
+def post_ln_no_warmup(plan: Plan) -> CheckOutput:
+    if plan.model is None:
+        yield not_evaluated("norm placement (Pre-LN or Post-LN) and its warmup", "model")
+        return
     L = _post_ln_layers(plan)
     if L is None or L < SHALLOW_LAYERS or plan.schedule.warmup_steps > 0:
         return
     if not _schedule_known(plan):
-        return
+        return  # N403 warns: the warmup this stack needs cannot be verified
     deep = L >= DEEP_LAYERS
     need = required_post_ln_warmup(plan.schedule.total_steps)
     yield POST_LN_NO_WARMUP.finding(
@@ -143,7 +144,7 @@ def post_ln_no_warmup(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(POST_LN_SHORT_WARMUP)
-def post_ln_short_warmup(plan: Plan) -> Iterator[Finding]:
+def post_ln_short_warmup(plan: Plan) -> CheckOutput:
     L = _post_ln_layers(plan)
     warmup = plan.schedule.warmup_steps
     if L is None or L < DEEP_LAYERS or warmup == 0:
@@ -167,17 +168,27 @@ def post_ln_short_warmup(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(POST_LN_PREFER_PRE_LN)
-def post_ln_prefer_pre_ln(plan: Plan) -> Iterator[Finding]:
+def post_ln_prefer_pre_ln(plan: Plan) -> CheckOutput:
     L = _post_ln_layers(plan)
-    if L is None or L < DEEP_LAYERS:
+    if L is None or L < SHALLOW_LAYERS:
         return
     need = required_post_ln_warmup(plan.schedule.total_steps)
     if not _schedule_known(plan):
-        message = (
-            f"Post-LN with {L} layers and no schedule in the plan: it needs ≥ {need} warmup "
-            "steps, and Pre-LN trains deep stacks more stably"
+        # Unverified is not PASS: the run diverges unless the script adds the warmup.
+        yield POST_LN_PREFER_PRE_LN.finding(
+            f"Post-LN with {L} layers and no schedule visible to sapper: it diverges unless "
+            f"the training script warms up over ≥ {need} steps",
+            severity=Severity.WARNING,
+            fix=f"state the schedule (--warmup {need}, schedule.total_steps) so it can be "
+            "checked, or use model.norm_placement: pre",
+            source="schedule.warmup_steps",
+            layers=L,
+            warmup_needed=need,
         )
-    elif plan.schedule.warmup_steps >= need:
+        return
+    if L < DEEP_LAYERS:
+        return
+    if plan.schedule.warmup_steps >= need:
         message = (
             f"Post-LN with {L} layers: warmup {plan.schedule.warmup_steps} steps is enough, "
             "but Pre-LN trains deep stacks more stably"

@@ -8,15 +8,18 @@ findings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.errors import InputError
-from sapper.parallel import Layout, predict_step, search, validate
-from sapper.parallel.cost import BREAKDOWN, StepCost
-from sapper.parallel.explain import LABELS
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Rule, Severity
+
+# sapper.parallel (numpy) is imported inside the checks: the rules below are imported
+# whenever sapper lists its rules, which must not pay for the cost model.
+if TYPE_CHECKING:
+    from sapper.parallel.cost import StepCost
+    from sapper.plan.load import LoadedPlan
 
 __all__ = ["PARALLEL_RULES"]
 
@@ -172,14 +175,17 @@ SP_WITHOUT_TP = Rule(
     name="sequence-parallel-without-tp",
     check=_CHECK,
     severity=Severity.ERROR,
-    title="Sequence parallelism without tensor parallelism",
+    title="Sequence parallelism without tensor parallelism (or TP overlap without it)",
     why="""\
 Sequence parallelism splits the norms and dropout of a TP group along the sequence; with
-TP = 1 there is no group to split over and frameworks reject the setting.""",
+TP = 1 there is no group to split over and frameworks reject the setting. TP
+communication overlap pipelines the all-gathers and reduce-scatters that sequence
+parallelism issues, so Megatron refuses it without them.""",
     signs="""\
 A start-up assertion.""",
     fix="""\
-Turn sequence parallelism off, or use TP > 1.""",
+Turn sequence parallelism off, or use TP > 1; with tp_comm_overlap, turn sequence
+parallelism on.""",
     seed="§4.2",
 )
 
@@ -258,6 +264,28 @@ Use an EP that divides DP (and the number of experts); EP = 1 for dense models."
     seed="§4.1",
 )
 
+CP_UNSUPPORTED = Rule(
+    code="P117",
+    name="context-parallel-unsupported",
+    check=_CHECK,
+    severity=Severity.ERROR,
+    title="Context parallelism with an attention kernel or position scheme it cannot split",
+    why="""\
+Context parallelism (ring attention) splits each sequence across ranks and passes key/value
+blocks around the ring, computing attention block by block with a fused (flash-style)
+kernel that carries the softmax statistics between blocks. Eager attention materializes
+the whole s×s score matrix on one rank, and ALiBi's position bias is not supported by the
+context-parallel fused kernels (Megatron-Core/Transformer Engine), so the job refuses to
+start or computes attention over the local chunk only.""",
+    signs="""\
+An assertion when the attention module is built; or, where nothing checks, a loss worse
+than the same run without CP.""",
+    fix="""\
+Use CP = 1 for such models (split the batch with DP, the weights with TP/PP), or switch to
+flash/SDPA attention with RoPE or learned positions.""",
+    seed="§4.1",
+)
+
 COMM_BOUND = Rule(
     code="P114",
     name="communication-bound-layout",
@@ -327,6 +355,7 @@ PARALLEL_RULES: tuple[Rule, ...] = (
     ZERO_WITH_PP,
     RANK_ORDER,
     EP_VS_DP,
+    CP_UNSUPPORTED,
 )
 _BY_CODE = {r.code: r for r in PARALLEL_RULES}
 
@@ -339,7 +368,17 @@ _COMM = {"tp_comm": "TP", "cp_comm": "CP", "ep_comm": "EP", "pp_p2p": "PP p2p", 
 
 
 @plan_check(*PARALLEL_RULES)
-def layout_constraints(plan: Plan) -> Iterator[Finding]:
+def layout_constraints(plan: Plan) -> CheckOutput:
+    from sapper.parallel import validate
+
+    missing = [f for f, v in (("model", plan.model), ("hardware.num_gpus",
+               plan.hardware.total_gpus)) if v is None]
+    if missing:
+        yield not_evaluated(
+            "the layout against the model (heads, layers, widths) and the cluster (world "
+            "size, TP inside a node)",
+            *missing,
+        )
     for issue in validate(plan):
         rule = _BY_CODE[issue.code]
         yield rule.finding(
@@ -355,6 +394,8 @@ def layout_constraints(plan: Plan) -> Iterator[Finding]:
 
 def _predict(plan: Plan) -> StepCost | None:
     """The plan's predicted step, when it is complete and its layout has no error."""
+    from sapper.parallel import Layout, predict_step, validate
+
     needed = (plan.model, plan.gpu, plan.hardware.total_gpus, plan.batch.seq_len,
               plan.batch.micro_batch_size)
     if any(x is None for x in needed) or Layout.from_plan(plan) is None:
@@ -368,26 +409,47 @@ def _predict(plan: Plan) -> StepCost | None:
 
 
 def _shares(cost: StepCost) -> str:
+    from sapper.parallel.explain import LABELS
+
     return ", ".join(
         f"{LABELS[k]} {100 * v:.0f}%" for k, v in cost.shares().items() if v >= 0.005
     )
 
 
 @plan_check(COMM_BOUND, STEP_PREDICTION)
-def predicted_cost(plan: Plan) -> Iterator[Finding]:
+def predicted_cost(plan: Plan) -> CheckOutput:
+    from sapper.parallel.cluster import Cluster
+    from sapper.parallel.confidence import mfu_note, outside, prediction_band
+    from sapper.parallel.cost import BREAKDOWN
+    from sapper.parallel.workload import Workload
+
     cost = _predict(plan)
     if cost is None:
         return
+    work, cluster = Workload.from_plan(plan), Cluster.from_plan(plan)
+    out = outside(cost.layout, work, cluster)
+    trust = (
+        f"outside the calibrated region ({'; '.join(out)})"
+        if out
+        else f"the calibration's published runs are predicted to ±{100 * prediction_band():.0f}%"
+    )
+    hidden = cost.assumptions()
+    note = mfu_note(cost.mfu, cluster.gpu.name)
     yield STEP_PREDICTION.finding(
         f"predicted {cost.step_time_s:.3g} s per step, {cost.tokens_per_s:,.0f} tokens/s, "
         f"{cost.model_tflops_per_gpu:.0f} TFLOP/s per GPU ({100 * cost.mfu:.0f}% MFU): "
-        + _shares(cost),
+        + _shares(cost)
+        + (f"; assumed: {'; '.join(hidden)}" if hidden else "")
+        + f"; {trust}"
+        + (f"; {note}" if note else ""),
         value=round(cost.tokens_per_s, 1),
         step_time_s=cost.step_time_s,
         model_tflops_per_gpu=cost.model_tflops_per_gpu,
         hardware_tflops_per_gpu=cost.hardware_tflops_per_gpu,
         mfu=cost.mfu,
         breakdown_s={k: cost.breakdown[k] for k in BREAKDOWN},
+        hidden_s=cost.hidden,
+        outside_calibration=out,
     )
     shares = cost.shares()
     comm = {k: shares[k] for k in _COMM}
@@ -416,7 +478,12 @@ def _comm_fix(kind: str) -> str:
 
 
 @plan_check(FASTER_LAYOUT)
-def faster_layout(plan: Plan) -> Iterator[Finding]:
+def faster_layout(plan: Plan) -> CheckOutput:
+    from sapper.parallel import search
+    from sapper.parallel.cluster import Cluster
+    from sapper.parallel.confidence import claim, outside
+    from sapper.parallel.workload import Workload
+
     cost = _predict(plan)
     if cost is None or plan.global_batch is None:
         return
@@ -428,13 +495,48 @@ def faster_layout(plan: Plan) -> Iterator[Finding]:
     if best is None:
         return
     ratio = cost.step_time_s / best.cost.step_time_s
-    if ratio >= FASTER_FACTOR:
-        yield FASTER_LAYOUT.finding(
-            f"{best.layout.describe()} is predicted {ratio:.2f}x faster "
-            f"({best.cost.model_tflops_per_gpu:.0f} vs {cost.model_tflops_per_gpu:.0f} "
-            f"TFLOP/s per GPU) and fits ({best.memory_gib:.0f} GiB)",
-            fix="run `sapper plan` with the same inputs to see the ranked layouts and why",
-            value=round(ratio, 3),
-            threshold=FASTER_FACTOR,
-            layout=best.layout.describe(),
+    if ratio < FASTER_FACTOR:
+        return
+    work, cluster = Workload.from_plan(plan), Cluster.from_plan(plan)
+    reasons = outside(best.layout, work, cluster) + outside(cost.layout, work, cluster)
+    text, supported = claim(1 / ratio, reasons)
+    if not supported and not reasons:
+        return  # inside the calibration's error: nothing worth reporting
+    rates = (
+        f"{best.cost.model_tflops_per_gpu:.0f} vs {cost.model_tflops_per_gpu:.0f} TFLOP/s "
+        "per GPU"
+    )
+    if supported:
+        message = (
+            f"{best.layout.describe()} is predicted {text} ({rates}) and fits "
+            f"({best.memory_gib:.0f} GiB)"
         )
+    else:
+        message = (
+            f"{best.layout.describe()} fits ({best.memory_gib:.0f} GiB) and is {ratio:.2f}x "
+            f"faster by the model ({rates}), but outside the calibrated region "
+            f"({'; '.join(dict.fromkeys(reasons))}): not a supported claim"
+        )
+    yield FASTER_LAYOUT.finding(
+        message,
+        fix="run `sapper plan` with the same inputs to see the ranked layouts and why",
+        value=round(ratio, 3),
+        threshold=FASTER_FACTOR,
+        layout=best.layout.describe(),
+        supported=supported,
+    )
+
+
+def layout_errors(loaded: LoadedPlan) -> list[Finding]:
+    """The errors ``sapper check`` reports for the layout and the batch arithmetic.
+    ``sapper memory`` and ``sapper plan`` stop on them first, so ``--tp 3`` with 32 heads
+    is the same P104 error in every command, never "FITS"."""
+    from sapper.checks.consistency import global_batch_indivisible, global_batch_mismatch
+
+    found = [f for f in loaded.findings if f.severity == Severity.ERROR]
+    for check in (layout_constraints, global_batch_mismatch, global_batch_indivisible):
+        found.extend(
+            f for f in check(loaded.plan)
+            if isinstance(f, Finding) and f.severity == Severity.ERROR
+        )
+    return found

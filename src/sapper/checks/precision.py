@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
-from sapper.checks.engine import plan_check
+from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
 from sapper.plan.schema import Plan
-from sapper.rules.model import Finding, Rule, Severity
+from sapper.rules.model import Rule, Severity
 
 FP16_MAX = 65504.0
 
@@ -141,10 +140,15 @@ attention logits, and watch activation maxima in the first steps (`sapper smoke`
 
 
 @plan_check(BF16_UNSUPPORTED)
-def dtype_vs_gpu(plan: Plan) -> Iterator[Finding]:
+def dtype_vs_gpu(plan: Plan) -> CheckOutput:
     gpu = plan.gpu
     dtype = plan.precision.dtype
+    if "dtype" not in plan.precision.model_fields_set:
+        yield not_evaluated("the compute dtype: fp32, bf16 or fp16", "precision.dtype")
+        return
     if gpu is None:
+        if dtype in ("bf16", "fp8"):
+            yield not_evaluated(f"whether the GPU has {dtype} tensor cores", "hardware.gpu")
         return
     if dtype == "bf16" and not gpu.bf16:
         yield BF16_UNSUPPORTED.finding(
@@ -161,10 +165,17 @@ def dtype_vs_gpu(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(FP16_NO_SCALING, FP16_STATIC_SCALE)
-def fp16_loss_scaling(plan: Plan) -> Iterator[Finding]:
+def fp16_loss_scaling(plan: Plan) -> CheckOutput:
     if plan.precision.dtype != "fp16":
         return
     ls = plan.precision.loss_scaling
+    if "mode" not in ls.model_fields_set:
+        yield not_evaluated(
+            "fp16 loss scaling (none, static or dynamic): nothing says which framework "
+            "scales the loss",
+            "precision.loss_scaling.mode",
+        )
+        return
     if ls.mode == "none":
         yield FP16_NO_SCALING.finding(
             "fp16 compute with loss scaling off: gradients below ~6e-8 underflow to zero",
@@ -203,7 +214,7 @@ def _log2(x: float) -> str:
 
 
 @plan_check(SCALER_PARAMS)
-def dynamic_scaler_parameters(plan: Plan) -> Iterator[Finding]:
+def dynamic_scaler_parameters(plan: Plan) -> CheckOutput:
     ls = plan.precision.loss_scaling
     if plan.precision.dtype != "fp16" or ls.mode != "dynamic":
         return
@@ -256,7 +267,7 @@ def dynamic_scaler_parameters(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(BF16_WITH_SCALING)
-def scaling_with_bf16(plan: Plan) -> Iterator[Finding]:
+def scaling_with_bf16(plan: Plan) -> CheckOutput:
     if plan.precision.dtype in ("bf16", "fp32", "tf32") and (
         plan.precision.loss_scaling.mode != "none"
     ):
@@ -268,7 +279,7 @@ def scaling_with_bf16(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(LOW_PRECISION_MASTER)
-def master_weights(plan: Plan) -> Iterator[Finding]:
+def master_weights(plan: Plan) -> CheckOutput:
     p = plan.precision
     if p.master_weights != "fp32":
         yield LOW_PRECISION_MASTER.finding(
@@ -284,7 +295,7 @@ def master_weights(plan: Plan) -> Iterator[Finding]:
 
 
 @plan_check(FP16_LARGE_HIDDEN)
-def fp16_headroom(plan: Plan) -> Iterator[Finding]:
+def fp16_headroom(plan: Plan) -> CheckOutput:
     m = plan.model
     if plan.precision.dtype != "fp16" or m is None:
         return

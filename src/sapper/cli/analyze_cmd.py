@@ -11,13 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
-from rich.console import Group
-from rich.markup import escape
-from rich.text import Text
 
 from sapper.cli.app import (
     FormatOpt,
@@ -33,15 +29,22 @@ from sapper.cli.app import (
 )
 from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
 from sapper.errors import InputError
-from sapper.logs import FORMATS, LogData, expand_paths, parse_mapping, read_log
-from sapper.logs.analysis import Analysis, analyze_log
-from sapper.logs.fields import FieldMap
-from sapper.plan.schema import Plan
-from sapper.report.terminal import render_findings
-from sapper.rules.model import Severity
-from sapper.runtime.detector import Detector
+
+# Readers, detectors, pydantic and the renderers are imported where they are used:
+# ``sapper --help`` imports this module (and report/watch import its helpers), and a
+# command's start-up should pay only for what that command runs.
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from sapper.logs import LogData
+    from sapper.logs.analysis import Analysis
+    from sapper.logs.fields import FieldMap
+    from sapper.plan.schema import Plan
+    from sapper.rules.model import Severity
+    from sapper.runtime.detector import Detector
 
 __all__ = [
+    "LOG_FORMATS",
     "LogFormatOpt",
     "MapOpt",
     "analyses_json",
@@ -56,11 +59,22 @@ __all__ = [
     "with_log_plan_options",
 ]
 
+#: ``sapper.logs.FORMATS``, spelled out so the option's help does not import every log
+#: reader; tests/test_startup.py checks that the two agree.
+LOG_FORMATS: tuple[str, ...] = (
+    "sapper",
+    "trainer_state",
+    "tensorboard",
+    "csv",
+    "jsonl",
+    "megatron",
+)
+
 LogFormatOpt = Annotated[
     str | None,
     typer.Option(
         "--log-format",
-        help=f"Read the logs as this format instead of detecting it: {', '.join(FORMATS)}.",
+        help=f"Read the logs as this format instead of detecting it: {', '.join(LOG_FORMATS)}.",
         show_default=False,
     ),
 ]
@@ -105,6 +119,10 @@ def plan_for(inputs: PlanInputs, logs: list[LogData]) -> Plan | None:
     """The Plan from the command line, else the one a sapper run log carries, else None."""
     if has_plan_inputs(inputs):
         return load_from_options(inputs).plan
+    from pydantic import ValidationError
+
+    from sapper.plan.schema import Plan
+
     for log in logs:
         raw = log.meta.get("plan")
         if isinstance(raw, dict):
@@ -130,6 +148,8 @@ def detectors_for(plan: Plan | None) -> list[Detector]:
 
 
 def column_mapping(items: list[str] | None) -> dict[str, FieldMap]:
+    from sapper.logs import parse_mapping
+
     try:
         return parse_mapping(items or [])
     except ValueError as exc:
@@ -141,6 +161,8 @@ def column_mapping(items: list[str] | None) -> dict[str, FieldMap]:
 def merge_logs(logs: list[LogData]) -> LogData:
     """One run from several logs (a run resumed into new files): records by step, the
     first occurrence of a step kept."""
+    from sapper.logs import LogData
+
     by_step: dict[int, Any] = {}
     for log in logs:
         for rec in log.records:
@@ -161,6 +183,8 @@ def load_logs(
     paths: list[Path], log_format: str | None, mapping: dict[str, FieldMap]
 ) -> tuple[list[LogData], list[InputError]]:
     """Every readable log, and the errors of those that could not be read."""
+    from sapper.logs import expand_paths, read_log
+
     logs: list[LogData] = []
     errors: list[InputError] = []
     try:
@@ -183,6 +207,8 @@ def analyze_logs(
     detector_factory: Callable[[Plan | None], list[Detector]] = detectors_for,
 ) -> list[Analysis]:
     """One analysis per log, each with fresh detectors (logs are separate runs)."""
+    from sapper.logs.analysis import analyze_log
+
     return [analyze_log(log, detector_factory(plan), select, ignore) for log in logs]
 
 
@@ -192,6 +218,13 @@ def _count(analyses: list[Analysis], severity: Severity) -> int:
 
 def render_analyses(analyses: list[Analysis]) -> Group:
     """Per log: what was read, the notes, the findings in step order; then the totals."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.text import Text
+
+    from sapper.report.terminal import render_findings
+    from sapper.rules.model import Severity
+
     parts: list[Any] = []
     for a in analyses:
         log = a.log
@@ -218,6 +251,8 @@ def render_analyses(analyses: list[Analysis]) -> Group:
 
 
 def analyses_json(analyses: list[Analysis], failed: list[InputError]) -> dict[str, Any]:
+    from sapper.rules.model import Severity
+
     return {
         "findings": [f.to_json() for a in analyses for f in a.findings],
         "summary": {
@@ -255,6 +290,10 @@ def analyze(
     """Run the monitor's detectors over existing training logs and name what went wrong."""
 
     def body() -> int:
+        from rich.markup import escape
+
+        from sapper.rules.model import Severity
+
         columns = column_mapping(mapping)
         loaded, failed = load_logs(logs, log_format, columns)
         if not loaded:

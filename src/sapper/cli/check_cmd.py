@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from sapper.checks.engine import run_checklist
 from sapper.cli.app import (
     FormatOpt,
     IgnoreOpt,
@@ -17,7 +16,6 @@ from sapper.cli.app import (
     split_codes,
 )
 from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
-from sapper.report.terminal import render_check_report
 
 
 @app.command("check")
@@ -33,6 +31,10 @@ def check(
     parallel layout, data."""
 
     def body() -> int:
+        # Imported here so ``sapper --help`` does not load the checklist.
+        from sapper.checks.engine import run_checklist
+        from sapper.report.terminal import render_check_report
+
         chosen, dropped = split_codes(select), split_codes(ignore, "--ignore")
         loaded = load_from_options(inputs)
         report = run_checklist(loaded, chosen, dropped)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import typer
 
 from sapper.cli.app import FormatOpt, OutputFormat, app, console, emit_json, run_guarded
-from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.cli.options import (
+    PlanInputs,
+    load_from_options,
+    stop_on_layout_errors,
+    with_plan_options,
+)
 
 
 @app.command("memory")
@@ -27,6 +32,8 @@ def memory(
         from sapper.memory.verdict import verdict
 
         loaded = load_from_options(inputs)
+        if stop_on_layout_errors(loaded, fmt == OutputFormat.json):
+            return 1
         plan = loaded.plan
         v = verdict(plan)
         trace = None

@@ -8,41 +8,22 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sapper.plan.load import LoadedPlan, load_plan
-from sapper.plan.sources import PlanSource
+from sapper.errors import InputError
+from sapper.plan.flags import OPTION_FIELDS
 
-__all__ = ["PLAN_OPTION_FIELDS", "PlanInputs", "load_from_options", "with_plan_options"]
+if TYPE_CHECKING:
+    from sapper.plan.load import LoadedPlan
 
-#: option name -> Plan field path.
-PLAN_OPTION_FIELDS: dict[str, str] = {
-    "gpus": "hardware.num_gpus",
-    "gpus_per_node": "hardware.gpus_per_node",
-    "nodes": "hardware.nodes",
-    "gpu": "hardware.gpu",
-    "seq_len": "batch.seq_len",
-    "micro_batch": "batch.micro_batch_size",
-    "grad_accum": "batch.gradient_accumulation_steps",
-    "global_batch": "batch.global_batch_size",
-    "tp": "parallel.tp",
-    "pp": "parallel.pp",
-    "dp": "parallel.dp",
-    "cp": "parallel.cp",
-    "ep": "parallel.ep",
-    "zero": "parallel.zero_stage",
-    "checkpointing": "parallel.checkpointing.granularity",
-    "dtype": "precision.dtype",
-    "lr": "optimizer.lr",
-    "warmup": "schedule.warmup_steps",
-    "max_norm": "clipping.max_norm",
-    "dataset": "data.path",
-}
+__all__ = ["PlanInputs", "load_from_options", "stop_on_layout_errors", "with_plan_options"]
+
 
 
 class PlanInputs:
@@ -54,11 +35,42 @@ class PlanInputs:
         self.plan, self.model, self.deepspeed, self.values = plan, model, deepspeed, values
 
 
+def _loss_scaling(text: str) -> dict[str, Any]:
+    """``--loss-scale``: ``dynamic``, ``none``, or a static scale such as ``1024``."""
+    word = text.strip().lower()
+    if word in ("dynamic", "none"):
+        return {"mode": word}
+    try:
+        scale = float(word)
+    except ValueError:
+        scale = math.nan
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputError(
+            "invalid value",
+            file="command line",
+            field="--loss-scale",
+            value=text[:200],
+            expected="dynamic, none, or a positive static scale such as 1024",
+        )
+    return {"mode": "static", "static_scale": scale}
+
+
 def load_from_options(inputs: PlanInputs) -> LoadedPlan:
+    """The Plan the options describe. The loaders (pydantic, YAML) are imported here, not
+    at the top, so every command's ``--help`` and ``sapper rules`` start without them."""
+    from sapper.plan.load import load_plan
+    from sapper.plan.sources import PlanSource
+
     overrides = PlanSource(name="command line")
     for key, value in inputs.values.items():
-        if value is not None:
-            overrides.set(PLAN_OPTION_FIELDS[key], value, origin="--" + key.replace("_", "-"))
+        if value is None:
+            continue
+        origin = "--" + key.replace("_", "-")
+        if key == "loss_scale":
+            for sub, v in _loss_scaling(value).items():
+                overrides.set(f"{OPTION_FIELDS[key]}.{sub}", v, origin=origin)
+        else:
+            overrides.set(OPTION_FIELDS[key], value, origin=origin)
     return load_plan(
         inputs.plan, hf_config=inputs.model, deepspeed=inputs.deepspeed, overrides=overrides
     )
@@ -123,6 +135,14 @@ CkptOpt = Annotated[
 DtypeOpt = Annotated[
     str | None, typer.Option("--dtype", help="fp32 / bf16 / fp16 / fp8.", show_default=False)
 ]
+LossScaleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--loss-scale",
+        help="fp16 loss scaling: dynamic, none, or a static scale (e.g. 1024).",
+        show_default=False,
+    ),
+]
 LrOpt = Annotated[
     float | None, typer.Option("--lr", help="Peak learning rate.", show_default=False)
 ]
@@ -157,6 +177,7 @@ _PLAN_PARAMS: dict[str, Any] = {
     "zero": ZeroOpt,
     "checkpointing": CkptOpt,
     "dtype": DtypeOpt,
+    "loss_scale": LossScaleOpt,
     "lr": LrOpt,
     "warmup": WarmupOpt,
     "max_norm": MaxNormOpt,
@@ -183,7 +204,7 @@ def with_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> Any:
-        values = {k: kwargs.pop(k) for k in list(kwargs) if k in PLAN_OPTION_FIELDS}
+        values = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTION_FIELDS}
         inputs = PlanInputs(
             kwargs.pop("plan"), kwargs.pop("model"), kwargs.pop("deepspeed"), values
         )
@@ -193,3 +214,25 @@ def with_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper
+
+
+def stop_on_layout_errors(loaded: LoadedPlan, as_json: bool) -> bool:
+    """Print the layout and batch errors ``sapper check`` would report and say whether
+    there were any: ``memory`` and ``plan`` give no verdict on a job that cannot start."""
+    from sapper.checks.parallel import layout_errors
+
+    errors = layout_errors(loaded)
+    if not errors:
+        return False
+    if as_json:
+        from sapper.cli.app import emit_json
+
+        emit_json({"findings": [f.to_json() for f in errors],
+                   "summary": {"errors": len(errors), "stopped": "layout errors"}})
+    else:
+        from sapper.cli.app import console
+        from sapper.report.terminal import render_findings
+
+        console.print("the layout cannot start (as `sapper check` reports):")
+        console.print(render_findings(errors))
+    return True

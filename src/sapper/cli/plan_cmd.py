@@ -5,7 +5,12 @@ from __future__ import annotations
 import typer
 
 from sapper.cli.app import FormatOpt, OutputFormat, app, console, emit_json, run_guarded
-from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.cli.options import (
+    PlanInputs,
+    load_from_options,
+    stop_on_layout_errors,
+    with_plan_options,
+)
 
 
 @app.command("plan")
@@ -24,6 +29,8 @@ def plan(
 
     def body() -> int:
         loaded = load_from_options(inputs)
+        if stop_on_layout_errors(loaded, fmt == OutputFormat.json):
+            return 1
         result = search(loaded.plan, top=top, explain=min(why, top))
         if fmt == OutputFormat.json:
             emit_json(result.to_json())

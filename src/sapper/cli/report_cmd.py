@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
-from sapper.checks.engine import run_checklist
 from sapper.cli.analyze_cmd import (
     LogFormatOpt,
     MapOpt,
@@ -29,7 +27,6 @@ from sapper.cli.analyze_cmd import (
 from sapper.cli.app import IgnoreOpt, SelectOpt, app, console, run_guarded, split_codes
 from sapper.cli.options import PlanInputs, load_from_options
 from sapper.errors import InputError
-from sapper.report.html import build_report_data, write_report
 
 
 @app.command("report")
@@ -61,6 +58,12 @@ def report(
     """Write an offline HTML report: curves, findings marked where they fired, fixes."""
 
     def body() -> int:
+        # Imported here so ``sapper --help`` does not load the report builder.
+        from rich.markup import escape
+
+        from sapper.checks.engine import run_checklist
+        from sapper.report.html import build_report_data, write_report
+
         loaded, failed = load_logs(logs, log_format, column_mapping(mapping))
         if failed:
             raise failed[0]

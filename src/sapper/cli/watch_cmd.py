@@ -27,13 +27,8 @@ from sapper.cli.analyze_cmd import (
 from sapper.cli.app import IgnoreOpt, SelectOpt, app, console, run_guarded, split_codes
 from sapper.cli.options import PlanInputs, load_from_options
 from sapper.errors import InputError
-from sapper.rules.model import Severity
-from sapper.watch import ExecAction, FindingsFile, Watcher, WatchSink, make_view, open_follower
-from sapper.watch.live import VIEWS
 
 __all__ = ["watch"]
-
-_SEVERITIES = {s.value: s for s in Severity}
 
 
 def _choice(value: str, allowed: tuple[str, ...] | list[str], option: str) -> str:
@@ -95,8 +90,21 @@ def watch(
     """Follow a growing training log and report each finding as soon as it shows."""
 
     def body() -> int:
+        # Imported here so ``sapper --help`` does not load the watcher.
+        from sapper.rules.model import Severity
+        from sapper.watch import (
+            ExecAction,
+            FindingsFile,
+            Watcher,
+            WatchSink,
+            make_view,
+            open_follower,
+        )
+        from sapper.watch.live import VIEWS
+
+        severities = {s.value: s for s in Severity}
         kind = _choice(view, VIEWS, "--format")
-        severity = _SEVERITIES[_choice(exec_on, list(_SEVERITIES), "--exec-on")]
+        severity = severities[_choice(exec_on, list(severities), "--exec-on")]
         plan = load_from_options(inputs).plan if has_plan_inputs(inputs) else None
         follower = open_follower(path, log_format, column_mapping(mapping))
         sinks: list[WatchSink] = []

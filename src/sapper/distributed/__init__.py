@@ -6,18 +6,30 @@ rank 0, where the X-rule detectors name the rank and step of what went wrong: a
 non-finite value, a straggler, replicas that drifted apart, samples duplicated across
 data-parallel ranks, a lost rank; and, once at start, the process group against the
 Plan. :func:`global_grad_norm` gives the right norm for sharded gradients.
+
+The public names load lazily: ``sapper rules`` imports only :mod:`sapper.distributed.rules`
+(and so this package), which must stay free of torch so listing rules is instant.
 """
 
-from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
-from sapper.distributed.context import DistContext, NodeInfo, discover
-from sapper.distributed.detectors import check_process_groups, default_distributed_detectors
-from sapper.distributed.gradnorm import engine_grad_norm, global_grad_norm, to_global
-from sapper.distributed.layout import RankGrid, ReplicaLayout
-from sapper.distributed.reduce import ChannelLost, SideChannel
-from sapper.distributed.sampling import BottomKSketch, jaccard, sample_hashes
-from sapper.distributed.table import DIST_KEY, RankTable
-from sapper.distributed.timing import ForwardTimer, unwrap_module
-from sapper.distributed.tracker import RankTracker
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
+    from sapper.distributed.context import DistContext, NodeInfo, discover
+    from sapper.distributed.detectors import (
+        check_process_groups,
+        default_distributed_detectors,
+    )
+    from sapper.distributed.gradnorm import engine_grad_norm, global_grad_norm, to_global
+    from sapper.distributed.layout import RankGrid, ReplicaLayout
+    from sapper.distributed.reduce import ChannelLost, SideChannel
+    from sapper.distributed.sampling import BottomKSketch, jaccard, sample_hashes
+    from sapper.distributed.table import DIST_KEY, RankTable
+    from sapper.distributed.timing import ForwardTimer, unwrap_module
+    from sapper.distributed.tracker import RankTracker
 
 __all__ = [
     "DIST_KEY",
@@ -43,3 +55,39 @@ __all__ = [
     "to_global",
     "unwrap_module",
 ]
+
+_HOME = {
+    "ParamChecksum": "checksum",
+    "mesh_replica_groups": "checksum",
+    "DistContext": "context",
+    "NodeInfo": "context",
+    "discover": "context",
+    "check_process_groups": "detectors",
+    "default_distributed_detectors": "detectors",
+    "engine_grad_norm": "gradnorm",
+    "global_grad_norm": "gradnorm",
+    "to_global": "gradnorm",
+    "RankGrid": "layout",
+    "ReplicaLayout": "layout",
+    "ChannelLost": "reduce",
+    "SideChannel": "reduce",
+    "BottomKSketch": "sampling",
+    "jaccard": "sampling",
+    "sample_hashes": "sampling",
+    "DIST_KEY": "table",
+    "RankTable": "table",
+    "ForwardTimer": "timing",
+    "unwrap_module": "timing",
+    "RankTracker": "tracker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sapper.distributed' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sapper.distributed.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

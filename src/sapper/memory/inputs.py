@@ -112,6 +112,9 @@ class Shape:
     #: One fused q/k/v projection even with RoPE (GPT-NeoX): the rotated q and k are new
     #: tensors while v stays a view that keeps the whole fused output alive.
     fused_qkv: bool = False
+    #: Master weights and optimizer states partitioned over DP although ``zero`` < 1
+    #: (DeepSpeed's BF16_Optimizer for bf16 without ZeRO).
+    optimizer_partitioned: bool = False
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)
@@ -301,6 +304,7 @@ def shape_from_plan(plan: Plan) -> Shape:
         dp=dp,
         sp=par.sequence_parallel and par.tp > 1,
         zero=par.zero_stage,
+        optimizer_partitioned=par.optimizer_partitioned,
         offload_optimizer=par.offload_optimizer,
         offload_params=par.offload_params,
         ckpt=par.checkpointing.granularity,

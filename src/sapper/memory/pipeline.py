@@ -157,6 +157,20 @@ def in_flight(sh: Shape, stage: int, weights: tuple[int, ...]) -> InFlight:
     # With whole groups of p micro-batches the steady phase repeats every p·v steps;
     # a last, smaller group changes the pattern, so then the whole phase is scanned.
     steps = total - w if m % p else min(total - w, p * v + 1)
+    if m % p == 0:
+        # whole groups: the k-th chunk forward runs chunk (k mod p·v) // p, the last group
+        # included (_forward_chunk inlined: the search calls this hundreds of times)
+        pv = p * v
+        for t in range(1, steps):
+            b = v - 1 - ((t - 1) % pv) // p
+            f = ((w + t) % pv) // p
+            counts[b] -= 1
+            counts[f] += 1
+            load += weights[f] - weights[b]
+            if load > top:
+                top = load
+                best = (tuple(counts), f, v - 1 - (t % pv) // p)
+        return InFlight(*best)
     for t in range(1, steps):
         b = v - 1 - _forward_chunk(t - 1, p, v, m)
         f = _forward_chunk(w + t, p, v, m)

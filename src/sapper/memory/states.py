@@ -197,11 +197,11 @@ def stage_states(sh: Shape, pc: ParamCount) -> StageStates:
     opt_per_param = state_bytes + r.master
     params = sharded(r.weight, sh.zero >= 3)
     grads = sharded(r.grad, sh.zero >= 2)
-    optimizer = sharded(opt_per_param, sh.zero >= 1)
+    optimizer = sharded(opt_per_param, sh.zero >= 1 or sh.optimizer_partitioned)
     host = nvme = 0
     if sh.offload_optimizer != "none":
         # ZeRO-Offload: master, moments and (fp32) gradients of the shard move to the host.
-        moved = optimizer + sharded(4, sh.zero >= 1)
+        moved = optimizer + sharded(4, sh.zero >= 1 or sh.optimizer_partitioned)
         if sh.offload_optimizer == "nvme":
             nvme += optimizer
             host += moved - optimizer

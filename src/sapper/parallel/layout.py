@@ -99,6 +99,9 @@ class Layout:
     rank_order: str = DEFAULT_RANK_ORDER
     offload_optimizer: bool = False
     overlap_dp_comm: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    pipeline_scatter_gather: bool = True
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
 
@@ -150,6 +153,9 @@ class Layout:
             rank_order=par.rank_order,
             offload_optimizer=par.offload_optimizer != "none",
             overlap_dp_comm=par.overlap_dp_comm,
+            overlap_param_gather=par.overlap_param_gather,
+            tp_comm_overlap=par.tp_comm_overlap,
+            pipeline_scatter_gather=par.pipeline_scatter_gather,
             first_stage_layers=par.first_stage_layers,
             last_stage_layers=par.last_stage_layers,
         )
@@ -178,6 +184,9 @@ class Layout:
                 "checkpointing": ckpt,
                 "rank_order": self.rank_order,
                 "overlap_dp_comm": self.overlap_dp_comm,
+                "overlap_param_gather": self.overlap_param_gather,
+                "tp_comm_overlap": self.tp_comm_overlap,
+                "pipeline_scatter_gather": self.pipeline_scatter_gather,
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers,
                 "offload_optimizer": par.offload_optimizer if self.offload_optimizer else "none",
@@ -247,15 +256,21 @@ def _exact_span(order: tuple[str, ...], deg: dict[str, int], dims: frozenset[str
         strides[d] = s
         s *= deg[d]
 
-    def offsets(names: list[str]) -> np.ndarray:
-        out = np.zeros(1, dtype=np.int64)
-        for d in names:
-            out = np.add.outer(out, np.arange(deg[d], dtype=np.int64) * strides[d]).ravel()
-        return out
-
-    members = offsets([d for d in order if d in dims])
-    bases = offsets([d for d in order if d not in dims])
-    nodes = np.sort((bases[:, None] + members[None, :]) // gpn, axis=1)
+    members = np.zeros(1, dtype=np.int64)
+    for d in order:
+        if d in dims:
+            step = np.arange(deg[d], dtype=np.int64) * strides[d]
+            members = np.add.outer(members, step).ravel()
+    # (base + m) // gpn == base // gpn + (base % gpn + m) // gpn: a group's node pattern
+    # depends only on its first rank's offset within a node, so at most gpn distinct
+    # groups need placing (not every group of a 32k-GPU job). The offsets i·stride mod
+    # gpn repeat after at most gpn steps.
+    starts = {0}
+    for d in order:
+        if d not in dims:
+            starts = {(a + i * strides[d]) % gpn for a in starts for i in range(min(deg[d], gpn))}
+    first = np.array(sorted(starts), dtype=np.int64)
+    nodes = np.sort((first[:, None] + members[None, :]) // gpn, axis=1)
     change = np.diff(nodes, axis=1) != 0
     distinct = 1 + change.sum(axis=1)
     # run lengths of equal node ids in each sorted row: the members sharing a node

@@ -53,7 +53,7 @@ def _row(rank: str, c: Candidate) -> list[str]:
         f"{lay.micro_batch}x{lay.grad_accum}",
         f"{cost.step_time_s:.3g}",
         f"{cost.model_tflops_per_gpu:.0f}",
-        f"{100 * cost.mfu:.0f}%",
+        f"{100 * cost.mfu:.0f}%" + ("!" if cost.details.get("above_best_mfu") else ""),
         mem,
         _breakdown(c),
     ]
@@ -91,6 +91,15 @@ def render_search(result: SearchResult, why: int = 3) -> Group:
                 f"\nyour layout needs {result.current.memory_gib:.0f} GiB per GPU: it does "
                 "not fit",
                 style="bold red",
+            )
+        )
+    shown = [*result.top, *([result.current] if result.current else [])]
+    if any(c.cost.details.get("above_best_mfu") for c in shown):
+        parts.append(
+            Text(
+                "MFU marked ! is above the best any published run reached on this GPU: no "
+                "run has shown it, read it as an upper bound",
+                style="yellow",
             )
         )
     parts.extend(Text(n, style="yellow") for n in result.notes)

@@ -14,6 +14,9 @@ memory), the plan's rank order (Megatron's by default), an even layer split, the
 interleaved schedule only where Megatron allows it (layers and micro-batches divisible
 by PP), selective recomputation only for eager attention (flash kernels already
 recompute the attention core), no offload.
+Nothing ``sapper check`` would flag is proposed: TP stays inside a node (P103), ZeRO-2/3
+is not combined with a pipeline (P111), CP needs a fused kernel and RoPE or learned
+positions (P117), and the peak keeps 10% of the GPU free (M003).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sapper.errors import InputError
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.cost import LayoutBatch, StepCost, cost_of, evaluate, predict_step
 from sapper.parallel.layout import CHECKPOINTING, Layout, parse_rank_order, placement
-from sapper.parallel.validate import heads_ok, seq_cp_ok, validate, widths_ok
+from sapper.parallel.validate import cp_supported, heads_ok, seq_cp_ok, validate, widths_ok
 from sapper.parallel.workload import Workload
 from sapper.plan.schema import AttentionImpl, Plan
 from sapper.rules.model import Severity
@@ -43,6 +46,10 @@ __all__ = ["Candidate", "MemoryCheck", "SearchResult", "enumerate_layouts", "sea
 MemoryCheck = Callable[[Plan], tuple[Any, ...]]
 
 _GIB = 1024**3
+#: Peak memory above this share of the GPU is flagged by ``sapper check`` (M003), so the
+#: memory walk counts it as not fitting: the planner never proposes it, and the
+#: dominance pruning works on the same bound.
+_HEADROOM_SHARE = 0.90
 
 
 def _divisors(n: int) -> list[int]:
@@ -161,14 +168,19 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     model = plan.model
     assert model is not None
     n, layers, seq = cluster.gpus, work.layers, work.seq_len
-    tps = [t for t in _divisors(n) if heads_ok(model, t) and widths_ok(model, t)]
+    # TP beyond one node is flagged by P103, so the planner never proposes it.
+    tps = [
+        t for t in _divisors(n)
+        if heads_ok(model, t) and widths_ok(model, t) and t <= cluster.gpus_per_node
+    ]
+    cp_ok = cp_supported(model)
     rows: list[tuple[int, ...]] = []
     for tp in tps:
         for pp in _divisors(n // tp):
             if pp > layers:
                 continue
             for cp in _divisors(n // (tp * pp)):
-                if not seq_cp_ok(seq, cp):
+                if not seq_cp_ok(seq, cp) or (cp > 1 and not cp_ok):
                     continue
                 dp = n // (tp * pp * cp)
                 if gbatch % dp:
@@ -200,6 +212,9 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     k = len(combos)
     grid = np.repeat(base, k, axis=0)
     zc = np.tile(combos, (len(base), 1))
+    # ZeRO-2/3 with a pipeline is flagged by P111: not proposed either.
+    keep = (grid[:, 1] == 1) | (zc[:, 0] < 2)
+    grid, zc = grid[keep], zc[keep]
     tp, pp, cp, dp, ep = (grid[:, i] for i in range(5))
     micro, m, v = grid[:, 5], grid[:, 6], grid[:, 7]
 
@@ -211,7 +226,7 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
             cluster.bus_gbps(s) for s in (pl.tp, pl.cp, pl.ep, pl.grad, pl.expert_grad, pl.pp)
         )
     bws = np.array([bw[tuple(r[:5])] for r in rows], dtype=float)
-    bws = np.repeat(bws, k, axis=0)
+    bws = np.repeat(bws, k, axis=0)[keep]
     l_max = np.where(pp > 1, -(-layers // pp), layers)
     l_last = np.where(pp > 1, layers // pp, layers)
     batch = LayoutBatch(
@@ -219,6 +234,9 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
         rc=(zc[:, 1] == 2).astype(float), micro=micro, ga=m, v=v, sp=tp > 1,
         offload=np.zeros(len(grid), dtype=bool),
         overlap=np.full(len(grid), plan.parallel.overlap_dp_comm),
+        overlap_ag=np.full(len(grid), plan.parallel.overlap_param_gather),
+        overlap_tp=np.full(len(grid), plan.parallel.tp_comm_overlap),
+        pp_split=np.full(len(grid), plan.parallel.pipeline_scatter_gather),
         bw_tp=bws[:, 0], bw_cp=bws[:, 1], bw_ep=bws[:, 2], bw_grad=bws[:, 3],
         bw_expert=bws[:, 4], bw_pp=bws[:, 5], l_max=l_max, l_last=l_last,
     )
@@ -233,6 +251,8 @@ def _layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
         micro_batch=int(b.micro[i]), grad_accum=int(b.ga[i]), virtual_stages=v,
         sequence_parallel=bool(b.sp[i]), schedule="interleaved" if v > 1 else "1f1b",
         rank_order=order, overlap_dp_comm=bool(b.overlap[i]),
+        overlap_param_gather=bool(b.overlap_ag[i]), tp_comm_overlap=bool(b.overlap_tp[i]),
+        pipeline_scatter_gather=bool(b.pp_split[i]),
     )
 
 
@@ -254,7 +274,7 @@ class _MemoryWalk:
         self.plan, self.b, self.order, self.check = plan, b, order, check
         self.floor = floor
         gpu = plan.gpu
-        self.capacity = gpu.memory_gib * _GIB if gpu else math.inf
+        self.capacity = gpu.memory_gib * _GIB * _HEADROOM_SHARE if gpu else math.inf
         self.fails: dict[tuple[int, ...], list[tuple[int, int, int, int, bool]]] = {}
         self.calls = 0
         self.rejected = 0
@@ -281,7 +301,8 @@ class _MemoryWalk:
         out = self.check(lay.apply(self.plan))
         first = len(out) > 2 and out[2] == 0
         acts = float(out[3]) if len(out) > 3 else None
-        return bool(out[0]), float(out[1]), first, acts
+        fits = bool(out[0]) and float(out[1]) * _GIB <= self.capacity
+        return fits, float(out[1]), first, acts
 
     def fits(self, i: int) -> tuple[bool, float | None]:
         """Does layout ``i`` fit (and its peak GiB, or a floor on it, when known)? The
@@ -386,6 +407,8 @@ def search(
         split = (int(batch.tp[i]), int(batch.pp[i]), int(batch.cp[i]), int(batch.ep[i]))
         if split in splits or (walk is not None and not walk.fits(i)[0]):
             continue
+        if not _passes_checks(plan, batch, i, order):
+            continue
         chosen.append(i)
         splits.add(split)
         if len(chosen) >= top:
@@ -411,7 +434,8 @@ def search(
         from sapper.parallel.explain import explain_candidates
 
         explain_candidates(
-            cands[:n_explain], current, result, batch, ranking, walk, cluster, order
+            cands[:n_explain], current, result, batch, ranking, walk, cluster, order,
+            work=work,
         )
     lap("explain")
     return SearchResult(
@@ -425,6 +449,15 @@ def search(
         notes=notes,
         timings=timings,
     )
+
+
+def _passes_checks(plan: Plan, b: LayoutBatch, i: int, order: str) -> bool:
+    """A layout the planner may recommend: no layout error or warning from the checks
+    ``sapper check`` runs (TP across nodes, ZeRO-2/3 with a pipeline, rank order ...);
+    the memory walk already asks for the headroom M003 wants. One truth: a proposal
+    never fails its own check."""
+    lay = _layout_at(b, i, order)
+    return not any(x.severity != Severity.INFO for x in validate(lay.apply(plan)))
 
 
 def _rank(result: dict[str, np.ndarray], b: LayoutBatch) -> np.ndarray:

@@ -20,12 +20,13 @@ import numpy as np
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.layout import Layout, group_span, parse_rank_order, split_layers
 from sapper.parallel.workload import padded_vocab
-from sapper.plan.schema import ModelSpec, Plan
+from sapper.plan.schema import AttentionImpl, ModelSpec, Plan, PositionEncoding
 from sapper.rules.model import Severity
 
 __all__ = [
     "LayoutIssue",
     "bubble_fraction",
+    "cp_supported",
     "heads_ok",
     "layers_ok",
     "micro_batches_ok",
@@ -84,6 +85,14 @@ def seq_cp_ok(seq: int, cp: Any) -> Any:
     """Load-balanced causal context parallelism cuts the sequence into 2·CP chunks."""
     cp = np.asarray(cp)
     return (cp == 1) | (seq % (2 * cp) == 0)
+
+
+def cp_supported(model: ModelSpec) -> bool:
+    """Context parallelism needs a fused attention kernel and a position scheme its
+    ring-attention kernels handle: not eager attention, not ALiBi."""
+    return model.attention_impl != AttentionImpl.EAGER and (
+        model.position_encoding != PositionEncoding.ALIBI
+    )
 
 
 def bubble_fraction(pp: int, m: int, v: int = 1) -> float:
@@ -441,6 +450,16 @@ def _sequence_parallel(plan: Plan) -> Iterator[LayoutIssue]:
             source="parallel.sequence_parallel",
             fix="turn sequence_parallel off, or use tp > 1",
         )
+    if p.tp_comm_overlap and p.tp > 1 and not p.sequence_parallel:
+        yield LayoutIssue(
+            "P109",
+            Severity.ERROR,
+            f"tp_comm_overlap without sequence_parallel at tp({p.tp}): the overlap pipelines "
+            "the all-gather and reduce-scatter that sequence parallelism issues (Megatron "
+            "refuses it otherwise)",
+            source="parallel.tp_comm_overlap",
+            fix="turn sequence_parallel on, or tp_comm_overlap off",
+        )
 
 
 @_check
@@ -462,6 +481,24 @@ def _context_parallel(plan: Plan) -> Iterator[LayoutIssue]:
 
 
 @_check
+def _cp_kernel(plan: Plan) -> Iterator[LayoutIssue]:
+    m, cp = plan.model, plan.parallel.cp
+    if m is None or cp == 1 or cp_supported(m):
+        return
+    what = "eager attention" if m.attention_impl == AttentionImpl.EAGER else "ALiBi positions"
+    yield LayoutIssue(
+        "P117",
+        Severity.ERROR,
+        f"cp({cp}) with {what}: ring attention needs a fused kernel and RoPE or learned "
+        "positions",
+        source="parallel.cp",
+        value=cp,
+        threshold=1,
+        fix="use cp 1 (split the batch with DP instead)",
+    )
+
+
+@_check
 def _zero_with_pp(plan: Plan) -> Iterator[LayoutIssue]:
     p = plan.parallel
     if p.pp > 1 and p.zero_stage >= 2:
@@ -471,11 +508,14 @@ def _zero_with_pp(plan: Plan) -> Iterator[LayoutIssue]:
             if m and m > 1
             else ""
         )
+        # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < 2 at start-up.
+        deepspeed = plan.framework == "deepspeed"
         yield LayoutIssue(
             "P111",
-            Severity.WARNING,
+            Severity.ERROR if deepspeed else Severity.WARNING,
             f"zero_stage({p.zero_stage}) with pp({p.pp}): DeepSpeed's pipeline engine "
-            f"supports ZeRO stages 0-1 only{extra}",
+            f"supports ZeRO stages 0-1 only"
+            + (" and refuses to start" if deepspeed else "") + extra,
             source="parallel.zero_stage",
             value=p.zero_stage,
             threshold=1,

@@ -7,10 +7,18 @@ forward once and the backward as two forwards' worth (gradients w.r.t. inputs an
 weights), so training = 3 x forward. Recomputation adds forward work on top.
 
 Two attention counts are kept apart on purpose. The *reported* count is the convention
-of Megatron-LM (Narayanan et al. 2021) and PaLM's MFU: QK^T and attention-times-V over the
-full s x s square, 4·s·a·d per token. The *executed* count is what the kernel really does:
-FlashAttention-style kernels (flash, and PyTorch SDPA on GPU) skip the masked half of a
-causal square, eager attention computes all of it.
+of Megatron-LM (Narayanan et al. 2021; ``num_floating_point_operations`` in Megatron-Core),
+of PaLM's MFU (6N + 12·L·h·s per token) and, as far as the Llama 3 paper lets one tell, of
+its BF16 MFU: QK^T and attention-times-V over the *full* s x s square, 4·s·a·d per token
+per layer forward. Causal masking does **not** halve it in the reported count. The
+*executed* count is what the kernel really does: FlashAttention-style kernels (flash, and
+PyTorch SDPA on GPU) skip the masked half of a causal square (and their backward
+recomputes the scores, see :mod:`sapper.parallel.efficiency`), eager attention computes
+all of it. MFU (model FLOPs) and HFU (hardware FLOPs: model FLOPs plus the recomputed
+forward, Narayanan et al.'s "with recomputation" count) both use the reported count.
+
+The layer's weight GEMMs are listed with their shapes (:class:`Gemm`), so the cost model
+can price each at its own efficiency: a GEMM's speed depends on its ``M x N x K``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from sapper.errors import InputError
 from sapper.parallel.efficiency import OPTIMIZER_BYTES_PER_PARAM
 from sapper.plan.schema import AttentionImpl, Plan, PositionEncoding
 
-__all__ = ["Workload", "padded_vocab"]
+__all__ = ["Gemm", "Workload", "padded_vocab"]
 
 #: Megatron pads the vocabulary to a multiple of this x TP so the embedding splits evenly.
 VOCAB_PAD_MULTIPLE = 128
@@ -44,6 +52,34 @@ _ACT_PASSES = {(False, True): 2.0, (True, True): 3.0, (False, False): 2.0, (True
 #: RoPE per query/key element: fused in-place (2); eager q·cos + rotate_half(q)·sin runs a
 #: concatenation, two multiplies and an add (~10).
 _ROPE_PASSES = {True: 2.0, False: 10.0}
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One weight GEMM of a layer: ``n`` output features from ``k`` input features per
+    token, split ``n``-wise (column parallel: QKV, MLP up) or ``k``-wise (row parallel:
+    attention output, MLP down) by TP, or not at all (``"none"``: the MoE router)."""
+
+    name: str
+    n: int
+    k: int
+    split: str
+    #: Routed-expert GEMM: each token passes through ``top_k`` of the experts.
+    expert: bool = False
+
+
+#: Element-wise kernels per layer forward (norms, residual and dropout adds, activation,
+#: RoPE), fused (Megatron, Transformer Engine) or Hugging Face eager modules; the backward
+#: launches about twice as many. Each costs a fixed launch/tail overhead on top of its bytes.
+_ELEM_KERNELS = {"fused": 6.0, "transformers": 18.0}
+
+#: HBM bytes per logit of the loss, forward and backward. Megatron's vocab-parallel cross
+#: entropy (unfused, 2021-2024): upcast to fp32 (read 2, write 4), max (4), subtract in
+#: place (8), exp in place (8), sum (4), normalize in place (8); backward: softmax minus
+#: the one-hot target times the incoming gradient (16), cast to bf16 for the output
+#: layer's backward (6): ~60. Hugging Face: ``logits.float()`` (6), log-softmax (8), its
+#: backward (12), the cast back (6) and the loss's reductions: ~36.
+_CE_BYTES = {"fused": 60.0, "transformers": 36.0}
 
 
 @dataclass(frozen=True)
@@ -92,6 +128,22 @@ class Workload:
     head_params: float
     #: Optimizer HBM bytes per parameter per update.
     optimizer_bytes: float
+    #: The layer's weight GEMMs, with their shapes.
+    gemms: tuple[Gemm, ...] = ()
+    #: Element-wise kernels per layer forward (for the per-kernel overhead).
+    elem_kernels: float = 6.0
+    #: HBM bytes per logit of the cross entropy, forward and backward.
+    ce_bytes: float = 60.0
+    #: ``model.implementation``, and the attention kernel's kind (``eager``, or ``flash``
+    #: for flash and SDPA), for the calibration's coverage (:mod:`sapper.parallel.confidence`).
+    implementation: str = "megatron"
+    attention: str = "flash"
+
+    @property
+    def params(self) -> float:
+        """Parameters of the whole model (experts included, embeddings unpadded)."""
+        layer = self.layer_params + self.expert_params
+        return self.layers * layer + self.embed_params + self.head_params
 
     @classmethod
     def from_plan(cls, plan: Plan) -> Workload:
@@ -132,6 +184,20 @@ class Workload:
         dense_mlp = 0 if m.is_moe else mats * h * ffn
         router = h * m.num_experts if m.is_moe else 0
         expert_params = m.num_experts * mats * h * expert_ffn if m.is_moe else 0
+        up = 2 if m.activation.gated else 1
+        gemms: list[Gemm] = [
+            Gemm("qkv", (a + 2 * kv) * d, h, "n"),
+            Gemm("proj", h, a * d, "k"),
+        ]
+        if m.is_moe:
+            gemms += [
+                Gemm("router", m.num_experts, h, "none"),
+                Gemm("expert_up", up * expert_ffn, h, "n", expert=True),
+                Gemm("expert_down", h, expert_ffn, "k", expert=True),
+            ]
+        else:
+            gemms += [Gemm("mlp_up", up * ffn, h, "n"), Gemm("mlp_down", h, ffn, "k")]
+        kernels = _ELEM_KERNELS["fused" if fused else "transformers"]
         dtype = plan.precision.dtype
         act_bytes = 4 if dtype in ("fp32", "tf32") else 2
         low = dtype not in ("fp32", "tf32") and not plan.precision.autocast
@@ -163,6 +229,11 @@ class Workload:
             embed_params=float(m.vocab_size * h),
             head_params=0.0 if m.tied_embeddings else float(m.vocab_size * h),
             optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM["adam" if adam_like else "other"],
+            gemms=tuple(gemms),
+            elem_kernels=kernels,
+            ce_bytes=_CE_BYTES["fused" if fused else "transformers"],
+            implementation=m.implementation,
+            attention="eager" if eager else "flash",
         )
 
     def logits_flops(self, tp: int) -> float:

@@ -56,6 +56,7 @@ def read_deepspeed_config(path: str | Path) -> PlanSource:
         path, "a DeepSpeed config", "keys such as train_batch_size, bf16, zero_optimization"
     )
     reader = _Reader(raw, PlanSource(name=file))
+    reader.set("framework", "deepspeed", "(a DeepSpeed config)")
     reader.check_keys(raw, "")
     _batch(reader)
     _precision(reader)
@@ -65,6 +66,7 @@ def read_deepspeed_config(path: str | Path) -> PlanSource:
     _scheduler(reader)
     _checkpointing(reader)
     _tensor_parallel(reader)
+    _optimizer_wrapper(reader)
     return reader.finish()
 
 
@@ -442,3 +444,44 @@ def _tensor_parallel(r: _Reader) -> None:
     size = r.value("tensor_parallel.autotp_size", "parallel.tp", "int", minimum=0)
     if size:  # 0 disables AutoTP
         r.set("parallel.tp", size, "tensor_parallel.autotp_size")
+
+
+def _optimizer_wrapper(r: _Reader) -> None:
+    """The optimizer wrapper DeepSpeed's engine picks, for what it keeps per GPU.
+
+    ``DeepSpeedEngine._do_optimizer_sanity_check`` and ``get_data_types``
+    (deepspeed/runtime/engine.py, checked at commit 38327e07, Feb 2025; the same since
+    DeepSpeed 0.8.1, PR #2742): gradients accumulate in ``data_types.grad_accum_dtype``,
+    by default fp32 for bf16 without ZeRO and the model's dtype otherwise. bf16 with fp32
+    accumulation and no ZeRO, or with ZeRO stage 1 and no offload, runs ``BF16_Optimizer``
+    (runtime/bf16_optimizer.py): bf16 weights and a full fp32 gradient buffer on every
+    GPU, the fp32 master weights and optimizer states partitioned over data parallelism.
+    bf16 without ZeRO and bf16 accumulation runs ``BF16_Optimizer`` under the pipeline
+    engine and refuses to start otherwise; fp16 without ZeRO runs ``FP16_Optimizer``,
+    which replicates everything (16 bytes/param); any ZeRO stage runs the ZeRO optimizer.
+    """
+    if r.raw.get("data_types") is not None:
+        r.section("data_types")
+    accum = r.value("data_types.grad_accum_dtype", "precision.grad_dtype", "str")
+    dtype = r.src.data.get("precision", {}).get("dtype")
+    if dtype != "bf16":
+        return
+    stage = r.src.data.get("parallel", {}).get("zero_stage", 0)
+    offload = r.src.data.get("parallel", {}).get("offload_optimizer", "none") != "none"
+    word = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16",
+            "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+    grad = word.get(str(accum).lower()) if accum is not None else None
+    if accum is not None and grad is None:
+        raise r.error("data_types.grad_accum_dtype", accum, "fp32, bf16 or fp16")
+    if grad is None:
+        grad = "fp32" if stage == 0 else "bf16"
+    key = "data_types.grad_accum_dtype" if accum is not None else (
+        "data_types.grad_accum_dtype (DeepSpeed default)"
+    )
+    if accum is not None or grad != "bf16":  # bf16 is the weights' dtype, the Plan default
+        r.set("precision.grad_dtype", grad, key)
+    if (stage == 0 and grad == "fp32") or (stage == 1 and grad == "fp32" and not offload):
+        r.set("parallel.optimizer_partitioned", True, "bf16.enabled (BF16_Optimizer)")
+    elif stage == 0 and grad == "bf16":
+        # BF16_Optimizer under the pipeline engine; without PP DeepSpeed refuses to start.
+        r.set("parallel.optimizer_partitioned", True, "bf16.enabled (BF16_Optimizer)")

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from sapper.plan.hardware import GPUS
+from sapper.plan.hardware import AMBIGUOUS, GPUS
 from sapper.plan.schema import Plan, bounds_text
 
 __all__ = ["render_plan_docs"]
@@ -171,16 +171,23 @@ def _gpus(out: list[str]) -> None:
     )
     out.append(
         "| name | memory (GiB) | bf16 | fp8 | fp16/bf16 TFLOP/s | fp8 TFLOP/s | intra-node | "
-        "inter-node | aliases |"
+        "NVLink domain | inter-node | links | aliases |"
     )
-    out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for g in GPUS:
         aliases = ", ".join(f"`{a}`" for a in g.aliases)
         out.append(
             f"| `{g.name}` | {g.memory_gib:g} | {'yes' if g.bf16 else 'no'} | "
             f"{'yes' if g.fp8 else 'no'} | {g.tflops_fp16:g} / {g.tflops_bf16:g} | "
-            f"{g.tflops_fp8:g} | {g.nvlink_gbps:g} | {g.internode_gbps:g} | {aliases} |"
+            f"{g.tflops_fp8:g} | {g.nvlink_gbps:g} | {g.nvlink_domain} | "
+            f"{g.internode_gbps:g} | {g.interconnect} | {aliases} |"
         )
+    out.append(
+        "\nAmbiguous names are refused with the candidates listed, never resolved to a "
+        "default: "
+        + "; ".join(f"`{k}` ({', '.join(v)})" for k, v in AMBIGUOUS.items())
+        + ". `H100` alone is the SXM part.\n"
+    )
 
 
 def render_plan_docs() -> str:

@@ -33,6 +33,7 @@ from sapper.plan.hf_families import (
     generic,
     quiet_transformers,
 )
+from sapper.plan.hf_fast import fast_config
 from sapper.plan.schema import (
     MAX_EXPERTS,
     MAX_HEADS,
@@ -114,7 +115,11 @@ def read_hf_config(path: str | Path) -> PlanSource:
     )
     model_type, kwargs = _normalize(raw, file)
     _check_numbers(raw, file)
-    cfg = _parse(model_type, kwargs, raw, file)
+    # A family sapper counts itself is resolved without transformers (seconds to import);
+    # anything the fast path is unsure of is parsed, and validated, by transformers.
+    cfg = fast_config(model_type, kwargs) if model_type in FAMILIES else None
+    if cfg is None:
+        cfg = _parse(model_type, kwargs, raw, file)
     _check_resolved(cfg, raw, file)
     try:
         family = _describe(cfg, model_type)
@@ -122,8 +127,8 @@ def read_hf_config(path: str | Path) -> PlanSource:
         family.model["hidden_act"] = _hidden_act(cfg)
         dropout = dropout_of(cfg)
     except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
-        # transformers accepted the file but a value it left alone (a null width, a
-        # string where a number goes) cannot describe a model: bad input, not a bug.
+        # The file was accepted but a value it left alone (a null width, a string where
+        # a number goes) cannot describe a model: bad input, not a bug.
         raise InputError(
             f"the config does not describe a model sapper can count ({exc})",
             file=file,
@@ -164,7 +169,10 @@ def _expected_types(given: object = None) -> str:
 
 
 def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
-    """The model_type and the keyword dict transformers' config class should receive."""
+    """The model_type and the keyword dict transformers' config class should receive.
+
+    Needs transformers only for a file without ``model_type`` (its architecture names the
+    family) and for a family sapper does not count itself (is it a causal LM?)."""
     kwargs = dict(raw)
     model_type = raw.get("model_type")
     if model_type is None:
@@ -192,7 +200,13 @@ def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
         if old in kwargs and new not in kwargs:
             kwargs[new] = kwargs.pop(old)
     kwargs["model_type"] = model_type
+    if model_type not in FAMILIES:
+        _check_causal_lm(model_type, raw, file)
+    return model_type, kwargs
 
+
+def _check_causal_lm(model_type: str, raw: dict[str, Any], file: str) -> None:
+    """A family transformers knows, and a causal language model."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:
@@ -211,7 +225,6 @@ def _normalize(raw: dict[str, Any], file: str) -> tuple[str, dict[str, Any]]:
             value=model_type,
             expected=_expected_types(),
         )
-    return model_type, kwargs
 
 
 def _type_from_architectures(architectures: Any) -> str | None:

@@ -129,6 +129,18 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
             has_value=has_value and not isinstance(value, dict),
             expected=_expected(err),
         ) from None
+    if not (plan.model_fields_set - {"name", "unresolved"}):
+        names = ", ".join(s.name for s in sources)
+        raise InputError(
+            "nothing to check: no model, hardware, batch, precision or layout values",
+            file=names,
+            expected="a plan with at least one section (see docs/plan.md), --model "
+            "config.json, --deepspeed ds.json or plan options",
+        )
+    from sapper.plan.frameworks import resolve
+
+    plan, resolved = resolve(plan)
+    findings.extend(resolved)
     return LoadedPlan(plan, findings, [s.name for s in sources])
 
 

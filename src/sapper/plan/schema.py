@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from sapper.plan.hardware import GpuSpec, find_gpu
+from sapper.plan.hardware import GpuSpec, expected_gpu, find_gpu
 
 __all__ = [
     "Activation",
@@ -477,6 +477,12 @@ class ParallelSpec(_Spec):
     offload_params: Literal["none", "cpu", "nvme"] = Field(
         default="none", description="Where parameters live between uses (ZeRO-3 offload)."
     )
+    optimizer_partitioned: bool = Field(
+        default=False,
+        description="Master weights and optimizer states are partitioned over the "
+        "data-parallel group although zero_stage is 0 or 1 says otherwise: DeepSpeed's "
+        "BF16_Optimizer does this for bf16 without ZeRO (set by the DeepSpeed reader).",
+    )
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
     virtual_pipeline_stages: int = Field(
         default=1,
@@ -508,9 +514,31 @@ class ParallelSpec(_Spec):
     )
     overlap_dp_comm: bool = Field(
         default=True,
-        description="Data-parallel gradient reduction and ZeRO parameter gathers overlap "
-        "compute (PyTorch DDP/FSDP; Megatron --overlap-grad-reduce/--overlap-param-gather; "
-        "DeepSpeed overlap_comm).",
+        description="Data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) "
+        "overlaps the backward: on by default in PyTorch DDP and FSDP; Megatron needs "
+        "--overlap-grad-reduce and DeepSpeed overlap_comm (both off by default), so set "
+        "false for them without the flag.",
+    )
+    overlap_param_gather: bool = Field(
+        default=True,
+        description="ZeRO/FSDP parameter all-gathers overlap compute: FSDP and ZeRO-3 "
+        "prefetch the next layer's parameters by default; ZeRO-1/2 gather the updated "
+        "parameters during the next step's first forward with Megatron's "
+        "--overlap-param-gather (off by default: set false without it).",
+    )
+    pipeline_scatter_gather: bool = Field(
+        default=True,
+        description="Each pipeline send carries 1/TP of the activation, the TP ranks of the "
+        "next stage all-gathering it (Megatron's default scatter/gather; implied by "
+        "sequence parallelism). False: every TP rank sends the whole activation (DeepSpeed's "
+        "pipeline engine, Megatron --no-scatter-gather-tensors-in-pipeline).",
+    )
+    tp_comm_overlap: bool = Field(
+        default=False,
+        description="Tensor-parallel all-gathers and reduce-scatters run in chunks "
+        "pipelined with the GEMMs that consume or produce them (Megatron --tp-comm-overlap, "
+        "Transformer Engine userbuffers; needs sequence parallelism). Off by default, as "
+        "in Megatron.",
     )
 
     @field_validator("dp")
@@ -564,10 +592,8 @@ class HardwareSpec(_Spec):
             return v
         spec = find_gpu(v)
         if spec is None:
-            from sapper.plan.hardware import GPUS
-
-            names = ", ".join(g.name for g in GPUS)
-            raise ValueError(f"a GPU from the built-in table: {names}")
+            # the loader turns this into an InputError (exit 2) naming hardware.gpu
+            raise ValueError(expected_gpu(v))
         return spec.name
 
     @model_validator(mode="after")
@@ -610,6 +636,12 @@ class Plan(_Spec):
     """A training job before it starts."""
 
     name: str | None = Field(default=None, description="A label for reports.")
+    framework: Literal["deepspeed", "megatron", "transformers", "torch"] | None = Field(
+        default=None,
+        description="What runs the training step; it decides what the plan leaves unsaid "
+        "(DeepSpeed fills in the batch triple and defaults fp16 to dynamic loss scaling). "
+        "The DeepSpeed reader sets it; null: not known.",
+    )
     model: ModelSpec | None = None
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)

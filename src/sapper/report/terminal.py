@@ -12,6 +12,7 @@ from rich.text import Text
 
 from sapper.checks.engine import CheckReport
 from sapper.errors import printable
+from sapper.plan.flags import describe_input
 from sapper.rules.model import Finding, Rule, Severity
 
 __all__ = [
@@ -22,7 +23,12 @@ __all__ = [
 ]
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
-_STATUS = {"pass": "[green]PASS[/]", "warn": "[yellow]WARN[/]", "fail": "[bold red]FAIL[/]"}
+_STATUS = {
+    "pass": "[green]PASS[/]",
+    "warn": "[yellow]WARN[/]",
+    "fail": "[bold red]FAIL[/]",
+    "unknown": "[magenta]UNKNOWN[/]",
+}
 
 
 def _where(f: Finding) -> str:
@@ -69,11 +75,26 @@ def render_check_report(report: CheckReport) -> Group:
         table.add_row(item.item, _STATUS[item.status], str(len(item.findings)))
     parts.append(table)
     for item in report.items():
-        if item.findings:
+        if item.findings or item.unverified:
             parts.append(Text.from_markup(f"\n[bold]{item.item}[/]"))
+        if item.findings:
             parts.append(render_findings(item.findings))
+        for u in item.unverified:
+            needs = ", ".join(describe_input(m) for m in u.missing)
+            parts.append(
+                Text.from_markup(
+                    f"  [magenta]not checked[/] ({'/'.join(u.codes)}): {escape(u.what)}"
+                    f"\n      [dim]needs:[/] {escape(needs)}"
+                )
+            )
     summary = f"\n{report.errors} error(s), {report.warnings} warning(s)"
-    parts.append(Text(summary, style="bold red" if report.errors else "bold green"))
+    if report.unverified:
+        summary += (
+            f", {len(report.unverified)} check(s) not run for lack of inputs: "
+            + ", ".join(report.missing_inputs())
+        )
+    style = "bold red" if report.errors else ("bold magenta" if report.unverified else "bold green")
+    parts.append(Text(summary, style=style))
     return Group(*parts)
 
 

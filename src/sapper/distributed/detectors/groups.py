@@ -12,9 +12,9 @@ from collections import Counter
 from sapper.distributed.context import DistContext
 from sapper.distributed.detectors._common import fmt_ranks
 from sapper.distributed.layout import RankGrid
+from sapper.distributed.rules import RANKS_PER_NODE, TP_ACROSS_NODES, WORLD_SIZE_MISMATCH
 from sapper.plan.schema import Plan
-from sapper.rules.model import Finding, Rule, Severity
-from sapper.rules.registry import register
+from sapper.rules.model import Finding
 
 __all__ = [
     "RANKS_PER_NODE",
@@ -22,76 +22,6 @@ __all__ = [
     "WORLD_SIZE_MISMATCH",
     "check_process_groups",
 ]
-
-WORLD_SIZE_MISMATCH = register(
-    Rule(
-        code="X006",
-        name="world-size-mismatch",
-        check="parallel",
-        severity=Severity.ERROR,
-        title="The launched world size does not match the Plan's TP·CP·DP·PP",
-        why="""\
-The parallel degrees fix which ranks form each TP, PP and DP group. Launched on another
-number of ranks, the groups are built differently from the plan: a framework that infers
-DP silently trains with another global batch (and learning rate relation), and one that
-does not fails at initialization or — worse — builds groups over the wrong ranks.""",
-        signs="""\
-A global batch or tokens/step in the logs that differs from the plan; an error at startup
-about a world size not divisible by the model-parallel size; fewer or more steps per
-epoch than expected.""",
-        fix="""\
-Launch exactly TP·CP·DP·PP ranks (torchrun --nnodes N --nproc-per-node G gives N·G), or
-change the degrees in the plan to tile the world size you have.""",
-        seed="§4.4, §5.1 (6)",
-    )
-)
-
-RANKS_PER_NODE = register(
-    Rule(
-        code="X007",
-        name="ranks-per-node",
-        check="parallel",
-        severity=Severity.WARNING,
-        title="Ranks are spread unevenly or unexpectedly over the nodes",
-        why="""\
-Parallel layouts assume the same number of ranks on every node, placed in rank order
-(node k holds ranks k·G ... k·G+G-1): TP groups of G adjacent ranks then sit inside one
-node. Uneven nodes, a GPU count per node other than the plan's, or ranks interleaved
-across nodes (a hand-written hostfile, a scheduler that round-robins tasks) break that
-assumption and put high-traffic groups on the network.""",
-        signs="""\
-Some nodes run fewer processes than they have GPUs; LOCAL_WORLD_SIZE differs between
-nodes; rank r and rank r+1 report different hostnames within one node's range.""",
-        fix="""\
-Launch the same --nproc-per-node on every node and let torchrun assign ranks in node
-order; set the plan's hardware.gpus_per_node to the real count; with a scheduler, use
-block (not cyclic) task distribution.""",
-        seed="§4.2, §4.4, §5.1 (6)",
-    )
-)
-
-TP_ACROSS_NODES = register(
-    Rule(
-        code="X008",
-        name="tp-group-across-nodes",
-        check="parallel",
-        severity=Severity.WARNING,
-        title="A tensor-parallel group spans several nodes",
-        why="""\
-Tensor parallelism exchanges activations (all-gather / reduce-scatter or all-reduce)
-twice per layer in both passes, so it needs NVLink-class bandwidth. A TP group with ranks
-on two nodes sends that traffic over the network, which is an order of magnitude slower:
-the step time grows several-fold while everything stays correct.""",
-        signs="""\
-Step time several times the estimate; low GPU utilization with high network traffic
-between nodes; the slowdown vanishes when TP ≤ GPUs per node.""",
-        fix="""\
-Keep TP within a node (TP ≤ GPUs per node) and put PP and DP across nodes; keep TP the
-fastest-varying dimension of the rank order (Megatron's tp-cp-ep-dp-pp) and launch ranks
-in node order.""",
-        seed="§4.2, §4.4",
-    )
-)
 
 
 def _world_size(ctx: DistContext, plan: Plan) -> list[Finding]:

@@ -5,36 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from sapper.distributed.detectors._common import fmt_ranks, table_of
-from sapper.rules.model import Finding, Rule, Severity
-from sapper.rules.registry import register
+from sapper.distributed.rules import NONFINITE_ON_RANK
+from sapper.rules.model import Finding
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 
 __all__ = ["NONFINITE_ON_RANK", "NonFiniteRankDetector"]
-
-NONFINITE_ON_RANK = register(
-    Rule(
-        code="X001",
-        name="nonfinite-on-rank",
-        check="distributed",
-        severity=Severity.ERROR,
-        title="A rank produced a non-finite loss or gradient",
-        why="""\
-An fp16 overflow, a bad sample or a broken kernel on one rank makes that rank's loss
-Inf/NaN. The gradient all-reduce then spreads it to every replica within the same step,
-so all ranks' gradient norms read NaN and the rank where it began is lost from view —
-and a monitor that only watches rank 0 may see nothing at all until the weights are
-poisoned.""",
-        signs="""\
-One rank's loss is non-finite while the others' are finite; a step later every rank's
-gradient norm is NaN, or the fp16 loss scale collapses on every rank at once.""",
-        fix="""\
-Look at the named rank's batch for that step (its shard of the data, its sequence
-lengths), and at its GPU (ECC errors, clocks). Keep dynamic loss scaling on for fp16, clip
-gradients, and make the loop skip a step whose global norm is non-finite.""",
-        seed="§2.1, §2.2, §5.2",
-    )
-)
 
 
 class NonFiniteRankDetector(Detector):

@@ -6,39 +6,12 @@ import math
 from collections import Counter
 
 from sapper.distributed.detectors._common import fmt_ranks, table_of
-from sapper.rules.model import Finding, Rule, Severity
-from sapper.rules.registry import register
+from sapper.distributed.rules import REPLICAS_DIVERGED
+from sapper.rules.model import Finding
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 
 __all__ = ["REPLICAS_DIVERGED", "ReplicaDivergenceDetector"]
-
-REPLICAS_DIVERGED = register(
-    Rule(
-        code="X003",
-        name="replicas-diverged",
-        check="distributed",
-        severity=Severity.ERROR,
-        title="Data-parallel replicas hold different parameters",
-        why="""\
-Data parallelism assumes every replica holds the same weights: each applies the same
-averaged gradient to the same parameters. Once one replica differs — a checkpoint loaded
-on rank 0 only, a weight edited outside the optimizer, an update skipped on one rank, a
-buffer that is not synchronized — the replicas compute gradients for different models,
-the average belongs to none of them, and the saved checkpoint (usually rank 0's) is not
-the model that was trained.""",
-        signs="""\
-Parameter fingerprints differ across data-parallel ranks; evaluation of checkpoints saved
-from different ranks disagrees; loss curves of ranks drift apart although they see data
-from the same distribution.""",
-        fix="""\
-Load checkpoints on every rank (or broadcast from rank 0 after loading); change weights
-only through the optimizer step on all ranks; wrap the model in DDP/FSDP before training
-so the initial weights are broadcast; with manual gradient sync, make sure every
-parameter is reduced and every rank takes the same step.""",
-        seed="§4.1, §5.1 (6)",
-    )
-)
 
 
 def _key(v: float) -> str:

@@ -3,40 +3,13 @@
 from __future__ import annotations
 
 from sapper.distributed.detectors._common import fmt_ranks, table_of, window_text
+from sapper.distributed.rules import DUPLICATE_SAMPLES_ACROSS_RANKS
 from sapper.distributed.sampling import jaccard
-from sapper.rules.model import Finding, Rule, Severity
-from sapper.rules.registry import register
+from sapper.rules.model import Finding
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 
 __all__ = ["DUPLICATE_SAMPLES_ACROSS_RANKS", "DuplicateSamplesDetector"]
-
-DUPLICATE_SAMPLES_ACROSS_RANKS = register(
-    Rule(
-        code="X004",
-        name="duplicate-samples-across-ranks",
-        check="distributed",
-        severity=Severity.ERROR,
-        title="Several data-parallel ranks are fed the same samples",
-        why="""\
-Each data-parallel rank must see a different shard of the data. A loader without a
-DistributedSampler (or an iterable dataset that does not split by rank, or the same
-shard index on every rank) gives every replica the same batches: N GPUs do one GPU's
-work, the effective batch is N times smaller than planned, and the model sees each
-sample N times as often — it memorizes instead of generalizing. Nothing raises an
-error.""",
-        signs="""\
-The training loss falls unusually fast while the validation loss does not follow; the
-epoch ends after the same number of steps whatever the number of GPUs; sample ids or
-hashes repeat across ranks within a step.""",
-        fix="""\
-Use a DistributedSampler (num_replicas = DP degree, rank = DP rank) and call
-sampler.set_epoch(epoch) each epoch; for iterable/streaming datasets split by DP rank
-(e.g. datasets.distributed.split_dataset_by_node); with TP/PP shard by the DP rank, not
-the global rank.""",
-        seed="§5.3",
-    )
-)
 
 
 class DuplicateSamplesDetector(Detector):

@@ -5,36 +5,12 @@ from __future__ import annotations
 from collections import Counter
 
 from sapper.distributed.detectors._common import fmt_ranks, table_of
-from sapper.rules.model import Finding, Rule, Severity
-from sapper.rules.registry import register
+from sapper.distributed.rules import RANKS_OUT_OF_STEP
+from sapper.rules.model import Finding
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 
 __all__ = ["RANKS_OUT_OF_STEP", "StepSkewDetector"]
-
-RANKS_OUT_OF_STEP = register(
-    Rule(
-        code="X009",
-        name="ranks-out-of-step",
-        check="distributed",
-        severity=Severity.WARNING,
-        title="Ranks count optimizer steps differently",
-        why="""\
-Every rank must take the same optimizer steps. A rank whose step counter runs ahead or
-behind has skipped or repeated a step (a per-rank early exit, an uneven number of batches
-per rank, gradient accumulation counted differently): with collectives in the step it
-soon deadlocks on a mismatched all-reduce; without them the ranks silently train
-different models.""",
-        signs="""\
-Ranks log different step numbers at the same moment; the job hangs at the end of an
-epoch when one rank runs out of batches first (uneven shards, drop_last=False).""",
-        fix="""\
-Give every rank the same number of batches (DistributedSampler with drop_last=True, or
-pad the last shard); count steps the same way on every rank; under an uneven loader use
-DDP's join() context manager.""",
-        seed="§5.1 (6), §5.1 (7)",
-    )
-)
 
 
 class StepSkewDetector(Detector):

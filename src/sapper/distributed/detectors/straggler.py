@@ -6,37 +6,12 @@ import statistics
 from typing import Any
 
 from sapper.distributed.detectors._common import table_of
-from sapper.rules.model import Finding, Rule, Severity
-from sapper.rules.registry import register
+from sapper.distributed.rules import STRAGGLER_RANK
+from sapper.rules.model import Finding
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 
 __all__ = ["STRAGGLER_RANK", "StragglerDetector"]
-
-STRAGGLER_RANK = register(
-    Rule(
-        code="X002",
-        name="straggler-rank",
-        check="distributed",
-        severity=Severity.WARNING,
-        title="One rank is persistently slower than the others",
-        why="""\
-Synchronous training runs at the pace of its slowest rank: every collective waits for it,
-so one slow GPU, one node with a slow disk or a starved data loader, or one rank with
-longer sequences makes the whole job slower — hundreds of GPUs idling for one. Nothing
-fails; throughput is simply far below what the cluster should deliver.""",
-        signs="""\
-Tokens/s well below the estimate and flat as GPUs are added; one rank's data-wait or
-forward time is several times the others'; the other ranks' step time is mostly spent
-inside the all-reduce.""",
-        fix="""\
-Look at the named rank's node: data-loader workers and storage (data wait), GPU clocks,
-temperature and ECC errors (forward time), other jobs on the host. Give the loader more
-workers or prefetch; balance sequence lengths across ranks; drain or replace the node if
-its hardware is slow.""",
-        seed="§4.1, §5.1 (7), §5.2",
-    )
-)
 
 #: Metrics compared across ranks, with the words the finding uses.
 _METRICS = (
