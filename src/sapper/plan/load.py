@@ -62,6 +62,13 @@ def _owner(path: str, owners: dict[str, PlanSource]) -> tuple[PlanSource | None,
     for leaf, src in owners.items():
         if leaf.startswith(path + "."):
             return src, path
+    # A missing field (rope_scaling.type): the source that wrote its section.
+    probe = path.rpartition(".")[0]
+    while probe:
+        for leaf, src in owners.items():
+            if leaf.startswith(probe + "."):
+                return src, path
+        probe = probe.rpartition(".")[0]
     return None, path
 
 
