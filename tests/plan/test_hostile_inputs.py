@@ -333,3 +333,20 @@ def test_data_folder_with_too_many_entries(tmp_path: Path, monkeypatch) -> None:
 @pytest.mark.skipif(sys.platform != "linux", reason="device paths")
 def test_smoke_model_device() -> None:
     assert "is a device" in refused("smoke", "--model", "/dev/zero", within=30.0)
+
+
+# ---- found by the property tests ------------------------------------------------------
+@pytest.mark.parametrize("key", ["n_embd", "hidden_size"])
+@pytest.mark.parametrize("value", [None, "wide", 0])
+def test_hf_size_resolved_to_nothing(tmp_path: Path, key: str, value: object) -> None:
+    raw = json.loads((HF / "gpt2-xl.json").read_text())
+    raw[key] = value  # GPT-2's hidden_size is an alias of n_embd: null passed transformers
+    line = refused("check", "--model", write(tmp_path, "config.json", json.dumps(raw)))
+    assert ": n_embd: invalid value" in line or f": {key}: invalid value" in line, line
+
+
+def test_missing_nested_field_names_the_file(tmp_path: Path) -> None:
+    text = "model: {hidden_size: 64, num_layers: 2, num_heads: 2, vocab_size: 100,\n"
+    text += "        rope_scaling: {factor: 2}}\n"
+    line = refused("check", write(tmp_path, "p.yaml", text))
+    assert line.endswith("p.yaml: model.rope_scaling.type: missing value; expected a value")

@@ -190,9 +190,30 @@ def _gpus(out: list[str]) -> None:
     )
 
 
+def _limits(out: list[str]) -> None:
+    """What sapper refuses to read, so a hostile or mistaken file fails fast (exit 2)."""
+    from sapper.plan import sources
+
+    out.append(
+        "## Limits\n\n"
+        "Every file sapper reads (the plan, `--model`, `--deepspeed` and the files a plan "
+        f"references) must be a regular file of at most {sources.MAX_CONFIG_BYTES >> 20} MiB: "
+        "a folder, FIFO, socket or device is refused before it is opened. A file may nest "
+        f"at most {sources.MAX_NESTING} levels and hold at most {sources.MAX_VALUES:,} values "
+        "(YAML aliases counted as often as they are expanded); integers are at most "
+        f"{sources.MAX_INT_DIGITS} digits long. NaN and infinities are refused everywhere, "
+        "including `NaN`/`Infinity` in JSON. Numbers have the ranges in the tables below: "
+        "generous physical bounds, such as at most 10^6 GPUs, so a typo is reported with "
+        "the range instead of running for ever. Each of these is an input error: one "
+        "line, exit code 2.\n"
+    )
+
+
 def render_plan_docs() -> str:
     """The whole plan reference as Markdown."""
-    out = [HEADER, "## Top level\n"]
+    out = [HEADER]
+    _limits(out)
+    out.append("## Top level\n")
     _section(Plan, "", out)
     _derived(out)
     _gpus(out)
