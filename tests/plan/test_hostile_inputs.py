@@ -350,3 +350,23 @@ def test_missing_nested_field_names_the_file(tmp_path: Path) -> None:
     text += "        rope_scaling: {factor: 2}}\n"
     line = refused("check", write(tmp_path, "p.yaml", text))
     assert line.endswith("p.yaml: model.rope_scaling.type: missing value; expected a value")
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_file_larger_than_its_stat_size_is_cut_at_the_limit(tmp_path: Path, monkeypatch) -> None:
+    """Files under /proc report size 0: the read itself stops one byte past the limit."""
+    from sapper.plan import sources
+
+    path = tmp_path / "config.json"
+    path.write_text('{"a": "' + "x" * 100 + '"}')
+    monkeypatch.setattr(sources, "MAX_CONFIG_BYTES", 50)
+    real_stat = os.stat
+
+    def zero_size(p, *a, **k):  # the stat before opening, as /proc reports it
+        info = real_stat(p, *a, **k)
+        return os.stat_result((*info[:6], 0, *info[7:]))
+
+    monkeypatch.setattr(sources.os, "stat", zero_size)
+    monkeypatch.setattr(sources.os, "fstat", lambda fd: zero_size(f"/proc/self/fd/{fd}"))
+    with pytest.raises(InputError, match="file holds more than the 0 MiB limit"):
+        read_json_file(path)

@@ -107,10 +107,17 @@ def _check_file(info: os.stat_result, name: str) -> None:
         raise _too_big(info.st_size, name)
 
 
-def _too_big(size: int, name: str) -> InputError:
+def _too_big(size: int | None, name: str) -> InputError:
+    """``size`` None: the file said less than it held (a /proc file), so only the limit is
+    known to be passed."""
+    limit = f"the {MAX_CONFIG_BYTES >> 20} MiB limit for a config file"
+    problem = (
+        f"file is {size / (1 << 20):.1f} MiB, over {limit}"
+        if size is not None
+        else f"file holds more than {limit}"
+    )
     return InputError(
-        f"file is {size / (1 << 20):.1f} MiB, over the {MAX_CONFIG_BYTES >> 20} MiB limit "
-        "for a config file",
+        problem,
         file=name,
         expected="a plan YAML, config.json or DeepSpeed JSON (a few KB)",
     )
@@ -140,7 +147,7 @@ def _read_text(path: str | Path) -> str:
     except OSError as exc:
         raise InputError(f"cannot read file ({_reason(exc)})", file=name) from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise _too_big(len(data), name)
+        raise _too_big(None, name)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
