@@ -13,8 +13,9 @@ The public names load lazily: ``sapper rules`` imports only :mod:`sapper.distrib
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sapper.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
@@ -82,12 +83,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sapper.distributed' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sapper.distributed.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

@@ -7,8 +7,9 @@ Hugging Face and DeepSpeed readers).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sapper.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from sapper.plan.hardware import GPUS, GpuSpec, find_gpu
@@ -39,12 +40,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sapper.plan' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sapper.plan.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

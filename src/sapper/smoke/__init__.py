@@ -14,8 +14,7 @@ which must stay free of torch so listing rules is instant.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sapper.lazy import lazy_exports
 
 __all__ = [
     "CHECKS",
@@ -58,12 +57,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sapper.smoke' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sapper.smoke.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)
