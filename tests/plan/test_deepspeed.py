@@ -125,6 +125,7 @@ def test_auto_values_are_unresolved_never_guessed() -> None:
         "zero_stage": 3,
         "offload_optimizer": "cpu",
         "offload_params": "cpu",
+        "overlap_dp_comm": True,
     }
     assert src.findings[0].data["keys"]["train_micro_batch_size_per_gpu"] == (
         "batch.micro_batch_size"
@@ -281,11 +282,15 @@ def test_widely_used_configs_raise_no_false_typo(path: Path) -> None:
 
 def test_widely_used_configs_map_as_deepspeed_runs_them() -> None:
     hf = read_deepspeed_config(FIXTURES / "hf-trainer-zero2.json")
-    assert hf.data["parallel"] == {"zero_stage": 2, "offload_optimizer": "cpu"}
+    assert hf.data["parallel"] == {
+        "zero_stage": 2, "offload_optimizer": "cpu", "overlap_dp_comm": True
+    }
     assert {"precision.dtype", "optimizer.lr", "batch.micro_batch_size"} <= set(hf.unresolved)
     megatron = read_deepspeed_config(FIXTURES / "megatron-bf16-zero0.json").data
     assert megatron["batch"] == {"micro_batch_size": 2, "global_batch_size": 2048}
     assert (megatron["precision"]["dtype"], megatron["parallel"]["zero_stage"]) == ("bf16", 0)
+    # Without ZeRO the engine all-reduces gradients after backward, not overlapped.
+    assert megatron["parallel"]["overlap_dp_comm"] is False
     rlhf = read_deepspeed_config(FIXTURES / "rlhf-actor-zero3-hybrid.json").data
     assert rlhf["precision"]["loss_scaling"] == {
         "mode": "dynamic",
@@ -296,3 +301,16 @@ def test_widely_used_configs_map_as_deepspeed_runs_them() -> None:
     nvme = read_deepspeed_config(FIXTURES / "nvme-infinity-zero3.json").data["parallel"]
     assert (nvme["offload_optimizer"], nvme["offload_params"]) == ("nvme", "nvme")
     assert nvme["checkpointing"] == {"partition_activations": True, "cpu_offload": True}
+
+
+@pytest.mark.parametrize(
+    ("zero", "expected"),
+    [({"stage": 1}, False), ({"stage": 2}, False), ({"stage": 3}, True),
+     ({"stage": 2, "overlap_comm": True}, True), ({"stage": 3, "overlap_comm": False}, False)],
+)
+def test_overlap_comm_defaults_as_deepspeed_resolves_them(
+    tmp_path: Path, zero: dict, expected: bool
+) -> None:
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}))
+    assert read_deepspeed_config(cfg).data["parallel"]["overlap_dp_comm"] is expected

@@ -67,6 +67,7 @@ def read_deepspeed_config(path: str | Path) -> PlanSource:
     _checkpointing(reader)
     _tensor_parallel(reader)
     _optimizer_wrapper(reader)
+    _overlap(reader)
     return reader.finish()
 
 
@@ -485,3 +486,22 @@ def _optimizer_wrapper(r: _Reader) -> None:
     elif stage == 0 and grad == "bf16":
         # BF16_Optimizer under the pipeline engine; without PP DeepSpeed refuses to start.
         r.set("parallel.optimizer_partitioned", True, "bf16.enabled (BF16_Optimizer)")
+
+
+def _overlap(r: _Reader) -> None:
+    """Whether DeepSpeed overlaps the data-parallel gradient reduction with backward.
+
+    ``zero_optimization.overlap_comm`` (DeepSpeedZeroConfig, runtime/zero/config.py:
+    ``None`` resolves to true for stage 3 only); without ZeRO the engine all-reduces the
+    gradients after backward (``DeepSpeedEngine.allreduce_gradients``), not overlapped.
+    """
+    stage = r.src.data.get("parallel", {}).get("zero_stage", 0)
+    key = "zero_optimization.overlap_comm"
+    given = r.value(key, "parallel.overlap_dp_comm", "bool") if stage else None
+    if given is not None:
+        r.set("parallel.overlap_dp_comm", given, key)
+    elif stage == 0:
+        r.set("parallel.overlap_dp_comm", False, "zero_optimization.stage 0 (DeepSpeed reduces "
+              "gradients after backward)")
+    elif r.get(key) != _AUTO:
+        r.set("parallel.overlap_dp_comm", stage == 3, f"{key} (DeepSpeed default)")
