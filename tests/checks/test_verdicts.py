@@ -207,3 +207,5 @@ def test_every_command_gives_the_same_layout_error(command: str) -> None:
     assert res.exit_code == 1, res.output
     assert "P104" in res.output and "num_heads(32) % tp(3) = 2" in res.output
     assert "FITS" not in res.output
+    if command == "check":
+        assert "UNKNOWN" in res.output  # no memory verdict for a layout that cannot start

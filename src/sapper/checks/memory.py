@@ -235,6 +235,18 @@ def check_fits(plan: Plan) -> CheckOutput:
             missing.append("hardware.gpu")
         yield not_evaluated("the memory per GPU against the GPU's memory", *missing)
         return
+    from sapper.parallel import validate
+
+    broken = [x for x in validate(plan) if x.severity == Severity.ERROR]
+    if broken:
+        # One truth: a layout that cannot start has no memory verdict (`sapper memory`
+        # stops on the same errors).
+        yield not_evaluated(
+            "the memory per GPU: the layout has errors (" + ", ".join(x.code for x in broken)
+            + ", see the parallel item)",
+            *dict.fromkeys(x.source for x in broken if x.source),
+        )
+        return
     if plan.gpu is None:
         yield from _fits_without_gpu(plan)
         return
