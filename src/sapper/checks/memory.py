@@ -244,7 +244,7 @@ def check_fits(plan: Plan) -> CheckOutput:
         yield not_evaluated(
             "the memory per GPU: the layout has errors (" + ", ".join(x.code for x in broken)
             + ", see the parallel item)",
-            *dict.fromkeys(x.source for x in broken if x.source),
+            "parallel",
         )
         return
     if plan.gpu is None:

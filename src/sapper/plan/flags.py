@@ -38,6 +38,7 @@ _OTHER: dict[str, str] = {
     "model": "--model config.json or a model section",
     "schedule": "--warmup and schedule.total_steps",
     "precision.loss_scaling.mode": "--loss-scale dynamic|N",
+    "parallel": "a layout without the parallel item's errors",
 }
 
 
