@@ -228,6 +228,7 @@ def _fits_without_gpu(plan: Plan) -> CheckOutput:
 @plan_check(STATES_EXCEED, DOES_NOT_FIT, LOW_HEADROOM)
 def check_fits(plan: Plan) -> CheckOutput:
     from sapper.memory.units import fmt_bytes
+    from sapper.parallel import validate
 
     missing = _estimate_inputs_missing(plan)
     if missing:
@@ -235,8 +236,6 @@ def check_fits(plan: Plan) -> CheckOutput:
             missing.append("hardware.gpu")
         yield not_evaluated("the memory per GPU against the GPU's memory", *missing)
         return
-    from sapper.parallel import validate
-
     broken = [x for x in validate(plan) if x.severity == Severity.ERROR]
     if broken:
         # One truth: a layout that cannot start has no memory verdict (`sapper memory`
