@@ -33,7 +33,15 @@ from sapper.errors import InputError
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.cost import LayoutBatch, StepCost, cost_of, evaluate, predict_step
 from sapper.parallel.layout import CHECKPOINTING, Layout, parse_rank_order, placement
-from sapper.parallel.validate import cp_supported, heads_ok, seq_cp_ok, validate, widths_ok
+from sapper.parallel.validate import (
+    cp_supported,
+    heads_ok,
+    seq_cp_ok,
+    tp_in_node_ok,
+    validate,
+    widths_ok,
+    zero_with_pp_ok,
+)
 from sapper.parallel.workload import Workload
 from sapper.plan.schema import AttentionImpl, Plan
 from sapper.rules.model import Severity
@@ -171,7 +179,7 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     # TP beyond one node is flagged by P103, so the planner never proposes it.
     tps = [
         t for t in _divisors(n)
-        if heads_ok(model, t) and widths_ok(model, t) and t <= cluster.gpus_per_node
+        if heads_ok(model, t) and widths_ok(model, t) and tp_in_node_ok(t, cluster.gpus_per_node)
     ]
     cp_ok = cp_supported(model)
     rows: list[tuple[int, ...]] = []
@@ -213,7 +221,7 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     grid = np.repeat(base, k, axis=0)
     zc = np.tile(combos, (len(base), 1))
     # ZeRO-2/3 with a pipeline is flagged by P111: not proposed either.
-    keep = (grid[:, 1] == 1) | (zc[:, 0] < 2)
+    keep = zero_with_pp_ok(grid[:, 1], zc[:, 0])
     grid, zc = grid[keep], zc[keep]
     tp, pp, cp, dp, ep = (grid[:, i] for i in range(5))
     micro, m, v = grid[:, 5], grid[:, 6], grid[:, 7]
@@ -421,13 +429,9 @@ def search(
     for i in chosen:
         lay = _layout_at(batch, i, order)
         fits, gib = walk.known[i] if walk else (None, None)
-        cand = Candidate(lay, cost_of(result, i, lay), fits, gib)
-        cand.warnings = [
-            x.message
-            for x in validate(lay.apply(plan))
-            if x.severity == Severity.WARNING
-        ]
-        cands.append(cand)
+        # _passes_checks kept only layouts without layout warnings; the explanations
+        # add their notes (an MFU above published runs) to cand.warnings.
+        cands.append(Candidate(lay, cost_of(result, i, lay), fits, gib))
     current = _current(plan, memory)
     n_explain = len(cands) if explain is True else int(explain)
     if n_explain and cands:

@@ -31,8 +31,10 @@ __all__ = [
     "layers_ok",
     "micro_batches_ok",
     "seq_cp_ok",
+    "tp_in_node_ok",
     "validate",
     "widths_ok",
+    "zero_with_pp_ok",
 ]
 
 
@@ -85,6 +87,17 @@ def seq_cp_ok(seq: int, cp: Any) -> Any:
     """Load-balanced causal context parallelism cuts the sequence into 2·CP chunks."""
     cp = np.asarray(cp)
     return (cp == 1) | (seq % (2 * cp) == 0)
+
+
+def tp_in_node_ok(tp: Any, gpus_per_node: int) -> Any:
+    """Each TP group stays inside one node (P103)."""
+    return np.asarray(tp) <= gpus_per_node
+
+
+def zero_with_pp_ok(pp: Any, zero: Any) -> Any:
+    """ZeRO-2/3 is not combined with a pipeline (P111: DeepSpeed's pipeline engine
+    supports stages 0-1 only)."""
+    return (np.asarray(pp) == 1) | (np.asarray(zero) < 2)
 
 
 def cp_supported(model: ModelSpec) -> bool:
@@ -167,7 +180,7 @@ def _cluster(plan: Plan) -> Cluster | None:
 @_check
 def _tp_beyond_node(plan: Plan) -> Iterator[LayoutIssue]:
     tp, gpn = plan.parallel.tp, plan.hardware.gpus_per_node
-    if tp <= gpn:
+    if tp_in_node_ok(tp, gpn):
         return
     nodes = math.ceil(tp / gpn)
     msg = f"tp({tp}) > gpus_per_node({gpn}): each TP group spans {nodes} nodes"
@@ -501,7 +514,7 @@ def _cp_kernel(plan: Plan) -> Iterator[LayoutIssue]:
 @_check
 def _zero_with_pp(plan: Plan) -> Iterator[LayoutIssue]:
     p = plan.parallel
-    if p.pp > 1 and p.zero_stage >= 2:
+    if not zero_with_pp_ok(p.pp, p.zero_stage):
         m = plan.grad_accum
         extra = (
             f"; it would also reduce-scatter gradients on each of the {m} micro-batches"
