@@ -24,6 +24,7 @@ from sapper.runtime.records import StepRecord
 
 __all__ = [
     "SPARSE_RECORDS",
+    "Attempt",
     "LineBuffer",
     "LogData",
     "LogParser",
@@ -33,6 +34,19 @@ __all__ = [
     "new_record",
     "to_float",
 ]
+
+
+@dataclass
+class Attempt:
+    """One run of the job inside a log: a rollback and resume starts the next attempt,
+    which logs step numbers the previous one already logged. Its records are
+    ``LogData.records[start:stop]``, steps ascending."""
+
+    number: int
+    start: int
+    stop: int
+    first_step: int
+    last_step: int
 
 
 @dataclass
@@ -48,6 +62,8 @@ class LogData:
     meta: dict[str, Any] = field(default_factory=dict)
     #: What could not be read, and what was done about it, one line each.
     notes: list[str] = field(default_factory=list)
+    #: The attempts in file order; empty means one attempt over all records.
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def first_step(self) -> int | None:

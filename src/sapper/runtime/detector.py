@@ -32,6 +32,12 @@ class Detector:
         """The stream ended (end of a log, end of training)."""
         return []
 
+    def unevaluated(self) -> list[str]:
+        """One line per rule this detector could not evaluate on the stream it saw, naming
+        what was missing (too little history, a field the log lacks). Silence must never
+        read as "no problem" when the detector could not look."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         """State to resume from (``sapper watch`` restarts, checkpoints)."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -86,6 +92,17 @@ class DetectorSet:
         for det in list(self._active):
             try:
                 out.extend(det.finish())
+            except Exception as exc:
+                self._drop(det, exc)
+        return out
+
+    def unevaluated(self) -> list[str]:
+        """What the detectors could not evaluate, in detector order (see
+        :meth:`Detector.unevaluated`); a detector that fails here is dropped like any other."""
+        out: list[str] = []
+        for det in list(self._active):
+            try:
+                out.extend(det.unevaluated())
             except Exception as exc:
                 self._drop(det, exc)
         return out
