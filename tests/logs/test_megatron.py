@@ -99,3 +99,54 @@ def test_garbled_values_are_counted_not_fatal() -> None:
     ) + parser.finish()
     assert [r.grad_norm for r in records] == [None, None]
     assert any("not numbers" in n for n in parser.notes)
+
+
+def _line(step: int, body: str) -> str:
+    return f" iteration {step:8d}/    8000 | learning rate: 6.2E-06 | {body}"
+
+
+def _losses(lines: list[str]) -> dict[int, float | None]:
+    parser = MegatronParser()
+    records = parser.feed(lines) + parser.finish()
+    return {r.step: r.loss for r in records}
+
+
+def test_line_without_loss_is_nan_unless_the_interval_was_all_skipped() -> None:
+    losses = _losses(
+        [
+            _line(10, "lm loss: 2.5E+00 | number of skipped iterations:   0 |"),
+            # not every iteration of 11..20 skipped, no loss printed: a NaN average
+            _line(20, "loss scale: 1.0 | number of skipped iterations:   3 |"),
+            # all ten of 21..30 skipped (fp16 overflow): no loss to read, not a NaN
+            _line(30, "loss scale: 1.0 | number of skipped iterations:  10 |"),
+        ]
+    )
+    assert losses[10] == 2.5
+    assert math.isnan(losses[20])  # type: ignore[arg-type]
+    assert losses[30] is None
+
+
+def test_line_without_loss_or_counter_needs_a_log_that_printed_losses() -> None:
+    # a log that never prints a loss says nothing about NaN
+    assert _losses([_line(1, "loss scale: 1.0 |"), _line(2, "loss scale: 1.0 |")]) == {
+        1: None,
+        2: None,
+    }
+    later = _losses([_line(1, "lm loss: 3.0 |"), _line(2, "loss scale: 1.0 |")])
+    assert math.isnan(later[2])  # type: ignore[arg-type]
+
+
+def test_colon_less_early_format() -> None:
+    parser = MegatronParser()
+    records = parser.feed(
+        [
+            " iteration      400/    3000 | elapsed time per iteration (ms): 12879.0 | "
+            "learning rate 6.300E-06 | lm loss 6.758929E+00 | loss scale 64.0 |",
+            " iteration      700/    3000 | elapsed time per iteration (ms): 12932.3 | "
+            "learning rate 9.773E-06 | lm loss NAN | loss scale 4.0 |",
+        ]
+    ) + parser.finish()
+    first, second = records
+    assert first.loss == pytest.approx(6.758929) and first.loss_scale == 64.0
+    assert first.lr == pytest.approx(6.3e-6) and first.step_time_s == pytest.approx(12.879)
+    assert math.isnan(second.loss)  # type: ignore[arg-type]

@@ -63,15 +63,6 @@ OPEN: dict[str, str] = {
     ),
     "hf/trainer_state_viz-6-eval-sets.trainer_state.json": "eval_<name>_loss sets not read",
     "megatron-issues/epfllm-megatron-llm-11-step-time-growth.log": "growing step time not flagged",
-    "megatron-issues/epfllm-megatron-llm-33-falcon40b-nan-3385.log": (
-        "a line without lm loss and a zero nan counter is not read as NaN"
-    ),
-    "megatron-issues/epfllm-megatron-llm-34-bad-grad-norm-skipped-3634.log": (
-        "a line without lm loss and a zero nan counter is not read as NaN"
-    ),
-    "megatron-issues/thudm-chinese-transformer-xl-7-loss-scale-0.1.log": (
-        "the colon-less early Megatron line format is not parsed"
-    ),
 }
 #: A must_fire step matches a finding this many logging intervals either side, unless
 #: the entry gives its own ``window``; never closer than ``MIN_WINDOW`` steps.

@@ -8,9 +8,14 @@ Megatron prints one line every ``--log-interval`` iterations::
      number of skipped iterations:   0 | number of nan iterations:   0 |
 
 (one line in the log), possibly behind a launcher prefix (``[default3]:``, ``0:``).
-Values are averages over the interval; the loss is left out when every iteration of the
-interval was skipped (fp16 overflow) or produced NaN, so a non-zero "nan iterations"
-count becomes a non-finite loss here — the detectors must see it. Validation lines
+Values are averages over the interval, and the counters count the interval's
+iterations (``training_log`` in ``megatron/training/training.py`` zeroes them after each
+line). A loss average is printed only when it is above zero (``>= 0`` in later
+Megatron-LM), so a NaN average leaves the loss out of the line; so does an interval whose
+iterations were all skipped (fp16 overflow). A line without a loss is therefore read as a
+NaN loss unless its skipped count covers the whole interval — the NaN counter alone does
+not say it: it stays 0 where the NaN check ran only under a grad scaler, and under the
+DeepSpeed engine Megatron-DeepSpeed hard-codes the skipped count to 0. Validation lines
 (``validation loss at iteration N | lm loss value: ...``) and the memory report
 (``[Rank 0] (after N iterations) memory (MB) | allocated: ...``) are merged into the
 step they name. Everything else in the log (arguments, timers, warnings) is skipped.
@@ -71,13 +76,19 @@ _MEM_FIELDS = {
 
 
 def _segments(text: str) -> list[tuple[str, str]]:
+    """``key: value`` pairs between the bars; early Megatron-LM wrote ``key value``
+    without the colon (``lm loss 6.758929E+00 | loss scale 64.0``), read as well when the
+    last word is a number."""
     out = []
     for part in text.split("|"):
         key, sep, value = part.rpartition(":")
-        if sep:
-            key = key.strip()
-            if key:
-                out.append((key.lower(), value.strip()))
+        if not sep:
+            key, sep, value = part.strip().rpartition(" ")
+            if not sep or to_float(value) is None:
+                continue
+        key = key.strip()
+        if key:
+            out.append((key.lower(), value.strip()))
     return out
 
 
@@ -90,6 +101,9 @@ class MegatronParser(LogParser):
         super().__init__(source)
         self.skipped_total = 0
         self._bad_values = 0
+        self._previous_step: int | None = None
+        self._seen_loss = False
+        self._lossless: list[int] = []
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         for line in lines:
@@ -107,6 +121,14 @@ class MegatronParser(LogParser):
     def finish(self) -> list[StepRecord]:
         if self._bad_values:
             self.notes.append(f"{self._bad_values} value(s) were not numbers and were skipped")
+        if self._lossless:
+            shown = ", ".join(map(str, self._lossless[:5]))
+            more = f" and {len(self._lossless) - 5} more" if len(self._lossless) > 5 else ""
+            self.notes.append(
+                f"iteration line(s) {shown}{more} print no loss although not every iteration "
+                "of their interval was skipped: read as a NaN loss (Megatron leaves a NaN "
+                "average out of the line)"
+            )
         return super().finish()
 
     def _iteration(self, line: str, match: re.Match[str]) -> None:
@@ -116,6 +138,7 @@ class MegatronParser(LogParser):
         extra: dict[str, Any] = {}
         losses: dict[str, float] = {}
         nan_iters = 0
+        skipped: int | None = None
         for key, text in _segments(line[match.end() :]):
             value = to_float(text)
             if value is None:
@@ -141,13 +164,30 @@ class MegatronParser(LogParser):
             elif key.endswith("loss"):
                 extra[key.replace(" ", "_")] = value
         loss = losses.get("lm loss", losses.get("loss"))
-        if loss is None and nan_iters:
-            loss = math.nan  # Megatron drops a NaN average from the line
+        if loss is None and self._dropped_nan(step, skipped, nan_iters):
+            loss = math.nan
+            extra["loss_missing"] = True
+            if not nan_iters:  # inferred, not stated by the counter: say so
+                self._lossless.append(step)
+        self._seen_loss = self._seen_loss or loss is not None
+        self._previous_step = step
         values["loss"] = loss
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
         self.merger.put(step, values, extra)
+
+    def _dropped_nan(self, step: int, skipped: int | None, nan_iters: int) -> bool:
+        """Whether a line without a loss stands for a NaN average (see the module doc)."""
+        if nan_iters:
+            return True
+        interval = None
+        if self._previous_step is not None and step > self._previous_step:
+            interval = step - self._previous_step
+        if skipped is not None:
+            all_skipped = skipped > 0 and (interval is None or skipped >= interval)
+            return not all_skipped
+        return self._seen_loss  # no skip counter: only a log that printed losses before
 
     def _validation(self, line: str) -> None:
         match = _VALID.search(line)
