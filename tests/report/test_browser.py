@@ -21,6 +21,7 @@ from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.plan.load import load_plan
 from sapper.report.html import build_report_data, write_report
+from sapper.rules.registry import all_rules
 
 from .test_html import PLAN, SHAPES, _restarted, shaped_log
 
@@ -125,6 +126,8 @@ def _check_charts(page, data: dict[str, Any]) -> None:
             assert got["lines"] == [line["name"] for line in chart["lines"]]
             assert got["bands"] == sum(len(b["ranges"]) for b in chart["bands"])
             assert pixels(page, chart["id"]) > 0, chart["id"]
+            for axis in ("xTicks", "yTicks"):  # labelled axes, at any range
+                assert len(got[axis]) >= 2 and "N/A" not in got[axis], (chart["id"], axis)
     cards = page.locator("#finding-list li.finding")
     assert cards.count() == len(data["findings"])
     assert page.evaluate("window.sapperReport.errors") == []
@@ -267,7 +270,10 @@ def test_attempts_and_named_eval_sets(browser, tmp_path: Path) -> None:
         if rec.step % 100 == 0:
             rec.extra["eval_losses"] = {"wiki": 2.2, "code": 1.7}
             rec.extra["grad_norm_layers"] = {f"layers.{i}": 0.1 * (i + 1) for i in range(8)}
-    data = build_report_data(analyze_log(log, []))
+    analysis = analyze_log(log, [])
+    rule = next(r for r in all_rules() if r.code == "R002")
+    analysis.findings.append(rule.finding("loss spike in the replay", step=1200, attempt=2))
+    data = build_report_data(analysis)
     out = tmp_path / "attempts.html"
     write_report(out, data)
     page, problems = _open(browser, out, "attempts-and-eval-sets")
@@ -290,6 +296,13 @@ def test_attempts_and_named_eval_sets(browser, tmp_path: Path) -> None:
     assert "attempt 2 (from step 1100)" in legend
     assert len(page.evaluate("window.sapperReport.charts.grad_norm_layers.series")) == 10
     assert "2 attempts" in page.locator("#source").inner_text()
+    # the finding of attempt 2 is marked where it fired and says which attempt
+    assert loss["markerSteps"] == [1200]
+    box = _over(page, "loss")
+    x = page.evaluate("window.sapperReport.plot('loss').valToPos(1200, 'x')")
+    page.mouse.move(box["x"] + x, box["y"] + 30)
+    assert "R002 warning (step 1,200, attempt 2)" in page.locator("#tooltip").inner_text()
+    assert "step 1,200, attempt 2" in page.locator("#finding-list").inner_text()
     # hiding a series in the legend takes its pixels off the chart
     page.locator("#chart-loss .legend span").nth(1).click()
     assert pixels(page, "loss", two["color"]) == 0
@@ -302,12 +315,17 @@ def test_log_text_cannot_run_as_script(browser, tmp_path: Path) -> None:
     path.write_text("\n".join(rows) + "\n")
     log = read_log(path)
     log.notes.append(evil)
+    for rec in log.records[::10]:  # eval set and layer names are log text too
+        rec.extra["eval_losses"] = {evil: 2.5}
+        rec.extra["grad_norm_layers"] = {evil: 0.5}
     data = build_report_data(analyze_log(log, detectors_for(None)), title=evil)
     out = tmp_path / "evil.html"
     write_report(out, data)
     page, problems = _open(browser, out, "escaped-log-text")
     assert page.evaluate("window.__pwned") is None
     assert evil in page.locator("#note-list").inner_text()
+    assert f"eval loss ({evil})" in page.locator("#chart-loss .legend").inner_text()
+    assert evil in page.locator("#chart-grad_norm_layers .legend").inner_text()
     assert page.title() == evil
     _check_charts(page, data)
     assert problems == []

@@ -15,7 +15,7 @@ from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.logs.base import Attempt, LogData
 from sapper.plan.load import load_plan
-from sapper.report.html import build_report_data, render_report
+from sapper.report.html import _inline_script, build_report_data, render_report
 from sapper.report.html_data import MAX_POINTS, decimate, mask_ranges
 from sapper.runtime.records import StepRecord
 
@@ -324,3 +324,12 @@ def test_vendored_uplot_is_inlined_with_its_license_and_shipped() -> None:
     package = root / "src/sapper"
     shipped = {p for g in globs for p in package.glob(g)}
     assert {p for p in vendor.iterdir() if p.is_file()} <= shipped
+
+
+def test_inlined_scripts_cannot_close_their_element() -> None:
+    assert _inline_script('var a = "</SCRIPT>"; b = "</script";') == (
+        'var a = "<\\/SCRIPT>"; b = "<\\/script";'
+    )
+    page = render_report(build_report_data(analyze_log(_restarted(), [])))
+    body = page.split("<script>", 1)[1].rsplit("</script>", 1)[0]
+    assert "</script" not in body.lower() and "<!--" not in body

@@ -59,6 +59,7 @@ class Columns:
             map(attrgetter("step"), records), dtype=np.int64, count=len(records)
         )
         self._raw: dict[str, np.ndarray] = {}
+        self._present: dict[str, np.ndarray] = {}
 
     def raw(self, name: str) -> np.ndarray:
         """The field as an object array (``None`` where a record has no value)."""
@@ -69,7 +70,9 @@ class Columns:
         return self._raw[name]
 
     def present(self, name: str) -> np.ndarray:
-        return ~np.equal(self.raw(name), None)
+        if name not in self._present:
+            self._present[name] = ~np.equal(self.raw(name), None)
+        return self._present[name]
 
     def floats(self, name: str) -> np.ndarray:
         """The field as floats; missing values are NaN too (use :meth:`present`)."""
@@ -82,7 +85,9 @@ class Columns:
         (NaN and Inf kept)."""
         window = slice(start, stop)
         mask = self.present(name)[window]
-        return self.steps[window][mask], self.floats(name)[window][mask]
+        # only this attempt's values are converted: a log with many restarts stays linear
+        values = np.asarray(self.raw(name)[window][mask], dtype=np.float64)
+        return self.steps[window][mask], values
 
     def last(self, name: str) -> float | None:
         idx = np.nonzero(self.present(name))[0]

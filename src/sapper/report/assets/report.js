@@ -46,6 +46,12 @@
     return Math.round(v).toLocaleString("en-US");
   }
 
+  /* "step 1,200" and, in a restarted log, which attempt logged it */
+  function findingStep(f) {
+    var attempt = f.data && typeof f.data.attempt === "number" ? ", attempt " + f.data.attempt : "";
+    return "step " + fmtStep(f.step) + attempt;
+  }
+
   function fullRange() {
     var lo = Infinity, hi = -Infinity;
     DATA.charts.forEach(function (c) {
@@ -319,6 +325,7 @@
       ],
       cursor: {
         sync: { key: SYNC, setSeries: false, scales: ["x", null] },
+        y: false,  // a horizontal line means nothing on the other charts' scales
         drag: { x: true, y: false, setScale: true },
         // double-click resets every chart to all steps (below), not to this chart's data
         bind: { dblclick: function () { return function () { return null; }; } },
@@ -478,6 +485,9 @@
       markerSteps: this.markerHits.map(function (m) { return DATA.findings[m.idx].step; }),
       lines: this.spec.lines.map(function (l) { return l.name; }),
       bands: this.spec.bands.reduce(function (n, band) { return n + band.ranges.length; }, 0),
+      // the tick labels uPlot drew on each axis (its own record of them)
+      xTicks: (u.axes[0]._values || []).slice(),
+      yTicks: (u.axes[1]._values || []).slice(),
       plot: { left: u.bbox.left, top: u.bbox.top, width: u.bbox.width, height: u.bbox.height }
     };
   };
@@ -533,7 +543,7 @@
     var hit = chart.markerAt(left);
     if (hit !== null) {
       var f = DATA.findings[hit];
-      tooltip.appendChild(el("div", "f", f.code + " " + f.severity + " (step " + fmtStep(f.step) + "): " + f.title));
+      tooltip.appendChild(el("div", "f", f.code + " " + f.severity + " (" + findingStep(f) + "): " + f.title));
       if (f.fix) tooltip.appendChild(el("div", "f", "Fix: " + f.fix));
       tooltip.appendChild(el("div", "f muted", "click to read the finding"));
     }
@@ -591,7 +601,7 @@
     head.appendChild(el("span", "title", f.title));
     if (withStep && typeof f.step === "number") {
       var st = el("span", "step");
-      var a = el("a", null, "step " + fmtStep(f.step) + " — show on the curves");
+      var a = el("a", null, findingStep(f) + " — show on the curves");
       a.addEventListener("click", function () {
         var w = Math.max(20, (full[1] - full[0]) * 0.04);
         setView([f.step - w, f.step + w]);
