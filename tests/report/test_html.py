@@ -17,6 +17,7 @@ from sapper.logs.base import Attempt, LogData
 from sapper.plan.load import load_plan
 from sapper.report.html import _inline_script, build_report_data, render_report
 from sapper.report.html_data import MAX_POINTS, decimate, mask_ranges
+from sapper.rules.registry import all_rules
 from sapper.runtime.records import StepRecord
 
 from .conftest import page_data
@@ -333,3 +334,12 @@ def test_inlined_scripts_cannot_close_their_element() -> None:
     page = render_report(build_report_data(analyze_log(_restarted(), [])))
     body = page.split("<script>", 1)[1].rsplit("</script>", 1)[0]
     assert "</script" not in body.lower() and "<!--" not in body
+
+
+def test_findings_are_marked_on_a_drawn_chart_when_their_topic_has_none() -> None:
+    recs = [StepRecord(step=s, memory_allocated_gib=10.0 + s) for s in range(1, 41)]
+    analysis = analyze_log(LogData("m.jsonl", "sapper", recs), [])
+    rule = next(r for r in all_rules() if r.code == "R001")  # a loss rule, but no loss
+    analysis.findings.append(rule.finding("loss is nan", step=20))
+    charts = {c["id"]: c for c in build_report_data(analysis)["charts"]}
+    assert charts["memory"]["markers"] == [0] and charts["loss"]["markers"] == []

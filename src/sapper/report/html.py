@@ -368,9 +368,10 @@ def build_report_data(
     for idx, f in enumerate(analysis.findings):
         if f.step is None:
             continue
-        target = by_id.get(CHART_OF_CHECK.get(f.check, "loss"), by_id["loss"])
-        if not target.series:
-            target = by_id["loss"]
+        # its topic's chart; else the loss; else any chart with a curve to mark
+        drawn = [c for c in charts if c.series] or charts
+        topic = by_id.get(CHART_OF_CHECK.get(f.check, "loss"), by_id["loss"])
+        target = next(c for c in (topic, by_id["loss"], *drawn) if c.series or c is drawn[0])
         target.markers.append(idx)
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     return {
