@@ -6,11 +6,12 @@ the loss scale and skipped steps; every finding is marked on the curve of its to
 the step where it fired, and listed with its why / early signs / how to defuse. With a
 Plan, the pre-flight checklist is summarised too.
 
-The file works offline and never touches the network: the stylesheet, the plotting
-script (hand-written, canvas) and the data are inlined, and a Content-Security-Policy
-forbids any fetch. Text from logs reaches the page only as JSON inside a
-``<script type="application/json">`` block (with ``<``, ``>`` and ``&`` escaped) and is
-put in the page with ``textContent``, so a log cannot inject markup.
+The file works offline and never touches the network: the stylesheets, the charting
+library (uPlot, vendored in ``assets/vendor/uplot``), the report's script and the data
+are inlined, and a Content-Security-Policy forbids any fetch. Text from logs reaches the
+page only as JSON inside a ``<script type="application/json">`` block (with ``<``, ``>``
+and ``&`` escaped) and is put in the page with ``textContent``, so a log cannot inject
+markup. Every chart is drawn by uPlot, with the cursor and the zoom shared by all charts.
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ import numpy as np
 from sapper.checks.engine import CheckReport
 from sapper.errors import SapperError
 from sapper.logs.analysis import Analysis
-from sapper.logs.base import gc_paused
+from sapper.logs.base import LogData, gc_paused
 from sapper.plan.schema import Plan
-from sapper.report.html_data import MAX_POINTS, ChartData, Columns, Series, mask_ranges
+from sapper.report.html_data import (
+    ChartData,
+    Columns,
+    Segment,
+    Series,
+    extra_table,
+    mask_ranges,
+    segments,
+)
 from sapper.rules.model import Finding
 from sapper.rules.registry import all_rules
 from sapper.runtime.records import StepRecord
@@ -98,26 +107,84 @@ def _schedule(plan: Plan, first: int, last: int) -> Series | None:
     return Series(name, "schedule", xs, ys, "reference", [], len(xs))
 
 
+#: Per-layer gradient norms drawn: the layers with the largest norms, no more.
+TOP_LAYERS = 5
+
+
+class _Builder:
+    """Series for every attempt of the log: one per attempt, named after it, sharing the
+    metric's colour group."""
+
+    def __init__(self, records: Sequence[StepRecord], parts: list[Segment]) -> None:
+        self.cols = Columns(records)
+        self.parts = parts
+
+    def steps(self, part: Segment) -> np.ndarray:
+        return self.cols.steps[part.start : part.stop]
+
+    def series(self, name: str, key: str, kind: str = "line") -> list[Series]:
+        out = []
+        for part in self.parts:
+            steps, values = self.cols.get(key, part.start, part.stop)
+            out.append(self._one(name, key, steps, values, part, kind))
+        return [s for s in out if s is not None]
+
+    def masked(
+        self, name: str, key: str, values: np.ndarray, mask: np.ndarray, kind: str = "line",
+        group: str = "",
+    ) -> list[Series]:
+        """Series from a column computed here (``values`` where ``mask``)."""
+        out = []
+        for part in self.parts:
+            window = slice(part.start, part.stop)
+            ok = mask[window]
+            out.append(
+                self._one(name, key, self.steps(part)[ok], values[window][ok], part, kind, group)
+            )
+        return [s for s in out if s is not None]
+
+    def _one(
+        self, name: str, key: str, steps: np.ndarray, values: np.ndarray, part: Segment,
+        kind: str, group: str = "",
+    ) -> Series | None:
+        return Series.build(
+            part.label(name), key, steps, values, self.steps(part), kind,
+            max_points=part.budget, group=group or key, attempt=part.number,
+        )
+
+    def band(self, marked: np.ndarray) -> list[list[int]]:
+        """Step ranges of the ``marked`` records, attempt by attempt."""
+        ranges: list[list[int]] = []
+        for part in self.parts:
+            steps = self.steps(part)
+            ranges += mask_ranges(steps, steps[marked[part.start : part.stop]])
+        return ranges
+
+
 def _charts(
-    records: Sequence[StepRecord],
+    log: LogData,
     plan: Plan | None,
     expected_tokens_per_s: float | None,
 ) -> list[ChartData]:
-    cols = Columns(records)
+    records = log.records
+    b = _Builder(records, segments(records, log.attempts))
+    cols = b.cols
     steps = cols.steps
 
-    def build(name: str, key: str, kind: str = "line") -> Series | None:
-        return Series.build(name, key, *cols.get(key), steps, kind)
+    def chart(cid: str, title: str, unit: str, *series: list[Series], **kw: Any) -> ChartData:
+        return ChartData(cid, title, unit, [s for group in series for s in group], **kw)
 
-    def chart(cid: str, title: str, unit: str, *series: Series | None, **kw: Any) -> ChartData:
-        return ChartData(cid, title, unit, [s for s in series if s is not None], **kw)
-
+    evals = extra_table(records, "eval_losses")
     loss = chart(
         "loss",
         "Loss",
-        "training loss per logged step; eval loss as points",
-        build("train loss", "loss"),
-        build("eval loss", "eval_loss", "points"),
+        "training loss per logged step; eval loss as points, one series per eval set",
+        b.series("train loss", "loss"),
+        b.series("eval loss", "eval_loss", "points"),
+        *(
+            b.masked(f"eval loss ({name})", f"eval_losses.{name}", values, mask, "points")
+            for name, (values, mask) in evals.items()
+        ),
         empty="No loss in this log.",
     )
 
@@ -125,7 +192,7 @@ def _charts(
         "grad_norm",
         "Gradient norm",
         "global norm before clipping",
-        build("grad norm", "grad_norm"),
+        b.series("grad norm", "grad_norm"),
         log_scale=True,
         empty="No gradient norm in this log.",
     )
@@ -133,16 +200,18 @@ def _charts(
     if clip is not None:
         grad.lines.append({"name": "clip threshold", "y": clip})
     elif cols.present("clip_threshold").any():
-        grad.series.append(build("clip threshold", "clip_threshold"))
+        grad.series += b.series("clip threshold", "clip_threshold")
     elif plan is not None and plan.clipping.max_norm:
         grad.lines.append({"name": "clip threshold (plan)", "y": float(plan.clipping.max_norm)})
 
+    layers = _layer_chart(b, records)
+
     lr = chart(
-        "lr", "Learning rate", "first parameter group", build("lr", "lr"),
+        "lr", "Learning rate", "first parameter group", b.series("lr", "lr"),
         empty="No learning rate in this log.",
     )
     if plan is not None and lr.series and len(steps):
-        sched = _schedule(plan, int(steps[0]), int(steps[-1]))
+        sched = _schedule(plan, int(steps.min()), int(steps.max()))
         if sched is not None:
             lr.series.append(sched)
 
@@ -150,10 +219,10 @@ def _charts(
         "memory",
         "Memory",
         "GiB per device",
-        build("allocated", "memory_allocated_gib"),
-        build("reserved", "memory_reserved_gib"),
-        build("peak", "memory_peak_gib"),
-        build("process RSS", "rss_gib"),
+        b.series("allocated", "memory_allocated_gib"),
+        b.series("reserved", "memory_reserved_gib"),
+        b.series("peak", "memory_peak_gib"),
+        b.series("process RSS", "rss_gib"),
         empty="No memory readings in this log.",
     )
     limit = cols.last("memory_limit_gib")
@@ -162,7 +231,7 @@ def _charts(
     elif plan is not None and plan.gpu is not None and memory.series:
         memory.lines.append({"name": f"{plan.gpu.name} memory", "y": float(plan.gpu.memory_gib)})
 
-    throughput = _throughput(cols)
+    throughput = _throughput(b)
     if throughput.unit.startswith("tokens"):
         if expected_tokens_per_s:
             throughput.lines.append({"name": "expected", "y": float(expected_tokens_per_s)})
@@ -175,24 +244,51 @@ def _charts(
         "loss_scale",
         "Loss scale and skipped steps",
         "dynamic loss scale (fp16); shaded: steps whose update was skipped",
-        build("loss scale", "loss_scale"),
+        b.series("loss scale", "loss_scale"),
         log_scale=True,
         empty="No loss scale in this log (bf16 and fp32 runs have none).",
     )
-    skipped = steps[np.equal(cols.raw("skipped"), True)]
-    if len(skipped):
-        scale.bands.append({"name": "skipped steps", "ranges": mask_ranges(steps, skipped)})
+    skipped = np.equal(cols.raw("skipped"), True)
+    if skipped.any():
+        scale.bands.append({"name": "skipped steps", "ranges": b.band(skipped)})
         if not scale.series:
-            total = build("skipped steps so far", "skipped_total")
-            if total is None:
-                flags = cols.present("skipped")
-                total = Series.build(
-                    "skipped", "skipped", steps[flags],
-                    np.equal(cols.raw("skipped")[flags], True).astype(np.float64), steps,
+            total = b.series("skipped steps so far", "skipped_total")
+            if not total:
+                total = b.masked(
+                    "skipped", "skipped", skipped.astype(np.float64), cols.present("skipped")
                 )
-            scale.series.append(total)
+            scale.series += total
             scale.log_scale = False
-    return [loss, grad, lr, memory, throughput, scale]
+    charts = [loss, grad, lr, memory, throughput, scale]
+    if layers is not None:
+        charts.insert(2, layers)
+    return charts
+
+
+def _layer_chart(b: _Builder, records: Sequence[StepRecord]) -> ChartData | None:
+    """The per-layer gradient norms of the few layers whose norm got largest: where a
+    spike in the global norm came from. None when the log has no per-layer norms."""
+    table = extra_table(records, "grad_norm_layers")
+    if not table:
+        return None
+
+    def peak(item: tuple[str, tuple[np.ndarray, np.ndarray]]) -> float:
+        values, mask = item[1]
+        finite = values[mask & np.isfinite(values)]
+        # a layer that went non-finite is the first to show
+        return math.inf if (mask & ~np.isfinite(values)).any() else float(finite.max(initial=0))
+
+    top = sorted(table.items(), key=peak, reverse=True)[:TOP_LAYERS]
+    shown = f"the {len(top)} of {len(table)} layers with the largest norm"
+    layers = ChartData(
+        "grad_norm_layers",
+        "Gradient norm per layer",
+        shown if len(table) > len(top) else f"{len(table)} layer(s)",
+        [s for name, (values, mask) in top
+         for s in b.masked(name, f"grad_norm_layers.{name}", values, mask)],
+        log_scale=True,
+    )
+    return layers
 
 
 def _predicted_tokens_per_s(plan: Plan) -> float | None:
@@ -206,26 +302,27 @@ def _predicted_tokens_per_s(plan: Plan) -> float | None:
         return None
 
 
-def _throughput(cols: Columns) -> ChartData:
+def _throughput(b: _Builder) -> ChartData:
     """tokens/s if logged, else samples/s, else derived from tokens or samples per step
     over the step time (a plain division, labelled as such), else the step time."""
-    steps = cols.steps
+    cols = b.cols
     for name, key in (("tokens/s", "tokens_per_s"), ("samples/s", "samples_per_s")):
-        series = Series.build(name, key, *cols.get(key), steps)
-        if series is not None:
-            return ChartData("throughput", "Throughput", name, [series])
+        series = b.series(name, key)
+        if series:
+            return ChartData("throughput", "Throughput", name, series)
     step_time = cols.floats("step_time_s")
     for name, key in (("tokens/s (tokens ÷ step time)", "tokens"),
                       ("samples/s (samples ÷ step time)", "samples")):
         amount = cols.floats(key)
         ok = (amount > 0) & (step_time > 0)  # NaN (missing) compares False
         if ok.any():
-            rate = amount[ok] / step_time[ok]
-            series = Series.build(name, key.rstrip("s") + "s_per_s", steps[ok], rate, steps)
-            return ChartData("throughput", "Throughput", name.split(" ")[0], [series])
-    series = Series.build("step time (s)", "step_time_s", *cols.get("step_time_s"), steps)
-    if series is not None:
-        return ChartData("throughput", "Throughput", "seconds per step", [series])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rate = amount / step_time
+            series = b.masked(name, key.rstrip("s") + "s_per_s", rate, ok)
+            return ChartData("throughput", "Throughput", name.split(" ")[0], series)
+    series = b.series("step time (s)", "step_time_s")
+    if series:
+        return ChartData("throughput", "Throughput", "seconds per step", series)
     return ChartData(
         "throughput", "Throughput", "", empty="No throughput or step time in this log."
     )
@@ -265,22 +362,28 @@ def build_report_data(
     """Everything the page shows, as one JSON-ready dict."""
     docs = {r.code: r for r in all_rules()}
     with gc_paused():
-        charts = _charts(analysis.log.records, plan, expected_tokens_per_s)
+        charts = _charts(analysis.log, plan, expected_tokens_per_s)
     findings = [_finding_json(f, docs) for f in analysis.findings]
     by_id = {c.id: c for c in charts}
     for idx, f in enumerate(analysis.findings):
         if f.step is None:
             continue
-        target = by_id.get(CHART_OF_CHECK.get(f.check, "loss"), by_id["loss"])
-        if not target.series:
-            target = by_id["loss"]
+        # its topic's chart; else the loss; else any chart with a curve to mark
+        drawn = [c for c in charts if c.series] or charts
+        topic = by_id.get(CHART_OF_CHECK.get(f.check, "loss"), by_id["loss"])
+        target = next(c for c in (topic, by_id["loss"], *drawn) if c.series or c is drawn[0])
         target.markers.append(idx)
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
     return {
         "title": title or f"sapper report: {_run_name(analysis.log.path)}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "source": analysis.summary(),
-        "decimated": any(s.count > MAX_POINTS for c in charts for s in c.series),
+        "decimated": any(s.decimated for c in charts for s in c.series),
+        "attempts": [
+            {"number": a.number, "first_step": a.first_step, "last_step": a.last_step,
+             "records": a.stop - a.start}
+            for a in analysis.log.attempts
+        ] if len(analysis.log.attempts) > 1 else [],
         "charts": [c.to_json() for c in charts],
         "findings": findings,
         "counts": counts,
@@ -326,12 +429,38 @@ def _asset(name: str) -> str:
     return resources.files("sapper.report").joinpath("assets", name).read_text(encoding="utf-8")
 
 
+#: The vendored charting library (see ``assets/vendor/uplot/README.md``).
+UPLOT = "vendor/uplot"
+
+
+def uplot_version() -> str:
+    return _asset(f"{UPLOT}/VERSION").strip()
+
+
+def _inline_script(text: str) -> str:
+    """Script text that cannot end its ``<script>`` element early: a ``</script`` inside
+    a string literal is written ``<\\/script`` (the same string to JavaScript)."""
+    return re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE)
+
+
+def _scripts() -> str:
+    """uPlot (with its MIT notice, which must travel with every copy) then the report's
+    own script."""
+    notice = _asset(f"{UPLOT}/LICENSE").replace("*/", "* /")
+    return _inline_script(
+        f"/* uPlot {uplot_version()}, vendored by sapper. {notice} */\n"
+        + _asset(f"{UPLOT}/uPlot.iife.min.js")
+        + "\n"
+        + _asset("report.js")
+    )
+
+
 def render_report(data: dict[str, Any]) -> str:
-    """The page: template, stylesheet, script and data inlined into one string."""
+    """The page: template, stylesheets, scripts and data inlined into one string."""
     parts = {
         "TITLE": html.escape(data["title"]),
-        "CSS": _asset("report.css"),
-        "JS": _asset("report.js"),
+        "CSS": _asset(f"{UPLOT}/uPlot.min.css") + "\n" + _asset("report.css"),
+        "JS": _scripts(),
         "DATA": _script_json(data),
     }
     # One pass, so a title or log text that spells a placeholder is never expanded.

@@ -5,6 +5,11 @@ one spike that matters. Each series is cut into equal buckets of records and eve
 bucket keeps its minimum and its maximum, in step order (so the drawn line still passes
 through every extreme). Non-finite values are not points on a curve: their step ranges
 are kept separately and drawn as marks. Missing values (sparse logs) are simply absent.
+
+A restarted log (a rollback and resume) repeats step numbers: each attempt is its own
+:class:`Segment` with its own series, so the replayed steps are drawn next to the ones
+they replaced instead of folding back into one zig-zag line. The point budget is shared
+between the attempts by their record counts, so restarts do not grow the page.
 """
 
 from __future__ import annotations
@@ -16,22 +21,28 @@ from typing import Any
 
 import numpy as np
 
+from sapper.logs.base import Attempt
 from sapper.runtime.records import StepRecord
 
 __all__ = [
     "MAX_POINTS",
     "ChartData",
     "Columns",
+    "Segment",
     "Series",
     "decimate",
+    "extra_table",
     "mask_ranges",
     "nonfinite_ranges",
+    "segments",
 ]
 
 #: Points per series in the page (min and max of MAX_POINTS / 2 buckets).
 MAX_POINTS = 4000
 #: Ranges of non-finite or skipped steps kept per series.
 MAX_RANGES = 400
+#: Points per series an attempt keeps at least, however short it is.
+MIN_ATTEMPT_POINTS = 200
 
 
 class Columns:
@@ -48,6 +59,7 @@ class Columns:
             map(attrgetter("step"), records), dtype=np.int64, count=len(records)
         )
         self._raw: dict[str, np.ndarray] = {}
+        self._present: dict[str, np.ndarray] = {}
 
     def raw(self, name: str) -> np.ndarray:
         """The field as an object array (``None`` where a record has no value)."""
@@ -58,16 +70,24 @@ class Columns:
         return self._raw[name]
 
     def present(self, name: str) -> np.ndarray:
-        return ~np.equal(self.raw(name), None)
+        if name not in self._present:
+            self._present[name] = ~np.equal(self.raw(name), None)
+        return self._present[name]
 
     def floats(self, name: str) -> np.ndarray:
         """The field as floats; missing values are NaN too (use :meth:`present`)."""
         return np.asarray(self.raw(name), dtype=np.float64)
 
-    def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Steps and values of the records that have the field (NaN and Inf kept)."""
-        mask = self.present(name)
-        return self.steps[mask], self.floats(name)[mask]
+    def get(
+        self, name: str, start: int = 0, stop: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and values of the records in ``[start, stop)`` that have the field
+        (NaN and Inf kept)."""
+        window = slice(start, stop)
+        mask = self.present(name)[window]
+        # only this attempt's values are converted: a log with many restarts stays linear
+        values = np.asarray(self.raw(name)[window][mask], dtype=np.float64)
+        return self.steps[window][mask], values
 
     def last(self, name: str) -> float | None:
         idx = np.nonzero(self.present(name))[0]
@@ -77,6 +97,90 @@ class Columns:
         """The value if every record that has one has the same; else None."""
         values = np.unique(self.floats(name)[self.present(name)])
         return float(values[0]) if len(values) == 1 else None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One attempt's records, ``records[start:stop]`` (steps ascending), and the points
+    each of its series may keep. ``number`` is 0 when the log holds a single attempt."""
+
+    number: int
+    start: int
+    stop: int
+    first_step: int
+    budget: int = MAX_POINTS
+
+    def label(self, name: str) -> str:
+        """The series name in the legend: plain for a single attempt."""
+        if self.number == 0:
+            return name
+        if self.number == 1:
+            return f"{name} · attempt 1"
+        return f"{name} · attempt {self.number} (from step {self.first_step})"
+
+
+def segments(records: Sequence[StepRecord], attempts: Sequence[Attempt]) -> list[Segment]:
+    """The attempts as segments; no attempts (older readers) or one = one segment."""
+    if len(attempts) <= 1 or not records:
+        first = records[0].step if records else 0
+        return [Segment(0, 0, len(records), first)]
+    total = max(1, sum(max(0, a.stop - a.start) for a in attempts))
+    floor = max(2, min(MIN_ATTEMPT_POINTS, 2 * MAX_POINTS // len(attempts)))
+    return [
+        Segment(
+            a.number,
+            a.start,
+            a.stop,
+            a.first_step,
+            max(floor, MAX_POINTS * (a.stop - a.start) // total),
+        )
+        for a in attempts
+    ]
+
+
+def _number(value: Any) -> float | None:
+    """A float from a value a log put in ``extra`` (JSON numbers, "nan"/"inf" strings);
+    None for anything else (booleans, text, nested data)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def extra_table(
+    records: Sequence[StepRecord], name: str
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``extra[name]`` as columns. For a mapping such as ``{"wiki": 2.1}`` (named eval
+    sets, per-layer gradient norms): per key, its values over all records (NaN where a
+    record lacks it) and which records have it. Keys keep their order of first
+    appearance; values that are not numbers are skipped, so a hostile log cannot break
+    the page."""
+    values: dict[str, np.ndarray] = {}
+    present: dict[str, np.ndarray] = {}
+    n = len(records)
+    for i, extra in enumerate(map(attrgetter("extra"), records)):
+        if not extra or not isinstance(extra, dict):
+            continue
+        table = extra.get(name)
+        if not isinstance(table, dict):
+            continue
+        for key, value in table.items():
+            number = _number(value)
+            if number is None:
+                continue
+            key = str(key)
+            if key not in values:
+                values[key] = np.full(n, np.nan)
+                present[key] = np.zeros(n, dtype=bool)
+            values[key][i] = number
+            present[key][i] = True
+    return {key: (values[key], present[key]) for key in values}
 
 
 def decimate(
@@ -149,6 +253,12 @@ class Series:
     nonfinite: list[list[int]] = field(default_factory=list)
     #: Records with a value before decimation.
     count: int = 0
+    #: Series of one group share a colour family (a metric's attempts); default: ``key``.
+    group: str = ""
+    #: The attempt this series belongs to; 0 when the log holds a single attempt.
+    attempt: int = 0
+    #: Fewer points than finite values: the curve is the min/max of buckets.
+    decimated: bool = False
 
     @classmethod
     def build(
@@ -159,12 +269,17 @@ class Series:
         values: np.ndarray,
         all_steps: np.ndarray,
         kind: str = "line",
+        *,
+        max_points: int = MAX_POINTS,
+        group: str = "",
+        attempt: int = 0,
     ) -> Series | None:
-        """A decimated series from the records that have a value (``steps``/``values``)."""
+        """A decimated series from the records that have a value (``steps``/``values``);
+        ``all_steps`` are the steps of every record of the same attempt (ascending)."""
         if len(steps) == 0:
             return None
         finite = np.isfinite(values)
-        xs, ys = decimate(steps[finite], values[finite])
+        xs, ys = decimate(steps[finite], values[finite], max_points)
         return cls(
             name,
             key,
@@ -173,6 +288,9 @@ class Series:
             kind,
             nonfinite_ranges(all_steps, steps, values),
             len(steps),
+            group or key,
+            attempt,
+            int(finite.sum()) > len(xs),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -180,6 +298,8 @@ class Series:
             "name": self.name,
             "key": self.key,
             "kind": self.kind,
+            "group": self.group or self.key,
+            "attempt": self.attempt,
             "x": self.x,
             "y": [_round(v) for v in self.y],
             "nonfinite": self.nonfinite,

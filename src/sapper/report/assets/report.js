@@ -1,6 +1,11 @@
-/* sapper run report: draws the curves on canvas, marks findings, lists them.
- * Self-contained: no library, no network. Every text that came from a log is put in the
- * page with textContent (never innerHTML), so a log line cannot inject markup.
+/* sapper run report: draws the curves with uPlot (inlined above this script), marks
+ * findings, lists them. Self-contained: no network. Every text that came from a log is put
+ * in the page with textContent (never innerHTML), so a log line cannot inject markup.
+ *
+ * All charts share one step axis: the cursor is synchronised through uPlot's cursor.sync
+ * and a zoom on one chart (drag, double-click, a finding's link) is applied to all, so a
+ * loss spike lines up with the gradient norm and the loss scale at a glance.
+ *
  * window.sapperReport exposes what was drawn, for tests and for the curious. */
 (function () {
   "use strict";
@@ -8,13 +13,18 @@
   var api = (window.sapperReport = { ready: false, charts: {}, errors: [] });
   var DATA = JSON.parse(document.getElementById("sapper-data").textContent);
   var PALETTE = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457", "#4e342e"];
+  var REFERENCE = "#7b8794";
   var SEVERITY = { error: "#c62828", warning: "#d08400", info: "#1565c0" };
   var NONFINITE = "rgba(198, 40, 40, 0.85)";
   var BAND = "rgba(239, 108, 0, 0.16)";
-  var M = { left: 66, right: 18, top: 16, bottom: 26 };
+  var HEIGHT = 240;
+  var Y_AXIS = 84;  // fixed, so every chart's plot area starts at the same x: aligned steps
+  var SYNC = "sapper-steps";
   var charts = [];
   var full = fullRange();
   var view = full.slice();
+  var syncing = false;
+  var active = null;  // the chart under the mouse
 
   function el(tag, cls, text) {
     var node = document.createElement(tag);
@@ -25,6 +35,7 @@
 
   function fmt(v) {
     if (v === null || v === undefined) return "N/A";
+    if (typeof v === "string") return v;
     if (!isFinite(v)) return String(v);
     var a = Math.abs(v);
     if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
@@ -35,32 +46,43 @@
     return Math.round(v).toLocaleString("en-US");
   }
 
+  /* "step 1,200" and, in a restarted log, which attempt logged it */
+  function findingStep(f) {
+    var attempt = f.data && typeof f.data.attempt === "number" ? ", attempt " + f.data.attempt : "";
+    return "step " + fmtStep(f.step) + attempt;
+  }
+
   function fullRange() {
     var lo = Infinity, hi = -Infinity;
     DATA.charts.forEach(function (c) {
       c.series.forEach(function (s) {
-        if (s.x.length) { lo = Math.min(lo, s.x[0]); hi = Math.max(hi, s.x[s.x.length - 1]); }
+        for (var i = 0; i < s.x.length; i++) { if (s.x[i] < lo) lo = s.x[i]; if (s.x[i] > hi) hi = s.x[i]; }
         s.nonfinite.forEach(function (r) { lo = Math.min(lo, r[0]); hi = Math.max(hi, r[1]); });
       });
     });
-    if (DATA.source && DATA.source.first_step !== null && DATA.source.first_step !== undefined) {
+    if (DATA.source && typeof DATA.source.first_step === "number") {
       lo = Math.min(lo, DATA.source.first_step); hi = Math.max(hi, DATA.source.last_step);
     }
     if (!isFinite(lo)) { lo = 0; hi = 1; }
-    if (hi === lo) { hi = lo + 1; }
+    if (hi === lo) { lo -= 1; hi += 1; }
     var pad = (hi - lo) * 0.01;  // a reading on the first or last step stays visible
     return [lo - pad, hi + pad];
   }
 
-  /* ---- axes ------------------------------------------------------------------------ */
+  /* ---- axis ticks: a handful of round numbers whatever the span (1e-30..1e30 too) ---- */
   function niceTicks(lo, hi, count) {
     var span = hi - lo;
-    if (!(span > 0)) return [lo];
+    if (!(span > 0) || !isFinite(span)) return isFinite(lo) ? [lo] : [];
     var step = Math.pow(10, Math.floor(Math.log10(span / count)));
     var err = span / count / step;
     if (err >= 7.5) step *= 10; else if (err >= 3.5) step *= 5; else if (err >= 1.5) step *= 2;
-    var ticks = [];
-    for (var t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(+t.toPrecision(12));
+    var first = Math.ceil(lo / step), ticks = [];
+    // by index, not by adding: at 1e20 a step of 100 is below one float ulp
+    for (var i = 0; i <= count * 3; i++) {
+      var t = +((first + i) * step).toPrecision(12);
+      if (t > hi + step * 1e-9) break;
+      if (!ticks.length || t > ticks[ticks.length - 1]) ticks.push(t);
+    }
     return ticks;
   }
 
@@ -69,7 +91,7 @@
     var a = Math.floor(Math.log10(lo)), b = Math.ceil(Math.log10(hi));
     var stride = Math.max(1, Math.ceil((b - a) / 6));
     for (var e = a; e <= b; e += stride) { var t = Math.pow(10, e); if (t >= lo && t <= hi) ticks.push(t); }
-    if (ticks.length < 2) return niceTicks(lo, hi, 4);
+    if (ticks.length < 2) return niceTicks(lo, hi, 4).filter(function (v) { return v > 0; });
     return ticks;
   }
 
@@ -88,17 +110,72 @@
     return d[d.length >> 1] / stride;
   }
 
-  /* ---- one chart ------------------------------------------------------------------- */
-  function Chart(spec, index) {
+  /* One colour per metric (group); its attempts are shades of it: attempt 1 the colour
+   * itself, later attempts alternately lighter and darker. */
+  function shade(hex, attempt) {
+    if (attempt <= 1) return hex;
+    var n = parseInt(hex.slice(1), 16);
+    var rgb = [(n >> 16) & 255, (n >> 8) & 255, n & 255];
+    var k = Math.ceil((attempt - 1) / 2) * 0.28;
+    var toward = attempt % 2 === 0 ? 255 : 0;
+    return "#" + rgb.map(function (c) {
+      var v = Math.round(c + (toward - c) * Math.min(0.75, k));
+      return (v < 16 ? "0" : "") + v.toString(16);
+    }).join("");
+  }
+
+  /* ---- the data uPlot draws -------------------------------------------------------------
+   * uPlot wants one x array per chart: the union of every series' steps. A series has
+   * `undefined` at the other series' steps (uPlot draws across those) and an explicit
+   * `null` where its own readings are far apart (a gap in the log: the line breaks there,
+   * as it should). On a log scale, values <= 0 cannot be drawn and are left out. */
+  function align(spec, log) {
+    var xs = [];
+    var breaks = spec.series.map(function (s) {
+      var out = [];
+      if (s.kind === "points") return out;
+      for (var i = 1; i < s.x.length; i++) {
+        if (s.x[i] - s.x[i - 1] > s.gap) out.push((s.x[i] + s.x[i - 1]) / 2);
+      }
+      return out;
+    });
+    spec.series.forEach(function (s, k) {
+      for (var i = 0; i < s.x.length; i++) xs.push(s.x[i]);
+      for (var j = 0; j < breaks[k].length; j++) xs.push(breaks[k][j]);
+    });
+    xs = Float64Array.from(xs).sort();
+    var ux = [];
+    for (var u = 0; u < xs.length; u++) if (u === 0 || xs[u] !== xs[u - 1]) ux.push(xs[u]);
+    var data = [ux];
+    spec.series.forEach(function (s, k) {
+      var ys = new Array(ux.length);
+      for (var i = 0; i < s.x.length; i++) {
+        var v = s.y[i];
+        ys[lowerBound(ux, s.x[i])] = log && !(v > 0) ? undefined : v;
+      }
+      breaks[k].forEach(function (b) { ys[lowerBound(ux, b)] = null; });
+      data.push(ys);
+    });
+    return data;
+  }
+
+  function positive(spec) {
+    return spec.series.some(function (s) { return s.y.some(function (v) { return v > 0; }); });
+  }
+
+  /* ---- one chart ------------------------------------------------------------------------ */
+  function Chart(spec) {
     var self = this;
     this.spec = spec;
     this.hidden = {};
-    this.logScale = !!spec.log;
+    this.log = !!spec.log && positive(spec);
     this.markerHits = [];
-    this.hoverStep = null;
-    this.drag = null;
-    spec.series.forEach(function (s, i) {
-      s.color = s.key === "schedule" || s.kind === "reference" ? "#7b8794" : PALETTE[i % PALETTE.length];
+    this.cursorStep = null;
+    var groups = [];
+    spec.series.forEach(function (s) {
+      if (groups.indexOf(s.group) < 0) groups.push(s.group);
+      var base = PALETTE[groups.indexOf(s.group) % PALETTE.length];
+      s.color = s.key === "schedule" || s.kind === "reference" ? REFERENCE : shade(base, s.attempt);
       s.gap = medianGap(s.x) * 20;
     });
 
@@ -112,321 +189,335 @@
     head.appendChild(el("h3", null, spec.title));
     head.appendChild(el("span", "unit", spec.unit));
     this.box = box;
+    document.getElementById("charts").appendChild(box);
     if (!spec.series.length) {
       box.appendChild(head);
       box.appendChild(el("div", "empty", spec.empty || "Not in this log."));
       box.dataset.rendered = "1";
       box.dataset.empty = "1";
-      document.getElementById("charts").appendChild(box);
-      this.canvas = null;
+      this.u = null;
       api.charts[spec.id] = { rendered: true, empty: true, series: [], markers: 0, lines: [], bands: 0 };
       return;
     }
-    var scaleBtn = el("button", null, this.logScale ? "linear scale" : "log scale");
+    var scaleBtn = el("button", null, this.log ? "linear scale" : "log scale");
+    scaleBtn.disabled = !positive(spec);
     scaleBtn.addEventListener("click", function () {
-      self.logScale = !self.logScale;
-      scaleBtn.textContent = self.logScale ? "linear scale" : "log scale";
-      self.draw();
+      self.log = !self.log;
+      scaleBtn.textContent = self.log ? "linear scale" : "log scale";
+      self.build();
     });
     var resetBtn = el("button", null, "reset zoom");
     resetBtn.addEventListener("click", function () { setView(full.slice()); });
     head.appendChild(scaleBtn);
     head.appendChild(resetBtn);
     box.appendChild(head);
-
-    var legend = el("div", "legend");
-    spec.series.forEach(function (s) {
-      var item = el("span");
-      var sw = el("i");
-      sw.style.background = s.color;
-      item.appendChild(sw);
-      item.appendChild(document.createTextNode(s.name));
-      item.title = s.count + " logged values";
-      item.addEventListener("click", function () {
-        self.hidden[s.name] = !self.hidden[s.name];
-        item.classList.toggle("off", !!self.hidden[s.name]);
-        self.draw();
-      });
-      legend.appendChild(item);
-    });
-    spec.lines.forEach(function (l) {
-      var item = el("span");
-      var sw = el("i");
-      sw.style.background = "#444";
-      item.appendChild(sw);
-      item.appendChild(document.createTextNode(l.name + " = " + fmt(l.y)));
-      legend.appendChild(item);
-    });
-    spec.bands.forEach(function (b) {
-      var item = el("span");
-      var sw = el("i");
-      sw.style.background = "rgba(239, 108, 0, 0.5)";
-      item.appendChild(sw);
-      item.appendChild(document.createTextNode(b.name));
-      legend.appendChild(item);
-    });
-    if (spec.series.some(function (s) { return s.nonfinite.length; })) {
-      var nf = el("span");
-      var sw2 = el("i");
-      sw2.style.background = NONFINITE;
-      nf.appendChild(sw2);
-      nf.appendChild(document.createTextNode("NaN / Inf"));
-      legend.appendChild(nf);
-    }
-    box.appendChild(legend);
-    this.canvas = el("canvas");
-    this.canvas.setAttribute("role", "img");
-    this.canvas.setAttribute("aria-label", spec.title);
-    box.appendChild(this.canvas);
-    document.getElementById("charts").appendChild(box);
-    this.bindMouse();
+    box.appendChild(this.legend());
+    this.holder = el("div", "plot");
+    this.holder.setAttribute("role", "img");
+    this.holder.setAttribute("aria-label", spec.title);
+    box.appendChild(this.holder);
+    this.build();
   }
 
-  Chart.prototype.plotBox = function () {
-    var w = this.canvas.clientWidth, h = this.canvas.clientHeight;
-    return { x: M.left, y: M.top, w: Math.max(10, w - M.left - M.right), h: Math.max(10, h - M.top - M.bottom), cw: w, ch: h };
-  };
-
-  Chart.prototype.sx = function (step, b) {
-    return b.x + ((step - view[0]) / (view[1] - view[0])) * b.w;
-  };
-
-  Chart.prototype.stepAt = function (px, b) {
-    return view[0] + ((px - b.x) / b.w) * (view[1] - view[0]);
-  };
-
-  Chart.prototype.yDomain = function () {
-    var lo = Infinity, hi = -Infinity, self = this, log = this.logScale;
-    function take(v) {
-      if (!isFinite(v) || (log && v <= 0)) return;
-      if (v < lo) lo = v;
-      if (v > hi) hi = v;
+  Chart.prototype.legend = function () {
+    var self = this, spec = this.spec;
+    var legend = el("div", "legend");
+    function item(color, text, title) {
+      var node = el("span");
+      var sw = el("i");
+      sw.style.background = color;
+      node.appendChild(sw);
+      node.appendChild(document.createTextNode(text));
+      if (title) node.title = title;
+      legend.appendChild(node);
+      return node;
     }
-    this.spec.series.forEach(function (s) {
-      if (self.hidden[s.name]) return;
-      var a = Math.max(0, lowerBound(s.x, view[0]) - 1), z = Math.min(s.x.length, lowerBound(s.x, view[1]) + 1);
-      for (var i = a; i < z; i++) take(s.y[i]);
+    spec.series.forEach(function (s, i) {
+      var node = item(s.color, s.name, s.count + " logged values");
+      node.dataset.series = s.name;
+      node.addEventListener("click", function () {
+        self.hidden[s.name] = !self.hidden[s.name];
+        node.classList.toggle("off", !!self.hidden[s.name]);
+        if (self.u) self.u.setSeries(i + 1, { show: !self.hidden[s.name] });
+      });
     });
-    this.spec.lines.forEach(function (l) { take(l.y); });
-    if (!isFinite(lo)) {
-      if (log) { this.logScale = false; return this.yDomain(); }
-      return [0, 1];
-    }
+    spec.lines.forEach(function (l) { item("#444", l.name + " = " + fmt(l.y)); });
+    spec.bands.forEach(function (b) { item("rgba(239, 108, 0, 0.5)", b.name); });
+    if (spec.series.some(function (s) { return s.nonfinite.length; })) item(NONFINITE, "NaN / Inf");
+    return legend;
+  };
+
+  /* The y range: the visible values and the reference lines, padded; never empty, so a
+   * constant series (on a log scale too) and a single reading are drawn mid-chart. */
+  Chart.prototype.yRange = function (u, lo, hi) {
+    var log = this.log;
+    function ok(v) { return typeof v === "number" && isFinite(v) && (!log || v > 0); }
+    var a = ok(lo) ? lo : Infinity, b = ok(hi) ? hi : -Infinity;
+    this.spec.lines.forEach(function (l) { if (ok(l.y)) { a = Math.min(a, l.y); b = Math.max(b, l.y); } });
+    if (!(a <= b)) return log ? [0.1, 10] : [0, 1];
     if (log) {
-      var pad = Math.pow(hi / lo, 0.05) || 1.1;
-      return [lo / pad, hi * pad];
+      var pad = Math.max(1.25, Math.pow(b / a, 0.06));
+      if (!isFinite(pad)) pad = 10;
+      return [Math.max(a / pad, Number.MIN_VALUE), Math.min(b * pad, Number.MAX_VALUE)];
     }
-    if (hi === lo) { var d = Math.abs(hi) * 0.1 || 1; return [lo - d, hi + d]; }
-    var p = (hi - lo) * 0.06;
-    return [lo - p, hi + p];
+    if (a === b) { var d = Math.abs(a) * 0.1 || 1; return [a - d, b + d]; }
+    var p = (b - a) * 0.06;
+    if (!isFinite(p)) p = 0;  // a span beyond the float range: draw it edge to edge
+    return [a - p, b + p];
   };
 
-  Chart.prototype.draw = function () {
-    if (!this.canvas) return;
-    var dpr = window.devicePixelRatio || 1;
-    var b = this.plotBox();
-    this.canvas.width = Math.round(b.cw * dpr);
-    this.canvas.height = Math.round(b.ch * dpr);
-    var g = this.canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.clearRect(0, 0, b.cw, b.ch);
-    var dom = this.yDomain();
-    var log = this.logScale;
-    var y0 = log ? Math.log10(dom[0]) : dom[0], y1 = log ? Math.log10(dom[1]) : dom[1];
-    function sy(v) {
-      var t = log ? Math.log10(v) : v;
-      return b.y + b.h - ((t - y0) / (y1 - y0)) * b.h;
-    }
-    this.sy = sy;
+  Chart.prototype.options = function (width) {
+    var self = this, spec = this.spec;
+    var series = [{ label: "step" }];
+    spec.series.forEach(function (s) {
+      var points = s.kind === "points";
+      series.push({
+        label: s.name,
+        stroke: s.color,
+        width: points ? 1.2 : 1.4,
+        dash: s.kind === "reference" ? [5, 4] : undefined,
+        show: !self.hidden[s.name],
+        spanGaps: false,
+        paths: points ? function () { return null; } : undefined,
+        points: {
+          size: points ? 6 : 4.5,
+          fill: s.color,
+          stroke: s.color,
+          // dots: for point series, when few readings are in view, and for readings with
+          // no neighbour close enough to draw a line to (a memory report logged once)
+          show: function (u, si, i0, i1) { return points || self.visibleCount(si, i0, i1) <= 60; },
+          filter: function (u, si, show) { return show ? null : self.lone[si]; }
+        }
+      });
+    });
+    return {
+      width: width,
+      height: HEIGHT,
+      legend: { show: false },
+      series: series,
+      scales: {
+        // uPlot passes every x range through here, a zoom's too: keep it, else all steps
+        x: {
+          time: false,
+          range: function (u, lo, hi) {
+            return typeof lo === "number" && typeof hi === "number" && hi > lo ? [lo, hi] : full.slice();
+          }
+        },
+        y: { distr: this.log ? 3 : 1, log: 10, range: function (u, lo, hi) { return self.yRange(u, lo, hi); } }
+      },
+      axes: [
+        {
+          size: 32,
+          splits: function (u, ai, lo, hi) { return niceTicks(lo, hi, Math.max(2, Math.floor(u.bbox.width / uPlot.pxRatio / 110))); },
+          values: function (u, splits) { return splits.map(fmtStep); }
+        },
+        {
+          size: Y_AXIS,
+          // uPlot only draws an axis whose tick increment it finds in its own table,
+          // which ends far short of 1e-30..1e30; the ticks are ours (splits), so one
+          // increment spanning the axis lets it draw them at any range
+          incrs: function (u, ai, lo, hi) { return [Math.max(5, hi - lo)]; },
+          splits: function (u, ai, lo, hi) { return self.log ? logTicks(lo, hi) : niceTicks(lo, hi, 5); },
+          // uPlot's log axes blank all but a few labels; ours are few already
+          filter: function (u, splits) { return splits; },
+          values: function (u, splits) { return splits.map(fmt); }
+        }
+      ],
+      cursor: {
+        sync: { key: SYNC, setSeries: false, scales: ["x", null] },
+        y: false,  // a horizontal line means nothing on the other charts' scales
+        drag: { x: true, y: false, setScale: true },
+        // double-click resets every chart to all steps (below), not to this chart's data
+        bind: { dblclick: function () { return function () { return null; }; } },
+        points: { show: false }
+      },
+      hooks: {
+        drawClear: [function (u) { self.drawBands(u); }],
+        draw: [function (u) { self.drawOverlay(u); }],
+        setCursor: [function (u) { self.onCursor(u); }],
+        setScale: [function (u, key) { if (key === "x") onZoom(self); }]
+      }
+    };
+  };
+
+  Chart.prototype.build = function () {
     var self = this;
-
-    // grid and axes
-    g.font = "11px system-ui, sans-serif";
-    g.strokeStyle = "#e6e9ed";
-    g.fillStyle = "#5b6570";
-    g.lineWidth = 1;
-    var yt = log ? logTicks(dom[0], dom[1]) : niceTicks(dom[0], dom[1], 5);
-    g.textAlign = "right";
-    g.textBaseline = "middle";
-    yt.forEach(function (t) {
-      var y = Math.round(sy(t)) + 0.5;
-      if (y < b.y - 1 || y > b.y + b.h + 1) return;
-      g.beginPath(); g.moveTo(b.x, y); g.lineTo(b.x + b.w, y); g.stroke();
-      g.fillText(fmt(t), b.x - 6, y);
+    if (this.u) this.u.destroy();
+    this.data = align(this.spec, this.log);
+    this.lone = [null].concat(this.data.slice(1).map(function (ys) {
+      var out = [];
+      for (var i = 0; i < ys.length; i++) {
+        if (ys[i] === undefined || ys[i] === null) continue;
+        var p = i - 1, n = i + 1;
+        while (p >= 0 && ys[p] === undefined) p--;
+        while (n < ys.length && ys[n] === undefined) n++;
+        if ((p < 0 || ys[p] === null) && (n >= ys.length || ys[n] === null)) out.push(i);
+      }
+      return out;
+    }));
+    this.u = new uPlot(this.options(this.width()), this.data, this.holder);
+    this.u.setScale("x", { min: view[0], max: view[1] });
+    var over = this.u.over;
+    var down = null;
+    over.addEventListener("mouseenter", function () { active = self; });
+    over.addEventListener("mouseleave", function () { if (active === self) active = null; hideTooltip(); });
+    over.addEventListener("mousedown", function (ev) { down = ev.clientX; });
+    over.addEventListener("dblclick", function () { setView(full.slice()); });
+    over.addEventListener("click", function (ev) {
+      if (down !== null && Math.abs(ev.clientX - down) > 5) return;  // the end of a drag-zoom
+      var hit = self.markerAt(ev.clientX - over.getBoundingClientRect().left);
+      if (hit !== null) showFinding(hit);
     });
-    var xt = niceTicks(view[0], view[1], Math.max(2, Math.floor(b.w / 110)));
-    g.textAlign = "center";
-    g.textBaseline = "top";
-    xt.forEach(function (t) {
-      var x = Math.round(self.sx(t, b)) + 0.5;
-      if (x < b.x - 1 || x > b.x + b.w + 1) return;
-      g.beginPath(); g.moveTo(x, b.y); g.lineTo(x, b.y + b.h); g.stroke();
-      g.fillText(fmtStep(t), x, b.y + b.h + 6);
-    });
-    g.strokeStyle = "#9aa4ae";
-    g.strokeRect(b.x + 0.5, b.y + 0.5, b.w, b.h);
+  };
 
-    g.save();
-    g.beginPath(); g.rect(b.x, b.y, b.w, b.h); g.clip();
+  Chart.prototype.width = function () {
+    return Math.max(200, this.holder.clientWidth || this.box.clientWidth - 24);
+  };
 
-    // shaded step bands (skipped steps)
-    g.fillStyle = BAND;
+  Chart.prototype.visibleCount = function (si, i0, i1) {
+    var ys = this.data[si], n = 0;
+    for (var i = i0; i <= i1 && n <= 60; i++) if (ys[i] !== undefined && ys[i] !== null) n++;
+    return n;
+  };
+
+  /* ---- overlays: bands below the curves; lines, NaN/Inf marks and findings above ---- */
+  function plotClip(u) {
+    var ctx = u.ctx, b = u.bbox;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(b.left, b.top, b.width, b.height);
+    ctx.clip();
+    return ctx;
+  }
+
+  Chart.prototype.drawBands = function (u) {
+    var ctx = plotClip(u), b = u.bbox;
+    ctx.fillStyle = BAND;
+    var px = uPlot.pxRatio;
     this.spec.bands.forEach(function (band) {
       band.ranges.forEach(function (r) {
-        if (r[1] < view[0] || r[0] > view[1]) return;
-        var a = self.sx(r[0], b), z = self.sx(r[1], b);
-        g.fillRect(a - 1, b.y, Math.max(2, z - a + 2), b.h);
+        if (r[1] < u.scales.x.min || r[0] > u.scales.x.max) return;
+        var a = u.valToPos(r[0], "x", true), z = u.valToPos(r[1], "x", true);
+        ctx.fillRect(a - px, b.top, Math.max(2 * px, z - a + 2 * px), b.height);
       });
     });
+    ctx.restore();
+  };
 
-    // reference lines
-    g.setLineDash([6, 4]);
-    g.strokeStyle = "#444";
-    g.fillStyle = "#444";
-    g.textAlign = "right";
-    g.textBaseline = "bottom";
+  Chart.prototype.drawOverlay = function (u) {
+    var self = this, ctx = plotClip(u), b = u.bbox, px = uPlot.pxRatio, log = this.log;
+    var x0 = u.scales.x.min, x1 = u.scales.x.max;
+
+    ctx.setLineDash([6 * px, 4 * px]);
+    ctx.strokeStyle = "#444";
+    ctx.fillStyle = "#444";
+    ctx.lineWidth = px;
+    ctx.font = 11 * px + "px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.textBaseline = "bottom";
     this.spec.lines.forEach(function (l) {
-      if (log && l.y <= 0) return;
-      var y = Math.round(sy(l.y)) + 0.5;
-      g.beginPath(); g.moveTo(b.x, y); g.lineTo(b.x + b.w, y); g.stroke();
-      g.fillText(l.name, b.x + b.w - 4, y - 2);
+      if (log && !(l.y > 0)) return;
+      var y = Math.round(u.valToPos(l.y, "y", true)) + 0.5;
+      ctx.beginPath(); ctx.moveTo(b.left, y); ctx.lineTo(b.left + b.width, y); ctx.stroke();
+      ctx.fillText(l.name, b.left + b.width - 4 * px, y - 2 * px);
     });
-    g.setLineDash([]);
+    ctx.setLineDash([]);
 
-    // series
+    // non-finite values: red ticks along the top edge
     var drawn = {};
-    this.spec.series.forEach(function (s) {
-      if (self.hidden[s.name]) { drawn[s.name] = 0; return; }
-      var a = Math.max(0, lowerBound(s.x, view[0]) - 1), z = Math.min(s.x.length, lowerBound(s.x, view[1]) + 1);
-      g.strokeStyle = s.color;
-      g.fillStyle = s.color;
-      g.lineWidth = s.kind === "points" ? 1.2 : 1.4;
-      if (s.kind === "reference") g.setLineDash([5, 4]);
-      g.beginPath();
-      var pen = false, n = 0, prev = null;
-      for (var i = a; i < z; i++) {
-        var v = s.y[i];
-        if (log && v <= 0) { pen = false; continue; }
-        var x = self.sx(s.x[i], b), y = sy(v);
-        if (pen && prev !== null && s.x[i] - prev > s.gap) pen = false;
-        if (pen) g.lineTo(x, y); else g.moveTo(x, y);
-        pen = true; prev = s.x[i]; n++;
+    ctx.fillStyle = NONFINITE;
+    this.spec.series.forEach(function (s, k) {
+      var n = 0;
+      if (!self.hidden[s.name]) {
+        var ys = self.data[k + 1];
+        var i0 = lowerBound(self.data[0], x0), i1 = lowerBound(self.data[0], x1);
+        for (var i = i0; i < i1 && i < ys.length; i++) if (ys[i] !== undefined && ys[i] !== null) n++;
+        s.nonfinite.forEach(function (r) {
+          if (r[1] < x0 || r[0] > x1) return;
+          var p = u.valToPos(r[0], "x", true), q = u.valToPos(r[1], "x", true);
+          ctx.fillRect(p - 1.5 * px, b.top, Math.max(3 * px, q - p + 3 * px), 7 * px);
+          n++;
+        });
       }
-      g.stroke();
-      g.setLineDash([]);
-      // dots: for point series, for short series, and for readings with no neighbour
-      // close enough to draw a line to (a memory report logged once)
-      var few = z - a <= 60;
-      for (var j = a; j < z; j++) {
-        if (log && s.y[j] <= 0) continue;
-        var lone = (j === 0 || s.x[j] - s.x[j - 1] > s.gap) && (j === s.x.length - 1 || s.x[j + 1] - s.x[j] > s.gap);
-        if (s.kind !== "points" && !few && !lone) continue;
-        g.beginPath();
-        g.arc(self.sx(s.x[j], b), sy(s.y[j]), s.kind === "points" ? 2.6 : 2.0, 0, 2 * Math.PI);
-        g.fill();
-      }
-      // non-finite values: red ticks along the top edge
-      g.fillStyle = NONFINITE;
-      s.nonfinite.forEach(function (r) {
-        if (r[1] < view[0] || r[0] > view[1]) return;
-        var p = self.sx(r[0], b), q = self.sx(r[1], b);
-        g.fillRect(p - 1.5, b.y, Math.max(3, q - p + 3), 7);
-        n++;
-      });
       drawn[s.name] = n;
     });
 
-    // finding markers
+    // finding markers: a line where it fired and a triangle on the top edge
     this.markerHits = [];
     this.spec.markers.forEach(function (idx) {
       var f = DATA.findings[idx];
-      if (f.step === null || f.step === undefined || f.step < view[0] || f.step > view[1]) return;
-      var x = Math.round(self.sx(f.step, b)) + 0.5;
+      if (typeof f.step !== "number" || f.step < x0 || f.step > x1) return;
+      var x = Math.round(u.valToPos(f.step, "x", true)) + 0.5;
       var color = SEVERITY[f.severity] || SEVERITY.info;
-      g.strokeStyle = color;
-      g.globalAlpha = 0.55;
-      g.beginPath(); g.moveTo(x, b.y); g.lineTo(x, b.y + b.h); g.stroke();
-      g.globalAlpha = 1;
-      g.fillStyle = color;
-      g.beginPath(); g.moveTo(x - 6, b.y); g.lineTo(x + 6, b.y); g.lineTo(x, b.y + 9); g.closePath(); g.fill();
-      self.markerHits.push({ x: x, idx: idx });
+      ctx.strokeStyle = color;
+      ctx.globalAlpha = 0.55;
+      ctx.beginPath(); ctx.moveTo(x, b.top); ctx.lineTo(x, b.top + b.height); ctx.stroke();
+      ctx.globalAlpha = 1;
+      ctx.fillStyle = color;
+      ctx.beginPath();
+      ctx.moveTo(x - 6 * px, b.top); ctx.lineTo(x + 6 * px, b.top); ctx.lineTo(x, b.top + 9 * px);
+      ctx.closePath(); ctx.fill();
+      self.markerHits.push({ x: u.valToPos(f.step, "x"), idx: idx });
     });
-
-    // hover crosshair and drag selection
-    if (this.hoverStep !== null && this.hoverStep >= view[0] && this.hoverStep <= view[1]) {
-      var hx = Math.round(this.sx(this.hoverStep, b)) + 0.5;
-      g.strokeStyle = "rgba(29, 35, 42, 0.45)";
-      g.beginPath(); g.moveTo(hx, b.y); g.lineTo(hx, b.y + b.h); g.stroke();
-    }
-    if (this.drag && this.drag.x1 !== undefined) {
-      g.fillStyle = "rgba(21, 101, 192, 0.12)";
-      var dx = Math.min(this.drag.x0, this.drag.x1);
-      g.fillRect(dx, b.y, Math.abs(this.drag.x1 - this.drag.x0), b.h);
-    }
-    g.restore();
-
+    ctx.restore();
+    this.drawn = drawn;
     this.box.dataset.rendered = "1";
+    this.report(u);
+  };
+
+  // called from uPlot's draw hook, the first time from inside its constructor: use `u`
+  Chart.prototype.report = function (u) {
+    var self = this;
     api.charts[this.spec.id] = {
       rendered: true,
       empty: false,
-      log: log,
-      view: view.slice(),
+      log: this.log,
+      view: [u.scales.x.min, u.scales.x.max],
+      cursorStep: this.cursorStep,
       series: this.spec.series.map(function (s) {
-        return { name: s.name, points: s.x.length, nonfinite: s.nonfinite.length, drawn: drawn[s.name] || 0, visible: !self.hidden[s.name] };
+        return {
+          name: s.name, group: s.group, attempt: s.attempt, kind: s.kind, color: s.color,
+          points: s.x.length, nonfinite: s.nonfinite.length,
+          drawn: (self.drawn && self.drawn[s.name]) || 0, visible: !self.hidden[s.name]
+        };
       }),
       markers: this.markerHits.length,
       markerSteps: this.markerHits.map(function (m) { return DATA.findings[m.idx].step; }),
       lines: this.spec.lines.map(function (l) { return l.name; }),
-      bands: this.spec.bands.reduce(function (n, band) { return n + band.ranges.length; }, 0)
+      bands: this.spec.bands.reduce(function (n, band) { return n + band.ranges.length; }, 0),
+      // the tick labels uPlot drew on each axis (its own record of them)
+      xTicks: (u.axes[0]._values || []).slice(),
+      yTicks: (u.axes[1]._values || []).slice(),
+      plot: { left: u.bbox.left, top: u.bbox.top, width: u.bbox.width, height: u.bbox.height }
     };
   };
 
+  /* ---- hover: every chart's cursor follows (uPlot sync); the hovered one explains ---- */
+  Chart.prototype.onCursor = function (u) {
+    var left = u.cursor.left;
+    this.cursorStep = left === undefined || left === null || left < 0 ? null : u.posToVal(left, "x");
+    if (api.charts[this.spec.id]) api.charts[this.spec.id].cursorStep = this.cursorStep;
+    if (active === this) {
+      if (this.cursorStep === null) hideTooltip();
+      else showTooltip(this, left, u.cursor.top);
+    }
+  };
+
   Chart.prototype.valuesAt = function (step) {
-    var out = [];
+    var self = this, out = [];
     this.spec.series.forEach(function (s) {
+      if (self.hidden[s.name]) return;
+      s.nonfinite.forEach(function (r) {
+        if (step >= r[0] - 0.5 && step <= r[1] + 0.5) out.push({ name: s.name, value: NaN });
+      });
       if (!s.x.length) return;
       var i = lowerBound(s.x, step);
       var best = i < s.x.length ? i : s.x.length - 1;
       if (i > 0 && (i >= s.x.length || step - s.x[i - 1] < s.x[i] - step)) best = i - 1;
+      if (s.x[best] < full[0] || Math.abs(s.x[best] - step) > Math.max(s.gap, (view[1] - view[0]) / 20)) return;
       out.push({ name: s.name, step: s.x[best], value: s.y[best] });
-      s.nonfinite.forEach(function (r) {
-        if (step >= r[0] - 0.5 && step <= r[1] + 0.5) out.push({ name: s.name, step: step, value: NaN });
-      });
     });
     return out;
-  };
-
-  Chart.prototype.bindMouse = function () {
-    var self = this, canvas = this.canvas;
-    function local(ev) {
-      var r = canvas.getBoundingClientRect();
-      return { x: ev.clientX - r.left, y: ev.clientY - r.top };
-    }
-    canvas.addEventListener("mousemove", function (ev) {
-      var p = local(ev), b = self.plotBox();
-      if (self.drag) { self.drag.x1 = Math.max(b.x, Math.min(b.x + b.w, p.x)); self.draw(); }
-      if (p.x < b.x || p.x > b.x + b.w) { hover(null); return; }
-      hover(self.stepAt(p.x, b), self, ev, p);
-    });
-    canvas.addEventListener("mouseleave", function () { hover(null); });
-    canvas.addEventListener("mousedown", function (ev) {
-      var p = local(ev);
-      self.drag = { x0: p.x };
-    });
-    window.addEventListener("mouseup", function (ev) {
-      if (!self.drag) return;
-      var d = self.drag; self.drag = null;
-      var b = self.plotBox();
-      if (d.x1 !== undefined && Math.abs(d.x1 - d.x0) > 6) {
-        var s0 = self.stepAt(Math.min(d.x0, d.x1), b), s1 = self.stepAt(Math.max(d.x0, d.x1), b);
-        setView([s0, s1]);
-      } else {
-        var hit = self.markerAt(local(ev).x);
-        if (hit !== null) showFinding(hit);
-        self.draw();
-      }
-    });
-    canvas.addEventListener("dblclick", function () { setView(full.slice()); });
   };
 
   Chart.prototype.markerAt = function (x) {
@@ -438,52 +529,79 @@
     return best;
   };
 
-  /* ---- shared state: hover and zoom -------------------------------------------------- */
   var tooltip = document.getElementById("tooltip");
 
-  function hover(step, chart, ev, p) {
-    charts.forEach(function (c) { c.hoverStep = step; c.draw(); });
-    if (step === null || !chart) { tooltip.hidden = true; return; }
+  function hideTooltip() { tooltip.hidden = true; }
+
+  function showTooltip(chart, left, top) {
+    var step = chart.cursorStep;
     while (tooltip.firstChild) tooltip.removeChild(tooltip.firstChild);
     tooltip.appendChild(el("div", null, "step " + fmtStep(step)));
     chart.valuesAt(step).forEach(function (v) {
       tooltip.appendChild(el("div", null, v.name + ": " + fmt(v.value) + (isFinite(v.value) ? " (step " + fmtStep(v.step) + ")" : "")));
     });
-    var hit = chart.markerAt(p.x);
+    var hit = chart.markerAt(left);
     if (hit !== null) {
       var f = DATA.findings[hit];
-      tooltip.appendChild(el("div", "f", f.code + " " + f.severity + " (step " + fmtStep(f.step) + "): " + f.title));
+      tooltip.appendChild(el("div", "f", f.code + " " + f.severity + " (" + findingStep(f) + "): " + f.title));
+      if (f.fix) tooltip.appendChild(el("div", "f", "Fix: " + f.fix));
+      tooltip.appendChild(el("div", "f muted", "click to read the finding"));
     }
     tooltip.hidden = false;
-    var x = ev.clientX + 14, y = ev.clientY + 12;
+    var r = chart.u.over.getBoundingClientRect();
+    var cx = r.left + left, cy = r.top + top;
+    var x = cx + 14, y = cy + 12;
     var w = tooltip.offsetWidth, h = tooltip.offsetHeight;
-    if (x + w > window.innerWidth - 8) x = ev.clientX - w - 14;
-    if (y + h > window.innerHeight - 8) y = ev.clientY - h - 12;
+    if (x + w > window.innerWidth - 8) x = cx - w - 14;
+    if (y + h > window.innerHeight - 8) y = cy - h - 12;
     tooltip.style.left = x + "px";
     tooltip.style.top = y + "px";
+  }
+
+  /* ---- zoom: whatever set one chart's step range sets every chart's ------------------ */
+  function onZoom(source) {
+    if (syncing || !source.u) return;
+    var sc = source.u.scales.x;
+    if (typeof sc.min !== "number" || typeof sc.max !== "number") return;
+    view = [sc.min, sc.max];
+    syncing = true;
+    try {
+      charts.forEach(function (c) {
+        if (c !== source && c.u && (c.u.scales.x.min !== view[0] || c.u.scales.x.max !== view[1])) {
+          c.u.setScale("x", { min: view[0], max: view[1] });
+        }
+      });
+    } finally {
+      syncing = false;
+    }
   }
 
   function setView(range) {
     var lo = Math.max(full[0], range[0]), hi = Math.min(full[1], range[1]);
     if (!(hi > lo)) { lo = full[0]; hi = full[1]; }
     view = [lo, hi];
-    charts.forEach(function (c) { c.draw(); });
+    syncing = true;
+    try {
+      charts.forEach(function (c) { c.u.setScale("x", { min: lo, max: hi }); });
+    } finally {
+      syncing = false;
+    }
   }
 
-  /* ---- findings list ----------------------------------------------------------------- */
+  /* ---- findings list -------------------------------------------------------------------- */
   function findingCard(f, idx, withStep) {
     var li = el("li", "finding " + f.severity);
     li.id = "finding-" + idx;
     li.dataset.code = f.code;
     li.dataset.severity = f.severity;
-    if (f.step !== null && f.step !== undefined) li.dataset.step = String(f.step);
+    if (typeof f.step === "number") li.dataset.step = String(f.step);
     var head = el("div", "head");
     head.appendChild(el("span", "code", f.code));
     head.appendChild(el("span", "sev", f.severity));
     head.appendChild(el("span", "title", f.title));
-    if (withStep && f.step !== null && f.step !== undefined) {
+    if (withStep && typeof f.step === "number") {
       var st = el("span", "step");
-      var a = el("a", null, "step " + fmtStep(f.step) + " — show on the curves");
+      var a = el("a", null, findingStep(f) + " — show on the curves");
       a.addEventListener("click", function () {
         var w = Math.max(20, (full[1] - full[0]) * 0.04);
         setView([f.step - w, f.step + w]);
@@ -548,8 +666,11 @@
   function renderHeader() {
     var s = DATA.source;
     var parts = [s.path, s.format + " log", fmtStep(s.records) + " records"];
-    if (s.first_step !== null && s.first_step !== undefined) parts.push("steps " + fmtStep(s.first_step) + "–" + fmtStep(s.last_step));
+    if (typeof s.first_step === "number") parts.push("steps " + fmtStep(s.first_step) + "–" + fmtStep(s.last_step));
     if (s.interval) parts.push("logged every " + fmtStep(s.interval) + " step" + (s.interval === 1 ? "" : "s"));
+    if (DATA.attempts && DATA.attempts.length) {
+      parts.push(DATA.attempts.length + " attempts (restarts at step " + DATA.attempts.slice(1).map(function (a) { return fmtStep(a.first_step); }).join(", ") + ")");
+    }
     if (DATA.decimated) parts.push("curves decimated to the min and max of each bucket");
     parts.push("generated " + DATA.generated);
     document.getElementById("source").textContent = parts.join(" · ");
@@ -589,24 +710,31 @@
   }
 
   try {
+    if (typeof uPlot !== "function") throw new Error("the charting library (uPlot) is missing from the page");
     renderHeader();
-    DATA.charts.forEach(function (spec, i) {
-      var c = new Chart(spec, i);
-      if (c.canvas) charts.push(c);
+    DATA.charts.forEach(function (spec) {
+      var c = new Chart(spec);
+      if (c.u) charts.push(c);
     });
-    charts.forEach(function (c) { c.draw(); });
     renderFindings();
     renderChecklist();
     renderNotes();
     var pending = null;
     window.addEventListener("resize", function () {
       if (pending) cancelAnimationFrame(pending);
-      pending = requestAnimationFrame(function () { charts.forEach(function (c) { c.draw(); }); });
+      pending = requestAnimationFrame(function () {
+        charts.forEach(function (c) { c.u.setSize({ width: c.width(), height: HEIGHT }); });
+      });
     });
     api.setView = setView;
     api.reset = function () { setView(full.slice()); };
     api.fullRange = full.slice();
     api.findings = DATA.findings.length;
+    api.uplot = uPlot;
+    api.plot = function (id) {
+      for (var i = 0; i < charts.length; i++) if (charts[i].spec.id === id) return charts[i].u;
+      return null;
+    };
     api.renderedAt = performance.now();  // ms since navigation start: the time to open
     api.ready = true;
     document.body.dataset.ready = "1";
