@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from sapper.errors import InputError
+from sapper.logs.base import to_float
 from sapper.runtime.records import StepRecord
 
 __all__ = [
@@ -44,9 +46,15 @@ class Columns:
 
     def __init__(self, records: Sequence[StepRecord]) -> None:
         self.records = records
-        self.steps = np.fromiter(
-            map(attrgetter("step"), records), dtype=np.int64, count=len(records)
-        )
+        try:
+            self.steps = np.fromiter(
+                map(attrgetter("step"), records), dtype=np.int64, count=len(records)
+            )
+        except (OverflowError, TypeError, ValueError):
+            raise InputError(
+                "a step number is not an integer in the int64 range",
+                expected="step numbers from 0 to 2^63-1",
+            ) from None
         self._raw: dict[str, np.ndarray] = {}
 
     def raw(self, name: str) -> np.ndarray:
@@ -61,8 +69,18 @@ class Columns:
         return ~np.equal(self.raw(name), None)
 
     def floats(self, name: str) -> np.ndarray:
-        """The field as floats; missing values are NaN too (use :meth:`present`)."""
-        return np.asarray(self.raw(name), dtype=np.float64)
+        """The field as floats; missing values are NaN too (use :meth:`present`). A value
+        that is no number (a reader handed on a string or an object) is NaN as well and
+        an int past the float range is ±inf, rather than an error in the report."""
+        raw = self.raw(name)
+        try:
+            return np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            out = np.empty(len(raw), dtype=np.float64)
+            for i, value in enumerate(raw):
+                number = None if value is None else to_float(value)
+                out[i] = np.nan if number is None else number
+            return out
 
     def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Steps and values of the records that have the field (NaN and Inf kept)."""
@@ -71,7 +89,7 @@ class Columns:
 
     def last(self, name: str) -> float | None:
         idx = np.nonzero(self.present(name))[0]
-        return None if len(idx) == 0 else float(self.raw(name)[idx[-1]])
+        return None if len(idx) == 0 else float(self.floats(name)[idx[-1]])
 
     def constant(self, name: str) -> float | None:
         """The value if every record that has one has the same; else None."""

@@ -30,6 +30,7 @@ from sapper.logs import LogParser, make_parser
 from sapper.logs.base import LineBuffer
 from sapper.logs.detect import detect_text
 from sapper.logs.fields import FieldMap
+from sapper.logs.limits import MAX_LINE_CHARS, refuse_special, sniff_encoding
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -121,21 +122,37 @@ class TextFeed:
         self._head_bytes = 0
         #: Why the format is not known yet (the detector's last answer).
         self.undetected: InputError | None = None
+        self._overlong = self._overlong_told = 0
+        self._lines: LineBuffer | None = None
         self.reset()
 
     def reset(self) -> None:
         """Start a new byte stream (a rotated or truncated file); the parser keeps its
         state, so steps already seen are not reported twice."""
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder: codecs.IncrementalDecoder | None = None  # chosen by the first bytes
+        if getattr(self, "_lines", None) is not None:
+            self._overlong += self._lines.overlong
         self._lines = LineBuffer()
 
     def push(self, data: bytes) -> list[StepRecord]:
+        if self._decoder is None:
+            if not data:
+                return []
+            self._decoder = codecs.getincrementaldecoder(sniff_encoding(data))(errors="replace")
         return self._feed(self._lines.push(self._decoder.decode(data)))
 
     def drain(self) -> list[StepRecord]:
         """The stream ended: its unterminated last line is complete after all."""
-        return self._feed(self._lines.push(self._decoder.decode(b"", final=True))
-                          + self._lines.rest())
+        tail = self._decoder.decode(b"", final=True) if self._decoder is not None else ""
+        return self._feed(self._lines.push(tail) + self._lines.rest())
+
+    def overlong_note(self) -> str | None:
+        """Lines skipped for their length so far, for the watch's notes."""
+        count = self._overlong + self._lines.overlong
+        if count == self._overlong_told:
+            return None
+        self._overlong_told = count
+        return f"skipped {count} line(s) longer than {MAX_LINE_CHARS:,} characters so far"
 
     def end(self) -> list[StepRecord]:
         """End of input: drain, then let the parser release what it holds."""
@@ -147,6 +164,10 @@ class TextFeed:
         return out + self.parser.finish()
 
     def _feed(self, lines: list[str]) -> list[StepRecord]:
+        if self.parser is not None and self._lines is not None and self._lines.overlong:
+            note = self.overlong_note()
+            if note:
+                self.parser.notes.append(note)
         if not lines:
             return []
         if self.parser is None:
@@ -230,6 +251,7 @@ class FileFollower(Follower):
         return out
 
     def _open(self) -> bool:
+        refuse_special(self.path)  # opening a FIFO would block the watch for good
         try:
             fh = self.path.open("rb")
         except FileNotFoundError:
