@@ -206,6 +206,8 @@ class TableParser(LogParser):
             except csv.Error:
                 yield number, None
                 break
+            except StopIteration:  # a quoted field ran over the lines that were left
+                return
         for number, text in pending[done:]:
             try:
                 yield number, next(csv.reader([text], delimiter=self.delimiter))
