@@ -101,7 +101,15 @@ def _step_record(obj: dict[str, Any], nonfinite: bool, bad: list[str]) -> StepRe
     if not _NAMES.issuperset(obj):
         for key in obj.keys() - _NAMES:
             extra[key] = obj.pop(key)
-    if not _PLAIN.issuperset(map(type, obj.values())) or "skipped" in obj or "lrs" in obj:
+    get = obj.get
+    if (
+        not _PLAIN.issuperset(map(type, obj.values()))
+        or "skipped" in obj
+        or "lrs" in obj
+        or get("tokens", 0).__class__ is not int
+        or get("samples", 0).__class__ is not int
+        or get("skipped_total", 0).__class__ is not int
+    ):
         checked = {k: _valid(k, v) for k, v in obj.items()}
         for key in [k for k, v in checked.items() if v is _BAD]:
             del checked[key]

@@ -239,10 +239,13 @@ class TableParser(LogParser):
         self._row += 1
         cols = self.columns
         if cols.step_column is not None:
-            step_value = to_float(row.get(cols.step_column))
-            if step_value is None or step_value != step_value:
+            raw_step = row.get(cols.step_column)
+            if raw_step is None or raw_step == "":
                 return  # a row of another metric group (W&B logs them on their own rows)
-            count = to_count(step_value)
+            step_value = to_float(raw_step)
+            if step_value is not None and step_value != step_value:
+                return  # NaN: as empty (pandas writes a missing value so)
+            count = None if step_value is None else to_count(step_value)
             if count is None:
                 self._bad_steps += 1
                 return
