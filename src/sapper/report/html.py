@@ -32,7 +32,14 @@ from sapper.errors import SapperError
 from sapper.logs.analysis import Analysis
 from sapper.logs.base import gc_paused
 from sapper.plan.schema import Plan
-from sapper.report.html_data import MAX_POINTS, ChartData, Columns, Series, mask_ranges
+from sapper.report.html_data import (
+    MAX_POINTS,
+    ChartData,
+    Columns,
+    Series,
+    mask_ranges,
+    page_text,
+)
 from sapper.rules.model import Finding
 from sapper.rules.registry import all_rules
 from sapper.runtime.records import StepRecord
@@ -276,7 +283,7 @@ def build_report_data(
             target = by_id["loss"]
         target.markers.append(idx)
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
-    return {
+    return page_text({
         "title": title or f"sapper report: {_run_name(analysis.log.path)}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "source": analysis.summary(),
@@ -286,7 +293,7 @@ def build_report_data(
         "counts": counts,
         "checklist": _checklist(checklist, docs) if checklist is not None else None,
         "notes": analysis.notes,
-    }
+    })
 
 
 def _run_name(path: str) -> str:

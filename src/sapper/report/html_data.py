@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from sapper.errors import InputError
+from sapper.errors import InputError, printable
 from sapper.logs.base import to_float
 from sapper.runtime.records import StepRecord
 
@@ -28,6 +28,7 @@ __all__ = [
     "decimate",
     "mask_ranges",
     "nonfinite_ranges",
+    "page_text",
 ]
 
 #: Points per series in the page (min and max of MAX_POINTS / 2 buckets).
@@ -95,6 +96,31 @@ class Columns:
         """The value if every record that has one has the same; else None."""
         values = np.unique(self.floats(name)[self.present(name)])
         return float(values[0]) if len(values) == 1 else None
+
+
+def page_text(tree: Any) -> Any:
+    """The report's data with every string made safe to show: control, escape and bidi
+    characters escaped by :func:`sapper.errors.printable` (line breaks kept, the page
+    shows the rules' texts over several lines). The page puts text in with
+    ``textContent`` only, so markup in a log is shown, never parsed; this keeps an
+    U+202E in a tag name from reversing the text around it, and a NUL or an ESC from
+    reaching a copy-paste. Iterative, so no nesting depth costs a recursion."""
+    root: list[Any] = [tree]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        value = parent[key]
+        if isinstance(value, str):
+            parent[key] = printable(value, keep="\n")
+        elif isinstance(value, dict):
+            copy = {printable(str(k)): v for k, v in value.items()}
+            parent[key] = copy
+            stack.extend((copy, k) for k in copy)
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+            parent[key] = items
+            stack.extend((items, i) for i in range(len(items)))
+    return root[0]
 
 
 def decimate(

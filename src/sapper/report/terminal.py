@@ -20,6 +20,7 @@ __all__ = [
     "render_check_report",
     "render_findings",
     "render_rule",
+    "safe_markup",
 ]
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -40,9 +41,20 @@ def _where(f: Finding) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _safe(text: str) -> str:
-    """User text (keys, names, paths) as literal text: no rich markup, no terminal codes."""
-    return escape(printable(text))
+def safe_markup(text: str) -> str:
+    """Text from a log or a user (keys, tags, notes, paths, messages that quote them)
+    ready to sit inside rich markup and print literally: control, escape and bidi
+    characters escaped (:func:`sapper.errors.printable`), and ``[bold red]`` or
+    ``[/]`` in it escaped so rich shows it instead of applying it. A trailing backslash
+    is written ``\\x5c``: as it is, it would escape the tag that follows; doubled (as
+    rich's own escape does) it shows twice when no tag follows."""
+    text = printable(text)
+    if text.endswith("\\"):
+        text = text[:-1] + "\\x5c"
+    return escape(text)
+
+
+_safe = safe_markup
 
 
 def render_findings(findings: Iterable[Finding]) -> Group:
@@ -83,8 +95,8 @@ def render_check_report(report: CheckReport) -> Group:
             needs = ", ".join(describe_input(m) for m in u.missing)
             parts.append(
                 Text.from_markup(
-                    f"  [magenta]not checked[/] ({'/'.join(u.codes)}): {escape(u.what)}"
-                    f"\n      [dim]needs:[/] {escape(needs)}"
+                    f"  [magenta]not checked[/] ({'/'.join(u.codes)}): {_safe(u.what)}"
+                    f"\n      [dim]needs:[/] {_safe(needs)}"
                 )
             )
     summary = f"\n{report.errors} error(s), {report.warnings} warning(s)"
