@@ -72,18 +72,19 @@ def _rendered(renderable: object) -> str:
 
 
 @fast_settings(1500)
-@given(text=hostile_text)
-def test_safe_markup_prints_literally(text: str) -> None:
-    """Inside markup, the text shows as ``printable`` makes it: its brackets are not
-    markup, and no control character reaches the terminal."""
-    out = _rendered(Text.from_markup(f"[bold]key:[/] {safe_markup(text)} end"))
-    plain = Text.from_markup(f"key: {safe_markup(text)} end").plain
+@given(text=hostile_text, slashes=st.sampled_from(("", "\\", "\\\\")))
+def test_safe_markup_prints_literally(text: str, slashes: str) -> None:
+    """Inside markup, the text shows exactly as ``printable`` makes it (a trailing
+    backslash as ``\\x5c``): its brackets are not markup, its backslashes are kept,
+    the tag after it still closes, and no control character reaches the terminal."""
+    text = slashes + text
     shown = printable(text)
     if shown.endswith("\\"):
         shown = shown[:-1] + "\\x5c"
-    assert plain == f"key: {shown} end"
-    closed = Text.from_markup(f"[bold]{safe_markup(text)}[/]").plain  # the tag still closes
-    assert closed == shown
+    safe = safe_markup(text)
+    assert Text.from_markup(f"key: {safe} end", emoji=False).plain == f"key: {shown} end"
+    assert Text.from_markup(f"[bold]{safe}[/]", emoji=False).plain == shown
+    out = _rendered(Text.from_markup(f"[bold]key:[/] {safe} end"))
     assert not _RAW.search(out.replace("\n", ""))
 
 

@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sapper.checks.engine import CheckReport
-from sapper.errors import printable
 from sapper.plan.flags import describe_input
+from sapper.report.safe import safe_markup
 from sapper.rules.model import Finding, Rule, Severity
 
 __all__ = [
@@ -39,19 +39,6 @@ def _where(f: Finding) -> str:
     if f.rank is not None:
         parts.append(f"rank {f.rank}")
     return f" ({', '.join(parts)})" if parts else ""
-
-
-def safe_markup(text: str) -> str:
-    """Text from a log or a user (keys, tags, notes, paths, messages that quote them)
-    ready to sit inside rich markup and print literally: control, escape and bidi
-    characters escaped (:func:`sapper.errors.printable`), and ``[bold red]`` or
-    ``[/]`` in it escaped so rich shows it instead of applying it. A trailing backslash
-    is written ``\\x5c``: as it is, it would escape the tag that follows; doubled (as
-    rich's own escape does) it shows twice when no tag follows."""
-    text = printable(text)
-    if text.endswith("\\"):
-        text = text[:-1] + "\\x5c"
-    return escape(text)
 
 
 _safe = safe_markup
