@@ -322,6 +322,9 @@ class FileFollower(Follower):
 class StreamFollower(Follower):
     """Follows a pipe (standard input); a reader thread hands over chunks as they arrive."""
 
+    #: A pipe holds nothing written before the watch started: every finding is new.
+    live = True
+
     def __init__(
         self,
         stream: BinaryIO,

@@ -152,6 +152,10 @@ class Watcher:
         self._failed_seen: set[str] = set()
         self._interrupted = False
         self._sleeping = False
+        #: Still reading what the log held when the watch started (see :meth:`tick`);
+        #: findings fired meanwhile were in the log before the watch (``--exec`` skips
+        #: them unless ``--exec-existing``). A pipe holds nothing from before.
+        self.catching_up = not getattr(follower, "live", False)
 
     # ---- one poll ---------------------------------------------------------------------
     def tick(self) -> float:
@@ -167,6 +171,10 @@ class Watcher:
         self._drain_side()
         for sink in self.sinks:
             sink.tick(self)
+        if self.catching_up and not fol.behind:
+            # Everything the log held at the start is read (and its last step released
+            # when the writer is quiet); whatever fires from now on is new.
+            self.catching_up = False
         if fol.behind:
             return 0.0
         if not self._settled and fol.quiet_since is not None:
