@@ -125,3 +125,26 @@ def test_a_pipe_holds_nothing_from_before(tmp_path, fault_run, monkeypatch):
     result = watcher.run()
     errors = [f for f in result.findings if f.severity == Severity.ERROR]
     assert errors and len(_received(paged)) == len(errors)
+
+
+def test_an_old_megatron_log_ending_in_nan(tmp_path, fault_run, monkeypatch):
+    """Megatron's reader holds the last step until a later one shows it complete; a
+    crashed run's last line is its NaN, and the file is hours old: that NaN is still
+    in the log before the start, and does not run the command."""
+    import os
+
+    from watchkit import first_nonfinite, megatron_lines
+
+    command, paged = _pager(tmp_path, monkeypatch)
+    nan_at = first_nonfinite(fault_run).step
+    records = [r for r in fault_run if r.step <= nan_at]
+    log = tmp_path / "train.log"
+    _append(log, megatron_lines(records))
+    os.utime(log, (1.0e9, 1.0e9))  # written long ago
+    action = ExecAction(command, Severity.ERROR, timeout=30)
+    watcher = Watcher(open_follower(log), idle_timeout=0, sinks=[action])
+    action.start(watcher)
+    watcher.tick()
+    assert any(f.step == nan_at for f in watcher.findings), watcher.findings
+    watcher.close()
+    assert _received(paged) == [] and action.skipped_existing >= 1
