@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.logs.hostile import LOGS, run_cli
+from tests.logs.hostile import LOGS, run_cli, runner
 
+from sapper.cli.app import app
 from sapper.logs import limits as log_limits
 from sapper.logs import read_log
 from sapper.report.html_data import Columns
@@ -268,3 +269,22 @@ def test_columns_take_values_no_reader_should_hand_on() -> None:
     values = cols.floats("loss")
     assert values[0] == np.inf and np.isnan(values[1]) and np.isnan(values[2])
     assert values[3] == 1.5 and cols.last("loss") == 1.5
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_in_a_tensorboard_run_folder(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "events.out.tfevents.1.node")
+    _refused_fast("analyze", str(run), "--log-format", "tensorboard")
+
+
+def test_notes_on_one_log_are_bounded(tmp_path: Path) -> None:
+    """A log that restarts on every other line gives a note per restart: a few are
+    shown, the rest counted."""
+    steps = [s for i in range(1, 400) for s in (i * 10, i * 10 - 5)]
+    text = "step,loss\n" + "".join(f"{s},2.0\n" for s in steps)
+    path = write(tmp_path, "m.csv", text)
+    res = runner.invoke(app, ["analyze", str(path), "-f", "json"])
+    notes = json.loads(res.stdout)["summary"]["logs"][0]["notes"]
+    assert len(notes) <= 60 and "more notes on the log" in notes[-1]

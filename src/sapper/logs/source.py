@@ -83,6 +83,10 @@ class LogSource:
             if fmt in (None, "trainer_state") and inner.is_file():
                 self.path = inner
         check_regular(self.path)  # a FIFO or a device: refused before anything opens it
+        if self.path.is_dir():  # a TensorBoard run: every event file in it is opened
+            for entry in self.path.iterdir():
+                if "tfevents" in entry.name:
+                    check_regular(entry, "an event file")
         self.format = fmt or detect_format(self.path)
         self.parser: LogParser = make_parser(self.format, self.path, mapping)
         self._offset = 0
