@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sapper.errors import InputError
 from sapper.logs import LogParser, TrainerStateParser
-from sapper.logs.limits import MAX_STATE_BYTES, refuse_special, too_big
+from sapper.logs.limits import MAX_STATE_BYTES, json_int, refuse_special, too_big
 from sapper.logs.source import decode_text
 from sapper.runtime.records import StepRecord
 from sapper.watch.follow import Follower
@@ -133,7 +133,9 @@ class SnapshotFollower(Follower):
 
 def _complete(text: str) -> bool:
     try:
-        json.loads(text)
-    except json.JSONDecodeError:
+        json.loads(text, parse_int=json_int)
+    except RecursionError:
+        return True  # nested past any real state: the reader refuses it with one line
+    except ValueError:  # JSONDecodeError
         return False
     return True
