@@ -36,6 +36,7 @@ __all__ = [
     "MAX_LOG_BYTES",
     "MAX_NESTING",
     "MAX_STATE_BYTES",
+    "any_too_deep",
     "check_regular",
     "json_int",
     "nested_too_deep",
@@ -180,6 +181,14 @@ def nested_too_deep(text: str) -> bool:
         elif ch in "]}":
             depth -= 1
     return False
+
+
+def any_too_deep(texts: list[str]) -> bool:
+    """Whether any of the JSON lines nests deeper than MAX_NESTING: two C-level counts
+    a line, the walk only for the rare line with many brackets."""
+    return any(
+        nested_too_deep(t) for t in texts if t.count("[") + t.count("{") > MAX_NESTING
+    )
 
 
 def to_count(value: Any) -> int | None:

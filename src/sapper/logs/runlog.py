@@ -25,7 +25,12 @@ from pydantic import ValidationError
 
 from sapper.errors import quote
 from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser, to_float
-from sapper.logs.limits import MAX_COUNT, json_int, nested_too_deep
+from sapper.logs.limits import (
+    MAX_COUNT,
+    any_too_deep,
+    json_int,
+    nested_too_deep,
+)
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -161,7 +166,7 @@ class RunLogParser(LogParser):
         )
         batch = "[" + ",".join(kept) + "]"
         try:
-            if nested_too_deep(batch):
+            if any_too_deep(kept):
                 raise RecursionError  # found line by line below
             objs = json.loads(batch, parse_int=json_int)
         except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
