@@ -259,7 +259,7 @@ class LineBuffer:
             self._tail = ""
             self._skipping = True
             self.overlong += 1
-        if len(text) > limit and any(len(line) > limit for line in lines):
+        if len(text) > limit and lines and max(map(len, lines)) > limit:
             self.overlong += sum(len(line) > limit for line in lines)
             lines = [line for line in lines if len(line) <= limit]
         return lines
