@@ -288,3 +288,14 @@ def test_notes_on_one_log_are_bounded(tmp_path: Path) -> None:
     res = runner.invoke(app, ["analyze", str(path), "-f", "json"])
     notes = json.loads(res.stdout)["summary"]["logs"][0]["notes"]
     assert len(notes) <= 60 and "more notes on the log" in notes[-1]
+
+
+def test_a_table_of_many_columns_keeps_a_bounded_number(tmp_path: Path, monkeypatch) -> None:
+    from sapper.logs import table
+
+    monkeypatch.setattr(table, "MAX_EXTRA_COLUMNS", 5)
+    header = "step,loss," + ",".join(f"c{i}" for i in range(20))
+    rows = [f"{s},2.0," + ",".join("1.0" for _ in range(20)) for s in range(1, 13)]
+    log = read_log(write(tmp_path, "m.csv", "\n".join([header, *rows]) + "\n"))
+    assert all(len(r.extra) == 5 for r in log.records)
+    assert any("15 more columns" in n for n in log.notes), log.notes

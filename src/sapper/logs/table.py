@@ -33,6 +33,8 @@ _BAND = ("__MIN", "__MAX")
 _STEP_KEYS = {normalize_name(n): i for i, n in enumerate(STEP_NAMES)}
 #: Columns named in notes about bad values; a wide hostile table gets one line for the rest.
 _MAX_COLUMN_NOTES = 10
+#: Unmapped columns kept per table (per-layer metrics of a large model are a few hundred).
+MAX_EXTRA_COLUMNS = 2000
 
 
 class _Columns:
@@ -128,6 +130,8 @@ class TableParser(LogParser):
         self._bad_values: dict[str, int] = {}
         self._unknown_keys: set[str] = set()
         self._bad_steps = 0
+        self._extra_names: dict[str, bool] = {}
+        self._extra_dropped = 0
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         if self.kind == "jsonl":
@@ -145,6 +149,11 @@ class TableParser(LogParser):
             lines = ", ".join(map(str, self._bad[:5])) + (" ..." if len(self._bad) > 5 else "")
             what = "not JSON objects" if self.kind == "jsonl" else "malformed rows"
             self.notes.append(f"{len(self._bad)} line(s) were {what} and were skipped: {lines}")
+        if self._extra_dropped:
+            self.notes.append(
+                f"{self._extra_dropped} more columns that are no StepRecord field were not "
+                f"kept (the first {MAX_EXTRA_COLUMNS} are, in StepRecord.extra)"
+            )
         if self._bad_steps:
             self.notes.append(
                 f"{self._bad_steps} row(s) had a step that is not an integer in 0 … 2^63-1 "
@@ -235,6 +244,17 @@ class TableParser(LogParser):
             self._put(flat)
 
     # ---- rows -----------------------------------------------------------------------
+    def _keep_extra(self, name: str) -> bool:
+        """Whether an unmapped column is kept in ``StepRecord.extra``: the first
+        MAX_EXTRA_COLUMNS are, so a table of a million columns costs bounded memory per
+        row (the others are counted in a note)."""
+        keep = self._extra_names.get(name)
+        if keep is None:
+            keep = self._extra_names[name] = len(self._extra_names) < MAX_EXTRA_COLUMNS
+            if not keep:
+                self._extra_dropped += 1
+        return keep
+
     def _put(self, row: dict[str, Any]) -> None:
         self._row += 1
         cols = self.columns
@@ -260,7 +280,7 @@ class TableParser(LogParser):
             target = cols.targets.get(name)
             value = to_float(raw)
             if target is None:
-                if value is not None and not name.endswith(_BAND):
+                if value is not None and not name.endswith(_BAND) and self._keep_extra(name):
                     extra[name] = value
                 continue
             if value is None:
