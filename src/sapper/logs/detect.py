@@ -84,7 +84,7 @@ def detect_format(path: str | Path) -> str:
     if path.is_dir():
         return _detect_dir(path)
     try:
-        with open_log(path, limit=1 << 62) as fh:
+        with open_log(path, limit=None) as fh:  # only the head is read
             head = fh.read(_HEAD)
     except OSError as exc:
         raise InputError(f"cannot read it ({exc.strerror})", file=str(path)) from None

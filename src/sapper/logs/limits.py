@@ -96,16 +96,17 @@ def refuse_special(path: str | Path) -> None:
             raise
 
 
-def open_log(path: str | Path, limit: int = MAX_LOG_BYTES) -> IO[bytes]:
+def open_log(path: str | Path, limit: int | None = MAX_LOG_BYTES) -> IO[bytes]:
     """The file opened for binary reading, once it is known to be a regular file of at
-    most ``limit`` bytes. Opened non-blocking and checked again on the descriptor, in
-    case the name was swapped for a FIFO between the two calls."""
+    most ``limit`` bytes (None: any size, for a reader of the first bytes only). Opened
+    non-blocking and checked again on the descriptor, in case the name was swapped for a
+    FIFO between the two calls."""
     name = str(path)
     info = check_regular(path)
     if special_kind(info.st_mode) is not None:
         raise InputError("is a folder, not a log file", file=name,
                          expected="a log file, or --log-format tensorboard / trainer_state")
-    if info.st_size > limit:
+    if limit is not None and info.st_size > limit:
         raise too_big(name, limit, info.st_size)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
