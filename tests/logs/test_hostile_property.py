@@ -2,7 +2,8 @@
 ``sapper report`` crash (exit 3), hang, print a traceback or print without bound.
 
 Each case takes a window of a real log (examples/logs: a Megatron-LM log, a sapper run
-log, a W&B history CSV, a Hugging Face trainer_state.json; the W&B panel export and the
+log, a W&B history CSV, a Hugging Face trainer_state.json; the public Megatron logs and
+trainer_state.json files in tests/fixtures/logs when present; the W&B panel export and the
 JSON-lines table are the same numbers in those layouts; TensorBoard events are written
 from the run log's records and their bytes mutated), mutates nearly every line (numbers
 swapped for NaN, 5000-digit integers, objects, strings; NUL blocks, stray ``\\r``,
@@ -43,10 +44,43 @@ LINES = 70
 #: Cases per format: LINES × EXAMPLES > MIN_MUTATED with the header kept.
 EXAMPLES = 150
 
-MEGATRON = (LOGS / "megatron-gpt345m-fp16.log").read_text().splitlines()
+#: Real public logs collected for the reader tests (see tests/fixtures/SOURCES.md), when
+#: the checkout has them: more seeds for the Megatron and trainer_state cases.
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs"
+
+
+def _megatron_seeds() -> list[list[str]]:
+    files = [LOGS / "megatron-gpt345m-fp16.log", *sorted(FIXTURES.glob("**/*.log"))]
+    seeds = []
+    for path in files:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        iterations = [line for line in lines if "iteration" in line]
+        if len(iterations) >= 5:
+            # A short excerpt is repeated up to a window's length: the repeats are a run
+            # restarted from a checkpoint, as odd a log as any.
+            seeds.append(iterations * (LINES // len(iterations) + 2))
+    return seeds
+
+
+def _state_seeds() -> list[dict[str, object]]:
+    files = [LOGS / "hf-llama-sft" / "trainer_state.json",
+             *sorted(FIXTURES.glob("**/*trainer_state*.json"))]
+    seeds = []
+    for path in files:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+            if len(doc["log_history"]) >= LINES:
+                seeds.append(doc)
+    return seeds
+
+
+MEGATRON_SEEDS = _megatron_seeds()
+STATE_SEEDS = _state_seeds()
 RUNLOG = (LOGS / "sapper-gpt2-healthy.jsonl").read_text().splitlines()
 WANDB = (LOGS / "wandb-history-lr-stuck.csv").read_text().splitlines()
-STATE = json.loads((LOGS / "hf-llama-sft" / "trainer_state.json").read_text())
 
 
 def _table_rows() -> list[dict[str, str]]:
@@ -118,8 +152,7 @@ def _text_case(work: Path, rng: random.Random, fmt: str, name: str, lines: list[
 @fast_settings(EXAMPLES)
 @given(rng=st.randoms(use_true_random=False))
 def test_megatron_logs(work: Path, rng: random.Random) -> None:
-    iterations = [line for line in MEGATRON if "iteration" in line]
-    lines = window(rng, iterations, LINES + 1)
+    lines = window(rng, rng.choice(MEGATRON_SEEDS), LINES + 1)
     _text_case(work, rng, "megatron", "train.log", lines, keep=1, json_like=False)
 
 
@@ -155,11 +188,12 @@ def test_jsonl_tables(work: Path, rng: random.Random) -> None:
 def test_trainer_states(work: Path, rng: random.Random) -> None:
     """Each ``log_history`` entry is one record, mutated as JSON text; the document is
     reassembled around them (often no longer valid JSON: the salvage path runs)."""
-    entries = window(rng, STATE["log_history"], LINES)
+    state = rng.choice(STATE_SEEDS)
+    entries = window(rng, state["log_history"], LINES)  # type: ignore[arg-type]
     texts = [json.dumps(e, indent=rng.choice((None, 2))) for e in entries]
     mutated = [mutate_line(rng, t, json_like=True) for t in texts]
     MUTATED["trainer_state"] += len(mutated)
-    head = {k: v for k, v in STATE.items() if k != "log_history"}
+    head = {k: v for k, v in state.items() if k != "log_history"}
     if rng.random() < 0.3:
         key = rng.choice(sorted(head))
         head[key] = json.loads(rng.choice(("1e30", "null", "[1, 2]", '"x"', "-1")))
