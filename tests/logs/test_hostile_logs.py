@@ -299,3 +299,11 @@ def test_a_table_of_many_columns_keeps_a_bounded_number(tmp_path: Path, monkeypa
     log = read_log(write(tmp_path, "m.csv", "\n".join([header, *rows]) + "\n"))
     assert all(len(r.extra) == 5 for r in log.records)
     assert any("15 more columns" in n for n in log.notes), log.notes
+
+
+def test_trainer_state_with_a_damaged_entry_keeps_the_others(tmp_path: Path) -> None:
+    history = _entries(20)
+    history[3] = history[3].replace('"loss": 2.0', '"loss": 2.0\x00,,')
+    log = read_log(_state(tmp_path, history))
+    assert [r.step for r in log.records] == [s for s in range(1, 21) if s != 4]
+    assert any("1 damaged part(s) skipped" in n for n in log.notes), log.notes

@@ -32,6 +32,8 @@ _TRAIN_KEYS = {
     "eval_loss": "eval_loss",
 }
 _SUMMARY_KEYS = ("train_runtime", "train_loss", "total_flos")
+#: Broken places in a damaged file read past before giving up on the rest.
+MAX_RESYNCS = 10_000
 _META_KEYS = (
     "global_step",
     "max_steps",
@@ -121,7 +123,9 @@ class TrainerStateParser(LogParser):
         return entries
 
     def _salvage(self, text: str, exc: json.JSONDecodeError) -> list[dict[str, Any]]:
-        """Entries of a truncated or damaged file, up to the first broken one."""
+        """Entries of a truncated or damaged file: each complete entry is kept; at a
+        broken one, reading resumes at the next ``{`` (entries are flat objects, so that
+        is the next entry), at most MAX_RESYNCS times."""
         start = text.find('"log_history"')
         bracket = text.find("[", start) if start >= 0 else -1
         if bracket < 0:
@@ -134,24 +138,32 @@ class TrainerStateParser(LogParser):
         decoder = json.JSONDecoder(parse_int=json_int)
         entries: list[dict[str, Any]] = []
         pos = bracket + 1
+        damaged = 0
         while True:
             while pos < len(text) and text[pos] in " \t\r\n,":
                 pos += 1
             if pos >= len(text) or text[pos] == "]":
                 break
             try:
-                entry, pos = decoder.raw_decode(text, pos)
+                entry, end = decoder.raw_decode(text, pos)
             except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-                break
-            if _too_deep(entry):
-                break
+                entry, end = None, -1
+            if end < 0 or _too_deep(entry):
+                nxt = text.find("{", pos + 1)
+                if nxt < 0 or damaged >= MAX_RESYNCS:
+                    break
+                damaged += 1
+                pos = nxt
+                continue
+            pos = end
             if isinstance(entry, dict):
                 entries.append(entry)
         line = text.count("\n", 0, pos) + 1
+        skipped = f", {damaged} damaged part(s) skipped" if damaged else ""
         self.notes.append(
             f"not valid JSON ({exc.msg} at line {exc.lineno}); the file looks truncated or "
             f"damaged: read {len(entries)} log_history entr{'y' if len(entries) == 1 else 'ies'}"
-            f" up to line {line}"
+            f" up to line {line}{skipped}"
         )
         return entries
 
