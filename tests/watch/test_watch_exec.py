@@ -148,3 +148,4 @@ def test_an_old_megatron_log_ending_in_nan(tmp_path, fault_run, monkeypatch):
     assert any(f.step == nan_at for f in watcher.findings), watcher.findings
     watcher.close()
     assert _received(paged) == [] and action.skipped_existing >= 1
+

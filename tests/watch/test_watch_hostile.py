@@ -16,12 +16,14 @@ import random
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tests.logs.hostile import CASE_LIMIT_S, LOGS, fast_settings, mutate_lines, time_limit
 
-from sapper.errors import SapperError
+from sapper.errors import InputError, SapperError
 from sapper.watch import Watcher, open_follower
+from sapper.watch.follow import StreamFollower
 from sapper.watch.live import PlainView
 
 TEXT_LOGS = {
@@ -98,3 +100,11 @@ def test_watch_tensorboard_events(tmp_path_factory, rng: random.Random) -> None:
             del data[pos : pos + rng.randrange(1, 24)]
     folder = tmp_path_factory.mktemp("tb")
     _watch(folder / "events.out.tfevents.1700000000.node1", _split(rng, bytes(data)))
+
+
+def test_a_pipe_of_nul_bytes_ends_with_one_line(tmp_path):
+    """``cat /dev/zero | sapper watch -``: no line ever comes; refused after 2 MiB."""
+    stream = io.BytesIO(b"\x00" * (3 << 20))
+    watcher = Watcher(StreamFollower(stream), idle_timeout=0, poll=0.01)
+    with pytest.raises(InputError, match="no complete text line in the first"):
+        watcher.run()

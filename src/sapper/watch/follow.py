@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 from sapper.errors import InputError
 from sapper.logs import LogParser, make_parser
 from sapper.logs.base import LineBuffer
-from sapper.logs.detect import detect_text
+from sapper.logs.detect import SUPPORTED, detect_text
 from sapper.logs.fields import FieldMap
 from sapper.logs.limits import MAX_LINE_CHARS, refuse_special, sniff_encoding
 from sapper.rules.model import Finding
@@ -120,6 +120,7 @@ class TextFeed:
         self.parser: LogParser | None = make_parser(fmt, name, mapping) if fmt else None
         self._head: list[str] = []
         self._head_bytes = 0
+        self._raw_bytes = 0  # bytes pushed before the format was known
         #: Why the format is not known yet (the detector's last answer).
         self.undetected: InputError | None = None
         self._overlong = self._overlong_told = 0
@@ -135,6 +136,15 @@ class TextFeed:
         self._lines = LineBuffer()
 
     def push(self, data: bytes) -> list[StepRecord]:
+        if self.parser is None:
+            self._raw_bytes += len(data)
+            if self._raw_bytes > 2 * DETECT_LIMIT and not self._head:
+                # NULs, one endless line, binary: nothing a reader could ever recognize.
+                raise InputError(
+                    f"no complete text line in the first {self._raw_bytes:,} bytes",
+                    file=self.name,
+                    expected=SUPPORTED,
+                )
         if self._decoder is None:
             if not data:
                 return []
