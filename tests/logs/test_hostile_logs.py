@@ -307,3 +307,13 @@ def test_trainer_state_with_a_damaged_entry_keeps_the_others(tmp_path: Path) -> 
     log = read_log(_state(tmp_path, history))
     assert [r.step for r in log.records] == [s for s in range(1, 21) if s != 4]
     assert any("1 damaged part(s) skipped" in n for n in log.notes), log.notes
+
+
+def test_log_over_the_size_limit_is_refused_with_its_size(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    with path.open("wb") as fh:  # sparse: nothing actually written
+        fh.write(("\n".join(MEGATRON) + "\n").encode())
+        fh.truncate(log_limits.MAX_LOG_BYTES + (1 << 30))
+    res = runner.invoke(app, ["analyze", str(path)])
+    assert res.exit_code == 2
+    assert "the file is 9.0 GiB, over the 8 GiB limit for a log" in " ".join(res.output.split())

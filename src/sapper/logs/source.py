@@ -82,11 +82,16 @@ class LogSource:
             inner = self.path / "trainer_state.json"
             if fmt in (None, "trainer_state") and inner.is_file():
                 self.path = inner
-        check_regular(self.path)  # a FIFO or a device: refused before anything opens it
+        info = check_regular(self.path)  # a FIFO or a device: refused before it is opened
+        size = info.st_size
         if self.path.is_dir():  # a TensorBoard run: every event file in it is opened
-            for entry in self.path.iterdir():
-                if "tfevents" in entry.name:
-                    check_regular(entry, "an event file")
+            size = sum(
+                check_regular(entry, "an event file").st_size
+                for entry in self.path.iterdir()
+                if "tfevents" in entry.name
+            )
+        if size > MAX_LOG_BYTES:
+            raise too_big(str(self.path), MAX_LOG_BYTES, size)
         self.format = fmt or detect_format(self.path)
         self.parser: LogParser = make_parser(self.format, self.path, mapping)
         self._offset = 0
