@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -94,12 +95,14 @@ def _number_map(value: Any) -> dict[str, float] | None:
     return out
 
 
-def _step_record(obj: dict[str, Any], nonfinite: bool, bad: list[str]) -> StepRecord | None:
+def _step_record(
+    obj: dict[str, Any], nonfinite: bool, bad: Counter[str]
+) -> StepRecord | None:
     """``StepRecord.from_json`` without its per-call overhead (it runs a million times):
     the record's ``__dict__`` is filled directly. ``nonfinite`` says whether the line
     spells a float as "nan"/"inf"; most lines do not and skip the conversion. A field
     holding what it cannot (a string, an object, a list where a number belongs) is left
-    out and its name added to ``bad``; ``None`` when ``extra`` is not an object."""
+    out and counted in ``bad`` by name; ``None`` when ``extra`` is not an object."""
     extra = obj.pop("extra", None) or {}
     if extra.__class__ is not dict:
         return None
@@ -118,7 +121,7 @@ def _step_record(obj: dict[str, Any], nonfinite: bool, bad: list[str]) -> StepRe
         checked = {k: _valid(k, v) for k, v in obj.items()}
         for key in [k for k, v in checked.items() if v is _BAD]:
             del checked[key]
-            bad.append(key)
+            bad[key] += 1
         obj = checked
     elif nonfinite:
         obj = {k: _value(v) for k, v in obj.items()}
@@ -127,7 +130,7 @@ def _step_record(obj: dict[str, Any], nonfinite: bool, bad: list[str]) -> StepRe
             numbers = _number_map(extra[name])
             if numbers is None:
                 del extra[name]
-                bad.append(f"extra.{name}")
+                bad[f"extra.{name}"] += 1
             else:
                 extra[name] = numbers
     obj["extra"] = extra
@@ -151,7 +154,7 @@ class RunLogParser(LogParser):
         self._bad: list[int] = []
         self._last: int | None = None
         self._replayed = 0
-        self._bad_fields: list[str] = []  # names of the fields left out, one per value
+        self._bad_fields: Counter[str] = Counter()  # field name -> values left out
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         texts = lines if isinstance(lines, list) else list(lines)
@@ -236,12 +239,9 @@ class RunLogParser(LogParser):
             ) else f"{len(self._bad)} unreadable line(s): {shown}"
             self.notes.append(f"skipped {what}")
         if self._bad_fields:
-            counts: dict[str, int] = {}
-            for name in self._bad_fields:
-                counts[name] = counts.get(name, 0) + 1
-            shown = ", ".join(f"{quote(k)} ×{n}" for k, n in list(counts.items())[:10])
+            shown = ", ".join(f"{quote(k)} ×{n}" for k, n in self._bad_fields.most_common(10))
             self.notes.append(
-                f"left out {len(self._bad_fields)} value(s) that were not numbers in range "
+                f"left out {self._bad_fields.total()} value(s) that were not numbers in range "
                 f"where a number belongs: {shown}"
             )
         if self._replayed:
