@@ -262,8 +262,9 @@ def test_zz_enough_mutated_lines() -> None:
     if any(MUTATED[f] == 0 for f in formats):
         pytest.skip("only some of the property tests ran")
     assert all(MUTATED[f] >= MIN_MUTATED for f in formats), dict(MUTATED)
-    # Damage that every reader refused would test only the refusal: most cases must
-    # get past it and be analyzed.
+    # Damage that every reader refused would test only the refusal: a good share of
+    # the cases must get past it and be analyzed (a third: an event file damaged in its
+    # first records has no steps, and TFRecord readers cannot resynchronize).
     for fmt in formats:
         read = EXITS[fmt][0] + EXITS[fmt][1]
-        assert read > EXITS[fmt][2], (fmt, dict(EXITS[fmt]))
+        assert 3 * read >= sum(EXITS[fmt].values()), (fmt, dict(EXITS[fmt]))
