@@ -22,12 +22,28 @@ def clip(text: str, limit: int = MAX_QUOTE_CHARS) -> str:
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
 
 
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (``\\n``, ``\\x1b``), so a key or a
-    path from a hostile file keeps the message on one line and cannot drive the terminal."""
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every character that is not printable escaped as Python writes it
+    (``\\n``, ``\\x1b``, ``\\u202e``), so text taken from a log (a key, a tag, a note,
+    a file name) keeps a message on one line and can neither drive the terminal nor
+    reorder what is shown: C0 and C1 controls, NUL, DEL, ESC sequences, the bidi
+    overrides and isolates (U+202A–U+202E, U+2066–U+2069) and the other format
+    characters, line and paragraph separators, lone surrogates. ``keep`` names the
+    characters left as they are (``"\\n"`` for text shown over several lines).
+
+    The one helper for log text on screen: the terminal report adds rich's markup
+    escape (:func:`sapper.report.terminal.safe_markup`), the HTML report applies it to
+    every string of its data."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:

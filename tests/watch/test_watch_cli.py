@@ -72,7 +72,8 @@ def test_findings_out_and_exec_from_the_command_line(tmp_path, fault_run):
     _write(log, runlog_lines(fault_run))
     out, paged = tmp_path / "findings.jsonl", tmp_path / "paged.jsonl"
     res = _invoke(str(log), "--format", "plain", *FAST, "--findings-out", str(out),
-                  "--exec", f"cat >> {paged}; echo >> {paged}", "--exec-on", "warning")
+                  "--exec", f"cat >> {paged}; echo >> {paged}", "--exec-on", "warning",
+                  "--exec-existing")
     assert res.exit_code == 1, res.output
     written = [json.loads(line) for line in out.read_text().splitlines()]
     sent = [json.loads(line) for line in paged.read_text().splitlines() if line.strip()]

@@ -168,7 +168,7 @@ def test_exec_receives_each_error_as_json_on_stdin(tmp_path, fault_run, monkeypa
     out = tmp_path / "paged"
     out.mkdir()
     monkeypatch.setenv("OUT", str(out))
-    action = ExecAction(f"{sys.executable} {script}", Severity.ERROR, timeout=30)
+    action = ExecAction(f"{sys.executable} {script}", Severity.ERROR, timeout=30, existing=True)
     result = _run_with(tmp_path, fault_run, action)
     errors = [f for f in result.findings if f.severity == Severity.ERROR]
     assert errors and len(action.runs) == len(errors)
@@ -180,20 +180,20 @@ def test_exec_receives_each_error_as_json_on_stdin(tmp_path, fault_run, monkeypa
 
 
 def test_exec_on_warning_includes_warnings(tmp_path, fault_run):
-    action = ExecAction("cat > /dev/null", Severity.WARNING, timeout=30)
+    action = ExecAction("cat > /dev/null", Severity.WARNING, timeout=30, existing=True)
     result = _run_with(tmp_path, fault_run, action)
     counted = [f for f in result.findings if f.severity in (Severity.WARNING, Severity.ERROR)]
     assert len(action.runs) == len(counted) > result.count(Severity.ERROR)
 
 
 def test_exec_failures_and_hangs_are_notes_not_errors(tmp_path, fault_run):
-    failing = ExecAction("echo 'no pager configured' >&2; exit 3", timeout=30)
+    failing = ExecAction("echo 'no pager configured' >&2; exit 3", timeout=30, existing=True)
     result = _run_with(tmp_path, fault_run, failing)
     assert failing.runs and all(r.returncode == 3 for r in failing.runs)
     assert any("failed: exit status 3 (no pager configured)" in n for n in result.notes)
 
     begin = time.monotonic()
-    hanging = ExecAction("sleep 30", timeout=0.3)
+    hanging = ExecAction("sleep 30", timeout=0.3, existing=True)
     result = _run_with(tmp_path, fault_run, hanging)
     assert time.monotonic() - begin < 10
     assert hanging.runs and all("timed out after 0.3 s" in r.error for r in hanging.runs)

@@ -219,10 +219,10 @@ def _count(analyses: list[Analysis], severity: Severity) -> int:
 def render_analyses(analyses: list[Analysis]) -> Group:
     """Per log: what was read, the notes, the findings in step order; then the totals."""
     from rich.console import Group
-    from rich.markup import escape
     from rich.text import Text
 
     from sapper.report.terminal import render_findings
+    from sapper.report.terminal import safe_markup as escape
     from sapper.rules.model import Severity
 
     parts: list[Any] = []
@@ -290,8 +290,7 @@ def analyze(
     """Run the monitor's detectors over existing training logs and name what went wrong."""
 
     def body() -> int:
-        from rich.markup import escape
-
+        from sapper.report.terminal import safe_markup as escape
         from sapper.rules.model import Severity
 
         columns = column_mapping(mapping)

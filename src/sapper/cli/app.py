@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from sapper.errors import SapperError, clip
+from sapper.report.safe import safe_markup
 
 __all__ = ["OutputFormat", "app", "console", "emit_json", "main", "run_guarded"]
 
@@ -68,7 +68,7 @@ def run_guarded(body: Callable[[], int]) -> None:
         code = body()
     except SapperError as exc:
         # Escaped: the line quotes user values, and "[/x]" in one is not rich markup.
-        line = escape(str(exc))
+        line = safe_markup(str(exc))
         err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
@@ -97,8 +97,9 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as exc:  # never a traceback for the user
+        what = safe_markup(clip(str(exc)))
         err_console.print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {escape(clip(str(exc)))} "
+            f"[bold red]internal error:[/] {type(exc).__name__}: {what} "
             "(a bug in sapper; rerun with SAPPER_DEBUG=1 for the traceback)",
             highlight=False,
         )

@@ -59,10 +59,9 @@ def report(
 
     def body() -> int:
         # Imported here so ``sapper --help`` does not load the report builder.
-        from rich.markup import escape
-
         from sapper.checks.engine import run_checklist
         from sapper.report.html import build_report_data, write_report
+        from sapper.report.terminal import safe_markup as escape
 
         loaded, failed = load_logs(logs, log_format, column_mapping(mapping))
         if failed:

@@ -77,6 +77,13 @@ def watch(
     exec_timeout: float = typer.Option(
         60.0, "--exec-timeout", help="Seconds an --exec command may run before it is killed."
     ),
+    exec_existing: bool = typer.Option(
+        False,
+        "--exec-existing",
+        help="Run --exec for findings already in the log when the watch started too (by "
+        "default only for what the job writes after: a resumed job is not cancelled for "
+        "its previous attempt's findings).",
+    ),
     findings_out: str | None = typer.Option(
         None,
         "--findings-out",
@@ -109,7 +116,7 @@ def watch(
         follower = open_follower(path, log_format, column_mapping(mapping))
         sinks: list[WatchSink] = []
         if exec_cmd is not None:
-            sinks.append(ExecAction(exec_cmd, severity, exec_timeout))
+            sinks.append(ExecAction(exec_cmd, severity, exec_timeout, existing=exec_existing))
         if findings_out:
             sinks.append(FindingsFile(findings_out))
         sinks.append(make_view(kind, sys.stdout, console))

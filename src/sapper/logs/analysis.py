@@ -24,6 +24,8 @@ __all__ = ["Analysis", "analyze_log", "log_interval"]
 
 #: A gap is this many typical intervals without a record.
 GAP_FACTOR = 10
+#: Notes on one log shown (the terminal, JSON and the report); the rest are counted.
+MAX_NOTES = 50
 
 
 @dataclass
@@ -41,7 +43,9 @@ class Analysis:
 
     @property
     def notes(self) -> list[str]:
-        notes = list(self.log.notes)
+        notes = list(self.log.notes[:MAX_NOTES])
+        if len(self.log.notes) > MAX_NOTES:  # a hostile log can make thousands
+            notes.append(f"... and {len(self.log.notes) - MAX_NOTES} more notes on the log")
         for start, end in self.gaps[:5]:
             notes.append(f"no records between steps {start} and {end}")
         if len(self.gaps) > 5:

@@ -225,21 +225,59 @@ def new_record(step: int) -> StepRecord:
 
 
 class LineBuffer:
-    """Splits appended text into complete lines, holding a torn last line back."""
+    """Splits appended text into complete lines, holding a torn last line back.
 
-    def __init__(self) -> None:
+    A line longer than ``max_chars`` (:data:`sapper.logs.limits.MAX_LINE_CHARS`) is
+    dropped, even while it is still being written, so a file without newlines (or a
+    100 MB line) holds no more than ``max_chars`` in memory; :attr:`overlong` counts
+    them. NUL characters are removed: a crashed node leaves blocks of them in a log,
+    and they carry nothing."""
+
+    def __init__(self, max_chars: int | None = None) -> None:
+        from sapper.logs.limits import MAX_LINE_CHARS
+
         self._tail = ""
+        self.max_chars = MAX_LINE_CHARS if max_chars is None else max_chars
+        #: Lines skipped for being longer than ``max_chars``.
+        self.overlong = 0
+        self._skipping = False  # inside an overlong line: drop up to its newline
 
     def push(self, text: str) -> list[str]:
+        if "\x00" in text:
+            text = text.replace("\x00", "")
+        if self._skipping:
+            cut = text.find("\n")
+            if cut < 0:
+                return []
+            self._skipping = False
+            text = text[cut + 1 :]
         text = self._tail + text
         lines = text.split("\n")
         self._tail = lines.pop()
+        limit = self.max_chars
+        if len(self._tail) > limit:
+            self._tail = ""
+            self._skipping = True
+            self.overlong += 1
+        if len(text) > limit and lines and max(map(len, lines)) > limit:
+            self.overlong += sum(len(line) > limit for line in lines)
+            lines = [line for line in lines if len(line) <= limit]
         return lines
 
     def rest(self) -> list[str]:
         """The unterminated last line, if any (end of input)."""
         tail, self._tail = self._tail, ""
+        self._skipping = False
         return [tail] if tail.strip() else []
+
+    def note(self) -> str | None:
+        """What was skipped, for the reader's notes (None: nothing)."""
+        if not self.overlong:
+            return None
+        return (
+            f"skipped {self.overlong} line(s) longer than {self.max_chars:,} characters "
+            "(see Limits in docs/analyze.md)"
+        )
 
 
 _NONFINITE = {
@@ -256,11 +294,15 @@ _NONFINITE = {
 
 def to_float(value: Any) -> float | None:
     """A number from a log cell: ints, floats, numeric strings, "nan"/"inf" spellings,
-    booleans as 0/1; ``None`` for empty cells and anything else."""
+    booleans as 0/1; ``None`` for empty cells and anything else (an object, a list, a
+    string that is no number). A number beyond the float range is ``±inf``, as
+    ``float("1e400")`` is; a digit string too long to be a number is ``None``."""
     cls = value.__class__
     if cls is float:  # the common cells first: a decoded JSON number, a CSV number
         return value
     if cls is str:
+        if len(value) > _MAX_NUMBER_CHARS:
+            return None
         try:  # float() itself takes surrounding blanks and the nan/inf spellings
             return float(value)
         except ValueError:
@@ -268,10 +310,13 @@ def to_float(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None if value is None else float(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past 1.8e308
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, str):
         text = value.strip()
-        if not text:
+        if not text or len(text) > _MAX_NUMBER_CHARS:
             return None
         special = _NONFINITE.get(text.lower())
         if special is not None:
@@ -283,16 +328,21 @@ def to_float(value: Any) -> float | None:
     return None
 
 
+#: Longest text read as a number: the longest float repr is 24 characters; 1,000 leaves
+#: room for any real spelling while a 100 MB digit string costs nothing.
+_MAX_NUMBER_CHARS = 1000
 _INT_FIELDS = frozenset({"tokens", "samples", "skipped_total"})
 
 
 def coerce(field_name: str, value: float) -> Any:
     """A float read from a log, in the type the StepRecord field holds: counts become
-    ints (``None`` when not finite), ``skipped`` a bool."""
+    ints (``None`` when not finite, negative or past int64), ``skipped`` a bool."""
     if field_name == "skipped":
         return bool(value) if math.isfinite(value) else None
     if field_name in _INT_FIELDS:
-        return int(value) if math.isfinite(value) else None
+        from sapper.logs.limits import to_count
+
+        return to_count(value)
     return value
 
 

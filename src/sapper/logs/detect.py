@@ -20,7 +20,14 @@ from pathlib import Path
 from sapper.errors import InputError
 from sapper.logs.megatron import ITERATION_LINE
 
-__all__ = ["FORMATS", "SUPPORTED", "detect_format", "detect_text", "expand_paths"]
+__all__ = [
+    "FORMATS",
+    "SUPPORTED",
+    "decode_head",
+    "detect_format",
+    "detect_text",
+    "expand_paths",
+]
 
 #: Format names accepted by ``--log-format`` and returned by :func:`detect_format`.
 FORMATS: tuple[str, ...] = ("sapper", "trainer_state", "tensorboard", "csv", "jsonl", "megatron")
@@ -42,15 +49,24 @@ def _is_event_file(head: bytes) -> bool:
     return masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
 
 
-_CONTROL = bytes(c for c in range(32) if c not in (9, 10, 13))
+_CONTROL = "".join(chr(c) for c in range(32) if c not in (9, 10, 13))
+_NO_CONTROL = str.maketrans("", "", _CONTROL)
 
 
-def _decode(head: bytes, path: Path) -> str:
-    """Text, unless the bytes are mostly not text. A crashed node can leave a few NUL
-    blocks or a torn UTF-8 character in a real log; those do not make it binary."""
-    text = head.decode("utf-8", errors="replace")
-    odd = len(head) - len(head.translate(None, _CONTROL)) + text.count("\ufffd")
-    if odd > 0.1 * len(head):
+def decode_head(head: bytes, path: str | Path) -> str:
+    """Text, unless the bytes are mostly not text. A crashed node can leave NUL blocks
+    or a torn UTF-8 character in a real log; those do not make it binary: NULs are
+    skipped (as the readers skip them), and of the rest at most a tenth may be other
+    control characters or undecodable bytes. A byte-order mark picks the encoding."""
+    from sapper.logs.limits import sniff_encoding
+
+    text = head.decode(sniff_encoding(head), errors="replace").lstrip("\ufeff")
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+        if not text.strip():
+            raise InputError("the file holds only NUL bytes", file=str(path), expected=SUPPORTED)
+    odd = len(text) - len(text.translate(_NO_CONTROL)) + text.count("\ufffd")
+    if odd > 0.1 * len(text):
         raise _binary(path)
     return text
 
@@ -60,15 +76,16 @@ def _binary(path: Path) -> InputError:
 
 
 def detect_format(path: str | Path) -> str:
-    """The format of one file or folder (see :data:`FORMATS`); :class:`InputError` if none."""
+    """The format of one file or folder (see :data:`FORMATS`); :class:`InputError` if none.
+    Only regular files are opened (a FIFO or a device is refused at once)."""
+    from sapper.logs.limits import open_log
+
     path = Path(path)
     if path.is_dir():
         return _detect_dir(path)
     try:
-        with path.open("rb") as fh:
+        with open_log(path, limit=None) as fh:  # only the head is read
             head = fh.read(_HEAD)
-    except FileNotFoundError:
-        raise InputError("no such file or folder", file=str(path)) from None
     except OSError as exc:
         raise InputError(f"cannot read it ({exc.strerror})", file=str(path)) from None
     if not head.strip():
@@ -81,8 +98,7 @@ def detect_format(path: str | Path) -> str:
             file=str(path),
             expected="an events.out.tfevents.* file written by a SummaryWriter",
         )
-    text = _decode(head, path).lstrip("\ufeff")
-    return _detect_text(text, path)
+    return _detect_text(decode_head(head, path), path)
 
 
 def detect_text(text: str, name: str | Path = "<stdin>") -> str:
@@ -98,9 +114,11 @@ def _detect_text(text: str, path: Path) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     first = lines[0].strip()
     if first.startswith("{"):
+        from sapper.logs.limits import json_int, nested_too_deep
+
         try:
-            obj = json.loads(first)
-        except json.JSONDecodeError:
+            obj = None if nested_too_deep(first) else json.loads(first, parse_int=json_int)
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             obj = None
         if isinstance(obj, dict):
             if isinstance(obj.get("log_history"), list):

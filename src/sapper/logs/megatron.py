@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sapper.logs.base import LogData, LogParser, to_float
+from sapper.logs.limits import MAX_INT_DIGITS, to_count
 from sapper.runtime.records import StepRecord
 
 __all__ = ["ITERATION_LINE", "MegatronParser", "read_megatron"]
@@ -132,8 +133,12 @@ class MegatronParser(LogParser):
         return super().finish()
 
     def _iteration(self, line: str, match: re.Match[str]) -> None:
-        step, total = int(match.group(1)), int(match.group(2))
-        self.meta.setdefault("train_iters", total)
+        step, total = _int(match.group(1)), _int(match.group(2))
+        if step is None:
+            self._bad_values += 1
+            return
+        if total is not None:
+            self.meta.setdefault("train_iters", total)
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         losses: dict[str, float] = {}
@@ -149,15 +154,29 @@ class MegatronParser(LogParser):
                 if name == "loss":
                     losses[key] = value
                     continue
-                values[name] = int(value) if name == "samples" else value * factor
+                if name == "samples":
+                    samples = to_count(value)
+                    if samples is None:
+                        self._bad_values += 1
+                    else:
+                        values[name] = samples
+                else:
+                    values[name] = value * factor
             elif key == "number of skipped iterations":
-                skipped = int(value)
-                self.skipped_total += skipped
+                skipped = to_count(value)
+                if skipped is None:  # NaN, negative, past int64: not a count
+                    self._bad_values += 1
+                    continue
+                self.skipped_total = min(self.skipped_total + skipped, _MAX_TOTAL)
                 values["skipped"] = skipped > 0
                 values["skipped_total"] = self.skipped_total
                 extra["skipped_in_interval"] = skipped
             elif key == "number of nan iterations":
-                nan_iters = int(value)
+                count = to_count(value)
+                if count is None:
+                    self._bad_values += 1
+                    continue
+                nan_iters = count
                 extra["nan_iterations"] = nan_iters
             elif key in _EXTRA:
                 extra[_EXTRA[key]] = value
@@ -198,8 +217,9 @@ class MegatronParser(LogParser):
         for key, text in _segments(match.group(3)):
             if key in ("lm loss value", "loss value"):
                 value = to_float(text)
-                if value is not None:
-                    self.merger.put(int(match.group(1)), {"eval_loss": value})
+                step = _int(match.group(1))
+                if value is not None and step is not None:
+                    self.merger.put(step, {"eval_loss": value})
                 return
 
     def _memory(self, line: str) -> None:
@@ -213,8 +233,19 @@ class MegatronParser(LogParser):
             value = to_float(text)
             if name and value is not None:
                 values[name] = value * factor
-        if values:
-            self.merger.put(int(match.group(1)), values, keep_max=True)
+        step = _int(match.group(1))
+        if values and step is not None:
+            self.merger.put(step, values, keep_max=True)
+
+
+#: The running count of skipped iterations stays an int64.
+_MAX_TOTAL = 2**63 - 1
+
+
+def _int(digits: str) -> int | None:
+    """A step number from the log's digits; ``None`` past int64 (no ``int()`` on a
+    5000-digit string, which Python refuses)."""
+    return to_count(int(digits)) if len(digits) <= MAX_INT_DIGITS else None
 
 
 def _unix(day: str, clock: str) -> float | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -23,7 +24,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser
+from sapper.errors import quote
+from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser, to_float
+from sapper.logs.limits import (
+    MAX_COUNT,
+    any_too_deep,
+    json_int,
+    nested_too_deep,
+)
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -43,16 +51,88 @@ def _value(value: Any) -> Any:
     return value
 
 
-def _step_record(obj: dict[str, Any], nonfinite: bool) -> StepRecord:
+#: What each StepRecord field may hold, by name (the others hold a float).
+_COUNTS = frozenset({"step", "tokens", "samples", "skipped_total"})
+_PLAIN = frozenset({int, float})
+#: ``StepRecord.extra`` entries other readers and the detectors share, each a
+#: ``{name: number}`` map.
+_NUMBER_MAPS = ("eval_losses", "grad_norm_layers")
+
+
+def _valid(key: str, value: Any) -> Any:
+    """``value`` as field ``key`` holds it, or ``_BAD`` when it cannot (a string, an
+    object, a list where a number belongs, a count out of range)."""
+    if value is None:
+        return None
+    if key in _COUNTS:
+        if value.__class__ is int and 0 <= value <= MAX_COUNT:
+            return value
+        return _BAD
+    if key == "skipped":
+        return value if value.__class__ is bool or value in (0, 1) else _BAD
+    if key == "lrs":
+        if value.__class__ is list and all(to_float(v) is not None for v in value[:_LRS]):
+            return [to_float(v) for v in value[:_LRS]]
+        return _BAD
+    if value.__class__ is bool:
+        return _BAD
+    number = to_float(value) if value.__class__ is not str or value in _NONFINITE else None
+    return _BAD if number is None else number
+
+
+_BAD = object()
+_LRS = 1024  # learning rates per step at most (one per parameter group)
+
+
+def _number_map(value: Any) -> dict[str, float] | None:
+    if value.__class__ is not dict:
+        return None
+    out = {}
+    for name, v in value.items():
+        number = None if v.__class__ is bool else to_float(v)
+        if number is not None:
+            out[name] = number
+    return out
+
+
+def _step_record(
+    obj: dict[str, Any], nonfinite: bool, bad: Counter[str]
+) -> StepRecord | None:
     """``StepRecord.from_json`` without its per-call overhead (it runs a million times):
     the record's ``__dict__`` is filled directly. ``nonfinite`` says whether the line
-    spells a float as "nan"/"inf"; most lines do not and skip the conversion."""
+    spells a float as "nan"/"inf"; most lines do not and skip the conversion. A field
+    holding what it cannot (a string, an object, a list where a number belongs) is left
+    out and counted in ``bad`` by name; ``None`` when ``extra`` is not an object."""
     extra = obj.pop("extra", None) or {}
+    if extra.__class__ is not dict:
+        return None
     if not _NAMES.issuperset(obj):
         for key in obj.keys() - _NAMES:
             extra[key] = obj.pop(key)
-    if nonfinite:
+    get = obj.get
+    if (
+        not _PLAIN.issuperset(map(type, obj.values()))
+        or "skipped" in obj
+        or "lrs" in obj
+        or get("tokens", 0).__class__ is not int
+        or get("samples", 0).__class__ is not int
+        or get("skipped_total", 0).__class__ is not int
+    ):
+        checked = {k: _valid(k, v) for k, v in obj.items()}
+        for key in [k for k, v in checked.items() if v is _BAD]:
+            del checked[key]
+            bad[key] += 1
+        obj = checked
+    elif nonfinite:
         obj = {k: _value(v) for k, v in obj.items()}
+    for name in _NUMBER_MAPS:
+        if name in extra:
+            numbers = _number_map(extra[name])
+            if numbers is None:
+                del extra[name]
+                bad[f"extra.{name}"] += 1
+            else:
+                extra[name] = numbers
     obj["extra"] = extra
     if not SPARSE_RECORDS:
         obj = {**_DEFAULTS, **obj}
@@ -74,6 +154,7 @@ class RunLogParser(LogParser):
         self._bad: list[int] = []
         self._last: int | None = None
         self._replayed = 0
+        self._bad_fields: Counter[str] = Counter()  # field name -> values left out
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         texts = lines if isinstance(lines, list) else list(lines)
@@ -88,8 +169,10 @@ class RunLogParser(LogParser):
         )
         batch = "[" + ",".join(kept) + "]"
         try:
-            objs = json.loads(batch)
-        except json.JSONDecodeError:
+            if any_too_deep(kept):
+                raise RecursionError  # found line by line below
+            objs = json.loads(batch, parse_int=json_int)
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             objs, numbers, kept = self._one_by_one(kept, numbers)
         # The lines that spell a non-finite float as a string: usually none, so no scan.
         special: set[int] = set()
@@ -104,20 +187,21 @@ class RunLogParser(LogParser):
             kind = obj.pop("kind", None)
             if kind == "step":
                 step = obj.get("step")
-                if step.__class__ is int and (last is None or step > last):
-                    try:
-                        out.append(_step_record(obj, line in special))
-                        last = step
-                    except (TypeError, AttributeError):  # "extra" that is not an object
+                if step.__class__ is int and 0 <= step and (last is None or step > last):
+                    rec = _step_record(obj, line in special, self._bad_fields)
+                    if rec is None:
                         self._bad.append(line)
-                elif step.__class__ is int:
+                    else:
+                        out.append(rec)
+                        last = step
+                elif step.__class__ is int and 0 <= step:
                     self._replayed += 1
                 else:
                     self._bad.append(line)
             elif kind == "finding":
                 self._finding(obj, line)
             elif kind == "meta":
-                self.meta.update(obj)
+                self.meta.update(obj)  # read by name only (``plan``, validated there)
             else:
                 self._bad.append(line)
         self._last = last
@@ -130,8 +214,10 @@ class RunLogParser(LogParser):
         objs, good, good_texts = [], [], []
         for text, line in zip(texts, numbers, strict=True):
             try:
-                objs.append(json.loads(text))
-            except json.JSONDecodeError:
+                if nested_too_deep(text):
+                    raise RecursionError
+                objs.append(json.loads(text, parse_int=json_int))
+            except (ValueError, RecursionError):
                 self._bad.append(line)
                 continue
             good.append(line)
@@ -152,6 +238,12 @@ class RunLogParser(LogParser):
                 last and len(self._bad) == 1
             ) else f"{len(self._bad)} unreadable line(s): {shown}"
             self.notes.append(f"skipped {what}")
+        if self._bad_fields:
+            shown = ", ".join(f"{quote(k)} ×{n}" for k, n in self._bad_fields.most_common(10))
+            self.notes.append(
+                f"left out {self._bad_fields.total()} value(s) that were not numbers in range "
+                f"where a number belongs: {shown}"
+            )
         if self._replayed:
             self.notes.append(
                 f"{self._replayed} step record(s) repeated an earlier step (a restart from a "

@@ -17,6 +17,14 @@ from sapper.errors import InputError
 from sapper.logs.base import LineBuffer, LogData, LogParser, gc_paused
 from sapper.logs.detect import FORMATS, detect_format
 from sapper.logs.fields import FieldMap
+from sapper.logs.limits import (
+    MAX_LOG_BYTES,
+    MAX_STATE_BYTES,
+    check_regular,
+    open_log,
+    sniff_encoding,
+    too_big,
+)
 from sapper.logs.megatron import MegatronParser
 from sapper.logs.runlog import RunLogParser
 from sapper.logs.table import TableParser
@@ -24,7 +32,7 @@ from sapper.logs.tensorboard import TensorBoardParser
 from sapper.logs.trainer_state import TrainerStateParser
 from sapper.runtime.records import StepRecord
 
-__all__ = ["LogSource", "make_parser", "read_log"]
+__all__ = ["LogSource", "decode_text", "make_parser", "read_log"]
 
 _CHUNK = 8 << 20
 
@@ -47,6 +55,19 @@ def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None 
                      expected=" / ".join(FORMATS))
 
 
+def _decoder(head: bytes) -> codecs.IncrementalDecoder:
+    """An incremental decoder for the encoding the first bytes show (a UTF-16 CSV from a
+    Windows tool starts with its byte-order mark); undecodable bytes become U+FFFD."""
+    return codecs.getincrementaldecoder(sniff_encoding(head))(errors="replace")
+
+
+def decode_text(data: bytes) -> str:
+    """A whole file's bytes as text, in the encoding its byte-order mark says, without
+    NUL characters (a crashed node leaves blocks of them)."""
+    text = data.decode(sniff_encoding(data), errors="replace").lstrip("\ufeff")
+    return text.replace("\x00", "") if "\x00" in text else text
+
+
 class LogSource:
     """One log file or TensorBoard run, read incrementally."""
 
@@ -61,10 +82,20 @@ class LogSource:
             inner = self.path / "trainer_state.json"
             if fmt in (None, "trainer_state") and inner.is_file():
                 self.path = inner
+        info = check_regular(self.path)  # a FIFO or a device: refused before it is opened
+        size = info.st_size
+        if self.path.is_dir():  # a TensorBoard run: every event file in it is opened
+            size = sum(
+                check_regular(entry, "an event file").st_size
+                for entry in self.path.iterdir()
+                if "tfevents" in entry.name
+            )
+        if size > MAX_LOG_BYTES:
+            raise too_big(str(self.path), MAX_LOG_BYTES, size)
         self.format = fmt or detect_format(self.path)
         self.parser: LogParser = make_parser(self.format, self.path, mapping)
         self._offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder: codecs.IncrementalDecoder | None = None
         self._lines = LineBuffer()
         self._stamp: tuple[float, int] | None = None
 
@@ -80,10 +111,14 @@ class LogSource:
             return self._poll_snapshot(self.parser)
         out: list[StepRecord] = []
         try:
-            with gc_paused(), self.path.open("rb") as fh:
+            with gc_paused(), open_log(self.path) as fh:
                 fh.seek(self._offset)
                 while chunk := fh.read(_CHUNK):
                     self._offset += len(chunk)
+                    if self._offset > MAX_LOG_BYTES:  # it said less than it held (/proc)
+                        raise too_big(str(self.path), MAX_LOG_BYTES)
+                    if self._decoder is None:
+                        self._decoder = _decoder(chunk)
                     lines = self._lines.push(self._decoder.decode(chunk))
                     out.extend(self.parser.feed(lines))
         except OSError as exc:
@@ -97,10 +132,13 @@ class LogSource:
             if stamp == self._stamp:
                 return []
             self._stamp = stamp
-            text = self.path.read_text(encoding="utf-8", errors="replace")
+            with open_log(self.path, MAX_STATE_BYTES) as fh:
+                data = fh.read(MAX_STATE_BYTES + 1)
         except OSError as exc:
             raise InputError(f"cannot read it ({exc.strerror})", file=str(self.path)) from None
-        return parser.parse(text)
+        if len(data) > MAX_STATE_BYTES:
+            raise too_big(str(self.path), MAX_STATE_BYTES)
+        return parser.parse(decode_text(data))
 
     def close(self) -> list[StepRecord]:
         """End of input: the records held back (the torn last line is judged here)."""
@@ -108,8 +146,12 @@ class LogSource:
             return []
         out: list[StepRecord] = []
         if not isinstance(self.parser, TensorBoardParser):
-            rest = self._lines.push(self._decoder.decode(b"", final=True)) + self._lines.rest()
+            tail = self._decoder.decode(b"", final=True) if self._decoder is not None else ""
+            rest = self._lines.push(tail) + self._lines.rest()
             out.extend(self.parser.feed(rest))
+            note = self._lines.note()
+            if note:
+                self.parser.notes.append(note)
         out.extend(self.parser.finish())
         return out
 

@@ -20,9 +20,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.errors import InputError
+from sapper.errors import InputError, clip, quote
 from sapper.logs.base import LogData, LogParser, coerce, to_float
 from sapper.logs.fields import STEP_NAMES, FieldMap, canonical, normalize_name
+from sapper.logs.limits import MAX_NESTING, json_int, nested_too_deep, to_count
 from sapper.runtime.records import StepRecord
 
 __all__ = ["TableParser", "read_table"]
@@ -30,6 +31,10 @@ __all__ = ["TableParser", "read_table"]
 _WANDB_RUN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
 _BAND = ("__MIN", "__MAX")
 _STEP_KEYS = {normalize_name(n): i for i, n in enumerate(STEP_NAMES)}
+#: Columns named in notes about bad values; a wide hostile table gets one line for the rest.
+_MAX_COLUMN_NOTES = 10
+#: Unmapped columns kept per table (per-layer metrics of a large model are a few hundred).
+MAX_EXTRA_COLUMNS = 2000
 
 
 class _Columns:
@@ -42,6 +47,7 @@ class _Columns:
         self.step_column: str | None = None
         self.runs: list[str] = []
         self._taken: dict[str, str] = {}
+        self._clashes = 0
 
     def resolve(self, names: list[str]) -> None:
         """Decide the step column and each column's field: the first run, and of two
@@ -89,10 +95,12 @@ class _Columns:
     def _claim(self, fm: FieldMap, name: str) -> FieldMap | None:
         owner = self._taken.get(fm.field)
         if owner is not None and owner != name:
-            self.notes.append(
-                f"columns {owner!r} and {name!r} both mean {fm.field}; read {owner!r} "
-                f"(use --map {name!r}={fm.field} to choose the other)"
-            )
+            self._clashes += 1
+            if self._clashes <= _MAX_COLUMN_NOTES:
+                self.notes.append(
+                    f"columns {quote(owner)} and {quote(name)} both mean {fm.field}; read "
+                    f"{quote(owner)} (use --map {quote(name)}={fm.field} to choose the other)"
+                )
             return None
         self._taken[fm.field] = name
         return fm
@@ -121,6 +129,9 @@ class TableParser(LogParser):
         self._bad: list[int] = []
         self._bad_values: dict[str, int] = {}
         self._unknown_keys: set[str] = set()
+        self._bad_steps = 0
+        self._extra_names: dict[str, bool] = {}
+        self._extra_dropped = 0
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         if self.kind == "jsonl":
@@ -138,13 +149,30 @@ class TableParser(LogParser):
             lines = ", ".join(map(str, self._bad[:5])) + (" ..." if len(self._bad) > 5 else "")
             what = "not JSON objects" if self.kind == "jsonl" else "malformed rows"
             self.notes.append(f"{len(self._bad)} line(s) were {what} and were skipped: {lines}")
-        for name, count in self._bad_values.items():
-            self.notes.append(f"column {name!r}: {count} value(s) were not numbers and skipped")
-        if len(self.columns.runs) > 1:
-            others = ", ".join(repr(r) for r in self.columns.runs[1:])
+        if self._extra_dropped:
             self.notes.append(
-                f"the table holds {len(self.columns.runs)} runs; read {self.columns.runs[0]!r}, "
-                f"not {others}"
+                f"{self._extra_dropped} more columns that are no StepRecord field were not "
+                f"kept (the first {MAX_EXTRA_COLUMNS} are, in StepRecord.extra)"
+            )
+        if self._bad_steps:
+            self.notes.append(
+                f"{self._bad_steps} row(s) had a step that is not an integer in 0 … 2^63-1 "
+                "and were skipped"
+            )
+        for name, count in list(self._bad_values.items())[:_MAX_COLUMN_NOTES]:
+            self.notes.append(
+                f"column {quote(name)}: {count} value(s) were not numbers in range and skipped"
+            )
+        if len(self._bad_values) > _MAX_COLUMN_NOTES:
+            self.notes.append(
+                f"... and {len(self._bad_values) - _MAX_COLUMN_NOTES} more columns with values "
+                "that were not numbers"
+            )
+        if len(self.columns.runs) > 1:
+            others = clip(", ".join(quote(r) for r in self.columns.runs[1:6]))
+            self.notes.append(
+                f"the table holds {len(self.columns.runs)} runs; read "
+                f"{quote(self.columns.runs[0])}, not {others}"
             )
         if self.columns.step_column is None and self._row:
             self.notes.append("no step column (step, iteration, _step ...): rows numbered from 1")
@@ -168,13 +196,32 @@ class TableParser(LogParser):
             self.columns.resolve(self._header)
             self.meta["columns"] = list(self._header)
         width = len(self._header)
-        numbers = [n for n, _ in pending]
-        rows = csv.reader([t for _, t in pending], delimiter=self.delimiter)
-        for number, row in zip(numbers, rows, strict=False):
-            if len(row) > width or len(row) < 2 <= width:
+        for number, row in self._rows(pending):
+            if row is None or len(row) > width or len(row) < 2 <= width:
                 self._bad.append(number)
                 continue
             self._put(dict(zip(self._header, row, strict=False)))
+
+    def _rows(self, pending: list[tuple[int, str]]) -> Iterable[tuple[int, list[str] | None]]:
+        """The parsed rows, ``None`` for one the csv module refuses (a stray ``\r`` in an
+        unquoted field, a field past its size limit): one reader over all lines, and
+        after a refusal one reader per remaining line, so a bad row costs only itself."""
+        reader = csv.reader([t for _, t in pending], delimiter=self.delimiter)
+        done = 0
+        for number, _ in pending:
+            done += 1
+            try:
+                yield number, next(reader)
+            except csv.Error:
+                yield number, None
+                break
+            except StopIteration:  # a quoted field ran over the lines that were left
+                return
+        for number, text in pending[done:]:
+            try:
+                yield number, next(csv.reader([text], delimiter=self.delimiter))
+            except (csv.Error, StopIteration):
+                yield number, None
 
     # ---- JSON lines -----------------------------------------------------------------
     def _feed_jsonl(self, lines: Iterable[str]) -> None:
@@ -184,8 +231,8 @@ class TableParser(LogParser):
             if not text:
                 continue
             try:
-                obj = json.loads(text)
-            except json.JSONDecodeError:
+                obj = None if nested_too_deep(text) else json.loads(text, parse_int=json_int)
+            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
                 obj = None
             if not isinstance(obj, dict):
                 self._bad.append(self._line)
@@ -197,14 +244,32 @@ class TableParser(LogParser):
             self._put(flat)
 
     # ---- rows -----------------------------------------------------------------------
+    def _keep_extra(self, name: str) -> bool:
+        """Whether an unmapped column is kept in ``StepRecord.extra``: the first
+        MAX_EXTRA_COLUMNS are, so a table of a million columns costs bounded memory per
+        row (the others are counted in a note)."""
+        keep = self._extra_names.get(name)
+        if keep is None:
+            keep = self._extra_names[name] = len(self._extra_names) < MAX_EXTRA_COLUMNS
+            if not keep:
+                self._extra_dropped += 1
+        return keep
+
     def _put(self, row: dict[str, Any]) -> None:
         self._row += 1
         cols = self.columns
         if cols.step_column is not None:
-            step_value = to_float(row.get(cols.step_column))
-            if step_value is None or step_value != step_value:
+            raw_step = row.get(cols.step_column)
+            if raw_step is None or raw_step == "":
                 return  # a row of another metric group (W&B logs them on their own rows)
-            step = int(step_value)
+            step_value = to_float(raw_step)
+            if step_value is not None and step_value != step_value:
+                return  # NaN: as empty (pandas writes a missing value so)
+            count = None if step_value is None else to_count(step_value)
+            if count is None:
+                self._bad_steps += 1
+                return
+            step = count
         else:
             step = self._row
         values: dict[str, Any] = {}
@@ -215,23 +280,29 @@ class TableParser(LogParser):
             target = cols.targets.get(name)
             value = to_float(raw)
             if target is None:
-                if value is not None and not name.endswith(_BAND):
+                if value is not None and not name.endswith(_BAND) and self._keep_extra(name):
                     extra[name] = value
                 continue
             if value is None:
                 self._bad_values[name] = self._bad_values.get(name, 0) + 1
                 continue
-            values[target.field] = coerce(target.field, value * target.factor)
+            scaled = coerce(target.field, value * target.factor)
+            if scaled is None:
+                self._bad_values[name] = self._bad_values.get(name, 0) + 1
+                continue
+            values[target.field] = scaled
         if values or extra:
             self.merger.put(step, values, extra)
 
 
-def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(obj: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    """Nested objects as ``outer/inner`` keys (W&B's ``{"train": {"loss": ...}}``); the
+    depth is bounded by the line's nesting check, and again here."""
     out: dict[str, Any] = {}
     for key, value in obj.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "/"))
+        if isinstance(value, dict) and depth < MAX_NESTING:
+            out.update(_flatten(value, name + "/", depth + 1))
         else:
             out[name] = value
     return out

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.errors import InputError
+from sapper.errors import InputError, quote
 from sapper.logs.base import LogData, LogParser, StepMerger, to_float
+from sapper.logs.limits import MAX_COUNT, MAX_NESTING, json_int
 from sapper.runtime.records import StepRecord
 
 __all__ = ["TrainerStateParser", "read_trainer_state"]
@@ -31,6 +32,8 @@ _TRAIN_KEYS = {
     "eval_loss": "eval_loss",
 }
 _SUMMARY_KEYS = ("train_runtime", "train_loss", "total_flos")
+#: Broken places in a damaged file read past before giving up on the rest.
+MAX_RESYNCS = 10_000
 _META_KEYS = (
     "global_step",
     "max_steps",
@@ -53,6 +56,8 @@ class TrainerStateParser(LogParser):
         super().__init__(source)
         self._text: list[str] = []
         self._emitted: int | None = None
+        self._stepless = self._bad_values = 0
+        self._first_stepless = ""
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Collect text; the document is parsed by :meth:`finish` (it is one JSON value)."""
@@ -66,8 +71,20 @@ class TrainerStateParser(LogParser):
     def parse(self, text: str) -> list[StepRecord]:
         """All steps in this snapshot after the last step returned by an earlier call."""
         merger = StepMerger(self.notes)
+        self._stepless = self._bad_values = 0
         for entry in self._entries(text):
             self._entry(merger, entry)
+        if self._stepless:
+            self.notes.append(
+                f"{self._stepless} log_history entr{'y' if self._stepless == 1 else 'ies'} "
+                f"without an integer step in 0 … 2^63-1 skipped (the first: "
+                f"{self._first_stepless})"
+            )
+        if self._bad_values:
+            self.notes.append(
+                f"{self._bad_values} loss, grad_norm, learning_rate or eval_loss value(s) were "
+                "not numbers and were skipped"
+            )
         records = merger.flush()
         if self._emitted is not None:
             records = [r for r in records if r.step > self._emitted]
@@ -79,9 +96,14 @@ class TrainerStateParser(LogParser):
         if not text.strip():
             raise InputError("the file is empty", file=self.source)
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, parse_int=json_int)
         except json.JSONDecodeError as exc:
             return self._salvage(text, exc)
+        except RecursionError:
+            raise InputError(
+                f"nested deeper than {MAX_NESTING} levels", file=self.source,
+                expected="a Hugging Face Trainer state (trainer_state.json)",
+            ) from None
         if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
             raise InputError(
                 "no log_history list",
@@ -90,12 +112,20 @@ class TrainerStateParser(LogParser):
                 expected="a Hugging Face Trainer state (trainer_state.json)",
             )
         for key in _META_KEYS:
-            if doc.get(key) is not None:
+            if isinstance(doc.get(key), (int, float, str)):
                 self.meta[key] = doc[key]
-        return [e for e in doc["log_history"] if isinstance(e, dict)]
+        entries = [e for e in doc["log_history"] if isinstance(e, dict)]
+        if any(_too_deep(e) for e in entries):
+            raise InputError(
+                f"a log_history entry is nested deeper than {MAX_NESTING} levels",
+                file=self.source, expected="log_history entries of numbers",
+            )
+        return entries
 
     def _salvage(self, text: str, exc: json.JSONDecodeError) -> list[dict[str, Any]]:
-        """Entries of a truncated or damaged file, up to the first broken one."""
+        """Entries of a truncated or damaged file: each complete entry is kept; at a
+        broken one, reading resumes at the next ``{`` (entries are flat objects, so that
+        is the next entry), at most MAX_RESYNCS times."""
         start = text.find('"log_history"')
         bracket = text.find("[", start) if start >= 0 else -1
         if bracket < 0:
@@ -105,32 +135,44 @@ class TrainerStateParser(LogParser):
                 file=self.source,
                 expected="a Hugging Face Trainer state (trainer_state.json)",
             )
-        decoder = json.JSONDecoder()
+        decoder = json.JSONDecoder(parse_int=json_int)
         entries: list[dict[str, Any]] = []
         pos = bracket + 1
+        damaged = 0
         while True:
             while pos < len(text) and text[pos] in " \t\r\n,":
                 pos += 1
             if pos >= len(text) or text[pos] == "]":
                 break
             try:
-                entry, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                break
+                entry, end = decoder.raw_decode(text, pos)
+            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+                entry, end = None, -1
+            if end < 0 or _too_deep(entry):
+                nxt = text.find("{", pos + 1)
+                if nxt < 0 or damaged >= MAX_RESYNCS:
+                    break
+                damaged += 1
+                pos = nxt
+                continue
+            pos = end
             if isinstance(entry, dict):
                 entries.append(entry)
         line = text.count("\n", 0, pos) + 1
+        skipped = f", {damaged} damaged part(s) skipped" if damaged else ""
         self.notes.append(
             f"not valid JSON ({exc.msg} at line {exc.lineno}); the file looks truncated or "
             f"damaged: read {len(entries)} log_history entr{'y' if len(entries) == 1 else 'ies'}"
-            f" up to line {line}"
+            f" up to line {line}{skipped}"
         )
         return entries
 
     def _entry(self, merger: StepMerger, entry: dict[str, Any]) -> None:
         step = entry.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
-            self.notes.append(f"a log_history entry without an integer step was skipped: {entry}")
+        if step.__class__ is not int or not 0 <= step <= MAX_COUNT:
+            self._stepless += 1
+            if self._stepless == 1:
+                self._first_stepless = quote(entry)
             return
         if any(k in entry for k in _SUMMARY_KEYS):
             self.meta["summary"] = {k: v for k, v in entry.items() if k != "step"}
@@ -141,14 +183,31 @@ class TrainerStateParser(LogParser):
             if key == "step":
                 continue
             name = _TRAIN_KEYS.get(key)
-            value = to_float(raw)
+            value = None if raw.__class__ is bool else to_float(raw)
             if name is not None:
+                if value is None and raw is not None:
+                    self._bad_values += 1
                 values[name] = value
             elif key == "num_input_tokens_seen" and value is not None:
                 extra["tokens_seen"] = value
             elif value is not None or isinstance(raw, (str, list, dict)):
                 extra[key] = raw
         merger.put(step, values, extra)
+
+
+def _too_deep(tree: Any) -> bool:
+    """Deeper than MAX_NESTING (an iterative walk: the value came from json, which
+    nests as deep as the recursion limit allows)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return False
 
 
 def read_trainer_state(path: str | Path) -> LogData:

@@ -40,6 +40,7 @@ from sapper.report.html_data import (
     Series,
     extra_table,
     mask_ranges,
+    page_text,
     segments,
 )
 from sapper.rules.model import Finding
@@ -374,7 +375,7 @@ def build_report_data(
         target = next(c for c in (topic, by_id["loss"], *drawn) if c.series or c is drawn[0])
         target.markers.append(idx)
     counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
-    return {
+    return page_text({
         "title": title or f"sapper report: {_run_name(analysis.log.path)}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "source": analysis.summary(),
@@ -389,7 +390,7 @@ def build_report_data(
         "counts": counts,
         "checklist": _checklist(checklist, docs) if checklist is not None else None,
         "notes": analysis.notes,
-    }
+    })
 
 
 def _run_name(path: str) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from sapper.logs.base import Attempt
+from sapper.errors import InputError, printable
+from sapper.logs.base import Attempt, to_float
 from sapper.runtime.records import StepRecord
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "extra_table",
     "mask_ranges",
     "nonfinite_ranges",
+    "page_text",
     "segments",
 ]
 
@@ -55,9 +57,15 @@ class Columns:
 
     def __init__(self, records: Sequence[StepRecord]) -> None:
         self.records = records
-        self.steps = np.fromiter(
-            map(attrgetter("step"), records), dtype=np.int64, count=len(records)
-        )
+        try:
+            self.steps = np.fromiter(
+                map(attrgetter("step"), records), dtype=np.int64, count=len(records)
+            )
+        except (OverflowError, TypeError, ValueError):
+            raise InputError(
+                "a step number is not an integer in the int64 range",
+                expected="step numbers from 0 to 2^63-1",
+            ) from None
         self._raw: dict[str, np.ndarray] = {}
         self._present: dict[str, np.ndarray] = {}
 
@@ -75,8 +83,10 @@ class Columns:
         return self._present[name]
 
     def floats(self, name: str) -> np.ndarray:
-        """The field as floats; missing values are NaN too (use :meth:`present`)."""
-        return np.asarray(self.raw(name), dtype=np.float64)
+        """The field as floats; missing values are NaN too (use :meth:`present`). A value
+        that is no number (a reader handed on a string or an object) is NaN as well and
+        an int past the float range is ±inf, rather than an error in the report."""
+        return _as_floats(self.raw(name))
 
     def get(
         self, name: str, start: int = 0, stop: int | None = None
@@ -86,17 +96,42 @@ class Columns:
         window = slice(start, stop)
         mask = self.present(name)[window]
         # only this attempt's values are converted: a log with many restarts stays linear
-        values = np.asarray(self.raw(name)[window][mask], dtype=np.float64)
+        values = _as_floats(self.raw(name)[window][mask])
         return self.steps[window][mask], values
 
     def last(self, name: str) -> float | None:
         idx = np.nonzero(self.present(name))[0]
-        return None if len(idx) == 0 else float(self.raw(name)[idx[-1]])
+        return None if len(idx) == 0 else float(self.floats(name)[idx[-1]])
 
     def constant(self, name: str) -> float | None:
         """The value if every record that has one has the same; else None."""
         values = np.unique(self.floats(name)[self.present(name)])
         return float(values[0]) if len(values) == 1 else None
+
+
+def page_text(tree: Any) -> Any:
+    """The report's data with every string made safe to show: control, escape and bidi
+    characters escaped by :func:`sapper.errors.printable` (line breaks kept, the page
+    shows the rules' texts over several lines). The page puts text in with
+    ``textContent`` only, so markup in a log is shown, never parsed; this keeps an
+    U+202E in a tag name from reversing the text around it, and a NUL or an ESC from
+    reaching a copy-paste. Iterative, so no nesting depth costs a recursion."""
+    root: list[Any] = [tree]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        value = parent[key]
+        if isinstance(value, str):
+            parent[key] = printable(value, keep="\n")
+        elif isinstance(value, dict):
+            copy = {printable(str(k)): v for k, v in value.items()}
+            parent[key] = copy
+            stack.extend((copy, k) for k in copy)
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+            parent[key] = items
+            stack.extend((items, i) for i in range(len(items)))
+    return root[0]
 
 
 @dataclass(frozen=True)
@@ -138,19 +173,24 @@ def segments(records: Sequence[StepRecord], attempts: Sequence[Attempt]) -> list
     ]
 
 
+def _as_floats(raw: np.ndarray) -> np.ndarray:
+    """An object column as floats: NaN for a missing value or one that is no number (a
+    string, an object), ±inf for an int past the float range, never an error."""
+    try:
+        return np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        out = np.empty(len(raw), dtype=np.float64)
+        for i, value in enumerate(raw):
+            number = None if value is None else to_float(value)
+            out[i] = np.nan if number is None else number
+        return out
+
+
 def _number(value: Any) -> float | None:
     """A float from a value a log put in ``extra`` (JSON numbers, "nan"/"inf" strings);
-    None for anything else (booleans, text, nested data)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    None for anything else (booleans, text, nested data). An int past the float range
+    is ±inf, a digit string of thousands of characters no number (``to_float``)."""
+    return None if isinstance(value, bool) else to_float(value)
 
 
 def extra_table(

@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sapper.checks.engine import CheckReport
-from sapper.errors import printable
 from sapper.plan.flags import describe_input
+from sapper.report.safe import safe_markup
 from sapper.rules.model import Finding, Rule, Severity
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "render_check_report",
     "render_findings",
     "render_rule",
+    "safe_markup",
 ]
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -40,9 +41,7 @@ def _where(f: Finding) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _safe(text: str) -> str:
-    """User text (keys, names, paths) as literal text: no rich markup, no terminal codes."""
-    return escape(printable(text))
+_safe = safe_markup
 
 
 def render_findings(findings: Iterable[Finding]) -> Group:
@@ -83,8 +82,8 @@ def render_check_report(report: CheckReport) -> Group:
             needs = ", ".join(describe_input(m) for m in u.missing)
             parts.append(
                 Text.from_markup(
-                    f"  [magenta]not checked[/] ({'/'.join(u.codes)}): {escape(u.what)}"
-                    f"\n      [dim]needs:[/] {escape(needs)}"
+                    f"  [magenta]not checked[/] ({'/'.join(u.codes)}): {_safe(u.what)}"
+                    f"\n      [dim]needs:[/] {_safe(needs)}"
                 )
             )
     summary = f"\n{report.errors} error(s), {report.warnings} warning(s)"

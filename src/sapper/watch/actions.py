@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from sapper.errors import InputError
+from sapper.errors import InputError, clip, printable
 from sapper.rules.model import Finding, Severity
 from sapper.watch.watcher import Watcher, WatchResult, WatchSink
 
@@ -77,7 +77,13 @@ class ActionRun:
 class ExecAction(WatchSink):
     """Runs a shell command for each finding at or above ``on`` severity."""
 
-    def __init__(self, command: str, on: Severity = Severity.ERROR, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        command: str,
+        on: Severity = Severity.ERROR,
+        timeout: float = 60.0,
+        existing: bool = False,
+    ) -> None:
         if not command.strip():
             raise InputError("empty command", field="--exec",
                              expected="a shell command, e.g. 'scancel $SLURM_JOB_ID'")
@@ -87,6 +93,12 @@ class ExecAction(WatchSink):
         self.command = command
         self.on = on
         self.timeout = timeout
+        #: Run for findings already in the log when the watch started too (see
+        #: :attr:`Watcher.catching_up`); off by default, so restarting a watch next to a
+        #: resumed job does not cancel it for the previous attempt's NaN.
+        self.existing = existing
+        #: Findings at the severity that did not run the command: already in the log.
+        self.skipped_existing = 0
         #: Every run so far (read after :meth:`end` for the complete list).
         self.runs: list[ActionRun] = []
         self._queue: queue.SimpleQueue[Finding | None] = queue.SimpleQueue()
@@ -99,8 +111,12 @@ class ExecAction(WatchSink):
         self._worker.start()
 
     def finding(self, finding: Finding) -> None:
-        if finding.severity.rank >= self.on.rank:
-            self._queue.put(finding)
+        if finding.severity.rank < self.on.rank:
+            return
+        if not self.existing and self._watcher is not None and self._watcher.catching_up:
+            self.skipped_existing += 1
+            return
+        self._queue.put(finding)
 
     def tick(self, watcher: Watcher) -> None:
         self._report()
@@ -110,6 +126,11 @@ class ExecAction(WatchSink):
         if self._worker.is_alive():
             self._queue.put(None)
             self._worker.join()
+        if self.skipped_existing:
+            self._messages.put(
+                f"--exec did not run for {self.skipped_existing} finding(s) already in the log "
+                "when the watch started (--exec-existing runs it for them too)"
+            )
         result.notes.extend(self._report())
 
     def _report(self) -> list[str]:
@@ -126,21 +147,28 @@ class ExecAction(WatchSink):
 
     def _work(self) -> None:
         while (finding := self._queue.get()) is not None:
-            run = self._run(finding)
+            try:
+                run = self._run(finding)
+            except Exception as exc:  # the worker must outlive any finding
+                why = f"cannot run it ({type(exc).__name__}: {printable(clip(str(exc)))})"
+                run = ActionRun(finding.code, finding.step, None, 0.0, why)
             self.runs.append(run)
             if run.error:
                 where = f" at step {run.step}" if run.step is not None else ""
                 self._messages.put(f"--exec for {run.code}{where} failed: {run.error}")
 
     def _run(self, finding: Finding) -> ActionRun:
-        payload = json.dumps(finding.to_json()) + "\n"
+        # The finding whole, as ASCII JSON (a NUL or an escape in it is \u0000, \u001b);
+        # the variables repeat its short fields, escaped and clipped: an environment
+        # value cannot hold a NUL, and a shell that echoes one must not print raw escapes.
+        payload = json.dumps(finding.to_json(), default=str) + "\n"
         env = {
             **os.environ,
-            "SAPPER_CODE": finding.code,
+            "SAPPER_CODE": _env(finding.code),
             "SAPPER_SEVERITY": finding.severity.value,
             "SAPPER_STEP": "" if finding.step is None else str(finding.step),
-            "SAPPER_MESSAGE": finding.message,
-            "SAPPER_LOG": finding.source or "",
+            "SAPPER_MESSAGE": _env(finding.message),
+            "SAPPER_LOG": _env(finding.source or ""),
         }
         begin = time.monotonic()
         posix = os.name == "posix"
@@ -169,6 +197,14 @@ class ExecAction(WatchSink):
             why = f"exit status {proc.returncode}" + (f" ({tail})" if tail else "")
             return ActionRun(finding.code, finding.step, proc.returncode, seconds, why)
         return ActionRun(finding.code, finding.step, 0, seconds)
+
+
+#: Longest value put in a SAPPER_* variable (the whole finding is on stdin).
+_ENV_CHARS = 2000
+
+
+def _env(text: str) -> str:
+    return printable(clip(text, _ENV_CHARS))
 
 
 def _kill(proc: subprocess.Popen[Any], posix: bool) -> None:

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from sapper.errors import InputError
 from sapper.logs import LogParser, TensorBoardParser
 from sapper.logs.fields import FieldMap
+from sapper.logs.limits import refuse_special
 from sapper.runtime.records import StepRecord
 from sapper.watch.follow import CHUNK, Follower
 
@@ -83,6 +84,7 @@ class _EventFile:
         if self.damaged:
             return [], False
         if self._fh is None:
+            refuse_special(self.path)  # a FIFO named like an event file would block
             try:
                 self._fh = self.path.open("rb")
             except FileNotFoundError:

@@ -28,8 +28,9 @@ from typing import Any, BinaryIO
 from sapper.errors import InputError
 from sapper.logs import LogParser, make_parser
 from sapper.logs.base import LineBuffer
-from sapper.logs.detect import detect_text
+from sapper.logs.detect import SUPPORTED, detect_text
 from sapper.logs.fields import FieldMap
+from sapper.logs.limits import MAX_LINE_CHARS, refuse_special, sniff_encoding
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -119,23 +120,49 @@ class TextFeed:
         self.parser: LogParser | None = make_parser(fmt, name, mapping) if fmt else None
         self._head: list[str] = []
         self._head_bytes = 0
+        self._raw_bytes = 0  # bytes pushed before the format was known
         #: Why the format is not known yet (the detector's last answer).
         self.undetected: InputError | None = None
+        self._overlong = self._overlong_told = 0
+        self._lines: LineBuffer | None = None
         self.reset()
 
     def reset(self) -> None:
         """Start a new byte stream (a rotated or truncated file); the parser keeps its
         state, so steps already seen are not reported twice."""
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder: codecs.IncrementalDecoder | None = None  # chosen by the first bytes
+        if getattr(self, "_lines", None) is not None:
+            self._overlong += self._lines.overlong
         self._lines = LineBuffer()
 
     def push(self, data: bytes) -> list[StepRecord]:
+        if self.parser is None:
+            self._raw_bytes += len(data)
+            if self._raw_bytes > 2 * DETECT_LIMIT and not self._head:
+                # NULs, one endless line, binary: nothing a reader could ever recognize.
+                raise InputError(
+                    f"no complete text line in the first {self._raw_bytes:,} bytes",
+                    file=self.name,
+                    expected=SUPPORTED,
+                )
+        if self._decoder is None:
+            if not data:
+                return []
+            self._decoder = codecs.getincrementaldecoder(sniff_encoding(data))(errors="replace")
         return self._feed(self._lines.push(self._decoder.decode(data)))
 
     def drain(self) -> list[StepRecord]:
         """The stream ended: its unterminated last line is complete after all."""
-        return self._feed(self._lines.push(self._decoder.decode(b"", final=True))
-                          + self._lines.rest())
+        tail = self._decoder.decode(b"", final=True) if self._decoder is not None else ""
+        return self._feed(self._lines.push(tail) + self._lines.rest())
+
+    def overlong_note(self) -> str | None:
+        """Lines skipped for their length so far, for the watch's notes."""
+        count = self._overlong + self._lines.overlong
+        if count == self._overlong_told:
+            return None
+        self._overlong_told = count
+        return f"skipped {count} line(s) longer than {MAX_LINE_CHARS:,} characters so far"
 
     def end(self) -> list[StepRecord]:
         """End of input: drain, then let the parser release what it holds."""
@@ -147,6 +174,10 @@ class TextFeed:
         return out + self.parser.finish()
 
     def _feed(self, lines: list[str]) -> list[StepRecord]:
+        if self.parser is not None and self._lines is not None and self._lines.overlong:
+            note = self.overlong_note()
+            if note:
+                self.parser.notes.append(note)
         if not lines:
             return []
         if self.parser is None:
@@ -230,6 +261,7 @@ class FileFollower(Follower):
         return out
 
     def _open(self) -> bool:
+        refuse_special(self.path)  # opening a FIFO would block the watch for good
         try:
             fh = self.path.open("rb")
         except FileNotFoundError:
@@ -299,6 +331,9 @@ class FileFollower(Follower):
 
 class StreamFollower(Follower):
     """Follows a pipe (standard input); a reader thread hands over chunks as they arrive."""
+
+    #: A pipe holds nothing written before the watch started: every finding is new.
+    live = True
 
     def __init__(
         self,

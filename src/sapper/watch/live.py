@@ -20,11 +20,12 @@ from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from sapper.errors import printable
 from sapper.report.terminal import SEVERITY_STYLE, render_findings
+from sapper.report.terminal import safe_markup as escape
 from sapper.rules.model import Finding, Severity
 from sapper.runtime.records import StepRecord
 from sapper.watch.metrics import NONFINITE_BAR, MetricBoard, sparkline
@@ -97,7 +98,7 @@ def render_screen(
     head = f"[bold]sapper watch[/] {escape(fol.name)} · {escape(fmt_name)}"
     if board.last_step is not None:
         head += f" · step {board.last_step:,} · {board.records:,} records"
-    parts: list[Any] = [Text.from_markup(head), Text(_status(watcher), style="dim")]
+    parts: list[Any] = [Text.from_markup(head), Text(printable(_status(watcher)), style="dim")]
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("latest", justify="right")
@@ -121,7 +122,7 @@ def render_screen(
             ft.add_row(
                 "" if f.step is None else f"{f.step:,}",
                 Text.from_markup(f"[{style}]{f.code} {f.severity.value}[/] {escape(f.message)}"),
-                Text(_first_sentence(f.fix), style="dim"),
+                Text(printable(_first_sentence(f.fix)), style="dim"),
             )
         if len(findings) > _SHOWN:
             ft.caption = f"{len(findings) - _SHOWN} earlier finding(s) not shown"
@@ -178,7 +179,7 @@ class LiveView(WatchSink):
             self.console.print(Text(f"all {len(self.findings)} findings:", style="bold"))
             self.console.print(render_findings(self.findings))
         style = "bold red" if result.count(Severity.ERROR) else "bold green"
-        self.console.print(Text(format_summary(result), style=style))
+        self.console.print(Text(printable(format_summary(result)), style=style))
 
 
 class PlainView(WatchSink):
@@ -196,7 +197,7 @@ class PlainView(WatchSink):
 
     def _line(self, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        self.stream.write(f"[{stamp}] {text}\n")
+        self.stream.write(f"[{stamp}] {printable(text)}\n")  # log text: no escapes, one line
         self.stream.flush()
 
     def start(self, watcher: Watcher) -> None:

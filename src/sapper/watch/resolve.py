@@ -17,8 +17,9 @@ from typing import BinaryIO
 
 from sapper.errors import InputError
 from sapper.logs import FORMATS, LogParser
-from sapper.logs.detect import SUPPORTED, detect_text
+from sapper.logs.detect import decode_head, detect_text
 from sapper.logs.fields import FieldMap
+from sapper.logs.limits import refuse_special
 from sapper.runtime.records import StepRecord
 from sapper.watch.events import EVENTS_MARK, EventsFollower, is_event_header
 from sapper.watch.follow import DETECT_LIMIT, FileFollower, Follower, StreamFollower
@@ -128,6 +129,7 @@ class AutoFollower(Follower):
             return EventsFollower(path, self.mapping)
         if path.name == STATE_FILE and path.is_file():
             return SnapshotFollower(path)
+        refuse_special(path)  # a FIFO would block here for good, a device never end
         try:
             with path.open("rb") as fh:
                 head = fh.read(DETECT_LIMIT)
@@ -140,13 +142,11 @@ class AutoFollower(Follower):
     def _from_head(self, path: Path, head: bytes) -> Follower | None:
         if is_event_header(head):
             return EventsFollower(path, self.mapping)
-        if b"\x00" in head:
-            raise InputError("binary data, not a training log", file=self.name,
-                             expected=SUPPORTED)
-        complete = head[: head.rfind(b"\n") + 1].decode("utf-8", errors="replace")
-        if not complete.strip():
+        text = decode_head(head, path)  # in its encoding, NUL blocks left out
+        if "\n" not in text:
             self.waiting = f"{path.name} has no complete line yet"
             return None
+        complete = text[: text.rfind("\n") + 1]
         try:
             fmt = detect_text(complete, path)
         except InputError as exc:
@@ -158,3 +158,4 @@ class AutoFollower(Follower):
         if fmt == "trainer_state":
             return SnapshotFollower(path)
         return FileFollower(path, fmt, self.mapping)
+

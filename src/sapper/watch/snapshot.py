@@ -21,6 +21,8 @@ from pathlib import Path
 
 from sapper.errors import InputError
 from sapper.logs import LogParser, TrainerStateParser
+from sapper.logs.limits import MAX_STATE_BYTES, json_int, refuse_special, too_big
+from sapper.logs.source import decode_text
 from sapper.runtime.records import StepRecord
 from sapper.watch.follow import Follower
 
@@ -85,6 +87,7 @@ class SnapshotFollower(Follower):
         return self.path if self.path.is_file() else None
 
     def poll(self) -> list[StepRecord]:
+        refuse_special(self.path)  # a FIFO or a device is not a state file to wait for
         target = self._target()
         if target is None:
             return []
@@ -93,7 +96,12 @@ class SnapshotFollower(Follower):
             stamp = (str(target), st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return []
-            text = target.read_text(encoding="utf-8", errors="replace")
+            refuse_special(target)
+            with target.open("rb") as fh:
+                data = fh.read(MAX_STATE_BYTES + 1)
+            if len(data) > MAX_STATE_BYTES:
+                raise too_big(str(target), MAX_STATE_BYTES)
+            text = decode_text(data)
         except FileNotFoundError:
             return []  # an old checkpoint deleted (save_total_limit) between two calls
         except OSError as exc:
@@ -125,7 +133,9 @@ class SnapshotFollower(Follower):
 
 def _complete(text: str) -> bool:
     try:
-        json.loads(text)
-    except json.JSONDecodeError:
+        json.loads(text, parse_int=json_int)
+    except RecursionError:
+        return True  # nested past any real state: the reader refuses it with one line
+    except ValueError:  # JSONDecodeError
         return False
     return True

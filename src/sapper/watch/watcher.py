@@ -152,6 +152,10 @@ class Watcher:
         self._failed_seen: set[str] = set()
         self._interrupted = False
         self._sleeping = False
+        #: Still reading what the log held when the watch started (see :meth:`tick`);
+        #: findings fired meanwhile were in the log before the watch (``--exec`` skips
+        #: them unless ``--exec-existing``). A pipe holds nothing from before.
+        self.catching_up = not getattr(follower, "live", False)
 
     # ---- one poll ---------------------------------------------------------------------
     def tick(self) -> float:
@@ -164,9 +168,18 @@ class Watcher:
             if time.monotonic() - fol.quiet_since >= self.settle_s:
                 self._consume(fol.settle())
                 self._settled = True
+        caught_up = self.catching_up and not fol.behind
+        if caught_up:
+            # Everything the log held at the start is read: release the step the reader
+            # holds back too (a crashed run's last line is often its NaN), so its
+            # findings count as already in the log, however old the file.
+            self._consume(fol.settle())
+            self._settled = True
         self._drain_side()
         for sink in self.sinks:
             sink.tick(self)
+        if caught_up:
+            self.catching_up = False  # whatever fires from now on is new
         if fol.behind:
             return 0.0
         if not self._settled and fol.quiet_since is not None:
