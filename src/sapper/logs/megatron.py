@@ -19,14 +19,14 @@ step they name. Everything else in the log (arguments, timers, warnings) is skip
 from __future__ import annotations
 
 import calendar
-import math
 import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.logs.base import LogData, LogParser, to_float
+from sapper.logs.base import LogData, LogParser, put_mapped, to_float
+from sapper.logs.fields import FieldMap
 from sapper.runtime.records import StepRecord
 
 __all__ = ["ITERATION_LINE", "MegatronParser", "read_megatron"]
@@ -86,10 +86,15 @@ class MegatronParser(LogParser):
 
     format = "megatron"
 
-    def __init__(self, source: str = "<input>") -> None:
-        super().__init__(source)
-        self.skipped_total = 0
+    def __init__(
+        self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None
+    ) -> None:
+        super().__init__(source, mapping)
         self._bad_values = 0
+        # Megatron-LM prints the skipped and NaN iterations of each interval; a fork that
+        # prints running totals is recognized by its values (see sapper.logs.counters).
+        self.merger.counters.configure_skipped("number of skipped iterations", "interval")
+        self.merger.counters.configure_nan("number of nan iterations")
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         for line in lines:
@@ -115,8 +120,13 @@ class MegatronParser(LogParser):
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         losses: dict[str, float] = {}
-        nan_iters = 0
         for key, text in _segments(line[match.end() :]):
+            if self.mapping:
+                self.keys_seen.add(key)
+                fm = self.mapped(key)
+                if fm is not None:
+                    put_mapped(fm, to_float(text), values, extra)
+                    continue
             value = to_float(text)
             if value is None:
                 self._bad_values += 1
@@ -128,22 +138,15 @@ class MegatronParser(LogParser):
                     continue
                 values[name] = int(value) if name == "samples" else value * factor
             elif key == "number of skipped iterations":
-                skipped = int(value)
-                self.skipped_total += skipped
-                values["skipped"] = skipped > 0
-                values["skipped_total"] = self.skipped_total
-                extra["skipped_in_interval"] = skipped
+                values["skipped"] = int(value)  # judged by the merger's CounterReader
             elif key == "number of nan iterations":
-                nan_iters = int(value)
-                extra["nan_iterations"] = nan_iters
+                extra["nan_iterations"] = int(value)
             elif key in _EXTRA:
                 extra[_EXTRA[key]] = value
             elif key.endswith("loss"):
                 extra[key.replace(" ", "_")] = value
-        loss = losses.get("lm loss", losses.get("loss"))
-        if loss is None and nan_iters:
-            loss = math.nan  # Megatron drops a NaN average from the line
-        values["loss"] = loss
+        if "loss" not in values:
+            values["loss"] = losses.get("lm loss", losses.get("loss"))
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
@@ -159,7 +162,7 @@ class MegatronParser(LogParser):
             if key in ("lm loss value", "loss value"):
                 value = to_float(text)
                 if value is not None:
-                    self.merger.put(int(match.group(1)), {"eval_loss": value})
+                    self.merger.put(int(match.group(1)), {"eval_loss": value}, annex=True)
                 return
 
     def _memory(self, line: str) -> None:
@@ -174,7 +177,7 @@ class MegatronParser(LogParser):
             if name and value is not None:
                 values[name] = value * factor
         if values:
-            self.merger.put(int(match.group(1)), values, keep_max=True)
+            self.merger.put(int(match.group(1)), values, keep_max=True, annex=True)
 
 
 def _unix(day: str, clock: str) -> float | None:

@@ -1,0 +1,51 @@
+"""A watched log that restarts from a checkpoint: the next attempt gets fresh detectors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sapper.rules.model import Finding
+from sapper.runtime.detector import Detector
+from sapper.runtime.detectors.loss import LOSS_SPIKE
+from sapper.runtime.records import StepRecord
+from sapper.watch import Watcher, open_follower
+
+
+class _Counting(Detector):
+    """Fires once per instance when it has seen 5 records: a fresh instance fires again."""
+
+    rules = (LOSS_SPIKE,)
+    made = 0
+
+    def __init__(self) -> None:
+        type(self).made += 1
+        self.seen = 0
+
+    def update(self, record: StepRecord) -> list[Finding]:
+        self.seen += 1
+        if self.seen != 5:
+            return []
+        return [LOSS_SPIKE.finding(f"fifth record, step {record.step}", step=record.step)]
+
+
+def _append(path: Any, rows: list[dict]) -> None:
+    with open(path, "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_restart_starts_a_new_attempt_with_fresh_detectors(tmp_path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("")
+    _Counting.made = 0
+    watcher = Watcher(open_follower(log), detectors=lambda plan: [_Counting()], poll=0.05,
+                      idle_timeout=0, settle=0.0)
+    _append(log, [{"step": s, "loss": 2.0} for s in range(1, 21)])
+    watcher.tick()
+    _append(log, [{"step": s, "loss": 2.0} for s in range(11, 31)])  # resumed from step 10
+    watcher.tick()
+    result = watcher.close()
+    assert _Counting.made == 2 and result.attempts == 2
+    assert [(f.step, f.data.get("attempt")) for f in result.findings] == [(5, None), (15, 2)]
+    assert any("the run restarted: step 11 follows step 20" in n for n in result.notes)
+    assert result.records == 40 and result.to_json()["attempts"] == 2
