@@ -4,9 +4,12 @@ The detectors are the live monitor's own objects (``default_detectors``), fed re
 record exactly as during training, so a finding means the same thing live and offline.
 Findings the live monitor already stored in a sapper run log are kept (some need hooks
 inside the loop: the first non-finite module, GradScaler misuse) and merged with the
-replayed ones, one per rule and step. The typical logging interval and the gaps in the
-log are measured and reported, so a finding on a log written every 100 steps is read
-as such.
+replayed ones, one per rule and step. A restarted log holds several attempts
+(:class:`~sapper.logs.base.Attempt`): each is a run of its own, fed to fresh copies of the
+detectors, and the summary says whether an attempt was rolled back after a finding that
+explains it (a spike, a NaN, an overflow shortly before its end) or just restarted. The
+typical logging interval and the gaps in the log are measured within each attempt and
+reported, so a finding on a log written every 100 steps is read as such.
 """
 
 from __future__ import annotations

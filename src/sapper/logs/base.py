@@ -208,8 +208,16 @@ class StepMerger:
         """Merge ``values`` into ``step``'s record; a later value replaces an earlier one,
         or, with ``keep_max``, the larger wins (memory reported by several ranks).
         ``annex``: the values belong to a step already printed, never a restart."""
-        if not self._admit(step, values, extra, annex):
+        top = self._top
+        fast = (
+            top is None or step > top or (step == top and step in self._pending)
+            if self.ordered
+            else step in self._pending or self._last is None or step > self._last
+        )
+        if not fast and not self._admit(step, values, extra, annex):
             return
+        if not self.ordered and fast:
+            self._end_replay()
         if self._settled is not None and step > self._settled:
             self._settled = None
         if self._top is None or step > self._top:
@@ -250,16 +258,10 @@ class StepMerger:
             self._stray += 1
             return False
         if not self.ordered:
-            if step in pending or last is None or step > last:
-                self._end_replay()
-                return True
             if late and self._replay is None:
                 return True
             self._note_replay(step)
             return False
-        top = self._top
-        if top is None or step > top or (step == top and step in pending):
-            return True
         keys = {k for k, v in values.items() if v is not None} | set(extra or ())
         if late and not keys & self._settled_keys:
             return True  # more values of the settled step (a second line of it)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.logs.base import LogData, LogParser, put_mapped, to_float
+from sapper.logs.base import LogData, LogParser, coerce, put_mapped, to_float
 from sapper.logs.counters import FLAG_NAMES
 from sapper.logs.fields import LAYER_KEYS, STEP_NAMES, FieldMap, normalize_name, resolve
 from sapper.runtime.records import StepRecord
@@ -234,7 +234,10 @@ class TableParser(LogParser):
             if value is None:
                 self._bad_values[name] = self._bad_values.get(name, 0) + 1
                 continue
-            put_mapped(target, value, values, extra)
+            if target.key:
+                put_mapped(target, value, values, extra)
+            else:
+                values[target.field] = coerce(target.field, value * target.factor)
         if values or extra:
             self.merger.put(step, values, extra)
 
