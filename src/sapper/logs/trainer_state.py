@@ -6,7 +6,8 @@ only the steps it has not returned before (``sapper watch`` calls it each time t
 changes); a snapshot whose history parts from the one returned (the run resumed from an
 earlier checkpoint) starts a new attempt. ``eval_<name>_loss`` keys (a dict of eval
 datasets) become ``extra["eval_losses"]``, per-layer gradient norms
-``extra["grad_norm_layers"]``. Entries are ``{"loss", "grad_norm", "learning_rate", "epoch", "step"}`` every
+``extra["grad_norm_layers"]``. Entries are
+``{"loss", "grad_norm", "learning_rate", "epoch", "step"}`` every
 ``logging_steps``, ``{"eval_loss", "eval_runtime", ..., "step"}`` every ``eval_steps``
 (merged into the same step), and one closing summary (``train_runtime``, the average
 ``train_loss``) that is not a step and is kept in ``meta``. Python's ``json`` writes a
