@@ -152,3 +152,17 @@ def test_trainer_state_snapshot_of_a_resumed_run_is_a_new_attempt() -> None:
     grown = [*resumed, (140, 1.2)]
     assert [r.step for r in parser.parse(snap(grown))] == [140]
     assert len(parser.attempts) == 2
+
+
+def test_trouble_in_the_steps_thrown_away_explains_the_rollback(tmp_path: Path) -> None:
+    """The spike is 300 steps before the end, but in the steps the resume logs again."""
+    lines = [_megatron(s, 8.0 if s == 900 else 7.0 if s > 900 else _wobble(s))
+             for s in range(10, 1201, 10)]
+    lines += [_megatron(s, _wobble(s)) for s in range(800, 1001, 10)]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    (analysis,) = analyze_logs([read_log(path)], None, [], [])
+    assert analysis.notes[0].startswith(
+        "rolled back at step 1,200 (attempt 2 resumes from step 800) after a loss spike at "
+        "step 900"
+    )

@@ -29,7 +29,8 @@ __all__ = ["Analysis", "AttemptSummary", "analyze_log", "attempts_of", "log_inte
 #: A gap is this many typical intervals without a record.
 GAP_FACTOR = 10
 #: An attempt that ends within this many logging intervals (or at least this many steps, see
-#: ``ROLLBACK_MIN_STEPS``) after a trouble finding was rolled back because of it.
+#: ``ROLLBACK_MIN_STEPS``) after a trouble finding was rolled back because of it (so was
+#: one whose trouble lies in the steps the next attempt logs again).
 ROLLBACK_INTERVALS = 10
 ROLLBACK_MIN_STEPS = 100
 #: Findings that make a run roll back: what a restart right after them answers.
@@ -233,28 +234,35 @@ def _tagged(f: Finding, number: int) -> Finding:
 def _ends(
     attempts: list[Attempt], found: list[Finding], interval: int | None
 ) -> list[AttemptSummary]:
-    """Each attempt with what ended it: the last trouble finding close before its end.
+    """Each attempt with what ended it: the last trouble finding before its end.
 
-    An attempt that ends within ``ROLLBACK_INTERVALS`` logging intervals (at least
-    ``ROLLBACK_MIN_STEPS`` steps) after a loss spike, a non-finite loss or gradient
-    norm, a gradient-norm surge, a loss-scale collapse or a run of skipped steps was
-    rolled back because of it; any other restart is just a restart."""
+    An attempt was rolled back because of a loss spike, a non-finite loss or gradient
+    norm, a gradient-norm surge, a loss-scale collapse or a run of skipped steps when that
+    finding lies in the steps the next attempt logs again (at or after the step it resumes
+    from: the steps thrown away; the first such finding is named), or within
+    ``ROLLBACK_INTERVALS`` logging intervals (at least ``ROLLBACK_MIN_STEPS`` steps) before
+    the attempt's end (the latest is named); any other restart is just a restart."""
     window = max(ROLLBACK_INTERVALS * (interval or 1), ROLLBACK_MIN_STEPS)
     out: list[AttemptSummary] = []
     many = len(attempts) > 1
     for i, a in enumerate(attempts):
         summary = AttemptSummary(a)
         if i + 1 < len(attempts):
+            resumed = attempts[i + 1].first_step
             trouble = [
-                f
+                (f.step, f.severity.rank, f)
                 for f in found
                 if f.code in TROUBLE
                 and f.step is not None
                 and (f.data.get("attempt") == a.number or not many)
-                and a.last_step - window <= f.step <= a.last_step
+                and f.step <= a.last_step
             ]
-            if trouble:
-                summary.ended_by = max(trouble, key=lambda f: (f.step, f.severity.rank))
+            thrown = [t for t in trouble if t[0] >= resumed]
+            late = [t for t in trouble if t[0] >= a.last_step - window]
+            if thrown:  # the first trouble in the steps thrown away started it
+                summary.ended_by = min(thrown, key=lambda t: (t[0], -t[1]))[2]
+            elif late:
+                summary.ended_by = max(late, key=lambda t: (t[0], t[1]))[2]
             summary.resumed_at = attempts[i + 1].first_step
         out.append(summary)
     return out
