@@ -139,6 +139,20 @@ def test_per_layer_columns_are_read_into_a_dict(tmp_path: Path) -> None:
     }
 
 
+def test_composer_optimizer_monitor_names(tmp_path: Path) -> None:
+    """Composer's OptimizerMonitor logs ``l2_norm/grad/global`` and one key per parameter
+    (``l2_norm/grad/model.transformer.layers.0.attention.v``, as pasted in its issues)."""
+    jsonl = tmp_path / "m.jsonl"
+    row = {"batch": 10, "loss/train/total": 2.1, "l2_norm/grad/global": 0.9,
+           "l2_norm/grad/model.transformer.layers.0.attention.v": 0.0002,
+           "l2_norm/param/model.transformer.layers.0.attention.v": 51.2,
+           "l2_norm/grad/pre_clip_global": 0.95}
+    jsonl.write_text(json.dumps(row) + "\n")
+    (rec,) = read_log(jsonl, mapping=parse_mapping(["batch=step"])).records
+    assert rec.step == 10 and rec.grad_norm == 0.9
+    assert rec.extra["grad_norm_layers"] == {"model.transformer.layers.0.attention.v": 0.0002}
+
+
 def test_per_layer_arrays_and_dicts(tmp_path: Path) -> None:
     jsonl = tmp_path / "m.jsonl"
     rows = [{"step": 1, "grad_norm_layers": [0.5, math.inf]},

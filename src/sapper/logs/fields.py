@@ -101,7 +101,8 @@ _add("eval_loss", 1.0, "eval_loss", "eval/loss", "val_loss", "val/loss", "valid_
      "validation/lm loss", "eval_lm_loss")
 _add("grad_norm", 1.0, "grad_norm", "grad-norm", "grad norm", "gradient_norm", "grad_norm_total",
      "grad_2.0_norm_total", "total_grad_norm", "global_grad_norm", "gradnorm", "grad_l2_norm",
-     "optim/grad_norm")
+     "optim/grad_norm", "l2_norm/grad/global", "grad_l2_norm/step",
+     "l2_norm/grad/pre_clip_global")
 _add("clip_threshold", 1.0, "max_grad_norm", "clip_threshold", "grad_clip", "clip_grad",
      "max_norm")
 _add("lr", 1.0, "lr", "learning_rate", "learning-rate", "learning rate", "lr-adamw", "lr-adam",
@@ -211,12 +212,14 @@ _EVAL_SET = re.compile(
 _NOT_SETS = frozenset({"lm", "avg", "mean", "total", "train", "training", "step", "epoch"})
 
 # Per-layer gradient norms: ``grad_norm/layers.3``, ``grad_norm/model.layers.3``,
-# ``grad_2.0_norm/<parameter>`` (Lightning's grad_norm utility), ``grad_norm_layer_3``,
-# ``grad_norms/layer_3`` before the layer; ``layer_3/grad_norm``, ``layers.3.grad_norm``
-# after it. The layer part must name one (hold a digit or a dotted module path), so
+# ``grad_2.0_norm/<parameter>`` (Lightning's grad_norm utility), ``l2_norm/grad/<name>``
+# (Composer's OptimizerMonitor, LLM Foundry's ``layer_N``), ``layer_grad_l2_norm/<name>``
+# (Composer's older GradMonitor), ``grad_norm_layer_3``, ``grad_norms/layer_3`` before the
+# layer; ``layer_3/grad_norm``, ``layers.3.grad_norm`` after it. The layer part must name one (hold a digit or a dotted module path), so
 # ``grad_norm/total`` and ``grad_norm_clipped`` stay what they are.
 _LAYER_FIRST = re.compile(
-    r"^(?:grad(?:ient)?[_ ]?norms?|grad_[\d.]+_norm|grad_norm_layers|layer_grad_norms?)"
+    r"^(?:grad(?:ient)?[_ ]?norms?|grad_[\d.]+_norm|grad_norm_layers|layer_grad_norms?"
+    r"|l2_norm/grad|layer_grad_l2_norm)"
     r"[/_.](?P<layer>.+)$",
     re.I,
 )
