@@ -215,8 +215,9 @@ _NOT_SETS = frozenset({"lm", "avg", "mean", "total", "train", "training", "step"
 # ``grad_2.0_norm/<parameter>`` (Lightning's grad_norm utility), ``l2_norm/grad/<name>``
 # (Composer's OptimizerMonitor, LLM Foundry's ``layer_N``), ``layer_grad_l2_norm/<name>``
 # (Composer's older GradMonitor), ``grad_norm_layer_3``, ``grad_norms/layer_3`` before the
-# layer; ``layer_3/grad_norm``, ``layers.3.grad_norm`` after it. The layer part must name one (hold a digit or a dotted module path), so
-# ``grad_norm/total`` and ``grad_norm_clipped`` stay what they are.
+# layer; ``layer_3/grad_norm``, ``layers.3.grad_norm`` after it. The layer part must name
+# one (hold a digit or a dotted module path), so ``grad_norm/total`` and
+# ``grad_norm_clipped`` stay what they are.
 _LAYER_FIRST = re.compile(
     r"^(?:grad(?:ient)?[_ ]?norms?|grad_[\d.]+_norm|grad_norm_layers|layer_grad_norms?"
     r"|l2_norm/grad|layer_grad_l2_norm)"
