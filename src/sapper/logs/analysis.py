@@ -23,6 +23,7 @@ from sapper.logs.base import Attempt, LogData
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
 from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.records import StepRecord
 
 __all__ = ["Analysis", "AttemptSummary", "analyze_log", "attempts_of", "log_interval"]
 
@@ -33,6 +34,8 @@ GAP_FACTOR = 10
 #: one whose trouble lies in the steps the next attempt logs again).
 ROLLBACK_INTERVALS = 10
 ROLLBACK_MIN_STEPS = 100
+#: Records of the history an attempt resumes from that its fresh detectors see first.
+WARM_RECORDS = 2000
 #: Findings that make a run roll back: what a restart right after them answers.
 TROUBLE: dict[str, str] = {
     "R001": "a non-finite loss",
@@ -186,6 +189,10 @@ def analyze_log(
 
     Each attempt of a restarted log is a run of its own: it gets fresh copies of the
     detectors (same options, no state), and its findings name it in ``data["attempt"]``.
+    The copies first see, without reporting, the last ``WARM_RECORDS`` records of the
+    history the attempt resumes from (the earlier attempts' steps before its first step):
+    a run resumed at step 1,100 is not at its start, and a spike right after the resume is
+    measured against the run's level, as it would have been without the restart.
     """
     templates = list(detectors)
     attempts = attempts_of(log)
@@ -193,10 +200,18 @@ def analyze_log(
     found: list[Finding] = []
     failed: dict[str, str] = {}
     unevaluated: list[str] = []
-    for attempt in attempts:
+    lineage: list[StepRecord] = []  # the history the next attempt's checkpoint carries
+    for i, attempt in enumerate(attempts):
         dset = DetectorSet(copy.deepcopy(templates) if many else templates)
-        for f in dset.run(log.records[attempt.start : attempt.stop]):
+        for rec in lineage[-WARM_RECORDS:]:
+            dset.update(rec)  # context only: these steps' findings belong to earlier attempts
+        records = log.records[attempt.start : attempt.stop]
+        for f in dset.run(records):
             found.append(_tagged(f, attempt.number) if many else f)
+        if i + 1 < len(attempts):
+            resume = attempts[i + 1].first_step
+            lineage = [r for r in lineage if r.step < resume]
+            lineage += [r for r in records if r.step < resume]
         prefix = f"attempt {attempt.number}: " if many else ""
         unevaluated += [prefix + line for line in dset.unevaluated()]
         failed.update(dset.failed)
