@@ -20,6 +20,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sapper.errors import InputError
+from sapper.logs.analysis import WARM_RECORDS
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
@@ -153,6 +155,7 @@ class Watcher:
         self._parser: Any = None
         self._index = 0  # records of the current parser consumed so far
         self._prev_step: int | None = None
+        self._lineage: deque[StepRecord] = deque(maxlen=WARM_RECORDS)
         self._data_mark: float | None = None
         self._settled = True
         self._notes_seen = 0
@@ -278,6 +281,7 @@ class Watcher:
             for finding in update(rec):
                 self._emit(finding)
             self._prev_step = rec.step
+            self._lineage.append(rec)
         self.records += len(records)
         if self.first_step is None:
             self.first_step = records[0].step
@@ -301,6 +305,12 @@ class Watcher:
             self._emit(finding)
         self.attempt = number
         self.detector_set = DetectorSet(self.make_detectors(self._plan()))
+        # As sapper analyze does: the history the attempt resumes from, seen but not
+        # reported, so a resumed run is not judged as a run at its start.
+        kept = [r for r in self._lineage if r.step < rec.step]
+        self._lineage = deque(kept, maxlen=WARM_RECORDS)
+        for old in kept:
+            self.detector_set.update(old)
         self.note(
             f"the run restarted: step {rec.step:,} follows step {self._prev_step:,}; attempt "
             f"{number} is watched with fresh detectors"
