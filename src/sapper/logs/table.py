@@ -88,10 +88,11 @@ class _Columns:
             if run != self.runs[0]:
                 return None
         fm = resolve(metric)
-        if fm is not None and fm.field == "skipped":
+        claimed = None if fm is None else self._claim(fm, name)
+        if claimed is not None and claimed.field == "skipped":
             flag = normalize_name(metric) in FLAG_NAMES
             self.parser.merger.counters.configure_skipped(name, "flag" if flag else "auto")
-        return None if fm is None else self._claim(fm, name)
+        return claimed
 
     def _claim(self, fm: FieldMap, name: str) -> FieldMap | None:
         owner = self._taken.get((fm.field, fm.key))
