@@ -166,3 +166,14 @@ def test_per_layer_arrays_and_dicts(tmp_path: Path) -> None:
     first, second = read_log(state).records
     assert first.extra["grad_norm_layers"] == {"layers.0": 0.1, "layers.1": 0.2}
     assert second.extra["grad_norm_layers"] == {"layers.5": 0.3}
+
+
+def test_a_plateau_is_judged_per_set() -> None:
+    det = EvalLossDetector()
+    out = []
+    for i in range(12):
+        named = {"flat": 1.5, "improving": 2.0 - 0.1 * i}
+        out += det.update(StepRecord(step=100 * (i + 1), loss=2.0, extra={"eval_losses": named}))
+    plateaus = [(f.code, f.data["eval_set"]) for f in out]
+    assert plateaus == [("R111", "flat")]
+    assert "eval loss on 'flat'" in out[0].message
