@@ -130,7 +130,8 @@ def test_per_layer_columns_are_read_into_a_dict(tmp_path: Path) -> None:
     csv = tmp_path / "m.csv"
     csv.write_text(
         "step,grad_norm,grad_norm/model.layers.0,grad_norm/model.layers.1,layer_2/grad_norm,"
-        "grad_norm_layer_3,grad_norm/total\n1,1.0,0.5,0.25,0.125,0.0,1.0\n"
+        "grad_norm_layer_3,grad_norm/total,grad_norm/grad_2.0_norm_total\n"
+        "1,1.0,0.5,0.25,0.125,0.0,1.0,1.0\n"
     )
     (rec,) = read_log(csv).records
     assert rec.grad_norm == 1.0

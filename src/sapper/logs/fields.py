@@ -253,8 +253,11 @@ def layer_of(name: str) -> str | None:
     if match is None:
         return None
     layer = match["layer"].strip("/_. ")
-    if normalize_name(layer) in _LAYER_TOTALS or not any(c.isdigit() or c == "." for c in layer):
+    key = normalize_name(layer)
+    if key in _LAYER_TOTALS or not any(c.isdigit() or c == "." for c in layer):
         return None
+    if key.endswith("total") or (_ALIASES.get(key) or ("",))[0] == "grad_norm":
+        return None  # ``grad_norm/grad_2.0_norm_total``: the global norm, renamed
     return layer
 
 
