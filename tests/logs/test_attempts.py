@@ -166,3 +166,16 @@ def test_trouble_in_the_steps_thrown_away_explains_the_rollback(tmp_path: Path) 
         "rolled back at step 1,200 (attempt 2 resumes from step 800) after a loss spike at "
         "step 900"
     )
+
+
+def test_a_megatron_resume_that_logs_only_its_first_iteration() -> None:
+    """Two iteration lines of one step are that step logged twice: two attempts."""
+    from sapper.logs import MegatronParser
+
+    parser = MegatronParser()
+    lines = [_megatron(s, 2.0) for s in (100, 101, 100, 100, 101)]
+    records = parser.feed(lines) + parser.finish()
+    assert [r.step for r in records] == [100, 101, 100, 100, 101]
+    assert [(a.first_step, a.last_step) for a in parser.attempts] == [
+        (100, 101), (100, 100), (100, 101)
+    ]

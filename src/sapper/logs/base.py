@@ -195,6 +195,7 @@ class StepMerger:
         self._settled: int | None = None  # the step :meth:`settle` emitted last
         self._settled_keys: frozenset[str] = frozenset()
         self._stray = 0  # annexed values for a step no longer held
+        self._whole: int | None = None  # the step of the last whole line put
 
     def put(
         self,
@@ -204,16 +205,23 @@ class StepMerger:
         *,
         keep_max: bool = False,
         annex: bool = False,
+        whole: bool = False,
     ) -> None:
         """Merge ``values`` into ``step``'s record; a later value replaces an earlier one,
         or, with ``keep_max``, the larger wins (memory reported by several ranks).
-        ``annex``: the values belong to a step already printed, never a restart."""
+        ``annex``: the values belong to a step already printed, never a restart.
+        ``whole``: the values are the step's complete line (Megatron's iteration line),
+        so a second whole line of a held step is that step logged again: a restart."""
         top = self._top
         fast = (
             top is None or step > top or (step == top and step in self._pending)
             if self.ordered
             else step in self._pending or self._last is None or step > self._last
         )
+        if whole:
+            if fast and step == self._whole and step in self._pending:
+                self._restart()
+            self._whole = step
         if not fast and not self._admit(step, values, extra, annex):
             return
         if not self.ordered and fast:

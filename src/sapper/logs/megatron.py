@@ -150,7 +150,7 @@ class MegatronParser(LogParser):
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
-        self.merger.put(step, values, extra)
+        self.merger.put(step, values, extra, whole=True)
 
     def _validation(self, line: str) -> None:
         match = _VALID.search(line)
