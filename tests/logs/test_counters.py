@@ -110,3 +110,23 @@ def test_counters_read_the_same_in_chunks(tmp_path: Path) -> None:
     got += chunked.finish()
     assert [r.to_json() for r in got] == [r.to_json() for r in expected]
     assert sum(bool(r.skipped) for r in got) == 4
+
+
+def test_a_tokens_column_that_counts_the_run_so_far(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    rows = "".join(f"{s},{2.0},{s * 4096}\n" for s in range(10, 501, 10))
+    path.write_text("step,loss,tokens\n" + rows)
+    log = read_log(path)
+    assert {r.tokens for r in log.records[2:]} == {4096}
+    assert log.records[5].extra["tokens_total"] == 60 * 4096
+    assert any("'tokens' grows with the step" in n for n in log.notes)
+
+
+def test_a_batch_size_ramp_is_not_a_total(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    sizes = [32, 64, 96, 128, *[160] * 20]  # the ramp: below one sample per step so far
+    rows = "".join(f"{100 * (i + 1)},{2.0},{b}\n" for i, b in enumerate(sizes))
+    path.write_text("step,loss,global_batch_size\n" + rows)
+    log = read_log(path)
+    assert [r.samples for r in log.records[:5]] == [32, 64, 96, 128, 160]
+    assert not any("consumed so far" in n for n in log.notes)

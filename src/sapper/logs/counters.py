@@ -60,6 +60,9 @@ class CounterReader:
     def __init__(self, notes: list[str]) -> None:
         self.notes = notes
         self._skipped = _Column("skipped", AUTO)
+        #: ``tokens`` / ``samples`` columns of a table or TensorBoard run, which may be the
+        #: amount consumed so far rather than per step (see :meth:`_judge_work`).
+        self._work: dict[str, _Column] = {}
         #: Megatron's "number of nan iterations", read from ``extra``; off by default.
         self._nan: _Column | None = None
 
@@ -75,9 +78,13 @@ class CounterReader:
         NaN iteration makes a missing loss NaN (Megatron drops a NaN average)."""
         self._nan = _Column(label, INTERVAL)
 
+    def configure_work(self, field: str, label: str) -> None:
+        """Judge the ``tokens`` or ``samples`` field, read from column ``label``."""
+        self._work[field] = _Column(label, AUTO)
+
     def restart(self) -> None:
         """A new attempt: totals start again from the attempt's first value."""
-        for col in (self._skipped, self._nan):
+        for col in (self._skipped, self._nan, *self._work.values()):
             if col is not None:
                 col.prev = col.prev_step = col.prev_scale = None
                 col.total = 0
@@ -88,6 +95,11 @@ class CounterReader:
         raw = fields.get("skipped")
         if raw is not None and raw.__class__ is not bool:
             self._apply_skipped(rec, fields, raw)
+        if self._work:
+            for name, col in self._work.items():
+                value = fields.get(name)
+                if value is not None:
+                    self._apply_work(rec, fields, name, col, value)
         nan = self._nan
         if nan is not None:
             value = rec.extra.get("nan_iterations")
@@ -96,6 +108,43 @@ class CounterReader:
                 rec.extra["nan_iterations"] = new if new is not None else 0
                 if new and fields.get("loss") is None:
                     fields["loss"] = math.nan  # Megatron drops a NaN average from the line
+
+    def _apply_work(
+        self, rec: StepRecord, fields: dict[str, Any], name: str, col: _Column, value: int
+    ) -> None:
+        """A ``tokens``/``samples`` column that counts the work done so far becomes the
+        work per step: its increase over the steps since the previous record (the total
+        itself is kept in ``extra``). It is read as a total once it grew on two records in
+        a row to at least one token or sample per step of the run; a value that does not
+        grow (a constant batch) makes it a per-step column for good."""
+        prev, prev_step = col.prev, col.prev_step
+        col.prev, col.prev_step = value, rec.step
+        if col.mode == INTERVAL or prev is None or prev_step is None:
+            if col.mode == TOTAL:  # an attempt's first total: a baseline
+                rec.extra[f"{name}_total"] = value
+                del fields[name]
+            return
+        span = rec.step - prev_step
+        if value <= prev or span <= 0:
+            if col.mode == TOTAL:
+                self.notes.append(
+                    f"column {col.label!r} stopped growing at step {rec.step}: read as the "
+                    f"{name} of each step from there on"
+                )
+            col.mode = INTERVAL
+            return
+        if col.mode == AUTO:
+            col.total += 1  # increases in a row
+            if col.total < 2 or value < rec.step:
+                return
+            col.mode = TOTAL
+            self.notes.append(
+                f"column {col.label!r} grows with the step ({value:,} at step {rec.step:,}): "
+                f"read as the {name} consumed so far; each record's {name} per step is its "
+                "increase"
+            )
+        rec.extra[f"{name}_total"] = value
+        fields[name] = (value - prev) // span
 
     def _apply_skipped(self, rec: StepRecord, fields: dict[str, Any], raw: Any) -> None:
         col = self._skipped

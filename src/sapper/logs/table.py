@@ -89,9 +89,12 @@ class _Columns:
                 return None
         fm = resolve(metric)
         claimed = None if fm is None else self._claim(fm, name)
+        counters = self.parser.merger.counters
         if claimed is not None and claimed.field == "skipped":
             flag = normalize_name(metric) in FLAG_NAMES
-            self.parser.merger.counters.configure_skipped(name, "flag" if flag else "auto")
+            counters.configure_skipped(name, "flag" if flag else "auto")
+        elif claimed is not None and claimed.field in ("tokens", "samples"):
+            counters.configure_work(claimed.field, name)
         return claimed
 
     def _claim(self, fm: FieldMap, name: str) -> FieldMap | None:

@@ -131,6 +131,8 @@ class TensorBoardParser(LogParser):
                 elif fm.field == "skipped":
                     flag = normalize_name(tag.rpartition("/")[2]) in FLAG_NAMES
                     self.merger.counters.configure_skipped(tag, "flag" if flag else "auto")
+                elif fm.field in ("tokens", "samples"):
+                    self.merger.counters.configure_work(fm.field, tag)
             self._targets[tag] = fm
         return self._targets[tag]
 
