@@ -130,3 +130,44 @@ def test_a_batch_size_ramp_is_not_a_total(tmp_path: Path) -> None:
     log = read_log(path)
     assert [r.samples for r in log.records[:5]] == [32, 64, 96, 128, 160]
     assert not any("consumed so far" in n for n in log.notes)
+
+
+def _ds_line(step: int, loss: str | None, skipped: int = 0, tail: str = "") -> str:
+    """A Megatron-DeepSpeed line: the counters read 0 under DeepSpeed."""
+    lm = f"lm loss: {loss} | " if loss else ""
+    return (
+        f" iteration {step:8d}/  250000 | learning rate: 2.999E-04 | global batch size: 8 | "
+        f"{lm}loss scale: 1.0 | grad norm: 0.5 | number of skipped iterations: {skipped:3d} | "
+        f"number of nan iterations:   0 |{tail}"
+    )
+
+
+def test_a_line_without_its_loss_is_a_nan_loss_unless_all_was_skipped() -> None:
+    parser = MegatronParser()
+    lines = [_ds_line(1, "2.0E+00"), _ds_line(2, None), _ds_line(3, None, skipped=1),
+             _ds_line(4, "1.9E+00")]
+    records = parser.feed(lines) + parser.finish()
+    losses = [r.loss for r in records]
+    assert losses[0] == 2.0 and losses[1] != losses[1] and losses[2] is None
+    assert any("step 2: the iteration line has no loss" in n for n in parser.notes)
+    assert all("_no_loss" not in r.extra for r in records)
+
+
+def test_a_line_cut_before_its_loss_or_in_another_format_is_not_nan() -> None:
+    parser = MegatronParser()
+    wrapped = " iteration   42780/ 115311 | consumed samples:    71455664 | elapsed time per"
+    old_format = " iteration      400/    3000 | lm loss 6.758929E+00 | loss scale 64.0 |"
+    cut_after = " iteration     3385/    8000 | global batch size:    64 | loss scale: 1.0 | gr"
+    records = parser.feed([wrapped, old_format, cut_after]) + parser.finish()
+    assert [r.loss for r in records[:2]] == [None, None]
+    assert records[2].loss != records[2].loss  # it got past where the loss is printed
+
+
+def test_a_late_validation_record_is_not_a_nan_loss() -> None:
+    parser = MegatronParser()
+    got = parser.feed([_ds_line(10, "2.0E+00")]) + parser.merger.settle()
+    got += parser.feed([" validation loss at iteration 10 | lm loss value: 2.1E+00 |",
+                        _ds_line(20, "1.9E+00")]) + parser.finish()
+    assert [(r.step, r.loss, r.eval_loss) for r in got] == [
+        (10, 2.0, None), (10, None, 2.1), (20, 1.9, None)
+    ]

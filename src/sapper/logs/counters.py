@@ -29,7 +29,11 @@ from typing import Any
 
 from sapper.runtime.records import StepRecord
 
-__all__ = ["FLAG_NAMES", "CounterReader"]
+__all__ = ["FLAG_NAMES", "NO_LOSS", "CounterReader"]
+
+#: ``extra`` marker a Megatron iteration line without any loss carries until the record
+#: is emitted (see :meth:`CounterReader._nan_loss`); it never reaches a detector.
+NO_LOSS = "_no_loss"
 
 #: Normalized column names that only ever mean "this step was skipped".
 FLAG_NAMES = frozenset({"skipped_step", "step_skipped", "overflow", "is_overflow"})
@@ -65,6 +69,7 @@ class CounterReader:
         self._work: dict[str, _Column] = {}
         #: Megatron's "number of nan iterations", read from ``extra``; off by default.
         self._nan: _Column | None = None
+        self._nan_noted = False
 
     def configure_skipped(self, label: str, mode: str = AUTO) -> None:
         """Name the column the ``skipped`` field came from and how to read it at first:
@@ -93,7 +98,10 @@ class CounterReader:
         """Rewrite ``rec`` in place (called once per record, in file order)."""
         fields = rec.__dict__
         raw = fields.get("skipped")
+        span = None
         if raw is not None and raw.__class__ is not bool:
+            prev_step = self._skipped.prev_step
+            span = rec.step - prev_step if prev_step is not None else None
             self._apply_skipped(rec, fields, raw)
         if self._work:
             for name, col in self._work.items():
@@ -102,12 +110,32 @@ class CounterReader:
                     self._apply_work(rec, fields, name, col, value)
         nan = self._nan
         if nan is not None:
-            value = rec.extra.get("nan_iterations")
+            extra = rec.extra
+            value = extra.get("nan_iterations")
+            new = None
             if value is not None:
                 new = self._judge(nan, value, rec.step)
-                rec.extra["nan_iterations"] = new if new is not None else 0
-                if new and fields.get("loss") is None:
-                    fields["loss"] = math.nan  # Megatron drops a NaN average from the line
+                extra["nan_iterations"] = new if new is not None else 0
+            if extra.pop(NO_LOSS, False) and fields.get("loss") is None:
+                skipped = extra.get("skipped_in_interval") or 0
+                covered = skipped >= span if span else skipped > 0
+                if new or not covered:
+                    self._nan_loss(fields, rec.step, new, skipped)
+
+    def _nan_loss(self, fields: dict[str, Any], step: int, nan: int | None, skipped: int) -> None:
+        """Megatron prints an interval's loss average only when it is above (or at) 0, so
+        a NaN average leaves the loss out of the line; all iterations skipped do too. A
+        line without a loss whose skipped iterations do not cover its interval is a NaN
+        loss, even when the NaN counter reads 0 (it does under DeepSpeed, and where the
+        NaN check runs only with a grad scaler)."""
+        fields["loss"] = math.nan
+        if not nan and not self._nan_noted:
+            self._nan_noted = True
+            self.notes.append(
+                f"step {step}: the iteration line has no loss while {skipped} skipped "
+                "iteration(s) do not cover its interval: read as a NaN loss (Megatron drops "
+                "a NaN average from the line, and its NaN counter read 0)"
+            )
 
     def _apply_work(
         self, rec: StepRecord, fields: dict[str, Any], name: str, col: _Column, value: int

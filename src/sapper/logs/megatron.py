@@ -9,8 +9,11 @@ Megatron prints one line every ``--log-interval`` iterations::
 
 (one line in the log), possibly behind a launcher prefix (``[default3]:``, ``0:``).
 Values are averages over the interval; the loss is left out when every iteration of the
-interval was skipped (fp16 overflow) or produced NaN, so a non-zero "nan iterations"
-count becomes a non-finite loss here — the detectors must see it. Validation lines
+interval was skipped (fp16 overflow) or produced NaN, so a line without its loss becomes
+a non-finite loss here unless its skipped iterations cover the interval (the counters read
+0 under DeepSpeed; see :meth:`CounterReader._nan_loss`) — the detectors must see it. The
+skipped and NaN counts are per interval in Megatron-LM; a fork printing running totals is
+recognized by its values (:mod:`sapper.logs.counters`). Validation lines
 (``validation loss at iteration N | lm loss value: ...``) and the memory report
 (``[Rank 0] (after N iterations) memory (MB) | allocated: ...``) are merged into the
 step they name. Everything else in the log (arguments, timers, warnings) is skipped.
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sapper.logs.base import LogData, LogParser, put_mapped, to_float
+from sapper.logs.counters import NO_LOSS
 from sapper.logs.fields import FieldMap
 from sapper.runtime.records import StepRecord
 
@@ -63,6 +67,11 @@ _EXTRA: dict[str, str] = {
     "curriculum seqlen": "curriculum_seq_len",
     "world size": "world_size",
 }
+#: Keys Megatron prints after the losses on an iteration line.
+_AFTER_LOSSES = frozenset({
+    "loss scale", "grad norm", "num zeros", "params norm", "number of skipped iterations",
+    "number of nan iterations",
+})
 _MEM_FIELDS = {
     "allocated": "memory_allocated_gib",
     "max allocated": "memory_peak_gib",
@@ -120,7 +129,9 @@ class MegatronParser(LogParser):
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         losses: dict[str, float] = {}
+        seen: set[str] = set()
         for key, text in _segments(line[match.end() :]):
+            seen.add(key)
             if self.mapping:
                 self.keys_seen.add(key)
                 fm = self.mapped(key)
@@ -147,10 +158,21 @@ class MegatronParser(LogParser):
                 extra[key.replace(" ", "_")] = value
         if "loss" not in values:
             values["loss"] = losses.get("lm loss", losses.get("loss"))
+        if values["loss"] is None and self._no_loss(line[match.end() :], seen):
+            extra[NO_LOSS] = True  # NaN or all skipped: the merger's CounterReader decides
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
         self.merger.put(step, values, extra, whole=True)
+
+    @staticmethod
+    def _no_loss(rest: str, keys: set[str]) -> bool:
+        """The line prints no loss where Megatron puts it: it got past the losses (a key
+        printed after them is there, so a line cut or wrapped before them does not count)
+        and holds no loss in any spelling (a colon-less ``lm loss 2.5`` included)."""
+        if not keys & _AFTER_LOSSES:
+            return False
+        return "loss" not in rest.lower().replace("loss scale", "")
 
     def _validation(self, line: str) -> None:
         match = _VALID.search(line)
