@@ -159,7 +159,8 @@ def test_a_line_cut_before_its_loss_or_in_another_format_is_not_nan() -> None:
     old_format = " iteration      400/    3000 | lm loss 6.758929E+00 | loss scale 64.0 |"
     cut_after = " iteration     3385/    8000 | global batch size:    64 | loss scale: 1.0 | gr"
     records = parser.feed([wrapped, old_format, cut_after]) + parser.finish()
-    assert [r.loss for r in records[:2]] == [None, None]
+    assert [r.loss for r in records[:2]] == [None, 6.758929]  # the colon-less early format
+    assert records[1].loss_scale == 64.0
     assert records[2].loss != records[2].loss  # it got past where the loss is printed
 
 

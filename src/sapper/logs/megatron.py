@@ -80,13 +80,18 @@ _MEM_FIELDS = {
 
 
 def _segments(text: str) -> list[tuple[str, str]]:
+    """``key: value`` pairs between the pipes; early Megatron-LM wrote ``key value``
+    (``lm loss 6.758929E+00 | loss scale 64.0``), read when the last word is a number."""
     out = []
     for part in text.split("|"):
         key, sep, value = part.rpartition(":")
-        if sep:
-            key = key.strip()
-            if key:
-                out.append((key.lower(), value.strip()))
+        if not sep:
+            key, _, value = part.strip().rpartition(" ")
+            if to_float(value) is None:
+                continue
+        key = key.strip()
+        if key:
+            out.append((key.lower(), value.strip()))
     return out
 
 
