@@ -256,6 +256,8 @@ def render_analyses(analyses: list[Analysis]) -> Group:
         )
         for note in a.notes:
             parts.append(Text.from_markup(f"  [yellow]note:[/] {escape(note)}"))
+        for line in a.unevaluated:
+            parts.append(Text.from_markup(f"  [dim]not evaluated:[/] {escape(line)}"))
         if a.findings:
             parts.append(render_findings(a.findings))
         else:
