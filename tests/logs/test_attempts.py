@@ -179,3 +179,30 @@ def test_a_megatron_resume_that_logs_only_its_first_iteration() -> None:
     assert [(a.first_step, a.last_step) for a in parser.attempts] == [
         (100, 101), (100, 100), (100, 101)
     ]
+
+
+def test_what_a_detector_could_not_evaluate_is_carried_per_attempt(tmp_path: Path) -> None:
+    from sapper.runtime.detector import Detector
+
+    class Blind(Detector):
+        rules = ()
+
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def update(self, record):  # type: ignore[no-untyped-def]
+            self.seen += 1
+            return []
+
+        def unevaluated(self) -> list[str]:
+            return [f"R999 test: not evaluated — {self.seen} records"]
+
+    path = tmp_path / "m.csv"
+    path.write_text("step,loss\n" + "".join(f"{s},2.0\n" for s in [1, 2, 3, 2, 3, 4, 5]))
+    analysis = analyze_log(read_log(path), [Blind()])
+    # attempt 2 resumes from step 2: its detector saw step 1 first, then its own four
+    assert analysis.unevaluated == [
+        "attempt 1: R999 test: not evaluated — 3 records",
+        "attempt 2: R999 test: not evaluated — 5 records",
+    ]
+    assert analysis.summary()["not_evaluated"] == analysis.unevaluated
