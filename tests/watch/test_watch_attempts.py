@@ -52,3 +52,31 @@ def test_a_restart_starts_a_new_attempt_with_fresh_detectors(tmp_path) -> None:
     assert [(f.step, f.data.get("attempt")) for f in result.findings] == [(15, None), (15, 2)]
     assert any("the run restarted: step 11 follows step 20" in n for n in result.notes)
     assert result.records == 40 and result.to_json()["attempts"] == 2
+
+
+def _meg(step: int, loss: float) -> str:
+    return (f" iteration {step:8d}/    1000 | lm loss: {loss:.6E} | loss scale: 1024.0 | "
+            "number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+
+
+def test_megatron_validation_after_a_quiet_spell_is_not_a_restart(tmp_path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("")
+    watcher = Watcher(open_follower(log), poll=0.05, idle_timeout=0, settle=0.0)
+    with open(log, "a") as fh:
+        fh.write("".join(_meg(s, 2.0) for s in range(10, 101, 10)))
+    watcher.tick()
+    watcher.tick()  # quiet: step 100 is released
+    with open(log, "a") as fh:  # the evaluation ends, then training goes on
+        fh.write(" validation loss at iteration 100 | lm loss value: 2.1E+00 |\n")
+        fh.write("".join(_meg(s, 1.9) for s in range(110, 151, 10)))
+    watcher.tick()
+    with open(log, "a") as fh:  # the job died and resumed from the checkpoint at 120
+        fh.write("".join(_meg(s, 1.9) for s in range(130, 171, 10)))
+    watcher.tick()
+    result = watcher.close()
+    assert result.attempts == 2
+    assert [n for n in result.notes if "restarted" in n] == [
+        "the run restarted: step 130 follows step 150; attempt 2 is watched with fresh "
+        "detectors"
+    ]
