@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from sapper.logs import MegatronParser, TableParser, read_log
@@ -172,3 +173,11 @@ def test_a_late_validation_record_is_not_a_nan_loss() -> None:
     assert [(r.step, r.loss, r.eval_loss) for r in got] == [
         (10, 2.0, None), (10, None, 2.1), (20, 1.9, None)
     ]
+
+
+def test_a_nan_count_makes_a_missing_loss_nan_next_to_other_losses() -> None:
+    parser = MegatronParser()
+    line = (" iteration       20/    1000 | z loss: 1.0E-03 | loss scale: 1.0 | "
+            "number of skipped iterations:   0 | number of nan iterations:   1 |")
+    records = parser.feed([_line(10, 0), line, _line(30, 0)]) + parser.finish()
+    assert math.isnan(records[1].loss) and records[1].extra["z_loss"] == 1.0e-3

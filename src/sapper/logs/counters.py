@@ -116,7 +116,8 @@ class CounterReader:
             if value is not None:
                 new = self._judge(nan, value, rec.step)
                 extra["nan_iterations"] = new if new is not None else 0
-            if extra.pop(NO_LOSS, False) and fields.get("loss") is None:
+            no_loss = extra.pop(NO_LOSS, False)
+            if fields.get("loss") is None and (new or no_loss):
                 skipped = extra.get("skipped_in_interval") or 0
                 covered = skipped >= span if span else skipped > 0
                 if new or not covered:
