@@ -317,3 +317,21 @@ def test_log_over_the_size_limit_is_refused_with_its_size(tmp_path: Path) -> Non
     res = runner.invoke(app, ["analyze", str(path)])
     assert res.exit_code == 2
     assert "the file is 9.0 GiB, over the 8 GiB limit for a log" in " ".join(res.output.split())
+
+
+def test_a_log_whose_steps_go_back_thousands_of_times_is_bounded(tmp_path: Path) -> None:
+    """Steps that go back on every other line are not a thousand rollbacks: the attempts
+    past MAX_ATTEMPTS are said to be not analyzed, and the report draws no more."""
+    from sapper.logs.analysis import MAX_ATTEMPTS
+
+    steps = [s for i in range(1, 2001) for s in (i * 10, i * 10 - 5)]
+    path = write(tmp_path, "interleaved.csv", "step,loss\n" + "".join(f"{s},2.0\n" for s in steps))
+    res = runner.invoke(app, ["analyze", str(path), "-f", "json"])
+    assert res.exit_code in (0, 1), res.output
+    log = json.loads(res.stdout)["summary"]["logs"][0]
+    assert len(log["attempts"]) == MAX_ATTEMPTS
+    assert any("not analyzed" in line for line in log["not_evaluated"])
+    out = tmp_path / "r.html"
+    res = runner.invoke(app, ["report", str(path), "-o", str(out)])
+    assert res.exit_code in (0, 1), res.output
+    assert out.read_text().count("attempt ") < 20 * MAX_ATTEMPTS

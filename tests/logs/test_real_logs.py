@@ -46,9 +46,6 @@ KIND_CODES: dict[str, frozenset[str]] = {
 #: must go, so this table always says exactly what is still open.
 OPEN: dict[str, str] = {
     "bigscience/tr11-176B-spike-31216.log": "no R002/R013: the spike comes two records in",
-    "bigscience/tr11-176B-reshaping-resumes-94768.log": (
-        "repeated iterations are dropped, not read as attempts"
-    ),
     "bigscience/tr8-104B-exp1-exp2-rollback-6210.log": (
         "spike on three records not found, the rollback is dropped, R032 on a "
         "DeepSpeed-scaled grad norm"
@@ -61,7 +58,6 @@ OPEN: dict[str, str] = {
     "bigscience/tr8b-104B-overflow-17062.log": (
         "no R002, no R030 on 1048576 -> 32768 in six steps; R032 false alarm"
     ),
-    "hf/trainer_state_viz-6-eval-sets.trainer_state.json": "eval_<name>_loss sets not read",
     "megatron-issues/epfllm-megatron-llm-11-step-time-growth.log": "growing step time not flagged",
 }
 #: A must_fire step matches a finding this many logging intervals either side, unless

@@ -8,14 +8,12 @@ Megatron prints one line every ``--log-interval`` iterations::
      number of skipped iterations:   0 | number of nan iterations:   0 |
 
 (one line in the log), possibly behind a launcher prefix (``[default3]:``, ``0:``).
-Values are averages over the interval, and the counters count the interval's
-iterations (``training_log`` in ``megatron/training/training.py`` zeroes them after each
-line). A loss average is printed only when it is above zero (``>= 0`` in later
-Megatron-LM), so a NaN average leaves the loss out of the line; so does an interval whose
-iterations were all skipped (fp16 overflow). A line without a loss is therefore read as a
-NaN loss unless its skipped count covers the whole interval — the NaN counter alone does
-not say it: it stays 0 where the NaN check ran only under a grad scaler, and under the
-DeepSpeed engine Megatron-DeepSpeed hard-codes the skipped count to 0. Validation lines
+Values are averages over the interval; the loss is left out when every iteration of the
+interval was skipped (fp16 overflow) or produced NaN, so a line without its loss becomes
+a non-finite loss here unless its skipped iterations cover the interval (the counters read
+0 under DeepSpeed; see :meth:`CounterReader._nan_loss`) — the detectors must see it. The
+skipped and NaN counts are per interval in Megatron-LM; a fork printing running totals is
+recognized by its values (:mod:`sapper.logs.counters`). Validation lines
 (``validation loss at iteration N | lm loss value: ...``) and the memory report
 (``[Rank 0] (after N iterations) memory (MB) | allocated: ...``) are merged into the
 step they name. Everything else in the log (arguments, timers, warnings) is skipped.
@@ -24,14 +22,15 @@ step they name. Everything else in the log (arguments, timers, warnings) is skip
 from __future__ import annotations
 
 import calendar
-import math
 import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.logs.base import LogData, LogParser, to_float
+from sapper.logs.base import LogData, LogParser, put_mapped, to_float
+from sapper.logs.counters import NO_LOSS
+from sapper.logs.fields import FieldMap
 from sapper.logs.limits import MAX_INT_DIGITS, to_count
 from sapper.runtime.records import StepRecord
 
@@ -69,6 +68,11 @@ _EXTRA: dict[str, str] = {
     "curriculum seqlen": "curriculum_seq_len",
     "world size": "world_size",
 }
+#: Keys Megatron prints after the losses on an iteration line.
+_AFTER_LOSSES = frozenset({
+    "loss scale", "grad norm", "num zeros", "params norm", "number of skipped iterations",
+    "number of nan iterations",
+})
 _MEM_FIELDS = {
     "allocated": "memory_allocated_gib",
     "max allocated": "memory_peak_gib",
@@ -77,9 +81,8 @@ _MEM_FIELDS = {
 
 
 def _segments(text: str) -> list[tuple[str, str]]:
-    """``key: value`` pairs between the bars; early Megatron-LM wrote ``key value``
-    without the colon (``lm loss 6.758929E+00 | loss scale 64.0``), read as well when the
-    last word is a number."""
+    """``key: value`` pairs between the pipes; early Megatron-LM wrote ``key value``
+    (``lm loss 6.758929E+00 | loss scale 64.0``), read when the last word is a number."""
     out = []
     for part in text.split("|"):
         key, sep, value = part.rpartition(":")
@@ -98,13 +101,15 @@ class MegatronParser(LogParser):
 
     format = "megatron"
 
-    def __init__(self, source: str = "<input>") -> None:
-        super().__init__(source)
-        self.skipped_total = 0
+    def __init__(
+        self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None
+    ) -> None:
+        super().__init__(source, mapping)
         self._bad_values = 0
-        self._previous_step: int | None = None
-        self._seen_loss = False
-        self._lossless: list[int] = []
+        # Megatron-LM prints the skipped and NaN iterations of each interval; a fork that
+        # prints running totals is recognized by its values (see sapper.logs.counters).
+        self.merger.counters.configure_skipped("number of skipped iterations", "interval")
+        self.merger.counters.configure_nan("number of nan iterations")
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         for line in lines:
@@ -122,14 +127,6 @@ class MegatronParser(LogParser):
     def finish(self) -> list[StepRecord]:
         if self._bad_values:
             self.notes.append(f"{self._bad_values} value(s) were not numbers and were skipped")
-        if self._lossless:
-            shown = ", ".join(map(str, self._lossless[:5]))
-            more = f" and {len(self._lossless) - 5} more" if len(self._lossless) > 5 else ""
-            self.notes.append(
-                f"iteration line(s) {shown}{more} print no loss although not every iteration "
-                "of their interval was skipped: read as a NaN loss (Megatron leaves a NaN "
-                "average out of the line)"
-            )
         return super().finish()
 
     def _iteration(self, line: str, match: re.Match[str]) -> None:
@@ -142,9 +139,15 @@ class MegatronParser(LogParser):
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         losses: dict[str, float] = {}
-        nan_iters = 0
-        skipped: int | None = None
+        seen: set[str] = set()
         for key, text in _segments(line[match.end() :]):
+            seen.add(key)
+            if self.mapping:
+                self.keys_seen.add(key)
+                fm = self.mapped(key)
+                if fm is not None:
+                    put_mapped(fm, to_float(text), values, extra)
+                    continue
             value = to_float(text)
             if value is None:
                 self._bad_values += 1
@@ -163,50 +166,38 @@ class MegatronParser(LogParser):
                 else:
                     values[name] = value * factor
             elif key == "number of skipped iterations":
-                skipped = to_count(value)
-                if skipped is None:  # NaN, negative, past int64: not a count
+                count = to_count(value)
+                if count is None:  # NaN, negative, past int64: not a count
                     self._bad_values += 1
                     continue
-                self.skipped_total = min(self.skipped_total + skipped, _MAX_TOTAL)
-                values["skipped"] = skipped > 0
-                values["skipped_total"] = self.skipped_total
-                extra["skipped_in_interval"] = skipped
+                values["skipped"] = count  # judged by the merger's CounterReader
             elif key == "number of nan iterations":
                 count = to_count(value)
                 if count is None:
                     self._bad_values += 1
                     continue
-                nan_iters = count
-                extra["nan_iterations"] = nan_iters
+                extra["nan_iterations"] = count
             elif key in _EXTRA:
                 extra[_EXTRA[key]] = value
             elif key.endswith("loss"):
                 extra[key.replace(" ", "_")] = value
-        loss = losses.get("lm loss", losses.get("loss"))
-        if loss is None and self._dropped_nan(step, skipped, nan_iters):
-            loss = math.nan
-            extra["loss_missing"] = True
-            if not nan_iters:  # inferred, not stated by the counter: say so
-                self._lossless.append(step)
-        self._seen_loss = self._seen_loss or loss is not None
-        self._previous_step = step
-        values["loss"] = loss
+        if "loss" not in values:
+            values["loss"] = losses.get("lm loss", losses.get("loss"))
+        if values["loss"] is None and self._no_loss(line[match.end() :], seen):
+            extra[NO_LOSS] = True  # NaN or all skipped: the merger's CounterReader decides
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
-        self.merger.put(step, values, extra)
+        self.merger.put(step, values, extra, whole=True)
 
-    def _dropped_nan(self, step: int, skipped: int | None, nan_iters: int) -> bool:
-        """Whether a line without a loss stands for a NaN average (see the module doc)."""
-        if nan_iters:
-            return True
-        interval = None
-        if self._previous_step is not None and step > self._previous_step:
-            interval = step - self._previous_step
-        if skipped is not None:
-            all_skipped = skipped > 0 and (interval is None or skipped >= interval)
-            return not all_skipped
-        return self._seen_loss  # no skip counter: only a log that printed losses before
+    @staticmethod
+    def _no_loss(rest: str, keys: set[str]) -> bool:
+        """The line prints no loss where Megatron puts it: it got past the losses (a key
+        printed after them is there, so a line cut or wrapped before them does not count)
+        and holds no loss in any spelling (a colon-less ``lm loss 2.5`` included)."""
+        if not keys & _AFTER_LOSSES:
+            return False
+        return "loss" not in rest.lower().replace("loss scale", "")
 
     def _validation(self, line: str) -> None:
         match = _VALID.search(line)
@@ -219,7 +210,7 @@ class MegatronParser(LogParser):
                 value = to_float(text)
                 step = _int(match.group(1))
                 if value is not None and step is not None:
-                    self.merger.put(step, {"eval_loss": value})
+                    self.merger.put(step, {"eval_loss": value}, annex=True)
                 return
 
     def _memory(self, line: str) -> None:
@@ -235,11 +226,7 @@ class MegatronParser(LogParser):
                 values[name] = value * factor
         step = _int(match.group(1))
         if values and step is not None:
-            self.merger.put(step, values, keep_max=True)
-
-
-#: The running count of skipped iterations stays an int64.
-_MAX_TOTAL = 2**63 - 1
+            self.merger.put(step, values, keep_max=True, annex=True)
 
 
 def _int(digits: str) -> int | None:

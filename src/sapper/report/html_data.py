@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sapper.errors import InputError, printable
+from sapper.logs.analysis import MAX_ATTEMPTS
 from sapper.logs.base import Attempt, to_float
 from sapper.runtime.records import StepRecord
 
@@ -155,10 +156,13 @@ class Segment:
 
 
 def segments(records: Sequence[StepRecord], attempts: Sequence[Attempt]) -> list[Segment]:
-    """The attempts as segments; no attempts (older readers) or one = one segment."""
+    """The attempts as segments; no attempts (older readers) or one = one segment. Only
+    the attempts ``sapper analyze`` analyzes are drawn (``MAX_ATTEMPTS``): a file whose
+    steps go back thousands of times would otherwise be thousands of series."""
     if len(attempts) <= 1 or not records:
         first = records[0].step if records else 0
         return [Segment(0, 0, len(records), first)]
+    attempts = attempts[:MAX_ATTEMPTS]
     total = max(1, sum(max(0, a.stop - a.start) for a in attempts))
     floor = max(2, min(MIN_ATTEMPT_POINTS, 2 * MAX_POINTS // len(attempts)))
     return [
@@ -273,12 +277,29 @@ def mask_ranges(all_steps: np.ndarray, marked: np.ndarray) -> list[list[int]]:
     diverged stays NaN for every later step: that is one range, not thousands."""
     if len(marked) == 0:
         return []
-    pos = np.searchsorted(all_steps, marked)
+    if len(all_steps) > 1 and bool(np.any(np.diff(all_steps) < 0)):
+        pos = _positions(all_steps, marked)  # a restarted log: steps repeat per attempt
+    else:
+        pos = np.searchsorted(all_steps, marked)
     breaks = np.nonzero(np.diff(pos) != 1)[0]
     starts = np.concatenate([[0], breaks + 1])
     ends = np.concatenate([breaks, [len(marked) - 1]])
     ranges = [[int(marked[a]), int(marked[b])] for a, b in zip(starts, ends, strict=True)]
     return _merge_ranges(ranges, MAX_RANGES)
+
+
+def _positions(all_steps: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """Where each of ``marked`` (a subsequence of ``all_steps``, in record order) lies in
+    ``all_steps`` when the steps are not sorted (a log of several attempts)."""
+    pos = np.empty(len(marked), dtype=np.int64)
+    j = 0
+    steps = all_steps.tolist()
+    for i, step in enumerate(marked.tolist()):
+        while j < len(steps) - 1 and steps[j] != step:
+            j += 1
+        pos[i] = j
+        j += 1
+    return pos
 
 
 @dataclass

@@ -129,7 +129,8 @@ class TextFeed:
 
     def reset(self) -> None:
         """Start a new byte stream (a rotated or truncated file); the parser keeps its
-        state, so steps already seen are not reported twice."""
+        state, so a step logged again starts a new attempt (a restart) rather than
+        merging into the old one."""
         self._decoder: codecs.IncrementalDecoder | None = None  # chosen by the first bytes
         if getattr(self, "_lines", None) is not None:
             self._overlong += self._lines.overlong
@@ -307,7 +308,7 @@ class FileFollower(Follower):
         if size < self._offset:
             self.events.append(
                 f"{self.path.name} was truncated ({self._offset:,} → {size:,} bytes); reading "
-                "it again from the start (steps already seen are skipped)"
+                "it again from the start (steps it logs again start a new attempt)"
             )
             self._offset = 0
             self.feed.reset()
