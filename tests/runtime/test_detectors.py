@@ -258,8 +258,19 @@ def test_duplicate_batch_fires_and_epochs_do_not() -> None:
 
 
 def test_scaled_gradients_from_a_log_alone() -> None:
-    assert "R032" in _run(_with(_healthy(), _scaled))
-    assert "R032" not in _run(_healthy())
+    # A GradScaler run (torch-amp): a norm of the order of the scale is the signature.
+    assert "R032" in _run(_with(_healthy(), _scaled), framework="torch-amp")
+    assert "R032" not in _run(_healthy(), framework="torch-amp")
+    # Framework unknown: a falling loss means the updates work (Adam normalises a scale
+    # away), so the ratio alone is not evidence; a loss that does not fall is.
+    assert "R032" not in _run(_with(_healthy(), _scaled))
+    stuck = _with(_healthy(), _scaled)
+    for r in stuck:
+        r.loss = 5.0 + 0.01 * (r.step % 7)
+    assert "R032" in _run(stuck)
+    # Frameworks that unscale themselves never get it from the ratio.
+    for fw in ("megatron", "deepspeed", "hf-trainer", "lightning"):
+        assert "R032" not in _run(stuck, framework=fw)
 
 
 def test_lr_schedule_checks_against_the_plan() -> None:

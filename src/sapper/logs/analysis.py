@@ -38,6 +38,8 @@ class Analysis:
     gaps: list[tuple[int, int]] = field(default_factory=list)
     #: Detectors that raised (a bug in sapper), with the error; the others still ran.
     failed: dict[str, str] = field(default_factory=dict)
+    #: Rules the detectors could not evaluate on this log, naming the missing input.
+    unevaluated: list[str] = field(default_factory=list)
 
     @property
     def notes(self) -> list[str]:
@@ -63,6 +65,7 @@ class Analysis:
             "interval": self.interval,
             "gaps": [list(g) for g in self.gaps],
             "notes": self.notes,
+            "not_evaluated": self.unevaluated,
         }
 
 
@@ -105,4 +108,5 @@ def analyze_log(
         key=lambda f: (f.step if f.step is not None else -1, -f.severity.rank, f.code),
     )
     interval, gaps = log_interval([r.step for r in log.records])
-    return Analysis(log, findings, interval, gaps, dict(dset.failed))
+    unevaluated = dset.unevaluated()
+    return Analysis(log, findings, interval, gaps, dict(dset.failed), unevaluated)

@@ -15,7 +15,22 @@ from typing import Any, ClassVar
 from sapper.rules.model import Finding, Rule
 from sapper.runtime.records import StepRecord
 
-__all__ = ["Detector", "DetectorSet"]
+__all__ = ["FRAMEWORKS", "Detector", "DetectorSet"]
+
+#: The training frameworks a log or a live run can show. Some rules read a framework's
+#: mechanics (GradScaler's order of scale/unscale_/step is torch-amp's; Megatron and
+#: DeepSpeed unscale internally and log unscaled norms); a detector told the framework
+#: applies those rules only where they belong. ``torch`` is a plain PyTorch loop without
+#: a GradScaler; ``unknown`` means the log does not say.
+FRAMEWORKS: tuple[str, ...] = (
+    "torch",
+    "torch-amp",
+    "megatron",
+    "deepspeed",
+    "hf-trainer",
+    "lightning",
+    "unknown",
+)
 
 
 class Detector:
@@ -23,6 +38,22 @@ class Detector:
 
     #: The rules this detector can fire (registered by the module that defines them).
     rules: ClassVar[tuple[Rule, ...]] = ()
+    #: The framework that produced the stream (one of :data:`FRAMEWORKS`); set by
+    #: :meth:`set_framework` from the log's format or what the live monitor sees.
+    framework: str = "unknown"
+
+    def set_framework(self, framework: str) -> None:
+        """Tell the detector which framework's mechanics the stream follows."""
+        if framework not in FRAMEWORKS:
+            from sapper.errors import InputError
+
+            raise InputError(
+                "unknown training framework",
+                field="framework",
+                value=framework,
+                expected=", ".join(FRAMEWORKS),
+            )
+        self.framework = framework
 
     def update(self, record: StepRecord) -> list[Finding]:
         """Consume one record; return the findings it triggers (usually none)."""
