@@ -203,6 +203,12 @@ def _per_micro(r: StepRecord) -> None:
     r.extra["scheduler_steps"] = 4
 
 
+def _cosine_past_end(r: StepRecord) -> None:
+    # warmup to step 20, cosine to 0 at step 120, then on past its total: back up
+    s = r.step
+    r.lr = 1e-3 * (s / 20 if s < 20 else 0.5 * (1 + math.cos(math.pi * (s - 20) / 100)))
+
+
 CASES: dict[str, tuple[Callable[[StepRecord], None], int]] = {
     "R001": (_nan, 150),
     "R002": (_spike, 0),
@@ -220,6 +226,7 @@ CASES: dict[str, tuple[Callable[[StepRecord], None], int]] = {
     "R032": (_scaled_flag, 0),
     "R033": (_clip_flag, 0),
     "R042": (_per_micro, 0),
+    "R044": (_cosine_past_end, 0),
     "R050": (_near, 0),
     "R051": (_leak, 0),
     "R061": (_degrade, 100),
@@ -322,8 +329,10 @@ def test_every_runtime_rule_has_docs_and_a_case() -> None:
     assert len(runtime) >= 30
     for rule in runtime:
         assert rule.why and rule.signs and rule.fix
-    # R110/R111 (eval loss) are tested in tests/logs/test_eval_detector.py.
-    tested = set(CASES) | {"R040", "R041", "R060", "R070", "R071", "R110", "R111"}
+    # R110/R111 (eval loss) are tested in tests/logs/test_eval_detector.py, R043/R045 (LR
+    # schedule shape) in test_detector_lr.py.
+    tested = set(CASES) | {"R040", "R041", "R043", "R045", "R060", "R070", "R071", "R110"}
+    tested |= {"R111"}
     assert {r.code for r in runtime} - tested <= {"R102", "R190"}
 
 
