@@ -266,7 +266,7 @@ def render_analyses(analyses: list[Analysis]) -> Group:
             parts.append(Text("  no findings", style="green"))
         if a.unevaluated:
             parts.append(Text(f"  not evaluated ({len(a.unevaluated)}):", style="yellow"))
-            for line in a.unevaluated:
+            for line in _compact_unevaluated(a.unevaluated):
                 parts.append(Text(f"    {line}", style="dim"))
         parts.append(Text(""))
     errors, warnings = _count(analyses, Severity.ERROR), _count(analyses, Severity.WARNING)
@@ -274,6 +274,21 @@ def render_analyses(analyses: list[Analysis]) -> Group:
     summary = f"{errors} error(s), {warnings} warning(s), {infos} info"
     parts.append(Text(summary, style="bold red" if errors else "bold green"))
     return Group(*parts)
+
+
+def _compact_unevaluated(lines: list[str]) -> list[str]:
+    """The terminal's list: rules that only the live monitor's hooks can feed share one
+    line (JSON keeps every line)."""
+    live = [line.split(" ", 1)[0] for line in lines if "needs the live monitor" in line]
+    rest = [line for line in lines if "needs the live monitor" not in line]
+    if len(live) > 1:
+        rest.append(
+            f"{', '.join(live)}: not evaluated — they need the live monitor's hooks "
+            "(sapper.Monitor in the training loop)"
+        )
+    else:
+        rest = list(lines)
+    return rest
 
 
 def analyses_json(analyses: list[Analysis], failed: list[InputError]) -> dict[str, Any]:

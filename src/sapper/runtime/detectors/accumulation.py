@@ -116,9 +116,32 @@ class AccumulationDetector(RuleDetector):
         self.base_batch: float | None = None
         self.base_lr: float | None = None
         self.changed = 0
+        self.weights_seen = False
+        self.batch_seen = False
 
     def update(self, record: StepRecord) -> list[Finding]:
+        extra = record.extra
+        if "loss_weight" in extra or "micro_tokens" in extra:
+            self.weights_seen = True
+        if record.samples is not None or record.tokens is not None:
+            self.batch_seen = True
         return self._weight(record) + self._micro_tokens(record) + self._batch(record)
+
+    def unevaluated(self) -> list[str]:
+        """R080-R081 read the live monitor's per-micro-batch loss weights and token
+        counts; R082 needs the batch size (samples or tokens) per step."""
+        out = []
+        if not self.weights_seen:
+            out.append(
+                "R080-R081 gradient accumulation: not evaluated — needs the live monitor's "
+                "per-micro-batch loss weights and token counts"
+            )
+        if not self.batch_seen:
+            out.append(
+                "R082 batch size changed: not evaluated — the log has no samples or tokens "
+                "per step"
+            )
+        return out
 
     def _weight(self, record: StepRecord) -> list[Finding]:
         ga, w = record.extra.get("grad_accum"), record.extra.get("loss_weight")

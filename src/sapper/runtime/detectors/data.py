@@ -103,6 +103,15 @@ class DuplicateDataDetector(RuleDetector):
         self.epoch: Any = None
         self.samples_seen = 0
 
+    def unevaluated(self) -> list[str]:
+        """R070-R071 read per-sample fingerprints, which the live monitor computes."""
+        if self.samples_seen:
+            return []
+        return [
+            "R070-R071 duplicated data: not evaluated — needs per-sample fingerprints "
+            "(the live monitor's sample_hashes)"
+        ]
+
     def _remember(self, h: int, step: int) -> None:
         self._seen[h] = step
         if len(self._seen) > self.capacity:

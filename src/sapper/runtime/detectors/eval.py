@@ -114,6 +114,24 @@ class EvalLossDetector(Detector):
         self.evals_since_best = 0
         self.overfit_fired = False
         self.plateau_fired = False
+        self.evals = 0
+
+    def unevaluated(self) -> list[str]:
+        """What R110-R111 could not look at: no evaluation in the log, or too few."""
+        if self.evals == 0:
+            return ["R110-R111 eval loss: not evaluated — the log has no eval loss"]
+        out = []
+        if self.evals <= self.patience:
+            out.append(
+                f"R110 eval loss rising: not evaluated — {self.evals} evaluation(s), needs "
+                f"{self.patience + 1}"
+            )
+        if self.evals <= self.plateau_evals:
+            out.append(
+                f"R111 eval loss plateau: not evaluated — {self.evals} evaluation(s), needs "
+                f"{self.plateau_evals + 1}"
+            )
+        return out
 
     def update(self, record: StepRecord) -> list[Finding]:
         if record.loss is not None and math.isfinite(record.loss):
@@ -121,6 +139,7 @@ class EvalLossDetector(Detector):
         value = record.eval_loss
         if value is None or not math.isfinite(value):
             return []
+        self.evals += 1
         train = _median(self.train)
         if self.best is None or value < self.best[1]:
             self.best = [record.step, value, train]

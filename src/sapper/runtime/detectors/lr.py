@@ -510,11 +510,12 @@ class LRDetector(RuleDetector):
             )
         if self.warmup_end is None and "R043" not in self.fired:
             first = self.first_step or 0
-            why = (
-                f"the log starts at step {first}"
-                if first > 0 and (self.first_lr or 0) > 0.5 * self.peak
-                else "no warmup ramp from the log's start"
-            )
+            if self.ramp_open and self.lr_records > 1 and (self.first_lr or 0) < self.peak:
+                why = "the LR is still rising at the end of the log (the warmup is not over)"
+            elif first > 0 and (self.first_lr or 0) > 0.5 * self.peak:
+                why = f"the log starts at step {first}"
+            else:
+                why = "no warmup ramp from the log's start"
             out.append(f"R043 warmup length: not evaluated — {why}")
         return out
 

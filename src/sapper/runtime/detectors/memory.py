@@ -100,17 +100,21 @@ class MemoryDetector(RuleDetector):
         self.rises: deque[bool] = deque(maxlen=max(0, window - 1))
         self.rise_count = 0
         self.first_step: int | None = None
+        self.readings = 0
+        self.limit_known = False
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.first_step is None:
             self.first_step = record.step
         limit = record.memory_limit_gib or self.limit_gib
+        self.limit_known = self.limit_known or bool(limit)
         out = self._near(record, limit)
         value = record.memory_allocated_gib
         if value is None:
             value = record.rss_gib
         if value is None or not math.isfinite(value):
             return out
+        self.readings += 1
         if record.step - self.first_step < self.warmup_steps:
             return out
         series = self.series
@@ -123,6 +127,24 @@ class MemoryDetector(RuleDetector):
             self.rise_count += rise
         series.append((record.step, value))
         out += self._growth(record.step, limit)
+        return out
+
+    def unevaluated(self) -> list[str]:
+        """What R050-R051 could not look at: no memory reading, no device limit (R050),
+        too few readings for a trend (R051)."""
+        if self.readings == 0 and "R050" not in self.fired:
+            return ["R050-R051 memory: not evaluated — the log has no memory field"]
+        out = []
+        if not self.limit_known:
+            out.append(
+                "R050 memory near limit: not evaluated — no device memory limit "
+                "(memory_limit_gib in the log, or the plan's gpu)"
+            )
+        if len(self.series) < self.growth_min_points:
+            out.append(
+                f"R051 memory growth: not evaluated — {len(self.series)} memory reading(s) "
+                f"past the first steps, needs {self.growth_min_points}"
+            )
         return out
 
     def _near(self, record: StepRecord, limit: float | None) -> list[Finding]:

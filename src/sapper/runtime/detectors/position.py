@@ -53,9 +53,21 @@ class PositionDetector(RuleDetector):
         super().__init__()
         self.limit = limit
         self.kind = kind
+        self.positions_seen = False
+
+    def unevaluated(self) -> list[str]:
+        """R090 reads the largest position index per step, which only the live monitor
+        records."""
+        if self.positions_seen:
+            return []
+        return [
+            "R090 position overflow: not evaluated — needs the live monitor's position "
+            "indices (max_position per step)"
+        ]
 
     def update(self, record: StepRecord) -> list[Finding]:
         pos = record.extra.get("max_position")
+        self.positions_seen = self.positions_seen or isinstance(pos, int)
         limit = record.extra.get("position_limit") or self.limit
         if not isinstance(pos, int) or not isinstance(limit, int) or pos < limit:
             return []

@@ -109,11 +109,29 @@ class StructureDetector(RuleDetector):
         self.num_blocks: int | None = None
         self.lrs: list[tuple[int, float]] = []
         self.decided = False
+        self.stds_seen = False
+
+    def unevaluated(self) -> list[str]:
+        """R100 reads per-block activation stds (live monitor, step 0); R101 the norm
+        placement (live monitor or the plan)."""
+        out = []
+        if not self.stds_seen:
+            out.append(
+                "R100 activation growth at init: not evaluated — needs the live monitor's "
+                "per-block activation stds"
+            )
+        if self.placement is None and self.declared_placement is None:
+            out.append(
+                "R101 Post-LN without warmup: not evaluated — the norm placement is not "
+                "known (the live monitor, or the plan's model.norm_placement)"
+            )
+        return out
 
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         extra = record.extra
         stds = extra.get("activation_std")
+        self.stds_seen = self.stds_seen or isinstance(stds, list)
         if isinstance(stds, list) and len(stds) >= 2:
             out += self._growth(record.step, stds)
         placement = extra.get("norm_placement")
