@@ -329,6 +329,8 @@ def test_every_runtime_rule_has_docs_and_a_case() -> None:
     assert len(runtime) >= 30
     for rule in runtime:
         assert rule.why and rule.signs and rule.fix
+        # every R rule states the framework whose mechanics it assumes (sapper explain)
+        assert "Frameworks:" in rule.why, rule.code
     # R110/R111 (eval loss) are tested in tests/logs/test_eval_detector.py, R043/R045 (LR
     # schedule shape) in test_detector_lr.py.
     tested = set(CASES) | {"R040", "R041", "R043", "R045", "R060", "R070", "R071", "R110"}

@@ -50,7 +50,10 @@ GRAD_NONFINITE = register(
         why="""\
 A non-finite gradient that reaches the optimizer (no loss scaler skipped the step) writes
 NaN into the weights and the optimizer moments; every later step is NaN too. Clipping
-does not help: the norm it divides by is itself non-finite.""",
+does not help: the norm it divides by is itself non-finite.
+
+Frameworks: any. A non-finite norm on a step marked skipped (a dynamic loss scaler
+skipping the overflow: torch-amp, DeepSpeed, Megatron fp16) is left to R030/R031.""",
         signs="""\
 Gradient norm rising over the previous steps; loss spikes; fp16 activations near 65504.""",
         fix="""\
@@ -71,7 +74,11 @@ CLIP_SATURATED = register(
         why="""\
 Clipping is a safety net for rare spikes. When the norm is above the threshold on most
 steps, every update is rescaled: the effective LR is no longer the one you set and the
-run is fighting an LR that is too high or bad data. Raising the threshold hides it.""",
+run is fighting an LR that is too high or bad data. Raising the threshold hides it.
+
+Frameworks: any, on the norm before clipping as Megatron, DeepSpeed, the HF Trainer and
+Lightning log it (unscaled); a torch-amp loop that clips still-scaled gradients is
+R033's.""",
         signs="""\
 The pre-clip gradient norm sits above the threshold (often 5–10× a threshold of 1.0)
 step after step, past the first few dozen steps.""",
@@ -92,7 +99,10 @@ GRAD_TINY = register(
         why="""\
 Gradients that stay orders of magnitude below the usual 0.1–1.0 do not move the weights:
 an init that is too small (activations vanish layer by layer), a loss accidentally scaled
-down, fp16 underflow, or frozen parameters.""",
+down, fp16 underflow, or frozen parameters.
+
+Frameworks: any, on the unscaled norm (what Megatron, DeepSpeed, the HF Trainer and
+Lightning log).""",
         signs="""\
 The gradient norm stays below the threshold for many steps and the loss barely moves.""",
         fix="""\
@@ -112,7 +122,10 @@ GRAD_SURGE = register(
         why="""\
 A gradient norm that jumps far above its recent level announces a loss spike or an
 overflow one or a few steps later: the loss surface got sharp where the weights are, or
-a batch is anomalous.""",
+a batch is anomalous.
+
+Frameworks: any, on the unscaled norm; per-layer norms come from the live monitor or
+per-layer columns of a log.""",
         signs="""\
 The norm jumps to several times its rolling median, often in one layer first.""",
         fix="""\

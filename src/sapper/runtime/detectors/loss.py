@@ -47,7 +47,10 @@ LOSS_NONFINITE = register(
 Once a NaN reaches the loss, the backward pass spreads it into every gradient and, without
 a loss scaler that skips the step, the optimizer writes it into every weight: the run is
 lost from that step on. In fp16 the usual cause is an activation above 65504 (overflow)
-a few layers before the loss; otherwise a too-high LR, a log/div of zero or bad data.""",
+a few layers before the loss; otherwise a too-high LR, a log/div of zero or bad data.
+
+Frameworks: any. The loss as logged: under a dynamic loss scaler (torch-amp, DeepSpeed,
+Megatron fp16) R030/R031 tell whether the scaler recovers from the overflow.""",
         signs="""\
 Loss spikes and rising gradient norms in the steps before; a loss scale that keeps
 halving; the loss printed as nan or inf.""",
@@ -69,7 +72,11 @@ LOSS_SPIKE = register(
         why="""\
 A sudden jump of the loss means one update moved the weights far: a bad batch, an LR
 too high for the current curvature, or an fp16 overflow in progress. Repeated spikes are
-the usual prelude to divergence.""",
+the usual prelude to divergence.
+
+Frameworks: any. The loss as logged: an HF Trainer loss is averaged over logging_steps
+and a Megatron lm loss over log-interval iterations, which makes a one-step spike look
+smaller.""",
         signs="""\
 The loss jumps several robust standard deviations above its rolling median, often with
 a gradient-norm surge at the same step.""",
@@ -90,7 +97,9 @@ LOSS_FLAT = register(
         why="""\
 In the first few hundred steps a healthy run's loss falls at a visible slope. A flat or
 rising loss there means the updates do not reach the weights: LR far too low, a frozen
-model, labels that do not match the inputs, or data the model cannot learn from.""",
+model, labels that do not match the inputs, or data the model cannot learn from.
+
+Frameworks: any; needs the run's first steps in the log.""",
         signs="""\
 The loss stays at its initial level (for a language model near ln(vocab size)) or
 rises, while the gradient norm looks normal.""",
@@ -111,7 +120,9 @@ LOSS_OSCILLATING = register(
         why="""\
 A loss that swings up and down by a large fraction of its value from step to step means
 the updates overshoot: the LR is too high for the batch size, or the batch is too small
-for the gradient noise, and clipping is not damping it.""",
+for the gradient noise, and clipping is not damping it.
+
+Frameworks: any.""",
         signs="""\
 Consecutive differences alternate in sign most of the time and their typical size is a
 large fraction of the loss itself.""",

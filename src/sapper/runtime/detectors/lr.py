@@ -62,7 +62,9 @@ LR_OFF_SCHEDULE = register(
         why="""\
 Every other hyper-parameter was tuned against the schedule you declared. A different
 peak, a decay that runs too fast or never starts, or a schedule keyed on the wrong step
-counter changes the training as much as a different LR would, silently.""",
+counter changes the training as much as a different LR would, silently.
+
+Frameworks: any; needs the declared schedule (a plan).""",
         signs="""\
 optimizer.param_groups[0]['lr'] differs from the schedule's value at the same step by
 more than a few percent, step after step.""",
@@ -83,7 +85,9 @@ LR_NO_WARMUP = register(
         why="""\
 Adam's second-moment estimates are poor in the first steps; without warmup the first
 updates at full LR are too large, which Post-LN models in particular do not survive
-(seed §2.4). A warmup declared but not applied is the worst case: you think you have it.""",
+(seed §2.4). A warmup declared but not applied is the worst case: you think you have it.
+
+Frameworks: any; needs the declared warmup (a plan).""",
         signs="""\
 The LR at step 0 is already the peak; loss spikes or NaN in the first hundred steps.""",
         fix="""\
@@ -103,7 +107,12 @@ LR_PER_MICRO_BATCH = register(
         why="""\
 With gradient accumulation, an optimizer step spans GA micro-batches. A scheduler.step()
 inside the micro-batch loop advances the schedule GA times per update: warmup ends GA×
-too early and the decay reaches its floor after 1/GA of training.""",
+too early and the decay reaches its floor after 1/GA of training.
+
+Frameworks: any. From a log it needs the declared schedule and gradient accumulation (a
+plan); live, the monitor counts scheduler.step() calls per optimizer step (a loop that
+steps the scheduler itself; the HF Trainer, Lightning, DeepSpeed and Megatron step it
+once per optimizer step).""",
         signs="""\
 The LR reaches its peak at warmup_steps/GA and decays GA× faster than planned.""",
         fix="""\

@@ -30,7 +30,9 @@ MEMORY_NEAR_LIMIT = register(
         why="""\
 Peak memory varies between steps (longer sequences, a different MoE routing, an eval
 step, fragmentation): a run at 95% of the device now is an out-of-memory crash later,
-often hours in, at a checkpoint save or a long batch.""",
+often hours in, at a checkpoint save or a long batch.
+
+Frameworks: any; CUDA allocator readings or the process RSS, against the device limit.""",
         signs="""\
 The allocator's peak (or reserved) memory above ~90% of the device; cudaMalloc retries in
 torch.cuda.memory_stats(); growing fragmentation (reserved ≫ allocated).""",
@@ -52,7 +54,9 @@ MEMORY_GROWTH = register(
 Training memory is periodic: each step allocates and frees the same activations. A
 steady growth means something keeps references across steps: a loss accumulated without
 .item()/.detach() (it keeps every step's graph), tensors appended to a list for logging,
-a cache that never evicts. It ends in an out-of-memory crash.""",
+a cache that never evicts. It ends in an out-of-memory crash.
+
+Frameworks: any; CUDA allocator readings or the process RSS.""",
         signs="""\
 Allocated memory (or the process RSS) rising on most readings after the first steps,
 at a roughly constant slope.""",

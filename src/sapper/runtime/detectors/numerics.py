@@ -42,7 +42,10 @@ NONFINITE_ORIGIN = register(
 A NaN spreads: one overflowing matmul makes its block's output Inf, the next norm makes
 it NaN, the loss and every gradient follow. The fix depends on where it started (an
 attention softmax in fp16, an exploding MLP, a bad embedding row), which the loss alone
-cannot tell.""",
+cannot tell.
+
+Frameworks: any PyTorch model the live monitor watches (its hooks); not readable from a
+log.""",
         signs="""\
 A module whose inputs are finite and whose output is not; parameters whose values or
 gradients hold NaN/Inf.""",
@@ -63,7 +66,10 @@ DEAD_PARAMS = register(
         why="""\
 A parameter whose gradient is all zeros step after step does not learn: fp16 underflow
 (gradients below 6e-8 round to zero), a path cut off (detach, a mask, dead ReLUs), or a
-parameter that takes no part in the loss.""",
+parameter that takes no part in the loss.
+
+Frameworks: any; from the live monitor's per-parameter gradients, or per-layer gradient
+norms in any log.""",
         signs="""\
 The gradient of the same parameters reads exactly zero (or None) on every sampled step.""",
         fix="""\
@@ -83,7 +89,10 @@ ZERO_GRAD_SHARE = register(
         why="""\
 Outside embedding tables, exact zeros in a gradient are rare. A large share of them in
 fp16 means small gradients underflowed (below ≈6e-8) and those weights no longer learn;
-in any dtype it means many dead units.""",
+in any dtype it means many dead units.
+
+Frameworks: any PyTorch model the live monitor watches (sampled gradient statistics);
+not readable from a log.""",
         signs="""\
 The share of exactly-zero gradient elements rising; the loss scale low or absent in fp16.""",
         fix="""\

@@ -29,7 +29,10 @@ POSITION_OVERFLOW = register(
 A learned position table has max_position_embeddings rows: a longer sequence indexes past
 it (a crash, or silent clamping/wrapping in some kernels); RoPE models run past the context
 they were trained at and attend with rotations they never saw. Either way the model is fed
-positions it cannot represent, silently degrading it.""",
+positions it cannot represent, silently degrading it.
+
+Frameworks: any model with learned or RoPE positions that the live monitor watches (the
+position indices it sees); not readable from a log.""",
         signs="""\
 Sequence length or position ids ≥ max_position_embeddings; a loss that is worse on long
 samples; a device-side assert in an embedding lookup.""",

@@ -67,7 +67,12 @@ SCALE_COLLAPSE = register(
 A dynamic scaler halves the scale on every overflow. Gradient overflow is fixed by a
 smaller scale; an Inf produced in the *forward* pass (an activation above fp16's 65504)
 is not, so the scale halves step after step towards 1 and below, every step is skipped,
-and the run stops learning while it seems to go on.""",
+and the run stops learning while it seems to go on.
+
+Frameworks: every dynamic loss scaler: torch-amp's GradScaler, DeepSpeed's and
+Megatron's fp16 scalers. bf16 and fp32 runs have no loss scale. The halvings while a
+scaler calibrates at a run's start (from 2^16, or 2^32 in DeepSpeed and Megatron) are
+not counted.""",
         signs="""\
 The loss scale falls on many consecutive steps; skipped steps pile up; the loss is inf or
 nan on those steps.""",
@@ -88,7 +93,10 @@ SKIPPED_STEPS = register(
         why="""\
 Each skipped step is compute spent without an update. A few at the start, while the
 scaler calibrates, are normal; a steady share means overflow keeps happening, the
-schedule runs ahead of the updates, and the scale oscillates.""",
+schedule runs ahead of the updates, and the scale oscillates.
+
+Frameworks: every dynamic loss scaler: torch-amp, DeepSpeed and Megatron fp16 (skipped-
+step flags or the skipped-iteration counts they log).""",
         signs="""\
 More than a few percent of steps skipped past the first steps; the scale oscillating by
 2× every few steps.""",
@@ -109,7 +117,15 @@ SCALED_GRADS_STEP = register(
 After scaler.scale(loss).backward() every gradient is multiplied by the scale (65536
 by default). A bare optimizer.step() (instead of scaler.step(optimizer), or
 without scaler.unscale_(optimizer) first) applies updates thousands of times too
-large. Nothing raises an error; the loss rises in a strange way or goes NaN.""",
+large. Nothing raises an error; the loss rises in a strange way or goes NaN.
+
+Frameworks: torch-amp's GradScaler only. Megatron-LM and Megatron-DeepSpeed, DeepSpeed,
+the HF Trainer (through Accelerate) and Lightning drive the scaler themselves and log
+the unscaled norm, which on an fp16 run with a scale of 65536 merely happens to be a
+small fraction of the scale; from their logs R032 never fires. From a log of unknown
+origin it fires only on unambiguous evidence (a norm of the scale × a plausible unscaled
+norm for 20 logged steps, with a finite loss that does not fall); the live monitor sees
+the GradScaler calls themselves.""",
         signs="""\
 A gradient norm of the order of the loss scale; the loss rising right after the first
 steps; Adam runs look "almost fine" because Adam normalises the scale away, SGD explodes.""",
@@ -130,7 +146,11 @@ CLIP_BEFORE_UNSCALE = register(
         why="""\
 Clipping scaled gradients compares a norm of the order of the loss scale with a threshold
 of ≈1: it always clips, and after unscaling every update is the threshold divided by the
-scale, a tiny fraction of what was meant. The run crawls; nothing raises an error.""",
+scale, a tiny fraction of what was meant. The run crawls; nothing raises an error.
+
+Frameworks: torch-amp's GradScaler only, and only from the live monitor's hooks, which
+see clip_grad_norm_ run before scaler.unscale_; no log shows that order. Megatron,
+DeepSpeed, the HF Trainer and Lightning unscale before they clip.""",
         signs="""\
 The pre-clip gradient norm reads of the order of the loss scale; clipping engages on
 every step; the loss falls far slower than a bf16/fp32 run.""",

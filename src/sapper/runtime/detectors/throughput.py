@@ -60,7 +60,11 @@ THROUGHPUT_LOW = register(
 A run much slower than its estimate is losing time to communication that crosses slow
 links (TP across nodes), a starved data pipeline, host-device syncs in the loop,
 recomputation nobody asked for or a fallback kernel; the budget runs out before the
-tokens do.""",
+tokens do.
+
+Frameworks: any; needs an expected throughput (a plan the cost model can price). Wall-
+clock numbers are noisy on shared machines: a finding needs a sustained change, a dip
+that recovers stays at info.""",
         signs="""\
 tokens/s (or MFU) well below the estimate from the first hundred steps on; GPU
 utilisation below ~90%.""",
@@ -81,7 +85,10 @@ THROUGHPUT_DEGRADING = register(
         why="""\
 A step that gets slower with time points at growth somewhere: memory fragmentation and
 allocator retries near the limit, a Python-side list or log that grows every step, a
-thermally throttled or failing GPU, a slower node in a collective.""",
+thermally throttled or failing GPU, a slower node in a collective.
+
+Frameworks: any. Wall-clock numbers are noisy on shared machines: a finding needs a
+sustained change, a dip that recovers stays at info.""",
         signs="""\
 tokens/s falling steadily from its early level; step time creeping up; allocator retries.""",
         fix="""\
@@ -100,7 +107,10 @@ DATA_WAIT = register(
         title="A large share of each step is spent waiting for data",
         why="""\
 While the loop waits for the next batch the accelerator idles; the data pipeline, not
-the model, sets the speed (checklist item 7).""",
+the model, sets the speed (checklist item 7).
+
+Frameworks: any; needs the data-wait time (the live monitor measures it; some loggers
+write data_time). A burst that recovers stays at info.""",
         signs="""\
 Data-wait time a large fraction of the step time; GPU utilisation dropping in bursts.""",
         fix="""\
@@ -119,7 +129,9 @@ STEP_OUTLIER = register(
         title="A step took far longer than the others",
         why="""\
 Isolated slow steps are checkpoint saves, evaluation, garbage collection or a straggler
-rank; they are harmless when rare and expected, a sign of contention when frequent.""",
+rank; they are harmless when rare and expected, a sign of contention when frequent.
+
+Frameworks: any; info only.""",
         signs="""\
 A step time many robust standard deviations above the median step time.""",
         fix="""\
