@@ -10,10 +10,14 @@ implies, else ``unknown`` (the detectors then ask for unambiguous evidence).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from sapper.logs.base import LogData
 from sapper.runtime.detector import FRAMEWORKS
+from sapper.runtime.records import StepRecord
 
-__all__ = ["FORMAT_FRAMEWORKS", "framework_of", "framework_of_format"]
+__all__ = ["FORMAT_FRAMEWORKS", "framework_from", "framework_of", "framework_of_format"]
 
 #: The framework a log format implies on its own. Megatron's iteration line is written
 #: by Megatron-LM and Megatron-DeepSpeed alike (both unscale inside their optimizer);
@@ -35,11 +39,19 @@ def framework_of_format(fmt: str | None) -> str:
 
 def framework_of(log: LogData) -> str:
     """The framework that wrote ``log`` (one of :data:`FRAMEWORKS`)."""
-    declared = log.meta.get("framework")
+    return framework_from(log.meta, log.format, log.records)
+
+
+def framework_from(
+    meta: Mapping[str, Any], fmt: str | None, records: Sequence[StepRecord] = ()
+) -> str:
+    """The framework a log's meta, format and first records show (``sapper watch`` has
+    them before the whole log)."""
+    declared = meta.get("framework")
     if isinstance(declared, str) and declared in FRAMEWORKS:
         return declared
-    if any("scaler_checked" in r.extra for r in log.records[:1000]):
+    if any("scaler_checked" in r.extra for r in records[:1000]):
         return "torch-amp"  # the live monitor saw a GradScaler (older run logs)
-    if log.meta.get("source") == "sapper.Monitor":
+    if meta.get("source") == "sapper.Monitor":
         return "torch"  # the live monitor, and it saw no GradScaler
-    return framework_of_format(log.format)
+    return framework_of_format(fmt)

@@ -29,9 +29,10 @@ R033 comes only from the live monitor's hooks (``clip_before_unscale``), which a
 GradScaler evidence themselves.
 
 Calibration and cold start. A dynamic scaler starts high (torch 2^16, DeepSpeed and
-Megatron up to 2^32) and halves on the first overflows until it fits: a run of halvings
-in the first ``calibration_steps`` steps of a log that starts at the run's beginning,
-before the scale ever grew, is calibration, not collapse. A short excerpt from the
+Megatron up to 2^32) and halves on the first overflows until it fits: the halvings of a
+log that starts at the run's beginning, before the scale ever held for three records in
+a row or grew, and within the first ``calibration_steps`` steps, are calibration, not
+collapse. A short excerpt from the
 middle of a run (at most ``2 × collapse_drops`` scale records) cannot show
 ``collapse_drops`` drops; there ``cold_halvings`` consecutive halvings (the scale at
 most half the previous value each time) are enough.
@@ -204,6 +205,8 @@ class ScalerDetector(RuleDetector):
         self.scale_records = 0
         self.halvings = 0
         self.grown = False
+        self.stable = 0  # consecutive records with the scale unchanged
+        self.calibrated = False
         # the losses of the current run of scaled-looking norms (the last 10 windows)
         self.scaled_losses: deque[float] = deque(maxlen=10 * unknown_records)
         self.ratio_records = 0
@@ -262,6 +265,9 @@ class ScalerDetector(RuleDetector):
         prev = self.prev_scale
         if prev is not None:
             self.grown = self.grown or scale > prev
+            self.stable = self.stable + 1 if scale == prev else 0
+            if self.grown or self.stable >= 2:
+                self.calibrated = True  # the scale fits: later drops are overflows
             if self._calibrating(record.step):
                 self.drops = self.halvings = 0
             else:
@@ -295,9 +301,11 @@ class ScalerDetector(RuleDetector):
 
     def _calibrating(self, step: int) -> bool:
         """The scaler's first search for a scale that fits: the log starts at the run's
-        start, the scale has not grown yet, and the step is early (see the module doc)."""
+        start, the scale has neither held for three records nor grown yet, and the step
+        is early (see the module doc)."""
         first = self.first_step or 0
-        return not self.grown and first <= self.skip_grace_steps and step < self.calibration_steps
+        early = first <= self.skip_grace_steps and step < self.calibration_steps
+        return early and not self.calibrated
 
     def _skips(self, record: StepRecord) -> list[Finding]:
         step = record.step
