@@ -166,3 +166,22 @@ def test_framework_from_format_and_meta() -> None:
     assert framework_of_format("megatron+csv") == "unknown"
     with pytest.raises(InputError):
         ScalerDetector(framework="jax")
+
+
+@pytest.mark.parametrize(
+    ("name", "spikes"),
+    [
+        ("bigscience-tr8-104B-exp11-spike.log", [11448]),  # 3 records: 3.11 → 7.71
+        ("bigscience-tr8-104B-exp12-spike.log", [8741]),  # 6 records: 3.68 → 7.27
+        ("bigscience-tr8-104B-glitch2.log", []),  # 5 records rising 6.4 → 10.2, no jump
+    ],
+)
+def test_bigscience_tr8_104b_excerpts(name: str, spikes: list[int]) -> None:
+    """Megatron-DeepSpeed fp16 excerpts of the tr8-104B chronicle: unscaled grad norms of
+    1e4-3e6 under loss scales of 4096-65536 (the instability itself, not GradScaler
+    misuse). No R032 error, whatever the framework is taken to be; the spikes are R002."""
+    log = read_log(LOGS / name)
+    for framework in ("megatron", "unknown"):
+        found = analyze_log(log, default_detectors(framework=framework)).findings
+        assert [f.step for f in found if f.code == "R002"] == spikes, framework
+        assert not [f for f in found if f.code in ("R032", "R033")], framework
