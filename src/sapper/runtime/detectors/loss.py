@@ -12,8 +12,9 @@ around the event, too few for the robust window. With fewer than ``min_history``
 a loss still counts as a spike when it is large in absolute terms: at least
 ``cold_ratio`` (1.5×) the reference *and* ``cold_min_jump`` (0.5, in the loss's own unit:
 nats for a cross-entropy) above it, the reference being the larger of the previous loss
-and the median of the few before. ×1.5 is the lower end of the jumps seen in public
-large-run chronicles (BLOOM tr8-104B: lm loss ≈2.7 → 4–7; OPT-175B: ≈2.3 → 3.5+); the
+and the median of the few before. ×1.5 is below the jumps of the spikes in the public
+BigScience chronicles (tr1-13B: lm loss 2.77 → 7.34, ×2.6; tr8-104B: 3.11 → 7.71, ×2.5,
+and 3.68 → 7.27, ×2.0; tests/fixtures/logs) with room for a smaller spike; the
 absolute margin keeps the noisy first steps of a run from step 0 (10.9 → 11.3 as Adam
 starts) and the batch noise of a low fine-tuning loss (0.3 → 0.5) quiet. The larger of
 the two references means a loss that first fell fast and then bounced back a little is
