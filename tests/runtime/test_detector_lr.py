@@ -65,6 +65,13 @@ def test_negative_lr_and_warm_restarts() -> None:
     assert "R044" in _codes([StepRecord(step=s, lr=v) for s, v in enumerate(lrs)])
     sgdr = _series(lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 20), 100)
     assert _codes(sgdr) == []  # restarts jump back to the peak: intended
+    cyclic = _series(
+        lambda o: torch.optim.lr_scheduler.CyclicLR(
+            o, base_lr=1e-4, max_lr=1e-3, step_size_up=20, cycle_momentum=False
+        ),
+        200,
+    )
+    assert _codes(cyclic) == []  # a triangular cycle's floor (10% of the peak) is not ≈0
 
 
 def _warmup_then_constant(warmup: int, steps: int, lr: float = 3e-4) -> list[StepRecord]:

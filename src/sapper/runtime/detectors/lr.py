@@ -21,7 +21,8 @@ Without a plan the LR series still has a shape to check (R043, R044):
   is the signature of a warmup given in the wrong unit (samples, tokens or micro-batches
   taken as steps; a ratio taken as a count), or of a scheduler stepped per micro-batch.
 - R044: a decay that runs past its end: an LR that went negative (a linear schedule
-  extrapolated past its total without a clamp: gradient ascent), that reached ≈0 and
+  extrapolated past its total without a clamp: gradient ascent), that reached ≈0 (under
+  ``overrun_floor``, 2% of its peak: a cyclic schedule's floor is usually higher) and
   rises again gradually (a cosine stepped past its total comes back up; a restart
   jumps, and is not flagged), or that sits at exactly 0 for a stretch of the run
   (a clamped linear schedule whose total was shorter than the run).
@@ -250,7 +251,7 @@ class LRDetector(RuleDetector):
         rtol: float = 0.05,
         patience: int = 3,
         warmup_min_share: float = 0.0002,
-        overrun_floor: float = 0.1,
+        overrun_floor: float = 0.02,
         overrun_rise: float = 0.05,
         restart_jump: float = 0.25,
         zero_records: int = 5,
