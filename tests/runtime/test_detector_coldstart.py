@@ -185,3 +185,17 @@ def test_bigscience_tr8_104b_excerpts(name: str, spikes: list[int]) -> None:
         found = analyze_log(log, default_detectors(framework=framework)).findings
         assert [f.step for f in found if f.code == "R002"] == spikes, framework
         assert not [f for f in found if f.code in ("R032", "R033")], framework
+
+
+def test_unevaluated_codes_and_select() -> None:
+    from sapper.runtime.detector import unevaluated_codes
+
+    assert unevaluated_codes("R030-R031 loss scaling: not evaluated") == ["R030", "R031"]
+    assert unevaluated_codes("R040-R042, R045 LR: x") == ["R040", "R041", "R042", "R045"]
+    assert unevaluated_codes("R020, R022: not evaluated") == ["R020", "R022"]
+    assert unevaluated_codes("something else") == []
+    log = read_log(LOGS / "megatron-345m-fp16-5000it.log")
+    only = analyze_log(log, default_detectors(framework="megatron"), select=["R03"])
+    assert only.unevaluated and all(u.startswith("R03") for u in only.unevaluated)
+    none = analyze_log(log, default_detectors(framework="megatron"), ignore=["R"])
+    assert none.unevaluated == []

@@ -18,7 +18,7 @@ from typing import Any
 from sapper.logs.base import LogData
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
-from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.detector import Detector, DetectorSet, unevaluated_codes
 
 __all__ = ["Analysis", "analyze_log", "log_interval"]
 
@@ -83,6 +83,17 @@ def log_interval(steps: list[int]) -> tuple[int | None, list[tuple[int, int]]]:
     return interval, gaps
 
 
+def _asked(lines: list[str], select: Iterable[str], ignore: Iterable[str]) -> list[str]:
+    """The "not evaluated" lines of the rules ``--select``/``--ignore`` keep (a line that
+    names no code is kept)."""
+    select, ignore = list(select), list(ignore)
+    return [
+        u
+        for u in lines
+        if not unevaluated_codes(u) or select_rules(unevaluated_codes(u), select, ignore)
+    ]
+
+
 def _key(f: Finding) -> tuple[str, int | None, int | None]:
     return (f.code, f.step, f.rank)
 
@@ -108,5 +119,5 @@ def analyze_log(
         key=lambda f: (f.step if f.step is not None else -1, -f.severity.rank, f.code),
     )
     interval, gaps = log_interval([r.step for r in log.records])
-    unevaluated = dset.unevaluated()
+    unevaluated = _asked(dset.unevaluated(), select, ignore)
     return Analysis(log, findings, interval, gaps, dict(dset.failed), unevaluated)

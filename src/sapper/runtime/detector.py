@@ -9,13 +9,14 @@ carry the step and the numbers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from sapper.rules.model import Finding, Rule
 from sapper.runtime.records import StepRecord
 
-__all__ = ["FRAMEWORKS", "Detector", "DetectorSet"]
+__all__ = ["FRAMEWORKS", "Detector", "DetectorSet", "unevaluated_codes"]
 
 #: The training frameworks a log or a live run can show. Some rules read a framework's
 #: mechanics (GradScaler's order of scale/unscale_/step is torch-amp's; Megatron and
@@ -31,6 +32,26 @@ FRAMEWORKS: tuple[str, ...] = (
     "lightning",
     "unknown",
 )
+
+
+_CODES = re.compile(r"^([A-Z]\d{3}(?:-[A-Z]\d{3})?(?:, [A-Z]\d{3}(?:-[A-Z]\d{3})?)*)[ :]")
+
+
+def unevaluated_codes(line: str) -> list[str]:
+    """The rule codes an :meth:`Detector.unevaluated` line starts with ("R030-R031 ...",
+    "R040-R042, R045 ...", "R020, R022: ..."), ranges expanded; [] when it names none."""
+    found = _CODES.match(line)
+    if not found:
+        return []
+    codes: list[str] = []
+    for part in found.group(1).split(", "):
+        first, _, last = part.partition("-")
+        if not last:
+            codes.append(first)
+            continue
+        lo, hi = int(first[1:]), int(last[1:])
+        codes += [f"{first[0]}{n:03d}" for n in range(lo, hi + 1)]
+    return codes
 
 
 class Detector:
