@@ -182,7 +182,6 @@ class NaiveThroughput(ThroughputDetector):
         super().__init__(**kw)
         self.times = NaiveRolling(self.times.values.maxlen)
         self.rates = NaiveWindow(maxlen=self.rates.values.maxlen)
-        self.late = NaiveWindow(maxlen=self.degrade_window)
         self.recent_rates = NaiveWindow(maxlen=self.smooth)
 
     def _outlier(self, record: StepRecord) -> list:

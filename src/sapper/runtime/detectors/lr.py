@@ -393,7 +393,7 @@ class LRDetector(RuleDetector):
             if ramp and top is not None and first <= 0.5 * top:
                 self.warmup_end = top
         end = self.warmup_end
-        if end is None:
+        if end is None or LR_WARMUP_SHORT.code in self.fired:  # said once per run
             return []
         run = max(step, self.total_steps or 0) - (self.first_step or 0)
         if end > self.warmup_min_share * run:
@@ -423,7 +423,7 @@ class LRDetector(RuleDetector):
                 threshold=0.0,
             )
         peak = self.peak
-        if peak <= 0:
+        if peak <= 0 or LR_OVERRUN.code in self.fired:  # said once per run
             return []
         if lr == 0 and self.prev_lr is not None and (self.prev_lr > 0 or self.zero_run):
             self.zero_run += 1

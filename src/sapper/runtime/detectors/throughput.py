@@ -273,7 +273,6 @@ class ThroughputDetector(RuleDetector):
         self.first_step: int | None = None
         self.degrade_window = degrade_window
         self.early: list[float] = []
-        self.late = SortedWindow(degrade_window)
         self.early_median: float | None = None
         self.rate_count = 0
         self.early_unit: str | None = None
@@ -293,6 +292,9 @@ class ThroughputDetector(RuleDetector):
         self.prev_step: int | None = None
         self.seconds: float | None = None
         self.records_seen = 0
+        # running sums over ``waits`` (data wait, step time): the share is O(1) per record
+        self.wait_sum = 0.0
+        self.time_sum = 0.0
         self.timed_records = 0
         self.wait_records = 0
         self.rate_unit: str | None = None
@@ -318,7 +320,6 @@ class ThroughputDetector(RuleDetector):
             return out
         self.rate_unit = unit
         self.rates.add(value)
-        self.late.add(value)
         self.recent_rates.add(value)
         self.rate_count += 1
         if len(self.early) < self.degrade_window:
@@ -346,6 +347,8 @@ class ThroughputDetector(RuleDetector):
         ep = self.low_episode
         bar = self.below if not ep.ongoing else 0.5 * (1.0 + self.below)
         event = ep.observe(now < bar * expected, step, self.seconds, now)
+        if event is None:
+            return []
         return self._episode(
             THROUGHPUT_LOW,
             self.low_episode,
@@ -373,7 +376,11 @@ class ThroughputDetector(RuleDetector):
         a dip that recovers before it is sustained stays at info)."""
         holds, ref, now = self._slow_now()
         ep = self.slow_episode
+        if not holds and not ep.ongoing:  # the common case: nothing to track
+            return []
         event = ep.observe(holds, step, self.seconds, now)
+        if event is None:
+            return []
         worst = ep.worst if ep.worst is not None else now
         return self._episode(
             THROUGHPUT_DEGRADING,
@@ -393,13 +400,24 @@ class ThroughputDetector(RuleDetector):
         if d is None or t is None or t <= 0 or not (math.isfinite(d) and math.isfinite(t)):
             return []
         self.wait_records += 1
-        self.waits.append((d, t))
-        if len(self.waits) < self.min_records:
+        waits = self.waits
+        if len(waits) == waits.maxlen and waits:
+            old_d, old_t = waits[0]
+            self.wait_sum -= old_d
+            self.time_sum -= old_t
+        waits.append((d, t))
+        self.wait_sum += d
+        self.time_sum += t
+        if len(waits) < self.min_records:
             return []
-        share = sum(w for w, _ in self.waits) / sum(s for _, s in self.waits)
+        share = self.wait_sum / self.time_sum if self.time_sum > 0 else 0.0
         ep = self.wait_episode
         bar = self.data_share if not ep.ongoing else 0.8 * self.data_share
+        if share < bar and not ep.ongoing:
+            return []
         event = ep.observe(share >= bar, record.step, self.seconds, share)
+        if event is None:
+            return []
         return self._episode(
             DATA_WAIT,
             ep,
