@@ -206,3 +206,11 @@ def test_unevaluated_codes_and_select() -> None:
     assert only.unevaluated and all(u.startswith("R03") for u in only.unevaluated)
     none = analyze_log(log, default_detectors(framework="megatron"), ignore=["R"])
     assert none.unevaluated == []
+
+
+def test_oscillation_needs_a_swing_in_absolute_terms_too() -> None:
+    # A fine-tuning loss near 0.01 doubling and halving between logs: batch noise.
+    tiny = _losses([0.01 * (1.6 if i % 2 else 0.6) for i in range(60)])
+    assert "R004" not in _codes(LossDetector(), tiny)
+    large = _losses([3.0 * (1.6 if i % 2 else 0.6) for i in range(60)])
+    assert "R004" in _codes(LossDetector(), large)
