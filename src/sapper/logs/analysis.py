@@ -23,7 +23,7 @@ from typing import Any
 from sapper.logs.base import Attempt, LogData
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
-from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.detector import Detector, DetectorSet, unevaluated_codes
 from sapper.runtime.records import StepRecord
 
 __all__ = ["Analysis", "AttemptSummary", "analyze_log", "attempts_of", "log_interval"]
@@ -173,6 +173,17 @@ def attempts_interval(
     return interval, gaps
 
 
+def _asked(lines: list[str], select: Iterable[str], ignore: Iterable[str]) -> list[str]:
+    """The "not evaluated" lines of the rules ``--select``/``--ignore`` keep (a line that
+    names no code is kept)."""
+    select, ignore = list(select), list(ignore)
+    return [
+        u
+        for u in lines
+        if not unevaluated_codes(u) or select_rules(unevaluated_codes(u), select, ignore)
+    ]
+
+
 def _key(f: Finding) -> tuple[Any, ...]:
     """One finding per rule, step and rank, in each attempt and eval set."""
     return (f.code, f.step, f.rank, f.data.get("attempt"), f.data.get("eval_set"))
@@ -216,6 +227,8 @@ def analyze_log(
         attempts = attempts[:MAX_ATTEMPTS]
     found: list[Finding] = []
     failed: dict[str, str] = {}
+    #: what could not be evaluated -> the attempts it holds for (said once for all)
+    missed: dict[str, list[int]] = {}
     lineage: list[StepRecord] = []  # the history the next attempt's checkpoint carries
     for i, attempt in enumerate(attempts):
         dset = DetectorSet(copy.deepcopy(templates) if many else templates)
@@ -229,9 +242,12 @@ def analyze_log(
             resume = attempts[i + 1].first_step
             lineage = lineage[: bisect_left(lineage, resume, key=_step)]
             lineage += records[: bisect_left(records, resume, key=_step)]
-        prefix = f"attempt {attempt.number}: " if many else ""
-        unevaluated += [prefix + line for line in dset.unevaluated()]
+        for line in dset.unevaluated():
+            missed.setdefault(line, []).append(attempt.number)
         failed.update(dset.failed)
+    unevaluated += [
+        f"{_numbers(numbers)}: {line}" if many else line for line, numbers in missed.items()
+    ]
     # The live monitor's own findings (a sapper run log) win over their replay.
     stored = {_key(f)[:3] for f in log.findings}
     merged: dict[tuple[Any, ...], Finding] = {}
@@ -255,8 +271,20 @@ def analyze_log(
     )
     result = Analysis(log, findings, interval, gaps, failed)
     result.attempts = _ends(attempts, found, interval)
-    result.unevaluated = unevaluated
+    result.unevaluated = _asked(unevaluated, select, ignore)
     return result
+
+
+def _numbers(attempts: list[int]) -> str:
+    """"attempt 2", "attempts 1–3, 5" for ascending attempt numbers."""
+    spans: list[list[int]] = []
+    for n in attempts:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
+    return f"attempt{'s' if len(attempts) > 1 else ''} {text}"
 
 
 def _step(rec: StepRecord) -> int:

@@ -280,7 +280,7 @@ class Watcher:
         if not records:
             return
         if self.detector_set is None:
-            self.detector_set = DetectorSet(self.make_detectors(self._plan()))
+            self.detector_set = DetectorSet(self._detectors(records))
         for sink in self.sinks:
             sink.records(records)
         starts = self._attempt_starts()
@@ -317,7 +317,7 @@ class Watcher:
         for finding in self.detector_set.finish():
             self._emit(finding)
         self.attempt = number
-        self.detector_set = DetectorSet(self.make_detectors(self._plan()))
+        self.detector_set = DetectorSet(self._detectors([rec]))
         # As sapper analyze does: the history the attempt resumes from, seen but not
         # reported, so a resumed run is not judged as a run at its start.
         kept = [r for r in self._lineage if r.step < rec.step]
@@ -328,6 +328,16 @@ class Watcher:
             f"the run restarted: step {rec.step:,} follows step {self._prev_step:,}; attempt "
             f"{number} is watched with fresh detectors"
         )
+    def _detectors(self, records: list[StepRecord]) -> list[Detector]:
+        """Fresh detectors for the plan, told the framework the log shows so far (meta,
+        format, first records), as ``sapper analyze`` does."""
+        from sapper.logs.framework import framework_from
+
+        detectors = self.make_detectors(self._plan())
+        framework = framework_from(self.follower.meta, self.follower.format, records)
+        for det in detectors:
+            det.set_framework(framework)
+        return detectors
 
     def _plan(self) -> Plan | None:
         if self.plan is not None:
