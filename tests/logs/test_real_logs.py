@@ -45,10 +45,6 @@ KIND_CODES: dict[str, frozenset[str]] = {
 #: xfails: once a change makes one pass, pytest reports it (XPASS) and its line here
 #: must go, so this table always says exactly what is still open.
 OPEN: dict[str, str] = {
-    "bigscience/tr8-104B-exp1-exp2-rollback-6210.log": (
-        "spike on three records not found, the rollback is dropped, R032 on a "
-        "DeepSpeed-scaled grad norm"
-    ),
 }
 #: A must_fire step matches a finding this many logging intervals either side, unless
 #: the entry gives its own ``window``; never closer than ``MIN_WINDOW`` steps.

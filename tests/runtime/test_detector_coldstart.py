@@ -180,7 +180,7 @@ def test_framework_from_format_and_meta() -> None:
     [
         ("bigscience/tr8-104B-exp11-spike-11448.log", [11448]),  # 3 records: 3.11 → 7.71
         ("bigscience/tr8-104B-exp12-spike-8741.log", [8741]),  # 6 records: 3.68 → 7.27
-        ("bigscience/tr8-104B-exp1-glitch2-6900.log", []),  # 5 records rising 6.4 → 10.2, no jump
+        ("bigscience/tr8-104B-exp1-glitch2-6900.log", [6940]),  # a climb 6.4 → 10.2, no jump
     ],
 )
 def test_bigscience_tr8_104b_excerpts(name: str, spikes: list[int]) -> None:

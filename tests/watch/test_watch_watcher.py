@@ -235,7 +235,8 @@ def test_detectors_are_told_the_framework_the_log_shows(tmp_path):
     from pathlib import Path
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
-    line = (fixture / "megatron-examples" / "megatron-345m-fp16-2000it.log").read_text().splitlines()[0]
+    path = fixture / "megatron-examples" / "megatron-345m-fp16-2000it.log"
+    line = path.read_text().splitlines()[0]
     lines = []
     for i in range(40):
         it = 3000 + 10 * i

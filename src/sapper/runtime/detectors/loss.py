@@ -18,7 +18,10 @@ and 3.68 → 7.27, ×2.0; tests/fixtures/logs) with room for a smaller spike; th
 absolute margin keeps the noisy first steps of a run from step 0 (10.9 → 11.3 as Adam
 starts) and the batch noise of a low fine-tuning loss (0.3 → 0.5) quiet. The larger of
 the two references means a loss that first fell fast and then bounced back a little is
-not a spike either.
+not a spike either. A loss that climbs instead of jumping counts too, once it has risen
+on each of the last ``cold_climb`` (3) records to ``cold_ratio``× the lowest loss of the
+short history and ``cold_min_jump`` above it (tr8-104B's second glitch of Experiment 1:
+6.37 → 6.60 → 7.31 → 9.12 → 10.24 over 40 iterations, no single step ×1.5).
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ class LossDetector(RuleDetector):
         osc_min_swing: float = 0.05,
         cold_ratio: float = 1.5,
         cold_min_jump: float = 0.5,
+        cold_climb: int = 3,
     ) -> None:
         super().__init__()
         self.window = window
@@ -177,6 +181,7 @@ class LossDetector(RuleDetector):
         self.osc_min_swing = osc_min_swing
         self.cold_ratio = cold_ratio
         self.cold_min_jump = cold_min_jump
+        self.cold_climb = cold_climb
         self.recent: deque[float] = deque(maxlen=max(window, osc_window))
         self.reference = RollingRobust(window)
         # The oscillation test's window and, per consecutive pair of differences in it,
@@ -256,7 +261,7 @@ class LossDetector(RuleDetector):
             return []
         ref = max(self.recent[-1], median(self.recent))  # recent = the whole short history
         if ref <= 0 or loss < self.cold_ratio * ref or loss - ref < self.cold_min_jump:
-            return []
+            return self._cold_climb(loss, step)
         return self.fire(
             LOSS_SPIKE,
             step,
@@ -266,6 +271,30 @@ class LossDetector(RuleDetector):
             value=loss,
             threshold=max(self.cold_ratio * ref, ref + self.cold_min_jump),
             median=ref,
+            cold_start=True,
+        )
+
+    def _cold_climb(self, loss: float, step: int) -> list[Finding]:
+        """The cold-start test of a loss that climbs over a few records rather than jumping
+        (see the module doc)."""
+        k = self.cold_climb
+        if len(self.recent) < k:
+            return []
+        tail = [*list(self.recent)[-k:], loss]
+        if any(b <= a for a, b in itertools.pairwise(tail)):
+            return []
+        low = min(self.recent)
+        if low <= 0 or loss < self.cold_ratio * low or loss - low < self.cold_min_jump:
+            return []
+        return self.fire(
+            LOSS_SPIKE,
+            step,
+            f"loss {fmt(loss)} at step {step} has climbed to {fmt(loss / low)}× the lowest "
+            f"earlier loss ({fmt(low)}), rising at each of its last {k} logged steps; "
+            f"cold start: only {len(self.reference)} earlier logged step(s)",
+            value=loss,
+            threshold=max(self.cold_ratio * low, low + self.cold_min_jump),
+            median=low,
             cold_start=True,
         )
 
