@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import random
 import re
-import signal
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer.testing
 from hypothesis import HealthCheck, Phase, settings
+from tests.timelimit import time_limit
 from typer.testing import CliRunner
 
 from sapper.cli.app import _register_commands, app
@@ -55,28 +53,6 @@ def fast_settings(examples: int) -> settings:
         # minutes; the failing case is printed as it was drawn.
         phases=(Phase.explicit, Phase.reuse, Phase.generate),
     )
-
-
-class Hang(BaseException):
-    """Raised by the alarm; a BaseException so no ``except Exception`` in sapper eats it."""
-
-
-@contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    if not hasattr(signal, "setitimer"):  # not POSIX: no enforcement, the case still runs
-        yield
-        return
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise Hang(f"a case ran past {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def run_cli(*args: str) -> int:

@@ -25,12 +25,10 @@ import enum
 import json
 import re
 import shutil
-import signal
 import tempfile
 import typing
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from tests.timelimit import time_limit
 from typer.testing import CliRunner
 
 from sapper.checks.engine import run_checklist
@@ -88,33 +87,13 @@ def _settings(examples: int) -> settings:
 
 
 # ---- the invariant -------------------------------------------------------------------
-class _Hang(BaseException):
-    """Raised by the alarm; a BaseException so no ``except Exception`` in sapper eats it."""
-
-
-@contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    if not hasattr(signal, "setitimer"):  # not POSIX: no enforcement, the case still runs
-        yield
-        return
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise _Hang(f"a case ran past {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def library_case(name: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn``: it returns, or raises a SapperError of one bounded line. Returns its
     result, or None when it raised one."""
     CASES[name] += 1
-    with _time_limit(CASE_LIMIT_S):
+    with time_limit(CASE_LIMIT_S):
         try:
             return fn()
         except SapperError as exc:
@@ -139,7 +118,7 @@ def checks_case(loaded: Any) -> None:
 
 def cli_case(args: list[str]) -> None:
     CASES["cli"] += 1
-    with _time_limit(CASE_LIMIT_S):
+    with time_limit(CASE_LIMIT_S):
         res = runner.invoke(app, args)
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise AssertionError(f"sapper {' '.join(args)[:300]}: exit 3") from res.exception

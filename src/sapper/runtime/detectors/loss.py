@@ -262,12 +262,17 @@ class LossDetector(RuleDetector):
         ref = max(self.recent[-1], median(self.recent))  # recent = the whole short history
         if ref <= 0 or loss < self.cold_ratio * ref or loss - ref < self.cold_min_jump:
             return self._cold_climb(loss, step)
+        what = (
+            f"is {fmt(loss / ref)}× the loss before it ({fmt(ref)}); cold start: only {n} "
+            f"earlier logged step(s), the jump alone exceeds ×{fmt(self.cold_ratio)}"
+        )
+        return self._cold_fire(loss, step, ref, what)
+
+    def _cold_fire(self, loss: float, step: int, ref: float, what: str) -> list[Finding]:
         return self.fire(
             LOSS_SPIKE,
             step,
-            f"loss {fmt(loss)} at step {step} is {fmt(loss / ref)}× the loss before it "
-            f"({fmt(ref)}); cold start: only {n} earlier logged step(s), the jump alone "
-            f"exceeds ×{fmt(self.cold_ratio)}",
+            f"loss {fmt(loss)} at step {step} {what}",
             value=loss,
             threshold=max(self.cold_ratio * ref, ref + self.cold_min_jump),
             median=ref,
@@ -286,17 +291,12 @@ class LossDetector(RuleDetector):
         low = min(self.recent)
         if low <= 0 or loss < self.cold_ratio * low or loss - low < self.cold_min_jump:
             return []
-        return self.fire(
-            LOSS_SPIKE,
-            step,
-            f"loss {fmt(loss)} at step {step} has climbed to {fmt(loss / low)}× the lowest "
-            f"earlier loss ({fmt(low)}), rising at each of its last {k} logged steps; "
-            f"cold start: only {len(self.reference)} earlier logged step(s)",
-            value=loss,
-            threshold=max(self.cold_ratio * low, low + self.cold_min_jump),
-            median=low,
-            cold_start=True,
+        what = (
+            f"has climbed to {fmt(loss / low)}× the lowest earlier loss ({fmt(low)}), rising "
+            f"at each of its last {k} logged steps; cold start: only {len(self.reference)} "
+            "earlier logged step(s)"
         )
+        return self._cold_fire(loss, step, low, what)
 
     def unevaluated(self) -> list[str]:
         """What R001-R004 could not look at: no loss at all, too few losses for the robust
