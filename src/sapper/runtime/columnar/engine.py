@@ -1,0 +1,132 @@
+"""Run the detectors over columns: each by its vectorised twin where one is proven
+equivalent, else streaming over the rows it reads (``fallback``).
+
+The result is what :meth:`DetectorSet.run` returns on the same records, findings and
+failures alike; the property test ``tests/runtime/test_columnar_equivalence.py`` holds
+every twin to that on random streams and on every example log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from sapper.logs.base import LogData
+from sapper.logs.columnar.frame import Columns, columns_from_records
+from sapper.rules.model import Finding
+from sapper.runtime.columnar.base import Twin, fingerprint
+from sapper.runtime.columnar.fallback import run_streaming
+from sapper.runtime.detector import Detector
+
+__all__ = ["FINGERPRINTS", "MIN_RECORDS", "TWINS", "run_columns", "run_log", "twin_for"]
+
+
+def _twins() -> dict[type, Twin]:
+    from sapper.runtime.columnar import accumulation, gradnorm, loss, memory, throughput
+
+    twins = (loss.TWIN, gradnorm.TWIN, memory.TWIN, throughput.TWIN, accumulation.TWIN)
+    return {t.cls: t for t in twins}
+
+
+TWINS: dict[type, Twin] = _twins()
+
+#: The source each twin was proven equivalent to (see ``base.fingerprint``); a twin
+#: whose detector changed since is not used until the property test passes again and
+#: this digest is updated.
+FINGERPRINTS: dict[str, str] = {
+    "LossDetector": "c358f44a2754c563",
+    "GradNormDetector": "a93c38e51569b191",
+    "MemoryDetector": "384c1c6207c26f17",
+    "ThroughputDetector": "923112473f8858ec",
+    "AccumulationDetector": "31f5598248b2800b",
+}
+
+_checked: dict[type, bool] = {}
+
+
+def twin_for(det: Detector, *, proven_only: bool = True) -> Twin | None:
+    """The twin that may stand in for ``det``: its exact class, options it accepts and,
+    unless ``proven_only`` is off (the equivalence tests), an unchanged source."""
+    twin = TWINS.get(type(det))
+    if twin is None or not twin.accepts(det):
+        return None
+    if proven_only:
+        ok = _checked.get(twin.cls)
+        if ok is None:
+            ok = _checked[twin.cls] = FINGERPRINTS.get(twin.cls.__name__) == fingerprint(
+                twin.modules
+            )
+        if not ok:
+            return None
+    return twin
+
+
+def strictly_ascending(steps: np.ndarray) -> bool:
+    return len(steps) < 2 or bool(np.all(steps[1:] > steps[:-1]))
+
+
+def run_columns(
+    cols: Columns,
+    detectors: Iterable[Detector],
+    *,
+    proven_only: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[Finding], dict[str, str]]:
+    """Findings and failures of ``detectors`` over ``cols`` (one attempt, steps
+    ascending), in detector order; ``progress(n)`` is told as each detector ends."""
+    found: list[Finding] = []
+    failed: dict[str, str] = {}
+    for det in detectors:
+        twin = twin_for(det, proven_only=proven_only)
+        done = False
+        if twin is not None:
+            try:
+                found.extend(twin.run(det, cols))
+                done = True
+            except Exception:  # a twin that cannot follow: the streaming detector can
+                done = False
+        if not done:
+            more, bad = run_streaming(det, cols)
+            found.extend(more)
+            failed.update(bad)
+        if progress is not None:
+            progress(1)
+    return found, failed
+
+
+#: Below this many records the streaming detectors are as fast and need no columns.
+MIN_RECORDS = 20_000
+
+
+def run_log(
+    log: LogData,
+    detectors: list[Detector],
+    *,
+    progress: Callable[[int], None] | None = None,
+    min_records: int = MIN_RECORDS,
+) -> tuple[list[Finding], dict[str, str]] | None:
+    """The detectors over ``log`` through its columns, or ``None`` when the streaming
+    run is the one to use: a short log, steps that do not ascend, a field holding
+    something other than numbers."""
+    cols = getattr(log, "columns", None)
+    if cols is None:
+        if len(log.records) < min_records:
+            return None
+        cols = columns_from_records(log.records)
+        if cols is None:
+            return None
+    if not strictly_ascending(cols.steps):
+        return None
+    return run_columns(cols, detectors, progress=progress)
+
+
+def _main() -> None:
+    """Print each twin's fingerprint of the current detector source (to update
+    :data:`FINGERPRINTS` once the equivalence tests pass)."""
+    for cls, twin in TWINS.items():
+        print(f'    "{cls.__name__}": "{fingerprint(twin.modules)}",')
+
+
+if __name__ == "__main__":
+    _main()
