@@ -66,6 +66,35 @@ _NOT_PLAIN = ('"nan"', 'inf"', '"NaN"', "Infinity")
 _NESTED = r"[\[{]"
 
 
+def _decode_file(pl: Any, path: Path, schema: dict[str, Any], kept: np.ndarray) -> Any:
+    """Every line decoded by polars straight from the file (the fast way), with the
+    line index of each row; ``None`` when a line is not JSON at all (polars stops
+    there) or the rows do not line up with the non-blank lines."""
+    try:
+        frame = pl.read_ndjson(path, schema=schema, ignore_errors=True)
+    except Exception:
+        return None
+    index = np.flatnonzero(kept)
+    if frame.height != len(index):
+        return None
+    return frame.with_columns(pl.Series("i", index))
+
+
+def _decode_lines(pl: Any, lines: Any, plain: np.ndarray, schema: dict[str, Any]) -> Any:
+    """The plain lines only, decoded one string at a time by polars (a log with torn
+    or unreadable lines, which stop the file reader)."""
+    index = np.flatnonzero(plain)
+    try:
+        return (
+            pl.DataFrame({"line": lines.gather(index)})
+            .select(pl.col("line").str.json_decode(pl.Struct(schema)).alias("r"))
+            .unnest("r")
+            .with_columns(pl.Series("i", index))
+        )
+    except Exception:  # a plain-looking line that is not JSON after all
+        return None
+
+
 def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
     """The run log at ``path`` in columns, or ``None`` when this path does not apply
     (no polars, a small file, steps that repeat): then the streaming reader reads it."""
@@ -96,37 +125,53 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         return None
     n_lines = len(lines)
     line = pl.col("line")
-    plain = line.str.contains(_PLAIN_HEAD) & ~line.str.slice(1).str.contains(_NESTED)
-    for text in _NOT_PLAIN:
-        plain = plain & ~line.str.contains(text, literal=True)
+    # A line is plain when it starts as the writer writes a step and polars decodes a
+    # value for every key it has (counted here): a key outside the schema (extras,
+    # per-group LRs, a stranger's field) or a value of another type ("nan", a string)
+    # fails the count, and the line goes to the streaming parser.
+    plain = line.str.contains(_PLAIN_HEAD)
     if not newline_end:  # a torn last line is the streaming reader's to judge
         plain = plain & (pl.int_range(pl.len()) < n_lines - 1)
-    table = pl.DataFrame({"line": lines}).with_row_index("i")
-    sample = _sample_fields(table.filter(plain.fill_null(False)).head(_SAMPLE)["line"])
-    dtype = pl.Struct(
-        {
-            "step": pl.Int64,
-            **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
-        }
+    table = pl.DataFrame({"line": lines}).select(
+        plain.fill_null(False).alias("plain"),
+        line.str.count_matches('":', literal=True).alias("keys"),
+        (line.is_not_null() & ~line.str.contains(r"^\s*$")).fill_null(False).alias("kept"),
     )
-    try:
-        frame = (
-            table.filter(plain.fill_null(False))
+    plain_mask = table["plain"].to_numpy()
+    first = np.flatnonzero(plain_mask[: 4 * _SAMPLE])[:_SAMPLE]
+    sample = _sample_fields(lines.gather(first))
+    schema = {
+        "kind": pl.Utf8,
+        "step": pl.Int64,
+        **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
+    }
+    frame = _decode_file(pl, path, schema, table["kept"].to_numpy()) if newline_end else None
+    if frame is None:
+        # json_decode has no ignore_errors: lines it would stop on are left out first.
+        simple = (
+            pl.DataFrame({"line": lines})
             .select(
-                "i",
-                line.str.count_matches('": ', literal=True).alias("keys"),
-                line.str.json_decode(dtype).alias("r"),
+                (~pl.col("line").str.slice(1).str.contains(_NESTED))
+                .fill_null(False)
+                .and_(
+                    pl.all_horizontal(
+                        [~pl.col("line").str.contains(t, literal=True) for t in _NOT_PLAIN]
+                    ).fill_null(False)
+                )
             )
-            .unnest("r")
+            .to_series()
+            .to_numpy()
         )
-    except Exception:  # a plain-looking line that is not JSON after all
+        frame = _decode_lines(pl, lines, plain_mask & simple, schema)
+    if frame is None:
         return None
-    # A key the sample did not show, or a null value, makes a line not plain: the count
-    # of keys must be the count of fields decoded, plus "kind".
-    fields_ = [c for c in frame.columns if c not in ("i", "keys")]
-    frame = frame.filter(
-        pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_]) + 1 == pl.col("keys")
-    )
+    keys = table["keys"].to_numpy()[frame["i"].to_numpy()]
+    # A key the sample did not show, or a value polars could not take as the field's type
+    # (it is null then), makes a line not plain: the keys must be the fields decoded.
+    fields_ = [c for c in frame.columns if c != "i"]
+    decoded = frame.select(pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_]))
+    ok = (decoded.to_series().to_numpy() == keys) & plain_mask[frame["i"].to_numpy()]
+    frame = frame.filter(pl.Series(ok)).drop("kind")
     plain_idx = frame["i"].to_numpy().astype(np.int64)
     other_mask = np.ones(n_lines, dtype=bool)
     other_mask[plain_idx] = False
@@ -166,6 +211,7 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
     ):
         cols.full[row] = rec  # type: ignore[assignment]
     full_row_idx = rank[len(plain_idx) :]
+    dense = len(plain_rows) == n
     for name in _SCALARS:
         col = frame[name] if name in frame.columns else None
         from_full = [
@@ -175,13 +221,15 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         ]
         if (col is None or col.null_count() == len(col)) and not from_full:
             continue
-        values = np.full(n, np.nan)
-        present = np.zeros(n, dtype=bool)
-        if col is not None:
-            has = col.is_not_null().to_numpy()
-            vals = col.cast(pl.Float64).to_numpy()
-            values[plain_rows[has]] = vals[has]
-            present[plain_rows[has]] = True
+        if col is not None and dense:  # every row a plain line: the columns as decoded
+            values = col.cast(pl.Float64).to_numpy()
+            present = col.is_not_null().to_numpy()
+        else:
+            values = np.full(n, np.nan)
+            present = np.zeros(n, dtype=bool)
+            if col is not None:
+                values[plain_rows] = col.cast(pl.Float64).to_numpy()
+                present[plain_rows] = col.is_not_null().to_numpy()
         for row, value in from_full:
             if not isinstance(value, (int, float)):
                 return None  # a value only the streaming detectors can judge

@@ -63,19 +63,33 @@ def window_medians(x: np.ndarray, ends: np.ndarray, window: int) -> np.ndarray:
 
 def window_reduce(x: np.ndarray, ends: np.ndarray, window: int, how: str) -> np.ndarray:
     """``min`` or ``max`` of ``x[max(0, e - window):e]`` per end (NaN for an empty
-    window): cheap bounds that spare most medians."""
+    window): cheap bounds that spare most medians. ``x`` must hold no NaN."""
     out = np.full(len(ends), np.nan)
-    fn = np.min if how == "min" else np.max
+    if not len(ends) or window <= 0:
+        return out
+    acc = np.minimum if how == "min" else np.maximum
     short = ends < window
-    for j in np.flatnonzero(short & (ends > 0)):
-        out[j] = fn(x[: int(ends[j])])
+    if short.any():
+        running = acc.accumulate(x[: max(1, min(len(x), window))])
+        pick = short & (ends > 0)
+        out[pick] = running[ends[pick] - 1]
     full = np.flatnonzero(~short)
     if len(full) and len(x) >= window:
-        view = sliding_window_view(x, window)
-        for lo in range(0, len(full), CHUNK):
-            idx = full[lo : lo + CHUNK]
-            out[idx] = fn(view[ends[idx] - window], axis=1)
+        out[full] = _sliding(x, window, acc)[ends[full] - window]
     return out
+
+
+def _sliding(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
+    """``acc`` over every window ``x[s:s + window]`` in O(n) (van Herk / Gil-Werman):
+    running values from the start and from the end of fixed blocks of ``window``."""
+    n = len(x)
+    blocks = -(-n // window)
+    fill = np.inf if acc is np.minimum else -np.inf
+    padded = np.concatenate([x, np.full(blocks * window - n, fill)]).reshape(blocks, window)
+    head = acc.accumulate(padded, axis=1).ravel()
+    tail = acc.accumulate(padded[:, ::-1], axis=1)[:, ::-1].ravel()
+    starts = np.arange(n - window + 1)
+    return acc(tail[starts], head[starts + window - 1])
 
 
 def window_mads(x: np.ndarray, ends: np.ndarray, window: int, centers: np.ndarray) -> np.ndarray:
@@ -89,6 +103,16 @@ def window_mads(x: np.ndarray, ends: np.ndarray, window: int, centers: np.ndarra
         dev = np.abs(seg - centers[j])
         out[j] = MAD_TO_SIGMA * medians_of_rows(dev[None, :])[0] if len(seg) else np.nan
     return out
+
+
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for ascending values, without a sort."""
+    if not len(values):
+        return values, np.zeros(0, dtype=np.int64)
+    new = np.empty(len(values), dtype=bool)
+    new[0] = True
+    np.not_equal(values[1:], values[:-1], out=new[1:])
+    return values[new], np.cumsum(new) - 1
 
 
 class RobustSnapshots:
@@ -110,15 +134,13 @@ class RobustSnapshots:
         return self.first + self.refresh * ((calls - self.first) // self.refresh)
 
     def level_at(self, calls: np.ndarray) -> np.ndarray:
-        """The median read at each of ``calls``."""
-        snaps = self.snapshot(calls)
-        uniq, inv = np.unique(snaps, return_inverse=True)
+        """The median read at each of ``calls`` (ascending)."""
+        uniq, inv = _runs(self.snapshot(calls))
         return window_medians(self.x, uniq, self.window)[inv]
 
     def floor_at(self, calls: np.ndarray) -> np.ndarray:
         """A lower bound of :meth:`level_at`: the minimum of the same window."""
-        snaps = self.snapshot(calls)
-        uniq, inv = np.unique(snaps, return_inverse=True)
+        uniq, inv = _runs(self.snapshot(calls))
         return window_reduce(self.x, uniq, self.window, "min")[inv]
 
     def sigma_at(self, calls: np.ndarray, medians: np.ndarray) -> np.ndarray:
