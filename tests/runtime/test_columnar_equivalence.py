@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sapper.logs import read_log
-from sapper.logs.columnar import columns_from_records, read_columnar
+from sapper.logs.columnar import columns_from_records, read_columnar, runlog
 from sapper.logs.detect import detect_format
 from sapper.runtime.columnar.engine import TWINS, run_columns, twin_for
 from sapper.runtime.detector import DetectorSet
@@ -219,33 +219,58 @@ def test_example_logs(path: Path) -> None:
     _same(default_detectors(), list(log.records), keep_source=False)
 
 
-def test_columnar_reader_matches_streaming_reader(tmp_path: Path) -> None:
-    """Plain lines, extras, non-finite strings, meta and finding lines, a bad line and
-    a torn last line: the same records, notes, meta and findings."""
+@pytest.mark.parametrize("torn", [False, True])
+@pytest.mark.parametrize("block", [None, 3000])
+def test_columnar_reader_matches_streaming_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torn: bool, block: int | None
+) -> None:
+    """Plain lines, extras, non-finite strings, meta and finding lines, blank and bad
+    lines, a torn last line, in one block or many: the same records, notes, meta and
+    findings as the streaming reader."""
+    if block is not None:
+        monkeypatch.setattr(runlog, "BLOCK_BYTES", block)
     path = tmp_path / "run.jsonl"
     records = _stream(7, 400)
     writer = RunLogWriter(path, meta={"run": "t"})
     writer.write_steps(records[:200])
     writer.close()
     with path.open("a") as fh:
-        fh.write("this is not json\n")
+        if torn:
+            fh.write("this is not json\n")
         fh.write('{"kind": "step", "step": 100000, "loss": 1, "unknown_key": 3}\n')
-        fh.write('{"kind": "step", "step": 100001, "loss": null}\n\n')
+        fh.write('{"kind": "step", "step": 100001, "loss": null}\n\n   \n')
+        fh.write('{"kind": "step", "step": 100002, "loss": 2.5, "grad_norm": 1.5}\n')
+        fh.write('{"step": 100003, "kind": "step", "lr":1e-4,"loss":3}\n')
     writer = RunLogWriter(path, meta={"run": "t2"})
     for rec in records[200:]:
         rec.step += 200000
     writer.write_steps(records[200:])
     writer.close()
-    with path.open("a") as fh:
-        fh.write('{"kind": "step", "step": 9999999, "lo')
+    if torn:
+        with path.open("a") as fh:
+            fh.write('{"kind": "step", "step": 9999999, "lo')
     assert detect_format(path) == "sapper"
     expected = read_log(path)
     got = read_columnar(path, "sapper", min_bytes=0)
     assert got is not None
     assert [r.__dict__ for r in got.records] == [r.__dict__ for r in expected.records]
+    assert [{k: type(v) for k, v in r.__dict__.items()} for r in got.records] == [
+        {k: type(v) for k, v in r.__dict__.items()} for r in expected.records
+    ]
     assert got.notes == expected.notes
     assert got.meta == expected.meta
     assert got.findings == expected.findings
+
+
+def test_columnar_reader_leaves_odd_values_to_the_streaming_reader(tmp_path: Path) -> None:
+    """A number written as a string is the streaming detectors' to judge."""
+    path = tmp_path / "run.jsonl"
+    writer = RunLogWriter(path)
+    writer.write_steps(StepRecord(step=s, loss=1.0) for s in (1, 2, 3))
+    writer.close()
+    with path.open("a") as fh:
+        fh.write('{"kind": "step", "step": 4, "loss": "2.5"}\n')
+    assert read_columnar(path, "sapper", min_bytes=0) is None
 
 
 def test_columnar_reader_leaves_restarts_to_the_streaming_reader(tmp_path: Path) -> None:

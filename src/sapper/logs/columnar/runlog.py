@@ -12,7 +12,9 @@ hand-merged file) is left to the streaming reader: it owns what a repeated step 
 
 from __future__ import annotations
 
+import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +30,14 @@ from sapper.logs.columnar.frame import (
     LazyRecords,
 )
 from sapper.logs.runlog import RunLogParser
+from sapper.runtime.records import StepRecord
 
 __all__ = ["MIN_BYTES", "read_runlog_columnar"]
 
 #: Below this size the streaming reader is as fast and the polars import is not worth it.
 MIN_BYTES = 4 << 20
+#: Text read and decoded at once: bounds the memory a long log's text takes.
+BLOCK_BYTES = 256 << 20
 
 _SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
 #: Plain lines whose keys decide which fields polars decodes; a line with another key
@@ -66,12 +71,12 @@ _NOT_PLAIN = ('"nan"', 'inf"', '"NaN"', "Infinity")
 _NESTED = r"[\[{]"
 
 
-def _decode_file(pl: Any, path: Path, schema: dict[str, Any], kept: np.ndarray) -> Any:
-    """Every line decoded by polars straight from the file (the fast way), with the
-    line index of each row; ``None`` when a line is not JSON at all (polars stops
-    there) or the rows do not line up with the non-blank lines."""
+def _decode_file(pl: Any, data: bytes, schema: dict[str, Any], kept: np.ndarray) -> Any:
+    """Every line of a block decoded by polars in one pass (the fast way), with the
+    block's line index of each row; ``None`` when a line is not JSON at all (polars
+    stops there) or the rows do not line up with the non-blank lines."""
     try:
-        frame = pl.read_ndjson(path, schema=schema, ignore_errors=True)
+        frame = pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
     except Exception:
         return None
     index = np.flatnonzero(kept)
@@ -81,8 +86,8 @@ def _decode_file(pl: Any, path: Path, schema: dict[str, Any], kept: np.ndarray) 
 
 
 def _decode_lines(pl: Any, lines: Any, plain: np.ndarray, schema: dict[str, Any]) -> Any:
-    """The plain lines only, decoded one string at a time by polars (a log with torn
-    or unreadable lines, which stop the file reader)."""
+    """The plain lines only, decoded one string at a time by polars (a block with torn
+    or unreadable lines, which stop the block reader)."""
     index = np.flatnonzero(plain)
     try:
         return (
@@ -95,9 +100,206 @@ def _decode_lines(pl: Any, lines: Any, plain: np.ndarray, schema: dict[str, Any]
         return None
 
 
+def _blocks(path: Path, size: int) -> Iterator[tuple[bytes, bool]]:
+    """The file in blocks of whole lines (``BLOCK_BYTES`` or so), and whether the block
+    ends with a newline (only the last may not: a torn last line)."""
+    with path.open("rb") as fh:
+        rest = b""
+        while True:
+            chunk = fh.read(BLOCK_BYTES)
+            if not chunk:
+                if rest:
+                    yield rest, rest.endswith(b"\n")
+                return
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            rest = data[cut:]
+            yield data[:cut], True
+
+
+class _Reader:
+    """Collects the rows of every block: plain lines as column pieces, the others as the
+    streaming parser's records, in file order."""
+
+    def __init__(self, pl: Any, path: Path) -> None:
+        self.pl = pl
+        self.parser = RunLogParser(str(path))
+        self.line0 = 0
+        self.lines: list[np.ndarray] = []  # line index of each plain row, per block
+        self.steps: list[np.ndarray] = []
+        self.values: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        self.full: list[tuple[int, StepRecord]] = []  # (line index, record)
+
+    def block(self, data: bytes, newline_end: bool) -> bool:
+        """Read one block; ``False`` when this reader cannot take the log."""
+        pl = self.pl
+        try:
+            lines = pl.read_csv(
+                io.BytesIO(data),
+                has_header=False,
+                separator="\x1f",
+                quote_char=None,
+                new_columns=["line"],
+                schema={"line": pl.Utf8},
+            )["line"]
+        except Exception:  # a line polars cannot split (a \x1f in it)
+            return False
+        n_lines = len(lines)
+        line = pl.col("line")
+        # A line is plain when it starts as the writer writes a step and polars decodes a
+        # value for every key it has (counted here): a key outside the schema (extras,
+        # per-group LRs, a stranger's field) or a value of another type ("nan", a string)
+        # fails the count, and the line goes to the streaming parser.
+        plain = line.str.contains(_PLAIN_HEAD)
+        if not newline_end:  # a torn last line is the streaming parser's to judge
+            plain = plain & (pl.int_range(pl.len()) < n_lines - 1)
+        table = pl.DataFrame({"line": lines}).select(
+            plain.fill_null(False).alias("plain"),
+            line.str.count_matches('":', literal=True).alias("keys"),
+            (line.is_not_null() & ~line.str.contains(r"^\s*$")).fill_null(False).alias("kept"),
+        )
+        plain_mask = table["plain"].to_numpy()
+        candidates = np.flatnonzero(plain_mask)
+        spread = candidates[:: max(1, len(candidates) // _SAMPLE)][:_SAMPLE]
+        sample = _sample_fields(lines.gather(np.union1d(candidates[:_SAMPLE], spread)))
+        schema = {
+            "kind": pl.Utf8,
+            "step": pl.Int64,
+            **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
+        }
+        frame = _decode_file(pl, data, schema, table["kept"].to_numpy()) if newline_end else None
+        if frame is None:
+            # json_decode has no ignore_errors: the lines it would stop on are left out.
+            simple = (
+                pl.DataFrame({"line": lines})
+                .select(
+                    (~pl.col("line").str.slice(1).str.contains(_NESTED))
+                    .and_(
+                        pl.all_horizontal(
+                            [~pl.col("line").str.contains(t, literal=True) for t in _NOT_PLAIN]
+                        )
+                    )
+                    .fill_null(False)
+                )
+                .to_series()
+                .to_numpy()
+            )
+            frame = _decode_lines(pl, lines, plain_mask & simple, schema)
+        if frame is None:
+            return False
+        index = frame["i"].to_numpy()
+        keys = table["keys"].to_numpy()[index]
+        # A key the sample did not show, or a value polars could not take as the field's
+        # type (it is null then), makes a line not plain: the keys must be the fields.
+        fields_ = [c for c in frame.columns if c != "i"]
+        decoded = frame.select(pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_]))
+        ok = (decoded.to_series().to_numpy() == keys) & plain_mask[index]
+        if not ok.all():
+            frame = frame.filter(pl.Series(ok))
+        plain_idx = frame["i"].to_numpy().astype(np.int64)
+        start = sum(len(x) for x in self.lines)
+        self.lines.append(plain_idx + self.line0)
+        self.steps.append(frame["step"].to_numpy().astype(np.int64))
+        for name in fields_:
+            if name in ("kind", "step"):
+                continue
+            col = frame[name]
+            if col.null_count() == len(col):
+                continue
+            self.values.setdefault(name, []).append(
+                (start, col.cast(pl.Float64).to_numpy(), col.is_not_null().to_numpy())
+            )
+        other = np.ones(n_lines, dtype=bool)
+        other[plain_idx] = False
+        other_idx = np.flatnonzero(other)
+        texts = lines.gather(other_idx).to_list() if len(other_idx) else []
+        parser = self.parser
+        for idx, text in zip(other_idx.tolist(), texts, strict=True):
+            parser._line = self.line0 + idx  # the line numbers in notes stay the file's
+            for rec in parser.feed([text if text is not None else ""]):
+                self.full.append((self.line0 + idx, rec))
+        self.line0 += n_lines
+        return True
+
+    def result(self, path: Path) -> ColumnarLog | None:
+        parser = self.parser
+        parser._line = self.line0
+        parser.finish()
+        if parser._replayed:
+            return None
+        n_plain = sum(len(x) for x in self.lines)
+        n = n_plain + len(self.full)
+        if n == 0:
+            return None
+        line_of = np.concatenate(
+            [*self.lines, np.fromiter((i for i, _ in self.full), np.int64, len(self.full))]
+        )
+        steps = np.concatenate(
+            [*self.steps, np.fromiter((r.step for _, r in self.full), np.int64, len(self.full))]
+        )
+        dense = not self.full
+        if not dense:
+            order = np.argsort(line_of, kind="stable")
+            steps = steps[order]
+        if n > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+            return None  # steps that repeat or fall: the streaming reader's business
+        cols = Columns(steps=steps)
+        if dense:
+            plain_rows = None
+            full_rows = np.zeros(0, dtype=np.int64)
+        else:
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n)
+            plain_rows = rank[:n_plain]
+            full_rows = rank[n_plain:]
+            for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
+                cols.full[row] = rec
+        for name in _SCALARS:
+            pieces = self.values.get(name, [])
+            from_full = [
+                (row, getattr(rec, name))
+                for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True)
+                if getattr(rec, name) is not None
+            ]
+            if not pieces and not from_full:
+                continue
+            if dense and len(pieces) == 1 and len(pieces[0][1]) == n:
+                _, values, present = pieces[0]  # one block, every row plain: as decoded
+            else:
+                values = np.full(n, np.nan)
+                present = np.zeros(n, dtype=bool)
+                for start, vals, has in pieces:
+                    where = np.arange(start, start + len(vals))
+                    rows = where if plain_rows is None else plain_rows[where]
+                    values[rows] = vals
+                    present[rows] = has
+            for row, value in from_full:
+                if not isinstance(value, (int, float)):
+                    return None  # a value only the streaming detectors can judge
+                values[row] = float(value)
+                present[row] = True
+            cols.values[name] = values
+            cols.present[name] = present
+        return ColumnarLog(
+            path=str(path),
+            format="sapper",
+            records=LazyRecords(cols),  # type: ignore[arg-type]
+            findings=list(parser.findings),
+            meta=dict(parser.meta),
+            notes=list(parser.notes),
+            attempts=[Attempt(1, 0, n, int(steps[0]), int(steps[-1]))],
+            columns=cols,
+        )
+
+
 def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
     """The run log at ``path`` in columns, or ``None`` when this path does not apply
-    (no polars, a small file, steps that repeat): then the streaming reader reads it."""
+    (no polars, a small file, steps that repeat): then the streaming reader reads it.
+    The file is read in blocks of ``BLOCK_BYTES``, so the text in memory stays bounded
+    whatever the log's length; the columns take about 9 bytes per field and step."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -109,141 +311,11 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         import polars as pl
     except ImportError:
         return None
+    reader = _Reader(pl, path)
     try:
-        with path.open("rb") as fh:
-            fh.seek(size - 1)
-            newline_end = fh.read(1) == b"\n"
-        lines = pl.read_csv(
-            path,
-            has_header=False,
-            separator="\x1f",
-            quote_char=None,
-            new_columns=["line"],
-            schema={"line": pl.Utf8},
-        )["line"]
-    except Exception:  # a line polars cannot split (a \x1f in it): the streaming reader
+        for data, newline_end in _blocks(path, size):
+            if not reader.block(data, newline_end):
+                return None
+    except OSError:
         return None
-    n_lines = len(lines)
-    line = pl.col("line")
-    # A line is plain when it starts as the writer writes a step and polars decodes a
-    # value for every key it has (counted here): a key outside the schema (extras,
-    # per-group LRs, a stranger's field) or a value of another type ("nan", a string)
-    # fails the count, and the line goes to the streaming parser.
-    plain = line.str.contains(_PLAIN_HEAD)
-    if not newline_end:  # a torn last line is the streaming reader's to judge
-        plain = plain & (pl.int_range(pl.len()) < n_lines - 1)
-    table = pl.DataFrame({"line": lines}).select(
-        plain.fill_null(False).alias("plain"),
-        line.str.count_matches('":', literal=True).alias("keys"),
-        (line.is_not_null() & ~line.str.contains(r"^\s*$")).fill_null(False).alias("kept"),
-    )
-    plain_mask = table["plain"].to_numpy()
-    first = np.flatnonzero(plain_mask[: 4 * _SAMPLE])[:_SAMPLE]
-    sample = _sample_fields(lines.gather(first))
-    schema = {
-        "kind": pl.Utf8,
-        "step": pl.Int64,
-        **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
-    }
-    frame = _decode_file(pl, path, schema, table["kept"].to_numpy()) if newline_end else None
-    if frame is None:
-        # json_decode has no ignore_errors: lines it would stop on are left out first.
-        simple = (
-            pl.DataFrame({"line": lines})
-            .select(
-                (~pl.col("line").str.slice(1).str.contains(_NESTED))
-                .fill_null(False)
-                .and_(
-                    pl.all_horizontal(
-                        [~pl.col("line").str.contains(t, literal=True) for t in _NOT_PLAIN]
-                    ).fill_null(False)
-                )
-            )
-            .to_series()
-            .to_numpy()
-        )
-        frame = _decode_lines(pl, lines, plain_mask & simple, schema)
-    if frame is None:
-        return None
-    keys = table["keys"].to_numpy()[frame["i"].to_numpy()]
-    # A key the sample did not show, or a value polars could not take as the field's type
-    # (it is null then), makes a line not plain: the keys must be the fields decoded.
-    fields_ = [c for c in frame.columns if c != "i"]
-    decoded = frame.select(pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_]))
-    ok = (decoded.to_series().to_numpy() == keys) & plain_mask[frame["i"].to_numpy()]
-    frame = frame.filter(pl.Series(ok)).drop("kind")
-    plain_idx = frame["i"].to_numpy().astype(np.int64)
-    other_mask = np.ones(n_lines, dtype=bool)
-    other_mask[plain_idx] = False
-    other_idx = np.flatnonzero(other_mask)
-
-    parser = RunLogParser(str(path))
-    texts = lines.gather(other_idx).to_list() if len(other_idx) else []
-    full_rows: list[tuple[int, object]] = []  # (line index, record)
-    for idx, text in zip(other_idx.tolist(), texts, strict=True):
-        parser._line = idx  # the line numbers in notes stay the file's
-        for rec in parser.feed([text if text is not None else ""]):
-            full_rows.append((idx, rec))
-    parser.finish()
-    if parser._replayed:
-        return None
-
-    plain_steps = frame["step"].to_numpy()
-    n = len(plain_idx) + len(full_rows)
-    line_of = np.empty(n, dtype=np.int64)
-    steps = np.empty(n, dtype=np.int64)
-    full_lines = np.fromiter((i for i, _ in full_rows), dtype=np.int64, count=len(full_rows))
-    line_of[: len(plain_idx)] = plain_idx
-    line_of[len(plain_idx) :] = full_lines
-    steps[: len(plain_idx)] = plain_steps
-    steps[len(plain_idx) :] = [r.step for _, r in full_rows]  # type: ignore[attr-defined]
-    order = np.argsort(line_of, kind="stable")
-    steps = steps[order]
-    if n == 0 or (n > 1 and not bool(np.all(steps[1:] > steps[:-1]))):
-        return None
-    # Row of each plain line and of each full record in file order.
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    plain_rows = rank[: len(plain_idx)]
-    cols = Columns(steps=steps)
-    for _, (row, (_, rec)) in enumerate(
-        zip(rank[len(plain_idx) :].tolist(), full_rows, strict=True)
-    ):
-        cols.full[row] = rec  # type: ignore[assignment]
-    full_row_idx = rank[len(plain_idx) :]
-    dense = len(plain_rows) == n
-    for name in _SCALARS:
-        col = frame[name] if name in frame.columns else None
-        from_full = [
-            (row, getattr(rec, name))
-            for row, (_, rec) in zip(full_row_idx.tolist(), full_rows, strict=True)
-            if getattr(rec, name) is not None
-        ]
-        if (col is None or col.null_count() == len(col)) and not from_full:
-            continue
-        if col is not None and dense:  # every row a plain line: the columns as decoded
-            values = col.cast(pl.Float64).to_numpy()
-            present = col.is_not_null().to_numpy()
-        else:
-            values = np.full(n, np.nan)
-            present = np.zeros(n, dtype=bool)
-            if col is not None:
-                values[plain_rows] = col.cast(pl.Float64).to_numpy()
-                present[plain_rows] = col.is_not_null().to_numpy()
-        for row, value in from_full:
-            if not isinstance(value, (int, float)):
-                return None  # a value only the streaming detectors can judge
-            values[row] = float(value)
-            present[row] = True
-        cols.values[name] = values
-        cols.present[name] = present
-    return ColumnarLog(
-        path=str(path),
-        format="sapper",
-        records=LazyRecords(cols),  # type: ignore[arg-type]
-        findings=list(parser.findings),
-        meta=dict(parser.meta),
-        notes=list(parser.notes),
-        attempts=[Attempt(1, 0, n, int(steps[0]), int(steps[-1]))],
-        columns=cols,
-    )
+    return reader.result(path)
