@@ -240,7 +240,7 @@ def test_columnar_reader_matches_streaming_reader(
         fh.write('{"kind": "step", "step": 100000, "loss": 1, "unknown_key": 3}\n')
         fh.write('{"kind": "step", "step": 100001, "loss": null}\n\n   \n')
         fh.write('{"kind": "step", "step": 100002, "loss": 2.5, "grad_norm": 1.5}\n')
-        fh.write('{"step": 100003, "kind": "step", "lr":1e-4,"loss":3}\n')
+        fh.write('{"step": 100003, "kind": "step", "lr":1e-4,"loss":3.0}\n')
     writer = RunLogWriter(path, meta={"run": "t2"})
     for rec in records[200:]:
         rec.step += 200000

@@ -202,10 +202,14 @@ def load_logs(
         if progress is not None:
             progress(str(path))
         fmt = log_format or detected
-        if columnar and not mapping:
+        if columnar and not mapping and path.is_file():
+            from sapper.logs import detect_format
             from sapper.logs.columnar import read_columnar
 
-            fast = read_columnar(path, fmt)
+            try:
+                fast = read_columnar(path, fmt or detect_format(path))
+            except InputError:  # not a log at all: read_log says so below
+                fast = None
             if fast is not None:
                 logs.append(fast)
                 continue

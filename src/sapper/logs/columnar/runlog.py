@@ -37,41 +37,42 @@ __all__ = ["MIN_BYTES", "read_runlog_columnar"]
 #: Below this size the streaming reader is as fast and the polars import is not worth it.
 MIN_BYTES = 4 << 20
 #: Text read and decoded at once: bounds the memory a long log's text takes.
-BLOCK_BYTES = 256 << 20
+BLOCK_BYTES = 32 << 20
 
 _SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
-#: Plain lines whose keys decide which fields polars decodes; a line with another key
-#: fails the key count below and is read by the streaming parser, so the sample only
-#: has to be typical, not complete.
-_SAMPLE = 2000
+#: In a block polars cannot decode whole (a torn or unreadable line), the lines tried
+#: one by one: a step as the writer starts it, with no nesting (after the first
+#: character) and no non-finite float spelled as a string (json_decode stops on those).
+_PLAIN_HEAD = r'^\{"kind": "step", "step": -?\d+(, "|\}$)'
+_NESTED = r"[\[{]"
+_NOT_PLAIN = ('"nan"', 'inf"', '"NaN"', "Infinity")
+#: Lines whose keys decide which fields polars decodes; a line with another key fails
+#: the key count and is read by the streaming parser, so the sample only has to be
+#: typical, not complete.
+_SAMPLE = 1000
 _DTYPES = {
     **{name: (lambda pl: pl.Float64) for name in (*FLOAT_FIELDS, *INT_FIELDS)},
     **{name: (lambda pl: pl.Boolean) for name in BOOL_FIELDS},
 }
 
 
-def _sample_fields(lines: Any) -> set[str]:
-    """The StepRecord fields the first plain lines hold."""
+def _sample_fields(*groups: Any) -> set[str]:
+    """The StepRecord fields some lines of a block hold (its first and a spread)."""
     names: set[str] = set()
-    for text in lines.to_list():
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            names.update(k for k in obj if k in _DTYPES)
+    for lines in groups:
+        for text in lines.to_list():
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                names.update(k for k in obj if k in _DTYPES)
     return names
 
 
-#: A plain step line: written by the monitor, ``kind`` then an integer ``step`` first.
-_PLAIN_HEAD = r'^\{"kind": "step", "step": -?\d+(, "|\}$)'
-#: Anything a plain line must not hold: non-finite floats as strings (and, after its
-#: first character, nesting or lists: see ``_NESTED``).
-_NOT_PLAIN = ('"nan"', 'inf"', '"NaN"', "Infinity")
-_NESTED = r"[\[{]"
-
-
-def _decode_file(pl: Any, data: bytes, schema: dict[str, Any], kept: np.ndarray) -> Any:
+def _decode_file(pl: Any, data: bytes, schema: dict[str, Any], lines: Any) -> Any:
     """Every line of a block decoded by polars in one pass (the fast way), with the
     block's line index of each row; ``None`` when a line is not JSON at all (polars
     stops there) or the rows do not line up with the non-blank lines."""
@@ -79,16 +80,29 @@ def _decode_file(pl: Any, data: bytes, schema: dict[str, Any], kept: np.ndarray)
         frame = pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
     except Exception:
         return None
-    index = np.flatnonzero(kept)
-    if frame.height != len(index):
-        return None
+    if frame.height == len(lines):
+        index = np.arange(len(lines))
+    else:  # polars skips blank lines
+        kept = (lines.is_not_null() & ~lines.str.contains(r"^\s*$")).fill_null(False)
+        index = np.flatnonzero(kept.to_numpy())
+        if frame.height != len(index):
+            return None
     return frame.with_columns(pl.Series("i", index))
 
 
-def _decode_lines(pl: Any, lines: Any, plain: np.ndarray, schema: dict[str, Any]) -> Any:
-    """The plain lines only, decoded one string at a time by polars (a block with torn
-    or unreadable lines, which stop the block reader)."""
-    index = np.flatnonzero(plain)
+def _decode_lines(pl: Any, lines: Any, newline_end: bool, schema: dict[str, Any]) -> Any:
+    """The lines that look like plain steps, decoded one string at a time by polars (a
+    block with torn or unreadable lines, which stop the block reader). json_decode has
+    no ``ignore_errors``: lines it would stop on (non-finite strings, nesting) are left
+    out first."""
+    line = pl.col("line")
+    look = line.str.contains(_PLAIN_HEAD) & ~line.str.slice(1).str.contains(_NESTED)
+    for text in _NOT_PLAIN:
+        look = look & ~line.str.contains(text, literal=True)
+    if not newline_end:  # a torn last line is the streaming parser's to judge
+        look = look & (pl.int_range(pl.len()) < len(lines) - 1)
+    mask = pl.DataFrame({"line": lines}).select(look.fill_null(False)).to_series().to_numpy()
+    index = np.flatnonzero(mask)
     try:
         return (
             pl.DataFrame({"line": lines.gather(index)})
@@ -148,55 +162,32 @@ class _Reader:
         except Exception:  # a line polars cannot split (a \x1f in it)
             return False
         n_lines = len(lines)
-        line = pl.col("line")
-        # A line is plain when it starts as the writer writes a step and polars decodes a
-        # value for every key it has (counted here): a key outside the schema (extras,
-        # per-group LRs, a stranger's field) or a value of another type ("nan", a string)
-        # fails the count, and the line goes to the streaming parser.
-        plain = line.str.contains(_PLAIN_HEAD)
-        if not newline_end:  # a torn last line is the streaming parser's to judge
-            plain = plain & (pl.int_range(pl.len()) < n_lines - 1)
-        table = pl.DataFrame({"line": lines}).select(
-            plain.fill_null(False).alias("plain"),
-            line.str.count_matches('":', literal=True).alias("keys"),
-            (line.is_not_null() & ~line.str.contains(r"^\s*$")).fill_null(False).alias("kept"),
-        )
-        plain_mask = table["plain"].to_numpy()
-        candidates = np.flatnonzero(plain_mask)
-        spread = candidates[:: max(1, len(candidates) // _SAMPLE)][:_SAMPLE]
-        sample = _sample_fields(lines.gather(np.union1d(candidates[:_SAMPLE], spread)))
+        # A line is plain when polars decodes a value for every key it has (counted here)
+        # and it is a step with an integer step number: a key outside the schema (extras,
+        # per-group LRs, a stranger's field) or a value of another type ("nan", a string,
+        # a float step) fails the count, and the line goes to the streaming parser.
+        keys = lines.str.count_matches('":', literal=True).fill_null(0).to_numpy()
+        sample = _sample_fields(lines.head(_SAMPLE), lines.gather_every(max(1, n_lines // _SAMPLE)))
         schema = {
             "kind": pl.Utf8,
             "step": pl.Int64,
             **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
         }
-        frame = _decode_file(pl, data, schema, table["kept"].to_numpy()) if newline_end else None
+        frame = _decode_file(pl, data, schema, lines) if newline_end else None
         if frame is None:
-            # json_decode has no ignore_errors: the lines it would stop on are left out.
-            simple = (
-                pl.DataFrame({"line": lines})
-                .select(
-                    (~pl.col("line").str.slice(1).str.contains(_NESTED))
-                    .and_(
-                        pl.all_horizontal(
-                            [~pl.col("line").str.contains(t, literal=True) for t in _NOT_PLAIN]
-                        )
-                    )
-                    .fill_null(False)
-                )
-                .to_series()
-                .to_numpy()
-            )
-            frame = _decode_lines(pl, lines, plain_mask & simple, schema)
+            frame = _decode_lines(pl, lines, newline_end, schema)
         if frame is None:
             return False
         index = frame["i"].to_numpy()
-        keys = table["keys"].to_numpy()[index]
-        # A key the sample did not show, or a value polars could not take as the field's
-        # type (it is null then), makes a line not plain: the keys must be the fields.
         fields_ = [c for c in frame.columns if c != "i"]
-        decoded = frame.select(pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_]))
-        ok = (decoded.to_series().to_numpy() == keys) & plain_mask[index]
+        decoded = frame.select(
+            pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_])
+        ).to_series()
+        ok = (
+            (decoded.to_numpy() == keys[index])
+            & (frame["kind"] == "step").fill_null(False).to_numpy()
+            & frame["step"].is_not_null().to_numpy()
+        )
         if not ok.all():
             frame = frame.filter(pl.Series(ok))
         plain_idx = frame["i"].to_numpy().astype(np.int64)
