@@ -139,7 +139,12 @@ from analyze_speed import analyze_json
 start = time.perf_counter()
 out = analyze_json(Path({path!r}))
 wall = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM is this process's own peak; ru_maxrss survives exec and may be the parent's.
+try:
+    status = Path("/proc/self/status").read_text()
+    peak = int(status.split("VmHWM:")[1].split()[0]) / 1024
+except (OSError, IndexError):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(wall, peak, len(out))
 """
 
