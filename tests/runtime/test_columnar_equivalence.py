@@ -34,16 +34,23 @@ def _key(f: Any) -> str:
     )
 
 
-def _same(detectors: list[Any], records: list[StepRecord], *, keep_source: bool) -> None:
+def _same(
+    detectors: list[Any], records: list[StepRecord], *, keep_source: bool, warm: int = 0
+) -> None:
+    """The streaming run (the first ``warm`` records only as context, as a resumed
+    attempt sees its history) against the columnar one."""
     dset = DetectorSet([copy.deepcopy(d) for d in detectors])
-    expected = dset.run(records)
+    for rec in records[:warm]:
+        dset.update(rec)
+    expected = dset.run(records[warm:])
     cols = columns_from_records(records)
     assert cols is not None
     if not keep_source:  # as the columnar reader builds them: extras only on their rows
         cols.source = None
-    got, failed = run_columns(cols, [copy.deepcopy(d) for d in detectors], proven_only=False)
-    assert failed == dset.failed
-    assert sorted(map(_key, got)) == sorted(map(_key, expected))
+    got = run_columns(cols, [copy.deepcopy(d) for d in detectors], proven_only=False, warm=warm)
+    assert got.failed == dset.failed
+    assert sorted(map(_key, got.found)) == sorted(map(_key, expected))
+    assert got.unevaluated == dset.unevaluated()
 
 
 def _curve(rng: np.random.Generator, n: int, base: float, noise: float) -> np.ndarray:
@@ -183,10 +190,13 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
     n=st.integers(0, 600),
     opts=options(),
     keep_source=st.booleans(),
+    warm=st.sampled_from([0, 0, 1, 30, 200]),
 )
-def test_random_streams(seed: int, n: int, opts: dict[str, Any], keep_source: bool) -> None:
+def test_random_streams(
+    seed: int, n: int, opts: dict[str, Any], keep_source: bool, warm: int
+) -> None:
     records = _stream(seed, n)
-    _same(default_detectors(**opts), records, keep_source=keep_source)
+    _same(default_detectors(**opts), records, keep_source=keep_source, warm=min(warm, n))
 
 
 def test_every_twin_accepts_the_default_detectors() -> None:

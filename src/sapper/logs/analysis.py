@@ -102,7 +102,7 @@ def analyze_log(
     dset = DetectorSet(detectors)
     fast = run_log(log, dset.detectors, progress=progress)
     if fast is not None:
-        found, failed = fast
+        found, failed = fast.found, fast.failed
     else:
         found, failed = dset.run(log.records), dict(dset.failed)
     merged: dict[tuple[str, int | None, int | None], Finding] = {}

@@ -33,6 +33,9 @@ class Twin:
     accepts: Callable[[Any], bool]
     #: Modules whose source the twin mirrors (the detector's own, its helpers').
     modules: tuple[str, ...]
+    #: ``Detector.unevaluated`` after the same stream; ``None`` for a detector that
+    #: reports nothing there (a twin without it stands in for no detector that does).
+    unevaluated: Callable[[Any, Columns], list[str]] | None = None
 
 
 def fingerprint(modules: tuple[str, ...]) -> str:

@@ -9,6 +9,7 @@ every twin to that on random streams and on every example log.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,7 +20,15 @@ from sapper.runtime.columnar.base import Twin, fingerprint
 from sapper.runtime.columnar.fallback import run_streaming
 from sapper.runtime.detector import Detector
 
-__all__ = ["FINGERPRINTS", "MIN_RECORDS", "TWINS", "run_columns", "run_log", "twin_for"]
+__all__ = [
+    "FINGERPRINTS",
+    "MIN_RECORDS",
+    "TWINS",
+    "Outcome",
+    "run_columns",
+    "run_log",
+    "twin_for",
+]
 
 
 def _twins() -> dict[type, Twin]:
@@ -51,6 +60,8 @@ def twin_for(det: Detector, *, proven_only: bool = True) -> Twin | None:
     twin = TWINS.get(type(det))
     if twin is None or not twin.accepts(det):
         return None
+    if twin.unevaluated is None and type(det).unevaluated is not Detector.unevaluated:
+        return None  # the detector says what it could not evaluate; this twin cannot
     if proven_only:
         ok = _checked.get(twin.cls)
         if ok is None:
@@ -66,33 +77,51 @@ def strictly_ascending(steps: np.ndarray) -> bool:
     return len(steps) < 2 or bool(np.all(steps[1:] > steps[:-1]))
 
 
+@dataclass
+class Outcome:
+    """What :meth:`DetectorSet.run` and :meth:`DetectorSet.unevaluated` give."""
+
+    found: list[Finding] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unevaluated: list[str] = field(default_factory=list)
+
+
 def run_columns(
     cols: Columns,
     detectors: Iterable[Detector],
     *,
     proven_only: bool = True,
     progress: Callable[[int], None] | None = None,
-) -> tuple[list[Finding], dict[str, str]]:
-    """Findings and failures of ``detectors`` over ``cols`` (one attempt, steps
-    ascending), in detector order; ``progress(n)`` is told as each detector ends."""
-    found: list[Finding] = []
-    failed: dict[str, str] = {}
+    warm: int = 0,
+) -> Outcome:
+    """``detectors`` over ``cols`` (one attempt, steps ascending), in detector order.
+    The first ``warm`` rows are context only (the history a resumed attempt starts
+    from): the detectors see them, their findings are dropped. ``progress(n)`` is told
+    as each detector ends."""
+    out = Outcome()
+    first = int(cols.steps[warm]) if 0 < warm < len(cols) else None
     for det in detectors:
         twin = twin_for(det, proven_only=proven_only)
         done = False
         if twin is not None:
             try:
-                found.extend(twin.run(det, cols))
+                found = twin.run(det, cols)
+                lines = twin.unevaluated(det, cols) if twin.unevaluated is not None else []
                 done = True
             except Exception:  # a twin that cannot follow: the streaming detector can
                 done = False
         if not done:
-            more, bad = run_streaming(det, cols)
-            found.extend(more)
-            failed.update(bad)
+            found, bad, lines = run_streaming(det, cols)
+            out.failed.update(bad)
+        if warm >= len(cols):
+            found = []
+        elif first is not None:
+            found = [f for f in found if f.step is None or f.step >= first]
+        out.found.extend(found)
+        out.unevaluated.extend(lines)
         if progress is not None:
             progress(1)
-    return found, failed
+    return out
 
 
 #: Below this many records the streaming detectors are as fast and need no columns.
@@ -105,7 +134,7 @@ def run_log(
     *,
     progress: Callable[[int], None] | None = None,
     min_records: int = MIN_RECORDS,
-) -> tuple[list[Finding], dict[str, str]] | None:
+) -> Outcome | None:
     """The detectors over ``log`` through its columns, or ``None`` when the streaming
     run is the one to use: a short log, steps that do not ascend, a field holding
     something other than numbers."""

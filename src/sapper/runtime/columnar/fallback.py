@@ -145,12 +145,13 @@ def run_streaming(
     cols: Columns,
     rows: np.ndarray | None = None,
     fields: tuple[str, ...] | None = None,
-) -> tuple[list[Finding], dict[str, str]]:
-    """Feed ``det`` its rows as records and finish it: its findings and, if it raised,
-    its failure (as :class:`DetectorSet` reports it)."""
+) -> tuple[list[Finding], dict[str, str], list[str]]:
+    """Feed ``det`` its rows as records and finish it: its findings, its failure if it
+    raised (as :class:`DetectorSet` reports it) and what it could not evaluate."""
     if rows is None or fields is None:
         rows, fields = rows_for(det, cols)
     dset = DetectorSet([det])
     partial = cols.partial
     found = dset.run(partial(int(i), fields) for i in rows)
-    return found, dict(dset.failed)
+    unevaluated = dset.unevaluated()
+    return found, dict(dset.failed), unevaluated
