@@ -148,3 +148,22 @@ def test_plan_file_option(examples: Path, tmp_path: Path) -> None:
     assert res.exit_code == 1, res.output
     bad = invoke(examples / "hf-llama-sft", "--plan", tmp_path / "nope.yaml")
     assert bad.exit_code == 2
+
+
+FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+
+def test_a_quiet_short_excerpt_says_what_could_not_run() -> None:
+    """A real Megatron fp16 excerpt (13 records): no finding, but never a bare
+    "no findings" — the rules that lacked history or fields are listed, text and JSON."""
+    path = FIXTURE_LOGS / "megatron-345m-fp16-5000it.log"
+    text = invoke(path)
+    assert text.exit_code == 0, text.output
+    assert "no findings from the rules that could run" in text.output
+    assert "not evaluated" in text.output and "R012" in text.output
+    payload = json.loads(invoke(path, "-f", "json").stdout)
+    assert payload["findings"] == []
+    lines = payload["not_evaluated"][str(path)]
+    assert any(line.startswith("R032-R033") and "megatron" in line for line in lines)
+    (log,) = payload["summary"]["logs"]
+    assert log["not_evaluated"] == lines

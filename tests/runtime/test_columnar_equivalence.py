@@ -19,7 +19,7 @@ from sapper.logs import read_log
 from sapper.logs.columnar import columns_from_records, read_columnar, runlog
 from sapper.logs.detect import detect_format
 from sapper.runtime.columnar.engine import TWINS, run_columns, twin_for
-from sapper.runtime.detector import DetectorSet
+from sapper.runtime.detector import FRAMEWORKS, DetectorSet
 from sapper.runtime.detectors import default_detectors
 from sapper.runtime.records import StepRecord
 from sapper.runtime.runlog import RunLogWriter
@@ -96,6 +96,7 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
     present["samples_per_s"] = rng.choice([0.0, 0.5])
     present["loss_scale"] = rng.choice([0.0, 1.0])
     bad = rng.choice([0.0, 0.01, 0.1])  # share of non-finite values
+    layers = rng.choice([0.0, 0.02, 0.5])  # share of records with per-layer norms
     records = []
     for i in range(n):
         rec = StepRecord(step=int(steps[i]))
@@ -111,8 +112,12 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
                 setattr(rec, name, value)
         if rng.random() < 0.05:
             rec.skipped = bool(rng.random() < 0.5)
-        if rng.random() < 0.02:
-            rec.extra["grad_norm_layers"] = {"a": float(rng.random()), "b": 2.0}
+        if rng.random() < layers:
+            rec.extra["grad_norm_layers"] = {
+                "a": float(rng.random() * rng.choice([1.0, 1.0, 1.0, 1000.0])),
+                "b": 2.0,
+                "c": float(rng.random()),
+            }
         if rng.random() < 0.05:
             rec.extra["grad_accum"] = 4
             rec.extra["loss_weight"] = float(rng.choice([0.25, 1.0]))
@@ -139,6 +144,8 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "osc_window": draw(st.integers(2, 40)),
             "osc_flips": draw(st.sampled_from([0.0, 0.5, 0.7])),
             "osc_amplitude": draw(st.sampled_from([0.0, 0.05, 0.25])),
+            "cold_ratio": draw(st.sampled_from([1.2, 1.5, 3.0])),
+            "cold_min_jump": draw(st.sampled_from([0.0, 0.5])),
         },
         "gradnorm": {
             "clip_threshold": draw(st.sampled_from([None, 0.0, 0.5, 1.0])),
@@ -152,6 +159,10 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "surge_min_history": draw(st.integers(1, 15)),
             "surge_k": draw(st.sampled_from([0.5, 6.0])),
             "surge_ratio": draw(st.sampled_from([1.0, 1.5, 3.0])),
+            "cold_ratio": draw(st.sampled_from([3.0, 100.0])),
+            "layer_window": draw(st.integers(1, 30)),
+            "layer_min_history": draw(st.integers(0, 8)),
+            "layer_ratio": draw(st.sampled_from([1.5, 10.0])),
         },
         "memory": {
             "limit_gib": draw(st.sampled_from([None, 0.0, 30.0, 80.0])),
@@ -180,6 +191,11 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "outlier_k": draw(st.sampled_from([1.0, 10.0])),
             "outlier_ratio": draw(st.sampled_from([1.0, 3.0])),
             "outlier_cooldown": draw(st.sampled_from([0, 50])),
+            "smooth": draw(st.integers(1, 12)),
+            "sustain_records": draw(st.integers(1, 60)),
+            "sustain_s": draw(st.sampled_from([0.0, 1.0, 600.0])),
+            "sustain_share": draw(st.sampled_from([0.0, 0.25])),
+            "onset_records": draw(st.integers(1, 5)),
         },
     }
 
@@ -191,12 +207,16 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
     opts=options(),
     keep_source=st.booleans(),
     warm=st.sampled_from([0, 0, 1, 30, 200]),
+    framework=st.sampled_from(FRAMEWORKS),
 )
 def test_random_streams(
-    seed: int, n: int, opts: dict[str, Any], keep_source: bool, warm: int
+    seed: int, n: int, opts: dict[str, Any], keep_source: bool, warm: int, framework: str
 ) -> None:
     records = _stream(seed, n)
-    _same(default_detectors(**opts), records, keep_source=keep_source, warm=min(warm, n))
+    detectors = default_detectors(**opts)
+    for det in detectors:  # as sapper analyze tells them the log's framework
+        det.set_framework(framework)
+    _same(detectors, records, keep_source=keep_source, warm=min(warm, n))
 
 
 def test_every_twin_accepts_the_default_detectors() -> None:

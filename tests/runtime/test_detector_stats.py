@@ -182,7 +182,7 @@ class NaiveThroughput(ThroughputDetector):
         super().__init__(**kw)
         self.times = NaiveRolling(self.times.values.maxlen)
         self.rates = NaiveWindow(maxlen=self.rates.values.maxlen)
-        self.late = NaiveWindow(maxlen=self.degrade_window)
+        self.recent_rates = NaiveWindow(maxlen=self.smooth)
 
     def _outlier(self, record: StepRecord) -> list:
         t = record.step_time_s
@@ -198,13 +198,10 @@ class NaiveThroughput(ThroughputDetector):
         self.last_outlier = record.step
         return self.fire(self.rules[3], record.step, f"outlier {med} {sigma}", value=t)
 
-    def _degrading(self, step: int, unit: str) -> list:
-        if self.rate_count < 3 * self.degrade_window:
-            return []
-        ref, now = statistics.median(self.early), statistics.median(self.late)
-        if now >= self.degrade * ref:
-            return []
-        return self.fire(self.rules[1], step, f"degrading {ref} {now}", value=now)
+    def _slow_now(self) -> tuple[bool, float, float]:
+        ref, now = statistics.median(self.early), statistics.median(self.recent_rates)
+        bar = self.degrade if not self.slow_episode.ongoing else 0.5 * (1.0 + self.degrade)
+        return now < bar * ref, ref, now
 
 
 class NaiveMemory(MemoryDetector):

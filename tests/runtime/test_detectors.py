@@ -203,6 +203,12 @@ def _per_micro(r: StepRecord) -> None:
     r.extra["scheduler_steps"] = 4
 
 
+def _cosine_past_end(r: StepRecord) -> None:
+    # warmup to step 20, cosine to 0 at step 120, then on past its total: back up
+    s = r.step
+    r.lr = 1e-3 * (s / 20 if s < 20 else 0.5 * (1 + math.cos(math.pi * (s - 20) / 100)))
+
+
 CASES: dict[str, tuple[Callable[[StepRecord], None], int]] = {
     "R001": (_nan, 150),
     "R002": (_spike, 0),
@@ -220,6 +226,7 @@ CASES: dict[str, tuple[Callable[[StepRecord], None], int]] = {
     "R032": (_scaled_flag, 0),
     "R033": (_clip_flag, 0),
     "R042": (_per_micro, 0),
+    "R044": (_cosine_past_end, 0),
     "R050": (_near, 0),
     "R051": (_leak, 0),
     "R061": (_degrade, 100),
@@ -258,8 +265,19 @@ def test_duplicate_batch_fires_and_epochs_do_not() -> None:
 
 
 def test_scaled_gradients_from_a_log_alone() -> None:
-    assert "R032" in _run(_with(_healthy(), _scaled))
-    assert "R032" not in _run(_healthy())
+    # A GradScaler run (torch-amp): a norm of the order of the scale is the signature.
+    assert "R032" in _run(_with(_healthy(), _scaled), framework="torch-amp")
+    assert "R032" not in _run(_healthy(), framework="torch-amp")
+    # Framework unknown: a falling loss means the updates work (Adam normalises a scale
+    # away), so the ratio alone is not evidence; a loss that does not fall is.
+    assert "R032" not in _run(_with(_healthy(), _scaled))
+    stuck = _with(_healthy(), _scaled)
+    for r in stuck:
+        r.loss = 5.0 + 0.01 * (r.step % 7)
+    assert "R032" in _run(stuck)
+    # Frameworks that unscale themselves never get it from the ratio.
+    for fw in ("megatron", "deepspeed", "hf-trainer", "lightning"):
+        assert "R032" not in _run(stuck, framework=fw)
 
 
 def test_lr_schedule_checks_against_the_plan() -> None:
@@ -311,8 +329,12 @@ def test_every_runtime_rule_has_docs_and_a_case() -> None:
     assert len(runtime) >= 30
     for rule in runtime:
         assert rule.why and rule.signs and rule.fix
-    # R110/R111 (eval loss) are tested in tests/logs/test_eval_detector.py.
-    tested = set(CASES) | {"R040", "R041", "R060", "R070", "R071", "R110", "R111"}
+        # every R rule states the framework whose mechanics it assumes (sapper explain)
+        assert "Frameworks:" in rule.why, rule.code
+    # R110/R111 (eval loss) are tested in tests/logs/test_eval_detector.py, R043/R045 (LR
+    # schedule shape) in test_detector_lr.py.
+    tested = set(CASES) | {"R040", "R041", "R043", "R045", "R060", "R070", "R071", "R110"}
+    tested |= {"R111"}
     assert {r.code for r in runtime} - tested <= {"R102", "R190"}
 
 

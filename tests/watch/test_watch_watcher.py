@@ -226,3 +226,32 @@ def test_findings_file_that_cannot_be_opened_is_an_input_error(tmp_path):
     sink = FindingsFile(blocker / "sub" / "findings.jsonl")
     with pytest.raises(InputError, match="--findings-out"):
         sink.start(Watcher(open_follower(tmp_path / "x.log")))
+
+
+def test_detectors_are_told_the_framework_the_log_shows(tmp_path):
+    """A Megatron fp16 log whose unscaled norm (200) is a fifth of a loss scale of 1024,
+    with a flat loss: read as an unknown framework that is R032's signature; as the
+    Megatron log it is, GradScaler rules do not apply."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+    line = (fixture / "megatron-345m-fp16-2000it.log").read_text().splitlines()[0]
+    lines = []
+    for i in range(40):
+        it = 3000 + 10 * i
+        text = line.replace("     100/", f"{it:8d}/").replace("3.700", "200.0")
+        lines.append(text.replace("9.654853E+00", "3.000000E+00").replace("262144.0", "1024.0"))
+    log = tmp_path / "train.log"
+    _write(log, lines)
+    seen = []
+
+    def factory(plan):
+        seen.extend(watch_detectors(plan))
+        return seen
+
+    watcher = Watcher(open_follower(log), detectors=factory, idle_timeout=0)
+    watcher.tick()
+    result = watcher.close()
+    assert result.records == 40
+    assert {d.framework for d in seen} == {"megatron"}
+    assert "R032" not in {f.code for f in result.findings}

@@ -136,14 +136,31 @@ def plan_for(inputs: PlanInputs, logs: list[LogData]) -> Plan | None:
     return None
 
 
-def detectors_for(plan: Plan | None) -> list[Detector]:
-    """The monitor's default detectors for this plan, plus the eval-loss detector."""
+def detectors_for(plan: Plan | None, framework: str | None = None) -> list[Detector]:
+    """The monitor's default detectors for this plan, plus the eval-loss detector; told
+    the training framework when it is known (see :mod:`sapper.logs.framework`)."""
     from sapper.runtime.detectors import default_detectors
     from sapper.runtime.detectors.eval import EvalLossDetector
 
-    detectors = list(default_detectors(plan=plan))
+    detectors = list(default_detectors(plan=plan, framework=framework))
     if not any(isinstance(d, EvalLossDetector) for d in detectors):
         detectors.append(EvalLossDetector())
+        if framework is not None:
+            detectors[-1].set_framework(framework)
+    return detectors
+
+
+def _for_log(
+    factory: Callable[[Plan | None], list[Detector]], plan: Plan | None, log: LogData
+) -> list[Detector]:
+    """Fresh detectors from ``factory``, told the framework that wrote ``log`` (its format
+    or a run log's meta), so framework-specific rules apply only where they belong."""
+    from sapper.logs.framework import framework_of
+
+    detectors = factory(plan)
+    framework = framework_of(log)
+    for det in detectors:
+        det.set_framework(framework)
     return detectors
 
 
@@ -233,7 +250,9 @@ def analyze_logs(
     from sapper.logs.analysis import analyze_log
 
     return [
-        analyze_log(log, detector_factory(plan), select, ignore, progress=progress)
+        analyze_log(
+            log, _for_log(detector_factory, plan, log), select, ignore, progress=progress
+        )
         for log in logs
     ]
 
@@ -321,8 +340,15 @@ def render_analyses(analyses: list[Analysis]) -> Group:
             parts.append(Text.from_markup(f"  [yellow]note:[/] {escape(note)}"))
         if a.findings:
             parts.append(render_findings(a.findings))
+        elif a.unevaluated:
+            # Silence is not a pass when rules could not look: say which could not.
+            parts.append(Text("  no findings from the rules that could run", style="green"))
         else:
             parts.append(Text("  no findings", style="green"))
+        if a.unevaluated:
+            parts.append(Text(f"  not evaluated ({len(a.unevaluated)}):", style="yellow"))
+            for line in _compact_unevaluated(a.unevaluated):
+                parts.append(Text(f"    {line}", style="dim"))
         parts.append(Text(""))
     errors, warnings = _count(analyses, Severity.ERROR), _count(analyses, Severity.WARNING)
     infos = _count(analyses, Severity.INFO)
@@ -331,11 +357,28 @@ def render_analyses(analyses: list[Analysis]) -> Group:
     return Group(*parts)
 
 
+def _compact_unevaluated(lines: list[str]) -> list[str]:
+    """The terminal's list: rules that only the live monitor's hooks can feed share one
+    line (JSON keeps every line)."""
+    live = [line.split(" ", 1)[0] for line in lines if "needs the live monitor" in line]
+    rest = [line for line in lines if "needs the live monitor" not in line]
+    if len(live) > 1:
+        rest.append(
+            f"{', '.join(live)}: not evaluated — they need the live monitor's hooks "
+            "(sapper.Monitor in the training loop)"
+        )
+    else:
+        rest = list(lines)
+    return rest
+
+
 def analyses_json(analyses: list[Analysis], failed: list[InputError]) -> dict[str, Any]:
     from sapper.rules.model import Severity
 
     return {
         "findings": [f.to_json() for a in analyses for f in a.findings],
+        # What could not be evaluated, per log: no findings is not a pass for these.
+        "not_evaluated": {a.log.path: a.unevaluated for a in analyses},
         "summary": {
             "errors": _count(analyses, Severity.ERROR),
             "warnings": _count(analyses, Severity.WARNING),

@@ -18,7 +18,7 @@ from typing import Any
 from sapper.logs.base import LogData
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
-from sapper.runtime.detector import Detector, DetectorSet
+from sapper.runtime.detector import Detector, DetectorSet, unevaluated_codes
 
 __all__ = ["Analysis", "analyze_log", "log_interval"]
 
@@ -38,6 +38,8 @@ class Analysis:
     gaps: list[tuple[int, int]] = field(default_factory=list)
     #: Detectors that raised (a bug in sapper), with the error; the others still ran.
     failed: dict[str, str] = field(default_factory=dict)
+    #: Rules the detectors could not evaluate on this log, naming the missing input.
+    unevaluated: list[str] = field(default_factory=list)
 
     @property
     def notes(self) -> list[str]:
@@ -63,6 +65,7 @@ class Analysis:
             "interval": self.interval,
             "gaps": [list(g) for g in self.gaps],
             "notes": self.notes,
+            "not_evaluated": self.unevaluated,
         }
 
 
@@ -78,6 +81,17 @@ def log_interval(steps: Sequence[int]) -> tuple[int | None, list[tuple[int, int]
     idx = np.nonzero(diffs > limit)[0]
     gaps = [(int(steps[i]), int(steps[i + 1])) for i in idx]
     return interval, gaps
+
+
+def _asked(lines: list[str], select: Iterable[str], ignore: Iterable[str]) -> list[str]:
+    """The "not evaluated" lines of the rules ``--select``/``--ignore`` keep (a line that
+    names no code is kept)."""
+    select, ignore = list(select), list(ignore)
+    return [
+        u
+        for u in lines
+        if not unevaluated_codes(u) or select_rules(unevaluated_codes(u), select, ignore)
+    ]
 
 
 def _key(f: Finding) -> tuple[str, int | None, int | None]:
@@ -102,9 +116,10 @@ def analyze_log(
     dset = DetectorSet(detectors)
     fast = run_log(log, dset.detectors, progress=progress)
     if fast is not None:
-        found, failed = fast.found, fast.failed
+        found, failed, lines = fast.found, fast.failed, fast.unevaluated
     else:
-        found, failed = dset.run(log.records), dict(dset.failed)
+        found = dset.run(log.records)
+        failed, lines = dict(dset.failed), dset.unevaluated()
     merged: dict[tuple[str, int | None, int | None], Finding] = {}
     for f in [*log.findings, *found]:
         merged.setdefault(_key(f), f)
@@ -119,4 +134,5 @@ def analyze_log(
     columns = getattr(log, "columns", None)
     steps = columns.steps if columns is not None else [r.step for r in log.records]
     interval, gaps = log_interval(steps)
-    return Analysis(log, findings, interval, gaps, failed)
+    unevaluated = _asked(lines, select, ignore)
+    return Analysis(log, findings, interval, gaps, failed, unevaluated)

@@ -40,6 +40,7 @@ class SapperCallback(TrainerCallback):
         if self.monitor is not None or model is None:
             return
         options = dict(self.options)
+        options.setdefault("framework", "hf-trainer")
         options.setdefault("start_step", state.global_step)
         if getattr(args, "world_size", 1) > 1:
             options.setdefault("rank", args.process_index)

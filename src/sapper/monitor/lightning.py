@@ -52,6 +52,7 @@ class SapperCallback(Callback):
         configs = list(getattr(trainer, "lr_scheduler_configs", []) or [])
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         options = dict(self.options)
+        options.setdefault("framework", "lightning")
         options.setdefault("start_step", trainer.global_step)
         if getattr(trainer, "world_size", 1) > 1:
             options.setdefault("rank", trainer.global_rank)

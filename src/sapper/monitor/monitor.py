@@ -75,6 +75,10 @@ class Monitor:
             :class:`SapperHalt` from :meth:`step`.
         detectors: detectors to run instead of :func:`default_detectors`.
         detector_options: per-detector options for :func:`default_detectors`.
+        framework: the training framework driving the loop (``hf-trainer``,
+            ``lightning`` ...; see :data:`sapper.runtime.detector.FRAMEWORKS`); by default
+            ``torch-amp`` when a GradScaler is passed, else ``torch``. Framework-specific
+            rules (R032/R033) apply only where they belong; the run log records it.
         hash_samples: fingerprint every sample to find duplicated data.
         flops_per_token: training FLOPs per token for MFU (default: 6·N + attention).
         peak_flops: the device's peak FLOP/s for MFU (default: sapper's GPU table).
@@ -105,6 +109,7 @@ class Monitor:
         halt_on: Iterable[str | Severity] = (),
         detectors: Iterable[Detector] | None = None,
         detector_options: dict[str, dict[str, Any]] | None = None,
+        framework: str | None = None,
         hash_samples: bool = True,
         flops_per_token: float | None = None,
         peak_flops: float | None = None,
@@ -145,10 +150,11 @@ class Monitor:
         self._failed_reported: set[str] = set()
         self.next_step = start_step
         self.collector = StepCollector()
+        self.framework = framework or ("torch-amp" if scaler is not None else "torch")
         self.detectors = DetectorSet(
             list(detectors)
             if detectors is not None
-            else default_detectors(plan, **(detector_options or {}))
+            else default_detectors(plan, framework=self.framework, **(detector_options or {}))
         )
         self._disabled: set[str] = set()
         self.sinks: list[Sink] = []
@@ -626,6 +632,7 @@ class Monitor:
             "log_every": log_every,
             "sample_every": sample_every,
             "rank": self.rank,
+            "framework": self.framework,
             "plan": self.plan.model_dump(mode="json") if self.plan is not None else None,
         }
 

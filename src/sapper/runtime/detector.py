@@ -9,13 +9,49 @@ carry the step and the numbers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from sapper.rules.model import Finding, Rule
 from sapper.runtime.records import StepRecord
 
-__all__ = ["Detector", "DetectorSet"]
+__all__ = ["FRAMEWORKS", "Detector", "DetectorSet", "unevaluated_codes"]
+
+#: The training frameworks a log or a live run can show. Some rules read a framework's
+#: mechanics (GradScaler's order of scale/unscale_/step is torch-amp's; Megatron and
+#: DeepSpeed unscale internally and log unscaled norms); a detector told the framework
+#: applies those rules only where they belong. ``torch`` is a plain PyTorch loop without
+#: a GradScaler; ``unknown`` means the log does not say.
+FRAMEWORKS: tuple[str, ...] = (
+    "torch",
+    "torch-amp",
+    "megatron",
+    "deepspeed",
+    "hf-trainer",
+    "lightning",
+    "unknown",
+)
+
+
+_CODES = re.compile(r"^([A-Z]\d{3}(?:-[A-Z]\d{3})?(?:, [A-Z]\d{3}(?:-[A-Z]\d{3})?)*)[ :]")
+
+
+def unevaluated_codes(line: str) -> list[str]:
+    """The rule codes an :meth:`Detector.unevaluated` line starts with ("R030-R031 ...",
+    "R040-R042, R045 ...", "R020, R022: ..."), ranges expanded; [] when it names none."""
+    found = _CODES.match(line)
+    if not found:
+        return []
+    codes: list[str] = []
+    for part in found.group(1).split(", "):
+        first, _, last = part.partition("-")
+        if not last:
+            codes.append(first)
+            continue
+        lo, hi = int(first[1:]), int(last[1:])
+        codes += [f"{first[0]}{n:03d}" for n in range(lo, hi + 1)]
+    return codes
 
 
 class Detector:
@@ -23,6 +59,22 @@ class Detector:
 
     #: The rules this detector can fire (registered by the module that defines them).
     rules: ClassVar[tuple[Rule, ...]] = ()
+    #: The framework that produced the stream (one of :data:`FRAMEWORKS`); set by
+    #: :meth:`set_framework` from the log's format or what the live monitor sees.
+    framework: str = "unknown"
+
+    def set_framework(self, framework: str) -> None:
+        """Tell the detector which framework's mechanics the stream follows."""
+        if framework not in FRAMEWORKS:
+            from sapper.errors import InputError
+
+            raise InputError(
+                "unknown training framework",
+                field="framework",
+                value=framework,
+                expected=", ".join(FRAMEWORKS),
+            )
+        self.framework = framework
 
     def update(self, record: StepRecord) -> list[Finding]:
         """Consume one record; return the findings it triggers (usually none)."""

@@ -255,7 +255,7 @@ class Watcher:
         if not records:
             return
         if self.detector_set is None:
-            self.detector_set = DetectorSet(self.make_detectors(self._plan()))
+            self.detector_set = DetectorSet(self._detectors(records))
         for sink in self.sinks:
             sink.records(records)
         update = self.detector_set.update
@@ -267,6 +267,17 @@ class Watcher:
             self.first_step = records[0].step
         top = max(r.step for r in records)
         self.last_step = top if self.last_step is None else max(self.last_step, top)
+
+    def _detectors(self, records: list[StepRecord]) -> list[Detector]:
+        """Fresh detectors for the plan, told the framework the log shows so far (meta,
+        format, first records), as ``sapper analyze`` does."""
+        from sapper.logs.framework import framework_from
+
+        detectors = self.make_detectors(self._plan())
+        framework = framework_from(self.follower.meta, self.follower.format, records)
+        for det in detectors:
+            det.set_framework(framework)
+        return detectors
 
     def _plan(self) -> Plan | None:
         if self.plan is not None:

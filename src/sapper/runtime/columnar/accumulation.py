@@ -17,7 +17,7 @@ import numpy as np
 from sapper.logs.base import new_record
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding
+from sapper.runtime.columnar.base import Twin, finding, state_is
 from sapper.runtime.detector import DetectorSet
 from sapper.runtime.detectors.accumulation import BATCH_CHANGED_LR_KEPT, AccumulationDetector
 from sapper.runtime.detectors.base import fmt
@@ -36,12 +36,14 @@ _STATE = {
     "base_batch",
     "base_lr",
     "changed",
+    "weights_seen",
+    "batch_seen",
 }
 _BLOCK = 4096
 
 
 def _accepts(det: AccumulationDetector) -> bool:
-    return set(vars(det)) == _STATE and not det.fired and det.base_batch is None
+    return state_is(det, _STATE) and not det.fired and det.base_batch is None
 
 
 def run(det: AccumulationDetector, cols: Columns) -> list[Finding]:
@@ -125,9 +127,23 @@ def _batch(det: AccumulationDetector, cols: Columns) -> list[Finding]:
     return out
 
 
+def unevaluated(det: AccumulationDetector, cols: Columns, found: list[Finding]) -> list[str]:
+    """The streaming detector's own lines, from what it saw: per-micro-batch weights or
+    token counts (extras), a batch size."""
+    scratch = copy.deepcopy(det)
+    rows = sorted(cols.full)  # the rows with extras
+    scratch.weights_seen = any(
+        "loss_weight" in cols.record(i).extra or "micro_tokens" in cols.record(i).extra
+        for i in rows
+    )
+    scratch.batch_seen = bool((cols.has("samples") | cols.has("tokens")).any())
+    return scratch.unevaluated()
+
+
 TWIN = Twin(
     cls=AccumulationDetector,
     run=run,
     accepts=_accepts,
+    unevaluated=unevaluated,
     modules=("sapper.runtime.detectors.accumulation", "sapper.runtime.detectors.base"),
 )

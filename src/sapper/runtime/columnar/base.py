@@ -35,7 +35,7 @@ class Twin:
     modules: tuple[str, ...]
     #: ``Detector.unevaluated`` after the same stream; ``None`` for a detector that
     #: reports nothing there (a twin without it stands in for no detector that does).
-    unevaluated: Callable[[Any, Columns], list[str]] | None = None
+    unevaluated: Callable[[Any, Columns, list[Finding]], list[str]] | None = None
 
 
 def fingerprint(modules: tuple[str, ...]) -> str:
@@ -58,3 +58,10 @@ def finding(
 ) -> Finding:
     """``rule.finding`` as :meth:`RuleDetector.fire` calls it."""
     return rule.finding(message, step=step, severity=severity, fix=None, **details)
+
+
+def state_is(det: Detector, names: set[str]) -> bool:
+    """Whether ``det`` holds exactly the attributes a twin knows (plus the framework it
+    was told, which none of the twinned detectors reads): a detector that gained state
+    since is not the one the twin was proven on."""
+    return set(vars(det)) - {"framework"} == names

@@ -69,10 +69,7 @@ def _scaler_rows(det: Detector, cols: Columns) -> np.ndarray:
 
 
 def _lr_rows(det: Detector, cols: Columns) -> np.ndarray:
-    # Without a declared schedule the LR itself is never compared: only the live
-    # monitor's scheduler-call counts (extras) matter.
-    if getattr(det, "schedule", None) is None or getattr(det, "peak_lr", None) is None:
-        return _extras(cols)
+    # A record without an LR only brings the live monitor's scheduler-call counts (extras).
     return _any(cols, ("lr",))
 
 

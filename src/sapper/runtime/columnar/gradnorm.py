@@ -10,13 +10,16 @@ function the streaming detector calls, so the numbers agree to the bit.
 
 from __future__ import annotations
 
+import copy
 import math
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding
+from sapper.runtime.columnar.base import Twin, finding, state_is
 from sapper.runtime.columnar.rolling import (
     RobustSnapshots,
     cooldown_pick,
@@ -32,6 +35,7 @@ from sapper.runtime.detectors.gradnorm import (
     GradNormDetector,
     _largest_layer,
 )
+from sapper.runtime.detectors.stats import median
 
 __all__ = ["TWIN"]
 
@@ -54,19 +58,28 @@ _STATE = {
     "clipped_count",
     "tiny_count",
     "first_step",
+    "cold_ratio",
+    "layer_window",
+    "layer_min_history",
+    "layer_ratio",
+    "layer_logs",
+    "count",
+    "prev_gn",
+    "saturation_seen",
 }
 
 
 def _accepts(det: GradNormDetector) -> bool:
     return (
-        set(vars(det)) == _STATE
+        state_is(det, _STATE)
         and not det.fired
         and det.first_step is None
         and not det.norms
         and det.saturate_window >= 1
         and det.tiny_window >= 1
         and det.surge_window >= 1
-        and det.surge_min_history >= 1
+        and det.surge_window >= det.surge_min_history >= 1
+        and not det.layer_logs
         and det.surge_ratio > 0
         and det.log_norms.refresh >= 1
     )
@@ -78,21 +91,46 @@ def _cooldown(det: GradNormDetector, code: str) -> int | None:
 
 def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
     rows = np.flatnonzero(cols.has("grad_norm"))
-    if not len(rows):
-        return []
     gn = cols.get("grad_norm")[rows]
     steps = cols.steps[rows]
-    first_step = int(steps[0])
     fin = np.isfinite(gn)
-    skipped = cols.has("skipped")[rows] & (np.nan_to_num(cols.get("skipped")[rows]) != 0)
-    out = _nonfinite(det, gn, steps, ~fin & ~skipped)
-    f_rows = rows[fin]
-    g, s = gn[fin], steps[fin]
-    if len(g):
-        out += _saturation(det, cols, f_rows, g, s, first_step)
-        out += _surge(det, cols, f_rows, g, s)
-        out += _tiny(det, g, s)
+    out: list[Finding] = []
+    surges = _layer_surges(det, cols)
+    if len(rows):
+        skipped = cols.has("skipped")[rows] & (np.nan_to_num(cols.get("skipped")[rows]) != 0)
+        out += _nonfinite(det, gn, steps, ~fin & ~skipped)
+        f_rows = rows[fin]
+        g, s = gn[fin], steps[fin]
+        if len(g):
+            out += _saturation(det, cols, f_rows, g, s, int(steps[0]))
+            surges = _surge(det, cols, f_rows, g, s) + surges
+            out += _tiny(det, g, s)
+    # One rule, one cooldown over the global (cold-start and rolling) and per-layer surges;
+    # at one step the global test comes first, as in the streaming update.
+    surges.sort(key=lambda c: (c[0], c[1]))
+    at = np.fromiter((c[0] for c in surges), dtype=np.int64, count=len(surges))
+    out += [surges[j][2]() for j in cooldown_pick(at, _cooldown(det, GRAD_SURGE.code))]
     return out
+
+
+def _layer_surges(det: GradNormDetector, cols: Columns) -> list[tuple[int, int, Any]]:
+    """The per-layer surge test on the rows with extras (it reads only
+    ``extra["grad_norm_layers"]``), run by a scratch detector that may always fire: its
+    findings are candidates for the shared cooldown."""
+    scratch = _scratch(det)
+    out: list[tuple[int, int, Any]] = []
+    has, gn = cols.has("grad_norm"), cols.get("grad_norm")
+    for row in sorted(cols.full):
+        if has[row] and not math.isfinite(gn[row]):
+            continue  # a non-finite norm returns before the layers are looked at
+        scratch.fired.clear()
+        for f in scratch._layer_surge(cols.record(row)):
+            out.append((int(cols.steps[row]), 1, partial(lambda f: f, f)))
+    return out
+
+
+def _scratch(det: GradNormDetector) -> GradNormDetector:
+    return copy.deepcopy(det)
 
 
 def _nonfinite(
@@ -109,14 +147,11 @@ def _nonfinite(
     return out
 
 
-def _saturation(
-    det: GradNormDetector,
-    cols: Columns,
-    rows: np.ndarray,
-    g: np.ndarray,
-    s: np.ndarray,
-    first_step: int,
-) -> list[Finding]:
+def _eligible(
+    det: GradNormDetector, cols: Columns, rows: np.ndarray, s: np.ndarray, first_step: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The finite-norm rows the saturation test counts (a threshold in force, past the
+    first steps) and the threshold per row."""
     own = cols.get("clip_threshold")[rows]
     own_set = cols.has("clip_threshold")[rows] & (own != 0)  # ``record.clip_threshold or``
     # ``record.clip_threshold or self.clip_threshold``, then ``not t or t <= 0`` skips:
@@ -127,7 +162,18 @@ def _saturation(
     thr = np.where(own_set, own, d_val)
     valid = np.where(own_set, ~(own <= 0), d_ok)
     valid &= ~(s - first_step < max(det.skip_first, det.warmup_steps))
-    idx = np.flatnonzero(valid)
+    return np.flatnonzero(valid), thr
+
+
+def _saturation(
+    det: GradNormDetector,
+    cols: Columns,
+    rows: np.ndarray,
+    g: np.ndarray,
+    s: np.ndarray,
+    first_step: int,
+) -> list[Finding]:
+    idx, thr = _eligible(det, cols, rows, s, first_step)
     if len(idx) < det.saturate_window:
         return []
     over = g[idx] > thr[idx]
@@ -158,10 +204,21 @@ def _saturation(
 
 def _surge(
     det: GradNormDetector, cols: Columns, rows: np.ndarray, g: np.ndarray, s: np.ndarray
-) -> list[Finding]:
+) -> list[tuple[int, int, Any]]:
+    """Global surges, the cold-start test on the first ``surge_min_history`` positive
+    norms and the rolling test after, as (step, 0, finding maker) candidates."""
     pos = np.flatnonzero(g > 0)
-    if len(pos) <= det.surge_min_history or det.surge_window < det.surge_min_history:
-        return []
+    out: list[tuple[int, int, Any]] = []
+    gl = g.tolist()
+    for p in range(1, min(len(pos), det.surge_min_history)):
+        j = int(pos[p])
+        value, prev = gl[j], gl[int(pos[p - 1])]
+        ref = max(prev, median([v for v in gl[max(0, j - det.tiny_window) : j] if v > 0]))
+        if value < det.cold_ratio * ref:
+            continue
+        out.append((int(s[j]), 0, partial(_cold_finding, det, cols, int(rows[j]), value, ref, p)))
+    if len(pos) <= det.surge_min_history:
+        return out
     logs = np.fromiter(map(math.log, g[pos].tolist()), dtype=np.float64, count=len(pos))
     snaps = RobustSnapshots(logs, det.surge_window, det.surge_min_history, det.log_norms.refresh)
     calls = snaps.calls
@@ -175,7 +232,7 @@ def _surge(
     med = snaps.level_at(calls)
     cand = np.flatnonzero(v > med + log_ratio)
     if not len(cand):
-        return []
+        return out
     c_calls, c_med = calls[cand], med[cand]
     sigma = snaps.sigma_at(c_calls, c_med)
     step_of = s[pos]
@@ -183,26 +240,44 @@ def _surge(
     ks = k * sigma
     margin = np.where(log_ratio > ks, log_ratio, ks)
     hit = np.flatnonzero(v[cand] > c_med + margin)
-    out = []
-    for j in cooldown_pick(step_of[c_calls[hit]], _cooldown(det, GRAD_SURGE.code)):
-        h = int(hit[j])
+
+    def make(h: int) -> Finding:
         i = int(c_calls[h])
         value, step = float(g[pos[i]]), int(step_of[i])
         base = math.exp(float(c_med[h]))
         layer = _largest_layer(cols.record(int(rows[pos[i]])))
         where = f"; largest in {layer}" if layer else ""
-        out.append(
-            finding(
-                GRAD_SURGE,
-                f"gradient norm {fmt(value)} at step {step} is {fmt(value / base)}× its rolling "
-                f"median {fmt(base)}{where}",
-                step,
-                value=value,
-                threshold=base * det.surge_ratio,
-                median=base,
-            )
+        return finding(
+            GRAD_SURGE,
+            f"gradient norm {fmt(value)} at step {step} is {fmt(value / base)}× its rolling "
+            f"median {fmt(base)}{where}",
+            step,
+            value=value,
+            threshold=base * det.surge_ratio,
+            median=base,
         )
+
+    out += [(int(step_of[c_calls[h]]), 0, partial(make, h)) for h in hit.tolist()]
     return out
+
+
+def _cold_finding(
+    det: GradNormDetector, cols: Columns, row: int, gn: float, ref: float, n: int
+) -> Finding:
+    step = int(cols.steps[row])
+    layer = _largest_layer(cols.record(row))
+    where = f"; largest in {layer}" if layer else ""
+    return finding(
+        GRAD_SURGE,
+        f"gradient norm {fmt(gn)} at step {step} is {fmt(gn / ref)}× the norm before it "
+        f"({fmt(ref)}); cold start: only {n} earlier logged step(s), "
+        f"the jump alone exceeds ×{fmt(det.cold_ratio)}{where}",
+        step,
+        value=gn,
+        threshold=ref * det.cold_ratio,
+        median=ref,
+        cold_start=True,
+    )
 
 
 def _tiny(det: GradNormDetector, g: np.ndarray, s: np.ndarray) -> list[Finding]:
@@ -232,10 +307,32 @@ def _tiny(det: GradNormDetector, g: np.ndarray, s: np.ndarray) -> list[Finding]:
     return out
 
 
+def unevaluated(det: GradNormDetector, cols: Columns, found: list[Finding]) -> list[str]:
+    """The streaming detector's own lines, from the counters they read."""
+    scratch = _scratch(det)
+    rows = np.flatnonzero(cols.has("grad_norm"))
+    gn = cols.get("grad_norm")[rows]
+    fin = np.isfinite(gn)
+    scratch.count = int(fin.sum())
+    if scratch.count:
+        f_rows = rows[fin]
+        scratch.saturation_seen = len(
+            _eligible(det, cols, f_rows, cols.steps[f_rows], int(cols.steps[rows[0]]))[0]
+        )
+    has, gn_all = cols.has("grad_norm"), cols.get("grad_norm")
+    for row in sorted(cols.full):  # the per-layer histories (R013's layer test)
+        if has[row] and not math.isfinite(gn_all[row]):
+            continue
+        scratch.fired.clear()
+        scratch._layer_surge(cols.record(row))
+    return scratch.unevaluated()
+
+
 TWIN = Twin(
     cls=GradNormDetector,
     run=run,
     accepts=_accepts,
+    unevaluated=unevaluated,
     modules=(
         "sapper.runtime.detectors.gradnorm",
         "sapper.runtime.detectors.stats",

@@ -10,13 +10,16 @@ the steps where the flips are frequent enough.
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding
+from sapper.runtime.columnar.base import Twin, finding, state_is
 from sapper.runtime.columnar.rolling import (
     RobustSnapshots,
     cooldown_pick,
@@ -58,17 +61,20 @@ _STATE = {
     "first",
     "first_step",
     "nonfinite_steps",
+    "cold_ratio",
+    "cold_min_jump",
+    "finite_count",
+    "last_step",
 }
 
 
 def _accepts(det: LossDetector) -> bool:
     return (
-        set(vars(det)) == _STATE
+        state_is(det, _STATE)
         and not det.fired
         and not det.recent
         and det.first_step is None
-        and det.window >= 1
-        and det.min_history >= 1
+        and det.window >= det.min_history >= 1
         and det.osc_window >= 2
         and det.reference.refresh >= 1
     )
@@ -114,7 +120,45 @@ def _nonfinite(
     return out
 
 
+def _cold(
+    det: LossDetector, x: np.ndarray, s: np.ndarray
+) -> list[tuple[int, Callable[[], Finding]]]:
+    """The cold-start spike test on the first ``min_history`` losses (the streaming
+    test itself: a handful of records), as (step, finding) candidates."""
+    out = []
+    xs = x[: det.min_history].tolist()
+    for i in range(1, len(xs)):
+        loss, prev = xs[i], xs[:i]
+        ref = max(prev[-1], median(prev))
+        if ref <= 0 or loss < det.cold_ratio * ref or loss - ref < det.cold_min_jump:
+            continue
+        step = int(s[i])
+        message = (
+            f"loss {fmt(loss)} at step {step} is {fmt(loss / ref)}× the loss before it "
+            f"({fmt(ref)}); cold start: only {i} earlier logged step(s), the jump alone "
+            f"exceeds ×{fmt(det.cold_ratio)}"
+        )
+        details = {
+            "value": loss,
+            "threshold": max(det.cold_ratio * ref, ref + det.cold_min_jump),
+            "median": ref,
+            "cold_start": True,
+        }
+        out.append((step, partial(finding, LOSS_SPIKE, message, step, **details)))
+    return out
+
+
 def _spikes(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Finding]:
+    """Cold-start and robust spikes: one rule, one cooldown over both."""
+    cands = _cold(det, x, s) + _robust(det, x, s)
+    steps = np.fromiter((c[0] for c in cands), dtype=np.int64, count=len(cands))
+    return [cands[j][1]() for j in cooldown_pick(steps, _cooldown(det, LOSS_SPIKE.code))]
+
+
+def _robust(
+    det: LossDetector, x: np.ndarray, s: np.ndarray
+) -> list[tuple[int, Callable[[], Finding]]]:
+    """The robust test from ``min_history`` losses on: (step, finding maker) per hit."""
     if det.window < det.min_history or len(x) <= det.min_history:
         return []
     snaps = RobustSnapshots(x, det.window, det.min_history, det.reference.refresh)
@@ -142,27 +186,25 @@ def _spikes(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Finding]:
     hit = np.flatnonzero(v[cand] > c_med + margin)
     if not len(hit):
         return []
-    out = []
-    for j in cooldown_pick(s[c_calls[hit]], _cooldown(det, LOSS_SPIKE.code)):
-        h = int(hit[j])
+
+    def make(h: int) -> Finding:
         i = int(c_calls[h])
         value, step = float(x[i]), int(s[i])
         m, sg, mg = float(c_med[h]), float(sigma[h]), float(margin[h])
         z = (value - m) / sg if sg > 0 else math.inf
         n = min(i, det.window)
-        out.append(
-            finding(
-                LOSS_SPIKE,
-                f"loss {fmt(value)} at step {step} is {fmt(z)}σ above the median {fmt(m)} "
-                f"of the last {n} logged steps (threshold {fmt(m + mg)})",
-                step,
-                value=value,
-                threshold=m + mg,
-                median=m,
-                robust_sigma=sg,
-            )
+        return finding(
+            LOSS_SPIKE,
+            f"loss {fmt(value)} at step {step} is {fmt(z)}σ above the median {fmt(m)} "
+            f"of the last {n} logged steps (threshold {fmt(m + mg)})",
+            step,
+            value=value,
+            threshold=m + mg,
+            median=m,
+            robust_sigma=sg,
         )
-    return out
+
+    return [(int(s[c_calls[h]]), partial(make, h)) for h in hit.tolist()]
 
 
 def _flat(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Finding]:
@@ -263,10 +305,24 @@ def _oscillation(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Findin
     return out
 
 
+def unevaluated(det: LossDetector, cols: Columns, found: list[Finding]) -> list[str]:
+    """The streaming detector's own lines, from the counters they read."""
+    loss = cols.get("loss")[cols.has("loss")]
+    fin = np.isfinite(loss)
+    steps = cols.steps[cols.has("loss")][fin]
+    scratch = copy.deepcopy(det)
+    scratch.finite_count = int(fin.sum())
+    scratch.nonfinite_steps = int((~fin).sum())
+    scratch.first_step = int(steps[0]) if len(steps) else None
+    scratch.last_step = int(steps[-1]) if len(steps) else None
+    return scratch.unevaluated()
+
+
 TWIN = Twin(
     cls=LossDetector,
     run=run,
     accepts=_accepts,
+    unevaluated=unevaluated,
     modules=(
         "sapper.runtime.detectors.loss",
         "sapper.runtime.detectors.stats",

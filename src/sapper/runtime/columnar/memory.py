@@ -9,11 +9,13 @@ that window (it too is said once, so the scan stops at the first finding).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding
+from sapper.runtime.columnar.base import Twin, finding, state_is
 from sapper.runtime.columnar.rolling import cooldown_pick, rolling_sum
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.memory import MEMORY_GROWTH, MEMORY_NEAR_LIMIT, MemoryDetector
@@ -34,13 +36,15 @@ _STATE = {
     "rises",
     "rise_count",
     "first_step",
+    "readings",
+    "limit_known",
 }
 _USED = ("memory_peak_gib", "memory_reserved_gib", "memory_allocated_gib", "rss_gib")
 
 
 def _accepts(det: MemoryDetector) -> bool:
     return (
-        set(vars(det)) == _STATE
+        state_is(det, _STATE)
         and not det.fired
         and det.first_step is None
         and not det.series
@@ -180,10 +184,32 @@ def _growth(
     return out
 
 
+def unevaluated(det: MemoryDetector, cols: Columns, found: list[Finding]) -> list[str]:
+    """The streaming detector's own lines, from the counters they read: the readings, a
+    limit seen, the trend window's length, whether R050 fired."""
+    scratch = copy.deepcopy(det)
+    if len(cols):
+        _, has_limit = _limits(det, cols)
+        value = np.where(
+            cols.has("memory_allocated_gib"), cols.get("memory_allocated_gib"), cols.get("rss_gib")
+        )
+        has = cols.has("memory_allocated_gib") | cols.has("rss_gib")
+        reading = has & np.isfinite(value)
+        scratch.readings = int(reading.sum())
+        scratch.limit_known = bool(has_limit.any())
+        kept = reading & ~(cols.steps - int(cols.steps[0]) < det.warmup_steps)
+        rows = np.flatnonzero(kept)[-(scratch.series.maxlen or 0) :]
+        scratch.series.extend(zip(cols.steps[rows].tolist(), value[rows].tolist(), strict=True))
+    for f in found:
+        scratch.fired[f.code] = f.step if f.step is not None else 0
+    return scratch.unevaluated()
+
+
 TWIN = Twin(
     cls=MemoryDetector,
     run=run,
     accepts=_accepts,
+    unevaluated=unevaluated,
     modules=(
         "sapper.runtime.detectors.memory",
         "sapper.runtime.detectors.stats",

@@ -11,11 +11,15 @@ round exactly as Python's ``sum`` over the deque does.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding
+from sapper.runtime.columnar.base import Twin, finding, state_is
 from sapper.runtime.columnar.rolling import (
     RobustSnapshots,
     cooldown_pick,
@@ -48,7 +52,6 @@ _STATE = {
     "first_step",
     "degrade_window",
     "early",
-    "late",
     "early_median",
     "rate_count",
     "early_unit",
@@ -56,13 +59,29 @@ _STATE = {
     "times",
     "waits",
     "last_outlier",
+    "smooth",
+    "sustain_records",
+    "sustain_s",
+    "recent_rates",
+    "sustain_share",
+    "low_episode",
+    "slow_episode",
+    "wait_episode",
+    "prev_step",
+    "seconds",
+    "records_seen",
+    "wait_sum",
+    "time_sum",
+    "timed_records",
+    "wait_records",
+    "rate_unit",
 }
 _UNITS = ("tokens/s", "samples/s", "steps/s")
 
 
 def _accepts(det: ThroughputDetector) -> bool:
     return (
-        set(vars(det)) == _STATE
+        state_is(det, _STATE)
         and not det.fired
         and det.first_step is None
         and det.rate_count == 0
@@ -79,13 +98,44 @@ def _cooldown(det: ThroughputDetector, code: str) -> int | None:
 
 
 def run(det: ThroughputDetector, cols: Columns) -> list[Finding]:
+    """Outliers vectorised; the episode rules (R060-R062) by the detector's own episode
+    code on a scratch copy, fed only the records where an episode can start or is
+    running; then the detector's own ``finish``."""
     if not len(cols):
         return []
-    live = np.flatnonzero(~(cols.steps - int(cols.steps[0]) < det.warmup_steps))
+    scratch, sub, seconds = _prepare(det, cols)
+    if sub is None:
+        return scratch.finish()
+    out = _outliers(det, sub)
+    out += _data_wait(scratch, sub, seconds)
+    out += _rates(scratch, sub, seconds)
+    return out + scratch.finish()
+
+
+def _prepare(
+    det: ThroughputDetector, cols: Columns
+) -> tuple[ThroughputDetector, Columns | None, list[float | None]]:
+    """A scratch copy holding the per-stream counters, the rows past the warmup and the
+    wall time each of them stands for (``_seconds``: the step time × the steps since the
+    record before, any record)."""
+    scratch = copy.deepcopy(det)
+    steps = cols.steps
+    scratch.first_step = int(steps[0])
+    scratch.prev_step = int(steps[-1])
+    live = np.flatnonzero(~(steps - int(steps[0]) < det.warmup_steps))
+    scratch.records_seen = len(live)
     if not len(live):
-        return []
+        return scratch, None, []
+    t = cols.get("step_time_s")
+    ok = cols.has("step_time_s") & np.isfinite(t) & (t > 0)
+    span = np.ones(len(steps))
+    span[1:] = np.maximum(1, steps[1:] - steps[:-1])
+    sec = t * span
+    seconds = [
+        float(v) if k else None for v, k in zip(sec[live].tolist(), ok[live].tolist(), strict=True)
+    ]
     sub = cols if len(live) == len(cols) else _rows(cols, live)
-    return _outliers(det, sub) + _data_wait(det, sub) + _rates(det, sub)
+    return scratch, sub, seconds
 
 
 def _rows(cols: Columns, rows: np.ndarray) -> Columns:
@@ -93,6 +143,7 @@ def _rows(cols: Columns, rows: np.ndarray) -> Columns:
         steps=cols.steps[rows],
         values={k: v[rows] for k, v in cols.values.items()},
         present={k: v[rows] for k, v in cols.present.items()},
+        full={j: cols.full[int(r)] for j, r in enumerate(rows.tolist()) if int(r) in cols.full},
     )
 
 
@@ -139,17 +190,12 @@ def _outliers(det: ThroughputDetector, cols: Columns) -> list[Finding]:
     return out
 
 
-def _window_sums(x: np.ndarray, ends: np.ndarray, window: int) -> np.ndarray:
-    """``sum(x[e - window + 1 : e + 1])`` per end, added left to right from 0 as the
-    built-in ``sum`` adds (a window cut by the start adds leading zeros, which is exact)."""
-    pad = np.concatenate([np.zeros(window - 1), x])
-    acc = np.zeros(len(ends))
-    for k in range(window):
-        acc = acc + pad[ends + k]
-    return acc
-
-
-def _data_wait(det: ThroughputDetector, cols: Columns) -> list[Finding]:
+def _data_wait(
+    scratch: ThroughputDetector, cols: Columns, seconds: list[float | None]
+) -> list[Finding]:
+    """R062 as the streaming detector runs it: its running sums are added and taken in
+    record order, so they are kept here the same way (a loop over the rows with both
+    times, usually none or few)."""
     d, t = cols.get("data_time_s"), cols.get("step_time_s")
     ok = (
         cols.has("data_time_s")
@@ -159,28 +205,40 @@ def _data_wait(det: ThroughputDetector, cols: Columns) -> list[Finding]:
         & np.isfinite(t)
     )
     rows = np.flatnonzero(ok)
-    w = det.waits.maxlen or 0
-    if len(rows) < det.min_records or w < det.min_records:
-        return []
-    dv, tv, s = d[rows], t[rows], cols.steps[rows]
-    ends = np.arange(det.min_records - 1, len(rows))
-    size = np.minimum(ends + 1, w)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = _window_sums(dv, ends, w) / _window_sums(tv, ends, w)
-    cand = np.flatnonzero(~(share < det.data_share))
-    out = []
-    for j in cooldown_pick(s[ends[cand]], _cooldown(det, DATA_WAIT.code)):
-        c = int(cand[j])
-        sh, step = float(share[c]), int(s[ends[c]])
-        out.append(
-            finding(
-                DATA_WAIT,
-                f"{fmt(100 * sh)}% of the step time of the last {int(size[c])} logged steps "
-                f"was spent waiting for data (threshold {fmt(100 * det.data_share)}%)",
-                step,
-                value=sh,
-                threshold=det.data_share,
-            )
+    out: list[Finding] = []
+    waits = scratch.waits
+    ep = scratch.wait_episode
+    share_bar = scratch.data_share
+    steps = cols.steps
+    for row, dv, tv in zip(rows.tolist(), d[rows].tolist(), t[rows].tolist(), strict=True):
+        scratch.wait_records += 1
+        if len(waits) == waits.maxlen and waits:
+            old_d, old_t = waits[0]
+            scratch.wait_sum -= old_d
+            scratch.time_sum -= old_t
+        waits.append((dv, tv))
+        scratch.wait_sum += dv
+        scratch.time_sum += tv
+        if len(waits) < scratch.min_records:
+            continue
+        share = scratch.wait_sum / scratch.time_sum if scratch.time_sum > 0 else 0.0
+        bar = share_bar if not ep.ongoing else 0.8 * share_bar
+        if share < bar and not ep.ongoing:
+            continue
+        step = int(steps[row])
+        scratch.seconds = seconds[row]
+        event = ep.observe(share >= bar, step, scratch.seconds, share)
+        if event is None:
+            continue
+        out += scratch._episode(
+            DATA_WAIT,
+            ep,
+            event,
+            step,
+            f"{fmt(100 * share)}% of the step time of the last {len(waits)} logged steps "
+            f"was spent waiting for data (threshold {fmt(100 * share_bar)}%)",
+            value=share,
+            threshold=share_bar,
         )
     return out
 
@@ -210,14 +268,46 @@ def _rate_column(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
     return value, unit
 
 
-def _below_floor(r: np.ndarray, ends: np.ndarray, window: int, limit: float) -> np.ndarray:
-    """The window ends whose median may be below ``limit``: a window whose minimum is
-    at or above it has its median there too."""
+def _episodes(
+    scratch: ThroughputDetector,
+    ep: Any,
+    r: np.ndarray,
+    window: int,
+    first: int,
+    start_bar: float,
+    ongoing_bar: float,
+    handle: Callable[[int, float, bool], list[Finding]],
+) -> list[Finding]:
+    """Walk the rate rows from ``first`` where an episode can start (the rolling median of
+    the last ``window`` rates below ``start_bar``) or is running (below ``ongoing_bar``
+    keeps it), calling ``handle(i, median, holds)`` for each; a window whose minimum is
+    at or above the start bar cannot start one and is skipped without its median."""
+    m = len(r)
+    if first >= m:
+        return []
+    ends = np.arange(first, m)
     lo = window_reduce(r, ends + 1, window, "min")
-    return ends[~(lo >= limit)]
+    maybe = ends[~(lo >= start_bar)]
+    out: list[Finding] = []
+
+    def after(i: int) -> int:
+        k = int(np.searchsorted(maybe, i, side="right"))
+        return int(maybe[k]) if k < len(maybe) else m
+
+    i = int(maybe[0]) if len(maybe) else m
+    while i < m:
+        now = float(window_medians(r, np.array([i + 1]), window)[0])
+        if ep.ongoing:
+            out += handle(i, now, now < ongoing_bar)
+        elif now < start_bar:
+            out += handle(i, now, True)
+        i = i + 1 if ep.ongoing else after(i)
+    return out
 
 
-def _rates(det: ThroughputDetector, cols: Columns) -> list[Finding]:
+def _rates(
+    scratch: ThroughputDetector, cols: Columns, seconds: list[float | None]
+) -> list[Finding]:
     value, unit = _rate_column(cols)
     valid = (unit >= 0) & np.isfinite(value) & (value > 0)
     first = np.flatnonzero(valid)
@@ -226,55 +316,117 @@ def _rates(det: ThroughputDetector, cols: Columns) -> list[Finding]:
     u = int(unit[first[0]])
     rows = np.flatnonzero(valid & (unit == u))
     name = _UNITS[u]
+    scratch.early_unit = scratch.rate_unit = name
     r, s = value[rows], cols.steps[rows]
-    out = []
-    expected = det.expected.get(name)
-    w = det.rates.values.maxlen or 0
-    if expected and len(r) >= det.min_records and w >= det.min_records:
-        ends = _below_floor(r, np.arange(det.min_records - 1, len(r)), w, det.below * expected)
-        now = window_medians(r, ends + 1, w)
-        cand = np.flatnonzero(~(now >= det.below * expected))
-        for j in cooldown_pick(s[ends[cand]], _cooldown(det, THROUGHPUT_LOW.code)):
-            c = int(cand[j])
-            m, step = float(now[c]), int(s[ends[c]])
-            out.append(
-                finding(
-                    THROUGHPUT_LOW,
-                    f"median throughput {fmt(m)} {name} over the last "
-                    f"{min(int(ends[c]) + 1, w)} logged steps is {fmt(100 * m / expected)}% of "
-                    f"the expected {fmt(expected)} {name}",
-                    step,
-                    value=m,
-                    threshold=det.below * expected,
-                )
+    scratch.rate_count = len(r)
+    scratch.early = r[: scratch.degrade_window].tolist()
+    out: list[Finding] = []
+    expected = scratch.expected.get(name)
+    w = scratch.rates.values.maxlen or 0
+    if expected and w:
+
+        def below(i: int, now: float, holds: bool) -> list[Finding]:
+            ep = scratch.low_episode
+            step = int(s[i])
+            scratch.seconds = seconds[int(rows[i])]
+            event = ep.observe(holds, step, scratch.seconds, now)
+            if event is None:
+                return []
+            return scratch._episode(
+                THROUGHPUT_LOW,
+                ep,
+                event,
+                step,
+                f"median throughput {fmt(now)} {name} over the last {min(i + 1, w)} logged "
+                f"steps is {fmt(100 * now / expected)}% of the expected {fmt(expected)} {name}",
+                value=now,
+                threshold=scratch.below * expected,
             )
-    n = det.degrade_window
-    if len(r) >= 3 * n:
-        ref = median(r[:n].tolist())
-        ends = _below_floor(r, np.arange(3 * n - 1, len(r)), n, det.degrade * ref)
-        now = window_medians(r, ends + 1, n)
-        cand = np.flatnonzero(~(now >= det.degrade * ref))
-        for j in cooldown_pick(s[ends[cand]], _cooldown(det, THROUGHPUT_DEGRADING.code)):
-            c = int(cand[j])
-            m, step = float(now[c]), int(s[ends[c]])
-            out.append(
-                finding(
-                    THROUGHPUT_DEGRADING,
-                    f"throughput fell from {fmt(ref)} to {fmt(m)} {name} "
-                    f"({fmt(100 * (1 - m / ref))}% slower than the first {n} logged steps)",
-                    step,
-                    value=m,
-                    threshold=det.degrade * ref,
-                    early=ref,
-                )
+
+        out += _episodes(
+            scratch,
+            scratch.low_episode,
+            r,
+            w,
+            max(0, scratch.min_records - 1) if w >= scratch.min_records else len(r),
+            scratch.below * expected,
+            0.5 * (1.0 + scratch.below) * expected,
+            below,
+        )
+    n = scratch.degrade_window
+    sm = scratch.recent_rates.values.maxlen or 0
+    if len(r) >= n + scratch.smooth and sm:
+        ref = median(scratch.early)
+        scratch.early_median = ref
+
+        def slow(i: int, now: float, holds: bool) -> list[Finding]:
+            ep = scratch.slow_episode
+            step = int(s[i])
+            scratch.seconds = seconds[int(rows[i])]
+            event = ep.observe(holds, step, scratch.seconds, now)
+            if event is None:
+                return []
+            worst = ep.worst if ep.worst is not None else now
+            shown = now if holds else worst
+            return scratch._episode(
+                THROUGHPUT_DEGRADING,
+                ep,
+                event,
+                step,
+                f"throughput fell from {fmt(ref)} to {fmt(shown)} {name} "
+                f"({fmt(100 * (1 - shown / ref))}% slower than the first "
+                f"{n} logged steps)",
+                value=now,
+                threshold=scratch.degrade * ref,
+                early=ref,
             )
+
+        out += _episodes(
+            scratch,
+            scratch.slow_episode,
+            r,
+            sm,
+            n + scratch.smooth - 1,
+            scratch.degrade * ref,
+            0.5 * (1.0 + scratch.degrade) * ref,
+            slow,
+        )
     return out
+
+
+def unevaluated(det: ThroughputDetector, cols: Columns, found: list[Finding]) -> list[str]:
+    """The streaming detector's own lines, from the counters they read."""
+    if not len(cols):
+        return copy.deepcopy(det).unevaluated()
+    scratch, sub, _ = _prepare(det, cols)
+    if sub is not None:
+        t = sub.get("step_time_s")
+        times = int((sub.has("step_time_s") & np.isfinite(t) & (t > 0)).sum())
+        maxlen = scratch.times.values.maxlen or 0
+        scratch.times.values.extend([0.0] * min(times, maxlen))
+        d = sub.get("data_time_s")
+        scratch.wait_records = int(
+            (
+                sub.has("data_time_s")
+                & sub.has("step_time_s")
+                & ~(t <= 0)
+                & np.isfinite(d)
+                & np.isfinite(t)
+            ).sum()
+        )
+        value, unit = _rate_column(sub)
+        valid = (unit >= 0) & np.isfinite(value) & (value > 0)
+        first = np.flatnonzero(valid)
+        if len(first):
+            scratch.rate_count = int((valid & (unit == unit[first[0]])).sum())
+    return scratch.unevaluated()
 
 
 TWIN = Twin(
     cls=ThroughputDetector,
     run=run,
     accepts=_accepts,
+    unevaluated=unevaluated,
     modules=(
         "sapper.runtime.detectors.throughput",
         "sapper.runtime.detectors.stats",

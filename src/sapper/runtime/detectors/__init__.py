@@ -141,6 +141,7 @@ def default_detectors(
     plan: Plan | None = None,
     *,
     exclude: Iterable[str] = (),
+    framework: str | None = None,
     **options: dict[str, Any],
 ) -> list[Detector]:
     """The built-in detectors, configured from ``plan`` when given.
@@ -149,7 +150,10 @@ def default_detectors(
     plan implies, e.g. ``default_detectors(plan, loss={"window": 100},
     throughput={"expected_tokens_per_s": 2.5e5})``; ``exclude`` drops detectors by name.
     Names: ``loss, gradnorm, numerics, scaler, lr, memory, throughput, data,
-    accumulation, position, structure, eval``.
+    accumulation, position, structure, eval``. ``framework`` (one of
+    :data:`sapper.runtime.detector.FRAMEWORKS`) tells every detector whose mechanics the
+    stream follows, so framework-specific rules (R032/R033: torch-amp's GradScaler) apply
+    only where they belong; None keeps each detector's own setting.
     """
     unknown = (set(options) | set(exclude)) - set(DETECTORS)
     if unknown:
@@ -170,8 +174,12 @@ def default_detectors(
             )
         merged[name] = {**merged.get(name, {}), **kwargs}
     skip = set(exclude)
-    return [
+    built = [
         _build(name, cls, merged.get(name, {}))
         for name, cls in DETECTORS.items()
         if name not in skip
     ]
+    if framework is not None:
+        for det in built:
+            det.set_framework(framework)
+    return built

@@ -36,7 +36,11 @@ GA_LOSS_NOT_DIVIDED = register(
 Gradients of the GA micro-batches add up. Unless each micro-batch's loss is divided by GA,
 the accumulated gradient is GA× the mean: with SGD the effective LR is GA× too high, with
 Adam the clipping threshold and epsilon mean something else; changing GA changes the
-training. No error is raised.""",
+training. No error is raised.
+
+Frameworks: a loop the live monitor watches with gradient accumulation. The HF Trainer,
+Lightning, DeepSpeed and Megatron divide the loss by the accumulation steps themselves;
+there it points at a custom loss or training_step.""",
         signs="""\
 A gradient norm that scales with GA (doubling GA doubles it); clipping engaging on every
 step after GA was raised.""",
@@ -57,7 +61,11 @@ GA_MICRO_MEAN = register(
         why="""\
 Averaging per-micro-batch means gives each micro-batch the same weight, so a token in a
 short micro-batch counts more than a token in a long one: the accumulated gradient is not
-the gradient of the step's per-token mean, and it changes with GA.""",
+the gradient of the step's per-token mean, and it changes with GA.
+
+Frameworks: a loop the live monitor watches. The HF Trainer averaged per micro-batch
+until its gradient-accumulation loss fix (transformers 4.46, num_items_in_batch);
+Megatron and DeepSpeed average over the whole batch.""",
         signs="""\
 Token counts per micro-batch that differ a lot (padding, packing, variable lengths) while
 every micro-batch's loss enters backward with the same weight 1/GA.""",
@@ -78,7 +86,9 @@ BATCH_CHANGED_LR_KEPT = register(
         why="""\
 The LR is tuned for a batch size: the gradient noise, and so the largest stable LR, depend
 on it. Changing GA (or the number of GPUs) changes the effective batch; keeping the LR makes
-updates too noisy (smaller batch) or wastes the larger one.""",
+updates too noisy (smaller batch) or wastes the larger one.
+
+Frameworks: any; needs samples or tokens per step in the log.""",
         signs="""\
 Samples or tokens per optimizer step jump by a factor while the LR stays where it was.""",
         fix="""\
@@ -116,9 +126,32 @@ class AccumulationDetector(RuleDetector):
         self.base_batch: float | None = None
         self.base_lr: float | None = None
         self.changed = 0
+        self.weights_seen = False
+        self.batch_seen = False
 
     def update(self, record: StepRecord) -> list[Finding]:
+        extra = record.extra
+        if "loss_weight" in extra or "micro_tokens" in extra:
+            self.weights_seen = True
+        if record.samples is not None or record.tokens is not None:
+            self.batch_seen = True
         return self._weight(record) + self._micro_tokens(record) + self._batch(record)
+
+    def unevaluated(self) -> list[str]:
+        """R080-R081 read the live monitor's per-micro-batch loss weights and token
+        counts; R082 needs the batch size (samples or tokens) per step."""
+        out = []
+        if not self.weights_seen:
+            out.append(
+                "R080-R081 gradient accumulation: not evaluated — needs the live monitor's "
+                "per-micro-batch loss weights and token counts"
+            )
+        if not self.batch_seen:
+            out.append(
+                "R082 batch size changed: not evaluated — the log has no samples or tokens "
+                "per step"
+            )
+        return out
 
     def _weight(self, record: StepRecord) -> list[Finding]:
         ga, w = record.extra.get("grad_accum"), record.extra.get("loss_weight")

@@ -37,7 +37,10 @@ DUPLICATE_SAMPLES = register(
         why="""\
 A pipeline bug (a sampler not re-seeded per rank or per epoch, a resumed run replaying
 its data, a shard listed twice) repeats batches. The model memorises them: the loss falls
-fast and looks great while generalisation suffers, and nothing raises an error.""",
+fast and looks great while generalisation suffers, and nothing raises an error.
+
+Frameworks: any loop the live monitor watches (per-sample fingerprints); not readable
+from a log.""",
         signs="""\
 A training loss falling faster than the eval loss; identical sample ids or identical
 token sequences at different steps; loss dips at the repeated steps.""",
@@ -57,7 +60,10 @@ DATA_CYCLE = register(
         title="The data started repeating as a whole (a new epoch)",
         why="""\
 Repeating the whole dataset is a new epoch: expected for multi-epoch training, a surprise
-when the plan assumed one pass over a much larger dataset.""",
+when the plan assumed one pass over a much larger dataset.
+
+Frameworks: any loop the live monitor watches (per-sample fingerprints); not readable
+from a log.""",
         signs="""\
 From one step on, every sample is one seen before.""",
         fix="""\
@@ -102,6 +108,15 @@ class DuplicateDataDetector(RuleDetector):
         self._pending: list[_Pending] = []
         self.epoch: Any = None
         self.samples_seen = 0
+
+    def unevaluated(self) -> list[str]:
+        """R070-R071 read per-sample fingerprints, which the live monitor computes."""
+        if self.samples_seen:
+            return []
+        return [
+            "R070-R071 duplicated data: not evaluated — needs per-sample fingerprints "
+            "(the live monitor's sample_hashes)"
+        ]
 
     def _remember(self, h: int, step: int) -> None:
         self._seen[h] = step

@@ -34,7 +34,9 @@ When the training loss keeps falling but the loss on held-out data turns up, eve
 further step fits the training set at the expense of everything else: the model is
 memorizing. Common causes are too many epochs over a small set, an LR kept high for
 too long, and a data pipeline that repeats samples or batches (seed §5.3: the loss falls
-fast, the model memorizes), which no error message will ever report.""",
+fast, the model memorizes), which no error message will ever report.
+
+Frameworks: any; the eval loss as logged (HF eval_loss, Megatron's validation lm loss).""",
         signs="""\
 The gap between eval and training loss widens evaluation after evaluation; the training
 loss falls faster than expected for the model size; the best checkpoint is several
@@ -59,7 +61,9 @@ EVAL_PLATEAU = register(
 An eval loss that no longer improves means the steps being paid for buy nothing: the LR
 has decayed to a value too small to move the weights, it was too low from the start, or
 the training data has nothing more to teach at this model size. Late in a decayed
-schedule this is expected; early in training it is not.""",
+schedule this is expected; early in training it is not.
+
+Frameworks: any; the eval loss as logged (HF eval_loss, Megatron's validation lm loss).""",
         signs="""\
 Several evaluations in a row within about 1% of the best eval loss; a training loss
 that is flat as well (LR, data) or still falling (overfitting next).""",
@@ -114,6 +118,24 @@ class EvalLossDetector(Detector):
         self.evals_since_best = 0
         self.overfit_fired = False
         self.plateau_fired = False
+        self.evals = 0
+
+    def unevaluated(self) -> list[str]:
+        """What R110-R111 could not look at: no evaluation in the log, or too few."""
+        if self.evals == 0:
+            return ["R110-R111 eval loss: not evaluated — the log has no eval loss"]
+        out = []
+        if self.evals <= self.patience:
+            out.append(
+                f"R110 eval loss rising: not evaluated — {self.evals} evaluation(s), needs "
+                f"{self.patience + 1}"
+            )
+        if self.evals <= self.plateau_evals:
+            out.append(
+                f"R111 eval loss plateau: not evaluated — {self.evals} evaluation(s), needs "
+                f"{self.plateau_evals + 1}"
+            )
+        return out
 
     def update(self, record: StepRecord) -> list[Finding]:
         if record.loss is not None and math.isfinite(record.loss):
@@ -121,6 +143,7 @@ class EvalLossDetector(Detector):
         value = record.eval_loss
         if value is None or not math.isfinite(value):
             return []
+        self.evals += 1
         train = _median(self.train)
         if self.best is None or value < self.best[1]:
             self.best = [record.step, value, train]

@@ -2,6 +2,23 @@
 
 The norm is the one before clipping (what ``clip_grad_norm_`` returns). Steps that a loss
 scaler skipped are left to the scaler rules: an Inf there is the scaler doing its job.
+
+Frameworks: none of these rules depends on one. The norm must be the unscaled one, which
+is what Megatron, DeepSpeed, the HF Trainer and Lightning log and what a correct
+GradScaler loop measures after ``scaler.unscale_``; a norm measured on scaled gradients
+is the scaler rules' business (R032/R033).
+
+Cold start: with fewer than ``surge_min_history`` norms the rolling median does not
+exist yet (a pasted excerpt of a few records); a norm at least ``cold_ratio`` (100×) the
+larger of the previous norm and the median of the few before still counts as a surge.
+A healthy run's norm moves by a few × between steps even in its first steps from step 0
+(the first norms are the largest); two orders of magnitude is an explosion.
+
+Per-layer series: records may carry ``extra["grad_norm_layers"]`` (layer → norm). A
+layer whose norm surges to ``layer_ratio``× its own rolling median and above
+``layer_ratio``× the median of the other layers is named as an exploding layer (R013),
+even while the global norm, dominated by the other layers, barely moves. Dead layers
+(norm zero or ≪ the others) are R021's (numerics).
 """
 
 from __future__ import annotations
@@ -33,7 +50,10 @@ GRAD_NONFINITE = register(
         why="""\
 A non-finite gradient that reaches the optimizer (no loss scaler skipped the step) writes
 NaN into the weights and the optimizer moments; every later step is NaN too. Clipping
-does not help: the norm it divides by is itself non-finite.""",
+does not help: the norm it divides by is itself non-finite.
+
+Frameworks: any. A non-finite norm on a step marked skipped (a dynamic loss scaler
+skipping the overflow: torch-amp, DeepSpeed, Megatron fp16) is left to R030/R031.""",
         signs="""\
 Gradient norm rising over the previous steps; loss spikes; fp16 activations near 65504.""",
         fix="""\
@@ -54,7 +74,11 @@ CLIP_SATURATED = register(
         why="""\
 Clipping is a safety net for rare spikes. When the norm is above the threshold on most
 steps, every update is rescaled: the effective LR is no longer the one you set and the
-run is fighting an LR that is too high or bad data. Raising the threshold hides it.""",
+run is fighting an LR that is too high or bad data. Raising the threshold hides it.
+
+Frameworks: any, on the norm before clipping as Megatron, DeepSpeed, the HF Trainer and
+Lightning log it (unscaled); a torch-amp loop that clips still-scaled gradients is
+R033's.""",
         signs="""\
 The pre-clip gradient norm sits above the threshold (often 5–10× a threshold of 1.0)
 step after step, past the first few dozen steps.""",
@@ -75,7 +99,10 @@ GRAD_TINY = register(
         why="""\
 Gradients that stay orders of magnitude below the usual 0.1–1.0 do not move the weights:
 an init that is too small (activations vanish layer by layer), a loss accidentally scaled
-down, fp16 underflow, or frozen parameters.""",
+down, fp16 underflow, or frozen parameters.
+
+Frameworks: any, on the unscaled norm (what Megatron, DeepSpeed, the HF Trainer and
+Lightning log).""",
         signs="""\
 The gradient norm stays below the threshold for many steps and the loss barely moves.""",
         fix="""\
@@ -95,7 +122,10 @@ GRAD_SURGE = register(
         why="""\
 A gradient norm that jumps far above its recent level announces a loss spike or an
 overflow one or a few steps later: the loss surface got sharp where the weights are, or
-a batch is anomalous.""",
+a batch is anomalous.
+
+Frameworks: any, on the unscaled norm; per-layer norms come from the live monitor or
+per-layer columns of a log.""",
         signs="""\
 The norm jumps to several times its rolling median, often in one layer first.""",
         fix="""\
@@ -126,6 +156,10 @@ class GradNormDetector(RuleDetector):
         surge_min_history: int = 10,
         surge_k: float = 6.0,
         surge_ratio: float = 3.0,
+        cold_ratio: float = 100.0,
+        layer_window: int = 20,
+        layer_min_history: int = 5,
+        layer_ratio: float = 10.0,
     ) -> None:
         super().__init__()
         self.clip_threshold = clip_threshold
@@ -139,6 +173,15 @@ class GradNormDetector(RuleDetector):
         self.surge_min_history = surge_min_history
         self.surge_k = surge_k
         self.surge_ratio = surge_ratio
+        self.cold_ratio = cold_ratio
+        self.layer_window = layer_window
+        self.layer_min_history = layer_min_history
+        self.layer_ratio = layer_ratio
+        #: Per layer, its recent log-norms (bounded: one window per layer name).
+        self.layer_logs: dict[str, deque[float]] = {}
+        self.count = 0
+        self.prev_gn: float | None = None
+        self.saturation_seen = 0
         self.clipped: deque[bool] = deque(maxlen=saturate_window)
         self.log_norms = RollingRobust(surge_window)
         self.norms: deque[float] = deque(maxlen=tiny_window)
@@ -152,7 +195,7 @@ class GradNormDetector(RuleDetector):
     def update(self, record: StepRecord) -> list[Finding]:
         gn, step = record.grad_norm, record.step
         if gn is None:
-            return []
+            return self._layer_surge(record)
         if self.first_step is None:
             self.first_step = step
         if not math.isfinite(gn):
@@ -161,12 +204,17 @@ class GradNormDetector(RuleDetector):
             return self.fire(
                 GRAD_NONFINITE, step, f"gradient norm is {gn} at step {step}", value=gn
             )
+        self.count += 1
         out = self._saturation(record, gn, step)
         if gn > 0:
             log_gn = math.log(gn)
             if len(self.log_norms) >= self.surge_min_history:
                 out += self._surge(gn, log_gn, step, record)
+            else:
+                out += self._cold_surge(gn, step, record)
             self.log_norms.add(log_gn)
+            self.prev_gn = gn
+        out += self._layer_surge(record)
         norms = self.norms
         if len(norms) == norms.maxlen and norms:
             self.tiny_count -= norms[0] < self.tiny
@@ -181,6 +229,7 @@ class GradNormDetector(RuleDetector):
             return []
         if step - (self.first_step or 0) < max(self.skip_first, self.warmup_steps):
             return []
+        self.saturation_seen += 1
         clipped = self.clipped
         if len(clipped) == clipped.maxlen and clipped:
             self.clipped_count -= clipped[0]
@@ -245,9 +294,115 @@ class GradNormDetector(RuleDetector):
         )
 
 
-def _largest_layer(record: StepRecord) -> str | None:
+    def _cold_surge(self, gn: float, step: int, record: StepRecord) -> list[Finding]:
+        """The surge test while fewer than ``surge_min_history`` norms are known: a jump of
+        ``cold_ratio``× over the larger of the previous norm and the median so far."""
+        if self.prev_gn is None or not len(self.log_norms):
+            return []
+        # the short history: the positive norms among the last tiny_window ones
+        ref = max(self.prev_gn, median([v for v in self.norms if v > 0]))
+        if gn < self.cold_ratio * ref:
+            return []
+        layer = _largest_layer(record)
+        where = f"; largest in {layer}" if layer else ""
+        return self.fire(
+            GRAD_SURGE,
+            step,
+            f"gradient norm {fmt(gn)} at step {step} is {fmt(gn / ref)}× the norm before it "
+            f"({fmt(ref)}); cold start: only {len(self.log_norms)} earlier logged step(s), "
+            f"the jump alone exceeds ×{fmt(self.cold_ratio)}{where}",
+            value=gn,
+            threshold=ref * self.cold_ratio,
+            median=ref,
+            cold_start=True,
+        )
+
+    def _layer_surge(self, record: StepRecord) -> list[Finding]:
+        """One layer's norm ≫ its own history and ≫ the other layers (see the module doc);
+        the largest such surge is reported."""
+        layers = _layer_norms(record)
+        if len(layers) < 2:
+            return []
+        worst: tuple[float, str, float, float, float] | None = None
+        for name, value in layers.items():
+            hist = self.layer_logs.get(name)
+            if hist is None:
+                hist = self.layer_logs[name] = deque(maxlen=self.layer_window)
+            if value > 0 and len(hist) >= self.layer_min_history:
+                own = math.exp(median(hist))
+                # the other layers' median only for a layer already far above its own past
+                others = (
+                    median([v for k, v in layers.items() if k != name])
+                    if value >= self.layer_ratio * own
+                    else math.inf
+                )
+                if value >= self.layer_ratio * others:
+                    ratio = value / own
+                    if worst is None or ratio > worst[0]:
+                        worst = (ratio, name, value, own, others)
+            if value > 0:
+                hist.append(math.log(value))
+        if worst is None:
+            return []
+        ratio, name, value, own, others = worst
+        return self.fire(
+            GRAD_SURGE,
+            record.step,
+            f"layer {name}: gradient norm {fmt(value)} at step {record.step} is "
+            f"{fmt(ratio)}× its own rolling median {fmt(own)} and {fmt(value / others)}× "
+            f"the median of the other layers ({fmt(others)})",
+            value=value,
+            threshold=self.layer_ratio * max(own, others),
+            median=own,
+            layer=name,
+        )
+
+    def unevaluated(self) -> list[str]:
+        """What R010-R013 could not look at: no gradient norm in the log, no clipping
+        threshold (R011), too few norms for the windows."""
+        if self.count == 0:
+            if self.layer_logs:
+                return ["R010-R012 gradient norm: not evaluated — the log has no global grad_norm"]
+            return ["R010-R013 gradient norm: not evaluated — the log has no grad_norm"]
+        out = []
+        if self.saturation_seen == 0 and not self.clip_threshold:
+            out.append(
+                "R011 clipping saturated: not evaluated — no clipping threshold known "
+                "(clip_threshold in the log, or the plan's clipping.max_norm)"
+            )
+        elif 0 < self.saturation_seen < self.saturate_window:
+            out.append(
+                f"R011 clipping saturated: not evaluated — {self.saturation_seen} record(s) "
+                f"past the first steps, needs {self.saturate_window}"
+            )
+        if self.count < self.tiny_window:
+            out.append(
+                f"R012 gradient norm tiny: not evaluated — {self.count} grad_norm record(s), "
+                f"needs {self.tiny_window}"
+            )
+        if self.count <= self.surge_min_history:
+            out.append(
+                f"R013 gradient norm surge: not evaluated by the rolling test — {self.count} "
+                f"grad_norm record(s), needs {self.surge_min_history + 1}; only the "
+                f"cold-start check ran (a jump of ×{fmt(self.cold_ratio)})"
+            )
+        return out
+
+
+def _layer_norms(record: StepRecord) -> dict[str, float]:
+    """The record's finite per-layer norms (``extra["grad_norm_layers"]``), or {}."""
     layers = record.extra.get("grad_norm_layers")
-    if not isinstance(layers, dict) or not layers:
+    if not isinstance(layers, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in layers.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _largest_layer(record: StepRecord) -> str | None:
+    layers = _layer_norms(record)
+    if not layers:
         return None
-    name, _ = max(layers.items(), key=lambda kv: kv[1] if isinstance(kv[1], float) else -1.0)
-    return str(name)
+    return max(layers.items(), key=lambda kv: kv[1])[0]

@@ -17,7 +17,9 @@ MONITOR_ERROR = register(
         why="""\
 The monitor must never stop the run it watches: when one of its parts raises (an
 unexpected model output, an unusual optimizer), that part is disabled, the error is
-reported once and training goes on, with less coverage.""",
+reported once and training goes on, with less coverage.
+
+Frameworks: any (sapper's own monitor).""",
         signs="""\
 This finding, naming the part and the error; the metrics of that part missing from
 the run log.""",

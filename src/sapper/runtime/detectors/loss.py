@@ -6,6 +6,19 @@ median of a rolling window of recent losses. A fixed multiplier alone (3× the r
 mean) misses spikes on a low loss and fires on a noisy high one; a frozen reference (the
 first 100 steps) goes stale as the loss falls. During the LR warmup the loss falls fast
 and the window lags, so the threshold is doubled there.
+
+Cold start: a log excerpt pasted from a chronicle or an issue often holds 5–20 records
+around the event, too few for the robust window. With fewer than ``min_history`` losses
+a loss still counts as a spike when it is large in absolute terms: at least
+``cold_ratio`` (1.5×) the reference *and* ``cold_min_jump`` (0.5, in the loss's own unit:
+nats for a cross-entropy) above it, the reference being the larger of the previous loss
+and the median of the few before. ×1.5 is below the jumps of the spikes in the public
+BigScience chronicles (tr1-13B: lm loss 2.77 → 7.34, ×2.6; tr8-104B: 3.11 → 7.71, ×2.5,
+and 3.68 → 7.27, ×2.0; tests/fixtures/logs) with room for a smaller spike; the
+absolute margin keeps the noisy first steps of a run from step 0 (10.9 → 11.3 as Adam
+starts) and the batch noise of a low fine-tuning loss (0.3 → 0.5) quiet. The larger of
+the two references means a loss that first fell fast and then bounced back a little is
+not a spike either.
 """
 
 from __future__ import annotations
@@ -35,7 +48,10 @@ LOSS_NONFINITE = register(
 Once a NaN reaches the loss, the backward pass spreads it into every gradient and, without
 a loss scaler that skips the step, the optimizer writes it into every weight: the run is
 lost from that step on. In fp16 the usual cause is an activation above 65504 (overflow)
-a few layers before the loss; otherwise a too-high LR, a log/div of zero or bad data.""",
+a few layers before the loss; otherwise a too-high LR, a log/div of zero or bad data.
+
+Frameworks: any. The loss as logged: under a dynamic loss scaler (torch-amp, DeepSpeed,
+Megatron fp16) R030/R031 tell whether the scaler recovers from the overflow.""",
         signs="""\
 Loss spikes and rising gradient norms in the steps before; a loss scale that keeps
 halving; the loss printed as nan or inf.""",
@@ -57,7 +73,11 @@ LOSS_SPIKE = register(
         why="""\
 A sudden jump of the loss means one update moved the weights far: a bad batch, an LR
 too high for the current curvature, or an fp16 overflow in progress. Repeated spikes are
-the usual prelude to divergence.""",
+the usual prelude to divergence.
+
+Frameworks: any. The loss as logged: an HF Trainer loss is averaged over logging_steps
+and a Megatron lm loss over log-interval iterations, which makes a one-step spike look
+smaller.""",
         signs="""\
 The loss jumps several robust standard deviations above its rolling median, often with
 a gradient-norm surge at the same step.""",
@@ -78,7 +98,9 @@ LOSS_FLAT = register(
         why="""\
 In the first few hundred steps a healthy run's loss falls at a visible slope. A flat or
 rising loss there means the updates do not reach the weights: LR far too low, a frozen
-model, labels that do not match the inputs, or data the model cannot learn from.""",
+model, labels that do not match the inputs, or data the model cannot learn from.
+
+Frameworks: any; needs the run's first steps in the log.""",
         signs="""\
 The loss stays at its initial level (for a language model near ln(vocab size)) or
 rises, while the gradient norm looks normal.""",
@@ -99,7 +121,9 @@ LOSS_OSCILLATING = register(
         why="""\
 A loss that swings up and down by a large fraction of its value from step to step means
 the updates overshoot: the LR is too high for the batch size, or the batch is too small
-for the gradient noise, and clipping is not damping it.""",
+for the gradient noise, and clipping is not damping it.
+
+Frameworks: any.""",
         signs="""\
 Consecutive differences alternate in sign most of the time and their typical size is a
 large fraction of the loss itself.""",
@@ -133,6 +157,8 @@ class LossDetector(RuleDetector):
         osc_window: int = 30,
         osc_flips: float = 0.7,
         osc_amplitude: float = 0.25,
+        cold_ratio: float = 1.5,
+        cold_min_jump: float = 0.5,
     ) -> None:
         super().__init__()
         self.window = window
@@ -146,6 +172,8 @@ class LossDetector(RuleDetector):
         self.osc_window = osc_window
         self.osc_flips = osc_flips
         self.osc_amplitude = osc_amplitude
+        self.cold_ratio = cold_ratio
+        self.cold_min_jump = cold_min_jump
         self.recent: deque[float] = deque(maxlen=max(window, osc_window))
         self.reference = RollingRobust(window)
         # The oscillation test's window and, per consecutive pair of differences in it,
@@ -158,6 +186,8 @@ class LossDetector(RuleDetector):
         self.first: list[float] = []
         self.first_step: int | None = None
         self.nonfinite_steps = 0
+        self.finite_count = 0
+        self.last_step: int | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
         loss, step = record.loss, record.step
@@ -172,7 +202,12 @@ class LossDetector(RuleDetector):
                 + (f" (last finite loss {fmt(self.recent[-1])})" if self.recent else ""),
                 value=loss,
             )
-        out = self._spike(loss, step) if len(self.reference) >= self.min_history else []
+        self.last_step = step
+        if len(self.reference) >= self.min_history:
+            out = self._spike(loss, step)
+        else:
+            out = self._cold_spike(loss, step)
+        self.finite_count += 1
         self.recent.append(loss)
         self.reference.add(loss)
         self._count_flip(loss)
@@ -209,6 +244,62 @@ class LossDetector(RuleDetector):
             median=med,
             robust_sigma=sigma,
         )
+
+    def _cold_spike(self, loss: float, step: int) -> list[Finding]:
+        """The spike test while the window holds fewer than ``min_history`` losses: a jump
+        of ``cold_ratio``× and ``cold_min_jump`` over the reference (see the module doc)."""
+        n = len(self.reference)
+        if n == 0:
+            return []
+        ref = max(self.recent[-1], median(self.recent))  # recent = the whole short history
+        if ref <= 0 or loss < self.cold_ratio * ref or loss - ref < self.cold_min_jump:
+            return []
+        return self.fire(
+            LOSS_SPIKE,
+            step,
+            f"loss {fmt(loss)} at step {step} is {fmt(loss / ref)}× the loss before it "
+            f"({fmt(ref)}); cold start: only {n} earlier logged step(s), the jump alone "
+            f"exceeds ×{fmt(self.cold_ratio)}",
+            value=loss,
+            threshold=max(self.cold_ratio * ref, ref + self.cold_min_jump),
+            median=ref,
+            cold_start=True,
+        )
+
+    def unevaluated(self) -> list[str]:
+        """What R001-R004 could not look at: no loss at all, too few losses for the robust
+        spike window or the oscillation window, or a log that does not show the run's
+        first steps (R003 is about the start)."""
+        if self.finite_count == 0 and self.nonfinite_steps == 0:
+            return ["R001-R004 loss: not evaluated — the log has no loss"]
+        out = []
+        if self.finite_count <= self.min_history:
+            out.append(
+                f"R002 loss spike: not evaluated by the robust test — {self.finite_count} "
+                f"finite loss record(s), needs {self.min_history + 1}; only the cold-start "
+                f"check ran (a jump of ×{fmt(self.cold_ratio)} and "
+                f"+{fmt(self.cold_min_jump)} over the previous loss)"
+            )
+        first, last = self.first_step, self.last_step
+        if first is not None and last is not None:
+            start = max(self.flat_steps, self.warmup_steps)
+            if first > self.flat_horizon:
+                out.append(
+                    f"R003 loss not decreasing: not evaluated — the log starts at step "
+                    f"{first}, after the first {self.flat_horizon} steps the rule looks at"
+                )
+            elif last - first < start or self.finite_count < 10:
+                out.append(
+                    f"R003 loss not decreasing: not evaluated — the log covers "
+                    f"{last - first} step(s) and {self.finite_count} loss record(s) from its "
+                    f"start, needs {start} steps and 10 records"
+                )
+        if self.finite_count < self.osc_window:
+            out.append(
+                f"R004 loss oscillating: not evaluated — {self.finite_count} loss record(s), "
+                f"needs {self.osc_window}"
+            )
+        return out
 
     def _flat(self, step: int) -> list[Finding]:
         if self.first_step is None or len(self.first) < 3 or len(self.recent) < 10:

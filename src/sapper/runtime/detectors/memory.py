@@ -30,7 +30,9 @@ MEMORY_NEAR_LIMIT = register(
         why="""\
 Peak memory varies between steps (longer sequences, a different MoE routing, an eval
 step, fragmentation): a run at 95% of the device now is an out-of-memory crash later,
-often hours in, at a checkpoint save or a long batch.""",
+often hours in, at a checkpoint save or a long batch.
+
+Frameworks: any; CUDA allocator readings or the process RSS, against the device limit.""",
         signs="""\
 The allocator's peak (or reserved) memory above ~90% of the device; cudaMalloc retries in
 torch.cuda.memory_stats(); growing fragmentation (reserved ≫ allocated).""",
@@ -52,7 +54,9 @@ MEMORY_GROWTH = register(
 Training memory is periodic: each step allocates and frees the same activations. A
 steady growth means something keeps references across steps: a loss accumulated without
 .item()/.detach() (it keeps every step's graph), tensors appended to a list for logging,
-a cache that never evicts. It ends in an out-of-memory crash.""",
+a cache that never evicts. It ends in an out-of-memory crash.
+
+Frameworks: any; CUDA allocator readings or the process RSS.""",
         signs="""\
 Allocated memory (or the process RSS) rising on most readings after the first steps,
 at a roughly constant slope.""",
@@ -100,17 +104,21 @@ class MemoryDetector(RuleDetector):
         self.rises: deque[bool] = deque(maxlen=max(0, window - 1))
         self.rise_count = 0
         self.first_step: int | None = None
+        self.readings = 0
+        self.limit_known = False
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.first_step is None:
             self.first_step = record.step
         limit = record.memory_limit_gib or self.limit_gib
+        self.limit_known = self.limit_known or bool(limit)
         out = self._near(record, limit)
         value = record.memory_allocated_gib
         if value is None:
             value = record.rss_gib
         if value is None or not math.isfinite(value):
             return out
+        self.readings += 1
         if record.step - self.first_step < self.warmup_steps:
             return out
         series = self.series
@@ -123,6 +131,24 @@ class MemoryDetector(RuleDetector):
             self.rise_count += rise
         series.append((record.step, value))
         out += self._growth(record.step, limit)
+        return out
+
+    def unevaluated(self) -> list[str]:
+        """What R050-R051 could not look at: no memory reading, no device limit (R050),
+        too few readings for a trend (R051)."""
+        if self.readings == 0 and "R050" not in self.fired:
+            return ["R050-R051 memory: not evaluated — the log has no memory field"]
+        out = []
+        if not self.limit_known:
+            out.append(
+                "R050 memory near limit: not evaluated — no device memory limit "
+                "(memory_limit_gib in the log, or the plan's gpu)"
+            )
+        if len(self.series) < self.growth_min_points:
+            out.append(
+                f"R051 memory growth: not evaluated — {len(self.series)} memory reading(s) "
+                f"past the first steps, needs {self.growth_min_points}"
+            )
         return out
 
     def _near(self, record: StepRecord, limit: float | None) -> list[Finding]:

@@ -8,13 +8,25 @@ non-finite), whether that module's input was still finite, and the parameters ho
 non-finite values or gradients. On sampled steps it records ``extra["zero_grad_params"]``
 (parameters whose gradient is entirely zero or missing) and ``extra["grad_zero_share"]``
 (the share of exactly-zero gradient elements outside embedding tables).
+
+Per-layer series: records may carry ``extra["grad_norm_layers"]`` (layer → gradient
+norm; the live monitor writes it on sampled steps, log readers fill it from per-layer
+columns). A layer whose norm is exactly 0, or below ``dead_layer_ratio`` (1e-3) × the
+median of all layers, on ``dead_layer_records`` consecutive records that carry the
+series is a dead layer (R021), offline as live. An exploding layer is R013's
+(:mod:`sapper.runtime.detectors.gradnorm`).
+
+Frameworks: none; the fields come from the live monitor's hooks or per-layer columns.
 """
 
 from __future__ import annotations
 
+import math
+
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
+from sapper.runtime.detectors.stats import median
 from sapper.runtime.records import StepRecord
 
 __all__ = ["DEAD_PARAMS", "NONFINITE_ORIGIN", "ZERO_GRAD_SHARE", "NumericsDetector"]
@@ -30,7 +42,10 @@ NONFINITE_ORIGIN = register(
 A NaN spreads: one overflowing matmul makes its block's output Inf, the next norm makes
 it NaN, the loss and every gradient follow. The fix depends on where it started (an
 attention softmax in fp16, an exploding MLP, a bad embedding row), which the loss alone
-cannot tell.""",
+cannot tell.
+
+Frameworks: any PyTorch model the live monitor watches (its hooks); not readable from a
+log.""",
         signs="""\
 A module whose inputs are finite and whose output is not; parameters whose values or
 gradients hold NaN/Inf.""",
@@ -51,7 +66,10 @@ DEAD_PARAMS = register(
         why="""\
 A parameter whose gradient is all zeros step after step does not learn: fp16 underflow
 (gradients below 6e-8 round to zero), a path cut off (detach, a mask, dead ReLUs), or a
-parameter that takes no part in the loss.""",
+parameter that takes no part in the loss.
+
+Frameworks: any; from the live monitor's per-parameter gradients, or per-layer gradient
+norms in any log.""",
         signs="""\
 The gradient of the same parameters reads exactly zero (or None) on every sampled step.""",
         fix="""\
@@ -71,7 +89,10 @@ ZERO_GRAD_SHARE = register(
         why="""\
 Outside embedding tables, exact zeros in a gradient are rare. A large share of them in
 fp16 means small gradients underflowed (below ≈6e-8) and those weights no longer learn;
-in any dtype it means many dead units.""",
+in any dtype it means many dead units.
+
+Frameworks: any PyTorch model the live monitor watches (sampled gradient statistics);
+not readable from a log.""",
         signs="""\
 The share of exactly-zero gradient elements rising; the loss scale low or absent in fp16.""",
         fix="""\
@@ -89,9 +110,22 @@ class NumericsDetector(RuleDetector):
     rules = (NONFINITE_ORIGIN, DEAD_PARAMS, ZERO_GRAD_SHARE)
     cooldown = None
 
-    def __init__(self, *, dead_samples: int = 3, zero_share: float = 0.25, patience: int = 2):
+    def __init__(
+        self,
+        *,
+        dead_samples: int = 3,
+        zero_share: float = 0.25,
+        patience: int = 2,
+        dead_layer_records: int = 5,
+        dead_layer_ratio: float = 1e-3,
+    ):
         super().__init__()
         self.dead_samples = dead_samples
+        self.dead_layer_records = dead_layer_records
+        self.dead_layer_ratio = dead_layer_ratio
+        #: Per layer, the consecutive records (with the series) on which it was dead.
+        self.layer_runs: dict[str, int] = {}
+        self.seen_fields: set[str] = set()
         self.zero_share = zero_share
         self.patience = patience
         self.zero_runs: dict[str, int] = {}
@@ -99,7 +133,19 @@ class NumericsDetector(RuleDetector):
         self.localised = False
 
     def update(self, record: StepRecord) -> list[Finding]:
-        return self._origin(record) + self._dead(record) + self._share(record)
+        extra = record.extra
+        if extra:
+            for key in ("grad_sampled", "grad_norm_layers", "grad_zero_share"):
+                if key in extra:
+                    self.seen_fields.add(key)
+            if any(k.startswith("nonfinite_") for k in extra):
+                self.seen_fields.add("nonfinite")
+        return (
+            self._origin(record)
+            + self._dead(record)
+            + self._dead_layers(record)
+            + self._share(record)
+        )
 
     def _origin(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
@@ -156,6 +202,66 @@ class NumericsDetector(RuleDetector):
             value=len(dead),
             params=dead[:50],
         )
+
+    def _dead_layers(self, record: StepRecord) -> list[Finding]:
+        """R021 from the per-layer norms: layers at exactly 0 or ≪ the median of all
+        layers on ``dead_layer_records`` consecutive records (see the module doc)."""
+        raw = record.extra.get("grad_norm_layers")
+        if not isinstance(raw, dict) or len(raw) < 2:
+            return []
+        layers = {
+            str(k): float(v)
+            for k, v in raw.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        if len(layers) < 2:
+            return []
+        mid = median(list(layers.values()))
+        limit = self.dead_layer_ratio * mid
+        dead_now = {k for k, v in layers.items() if v == 0 or v < limit}
+        self.layer_runs = {k: self.layer_runs.get(k, 0) + 1 for k in dead_now}
+        dead = sorted(k for k, n in self.layer_runs.items() if n >= self.dead_layer_records)
+        if not dead or len(dead) == len(layers):
+            return []  # every layer "dead" at once is a tiny global norm: R012's business
+        zero = [k for k in dead if layers[k] == 0]
+        shown = ", ".join(dead[:5]) + (f" … (+{len(dead) - 5})" if len(dead) > 5 else "")
+        how = (
+            "a gradient norm of exactly 0"
+            if len(zero) == len(dead)
+            else f"a gradient norm of 0 or below {fmt(self.dead_layer_ratio)}× the median "
+            f"layer ({fmt(mid)})"
+        )
+        return self.fire(
+            DEAD_PARAMS,
+            record.step,
+            f"{len(dead)} layer(s) had {how} on {self.dead_layer_records} logged steps in a "
+            f"row: {shown}",
+            value=len(dead),
+            layers=dead[:50],
+            median_layer_norm=mid,
+        )
+
+    def unevaluated(self) -> list[str]:
+        """What R020-R022 could not look at: they read the live monitor's hooks (and R021
+        also per-layer norms); a log without those fields cannot show them."""
+        seen = self.seen_fields
+        out = []
+        if "nonfinite" not in seen:
+            out.append(
+                "R020 non-finite origin: not evaluated — needs the live monitor's hooks "
+                "(no non-finite localisation in the log)"
+            )
+        if not seen & {"grad_sampled", "grad_norm_layers"}:
+            out.append(
+                "R021 dead parameters: not evaluated — no per-parameter or per-layer "
+                "gradient norms in the log"
+            )
+        if "grad_zero_share" not in seen:
+            out.append(
+                "R022 zero-gradient share: not evaluated — needs the live monitor's sampled "
+                "gradient statistics"
+            )
+        return out
 
     def _share(self, record: StepRecord) -> list[Finding]:
         share = record.extra.get("grad_zero_share")

@@ -29,7 +29,10 @@ POSITION_OVERFLOW = register(
 A learned position table has max_position_embeddings rows: a longer sequence indexes past
 it (a crash, or silent clamping/wrapping in some kernels); RoPE models run past the context
 they were trained at and attend with rotations they never saw. Either way the model is fed
-positions it cannot represent, silently degrading it.""",
+positions it cannot represent, silently degrading it.
+
+Frameworks: any model with learned or RoPE positions that the live monitor watches (the
+position indices it sees); not readable from a log.""",
         signs="""\
 Sequence length or position ids ≥ max_position_embeddings; a loss that is worse on long
 samples; a device-side assert in an embedding lookup.""",
@@ -53,9 +56,21 @@ class PositionDetector(RuleDetector):
         super().__init__()
         self.limit = limit
         self.kind = kind
+        self.positions_seen = False
+
+    def unevaluated(self) -> list[str]:
+        """R090 reads the largest position index per step, which only the live monitor
+        records."""
+        if self.positions_seen:
+            return []
+        return [
+            "R090 position overflow: not evaluated — needs the live monitor's position "
+            "indices (max_position per step)"
+        ]
 
     def update(self, record: StepRecord) -> list[Finding]:
         pos = record.extra.get("max_position")
+        self.positions_seen = self.positions_seen or isinstance(pos, int)
         limit = record.extra.get("position_limit") or self.limit
         if not isinstance(pos, int) or not isinstance(limit, int) or pos < limit:
             return []

@@ -6,6 +6,36 @@ extra["scaled_grads_step"] (the optimizer stepped on gradients still multiplied 
 the scale) or extra["clip_before_unscale"] (clipping measured scaled gradients). From
 a log alone, the signature is a gradient norm that tracks the loss scale: a real norm is
 O(1), a scaled one is O(scale).
+
+Frameworks. R030 and R031 hold for every dynamic loss scaler (torch.amp's GradScaler,
+DeepSpeed's and Megatron's own). R032 and R033 are about torch-amp's GradScaler API
+(the order of ``scaler.scale``, ``scaler.unscale_``, clipping and ``scaler.step``);
+Megatron-LM/Megatron-DeepSpeed, DeepSpeed, the HF Trainer (through Accelerate) and
+Lightning drive the scaler themselves, unscale before clipping and log the unscaled
+norm, which on an fp16 run with a scale of 65536 merely happens to be a small fraction
+of the scale. So the offline R032 signature is read:
+
+- ``framework="torch-amp"`` (the live monitor saw a GradScaler, or a sapper run log
+  says so): a norm ≥ ``scaled_ratio`` × the scale on ``scaled_records`` logged steps in
+  a row;
+- ``megatron``, ``deepspeed``, ``hf-trainer``, ``lightning``: never (said by
+  :meth:`ScalerDetector.unevaluated`);
+- ``unknown``/``torch``: only on unambiguous evidence, a norm between ``scaled_ratio``
+  and ``scaled_max_ratio`` × the scale (the scale times a plausible unscaled norm) on
+  ``unknown_records`` logged steps in a row, with every loss on them finite and the
+  loss not falling over them (a loop that applies scaled gradients does not learn).
+
+R033 comes only from the live monitor's hooks (``clip_before_unscale``), which are
+GradScaler evidence themselves.
+
+Calibration and cold start. A dynamic scaler starts high (torch 2^16, DeepSpeed and
+Megatron up to 2^32) and halves on the first overflows until it fits: the halvings of a
+log that starts at the run's beginning, before the scale ever held for three records in
+a row or grew, and within the first ``calibration_steps`` steps, are calibration, not
+collapse. A short excerpt from the
+middle of a run (at most ``2 × collapse_drops`` scale records) cannot show
+``collapse_drops`` drops; there ``cold_halvings`` consecutive halvings (the scale at
+most half the previous value each time) are enough.
 """
 
 from __future__ import annotations
@@ -16,6 +46,7 @@ from collections import deque
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
+from sapper.runtime.detectors.stats import median
 from sapper.runtime.records import StepRecord
 
 __all__ = [
@@ -37,7 +68,12 @@ SCALE_COLLAPSE = register(
 A dynamic scaler halves the scale on every overflow. Gradient overflow is fixed by a
 smaller scale; an Inf produced in the *forward* pass (an activation above fp16's 65504)
 is not, so the scale halves step after step towards 1 and below, every step is skipped,
-and the run stops learning while it seems to go on.""",
+and the run stops learning while it seems to go on.
+
+Frameworks: every dynamic loss scaler: torch-amp's GradScaler, DeepSpeed's and
+Megatron's fp16 scalers. bf16 and fp32 runs have no loss scale. The halvings while a
+scaler calibrates at a run's start (from 2^16, or 2^32 in DeepSpeed and Megatron) are
+not counted.""",
         signs="""\
 The loss scale falls on many consecutive steps; skipped steps pile up; the loss is inf or
 nan on those steps.""",
@@ -58,7 +94,10 @@ SKIPPED_STEPS = register(
         why="""\
 Each skipped step is compute spent without an update. A few at the start, while the
 scaler calibrates, are normal; a steady share means overflow keeps happening, the
-schedule runs ahead of the updates, and the scale oscillates.""",
+schedule runs ahead of the updates, and the scale oscillates.
+
+Frameworks: every dynamic loss scaler: torch-amp, DeepSpeed and Megatron fp16 (skipped-
+step flags or the skipped-iteration counts they log).""",
         signs="""\
 More than a few percent of steps skipped past the first steps; the scale oscillating by
 2× every few steps.""",
@@ -79,7 +118,15 @@ SCALED_GRADS_STEP = register(
 After scaler.scale(loss).backward() every gradient is multiplied by the scale (65536
 by default). A bare optimizer.step() (instead of scaler.step(optimizer), or
 without scaler.unscale_(optimizer) first) applies updates thousands of times too
-large. Nothing raises an error; the loss rises in a strange way or goes NaN.""",
+large. Nothing raises an error; the loss rises in a strange way or goes NaN.
+
+Frameworks: torch-amp's GradScaler only. Megatron-LM and Megatron-DeepSpeed, DeepSpeed,
+the HF Trainer (through Accelerate) and Lightning drive the scaler themselves and log
+the unscaled norm, which on an fp16 run with a scale of 65536 merely happens to be a
+small fraction of the scale; from their logs R032 never fires. From a log of unknown
+origin it fires only on unambiguous evidence (a norm of the scale × a plausible unscaled
+norm for 20 logged steps, with a finite loss that does not fall); the live monitor sees
+the GradScaler calls themselves.""",
         signs="""\
 A gradient norm of the order of the loss scale; the loss rising right after the first
 steps; Adam runs look "almost fine" because Adam normalises the scale away, SGD explodes.""",
@@ -100,7 +147,11 @@ CLIP_BEFORE_UNSCALE = register(
         why="""\
 Clipping scaled gradients compares a norm of the order of the loss scale with a threshold
 of ≈1: it always clips, and after unscaling every update is the threshold divided by the
-scale, a tiny fraction of what was meant. The run crawls; nothing raises an error.""",
+scale, a tiny fraction of what was meant. The run crawls; nothing raises an error.
+
+Frameworks: torch-amp's GradScaler only, and only from the live monitor's hooks, which
+see clip_grad_norm_ run before scaler.unscale_; no log shows that order. Megatron,
+DeepSpeed, the HF Trainer and Lightning unscale before they clip.""",
         signs="""\
 The pre-clip gradient norm reads of the order of the loss scale; clipping engages on
 every step; the loss falls far slower than a bf16/fp32 run.""",
@@ -131,6 +182,11 @@ class ScalerDetector(RuleDetector):
         scaled_ratio: float = 0.1,
         scaled_min_scale: float = 1024.0,
         scaled_records: int = 3,
+        scaled_max_ratio: float = 100.0,
+        unknown_records: int = 20,
+        calibration_steps: int = 100,
+        cold_halvings: int = 4,
+        framework: str = "unknown",
     ) -> None:
         super().__init__()
         self.min_scale = min_scale
@@ -141,6 +197,20 @@ class ScalerDetector(RuleDetector):
         self.scaled_ratio = scaled_ratio
         self.scaled_min_scale = scaled_min_scale
         self.scaled_records = scaled_records
+        self.scaled_max_ratio = scaled_max_ratio
+        self.unknown_records = unknown_records
+        self.calibration_steps = calibration_steps
+        self.cold_halvings = cold_halvings
+        self.set_framework(framework)
+        self.scale_records = 0
+        self.halvings = 0
+        self.grown = False
+        self.stable = 0  # consecutive records with the scale unchanged
+        self.calibrated = False
+        # the losses of the current run of scaled-looking norms (the last 10 windows)
+        self.scaled_losses: deque[float] = deque(maxlen=10 * unknown_records)
+        self.ratio_records = 0
+        self.skip_records = 0
         self.prev_scale: float | None = None
         self.peak_scale: float | None = None
         self.drops = 0
@@ -190,18 +260,36 @@ class ScalerDetector(RuleDetector):
         scale = record.loss_scale
         if scale is None or not math.isfinite(scale):
             return []
+        self.scale_records += 1
         self.peak_scale = max(self.peak_scale or scale, scale)
-        if self.prev_scale is not None:
-            self.drops = self.drops + 1 if scale < self.prev_scale else 0
+        prev = self.prev_scale
+        if prev is not None:
+            self.grown = self.grown or scale > prev
+            self.stable = self.stable + 1 if scale == prev else 0
+            if self.grown or self.stable >= 2:
+                self.calibrated = True  # the scale fits: later drops are overflows
+            if self._calibrating(record.step):
+                self.drops = self.halvings = 0
+            else:
+                self.drops = self.drops + 1 if scale < prev else 0
+                self.halvings = self.halvings + 1 if scale <= 0.5 * prev else 0
         self.prev_scale = scale
         at_floor = scale <= self.min_scale and (self.peak_scale or 0) > self.min_scale
-        if self.drops < self.collapse_drops and not at_floor:
-            return []
-        why = (
-            f"fell on {self.drops} consecutive logged steps"
-            if self.drops >= self.collapse_drops
-            else f"reached the floor {fmt(self.min_scale)}"
+        cold = (
+            self.scale_records <= 2 * self.collapse_drops
+            and self.halvings >= self.cold_halvings
         )
+        if self.drops < self.collapse_drops and not at_floor and not cold:
+            return []
+        if self.drops >= self.collapse_drops:
+            why = f"fell on {self.drops} consecutive logged steps"
+        elif at_floor:
+            why = f"reached the floor {fmt(self.min_scale)}"
+        else:
+            why = (
+                f"halved on {self.halvings} consecutive logged steps (cold start: only "
+                f"{self.scale_records} loss-scale records in the log)"
+            )
         return self.fire(
             SCALE_COLLAPSE,
             record.step,
@@ -210,6 +298,14 @@ class ScalerDetector(RuleDetector):
             threshold=self.min_scale,
             peak=self.peak_scale,
         )
+
+    def _calibrating(self, step: int) -> bool:
+        """The scaler's first search for a scale that fits: the log starts at the run's
+        start, the scale has neither held for three records nor grown yet, and the step
+        is early (see the module doc)."""
+        first = self.first_step or 0
+        early = first <= self.skip_grace_steps and step < self.calibration_steps
+        return early and not self.calibrated
 
     def _skips(self, record: StepRecord) -> list[Finding]:
         step = record.step
@@ -222,6 +318,7 @@ class ScalerDetector(RuleDetector):
             self.skips.append((int(record.skipped), 1))
         else:
             return []
+        self.skip_records += 1
         if step - (self.first_step or 0) < self.skip_grace_steps:
             self.skips.clear()
             return []
@@ -242,24 +339,90 @@ class ScalerDetector(RuleDetector):
         )
 
     def _scaled_norm(self, record: StepRecord) -> list[Finding]:
-        """Offline fallback: a gradient norm of the order of the loss scale."""
-        if self.live_flags_seen:
+        """Offline fallback: a gradient norm of the order of the loss scale, read as the
+        framework allows (see the module doc)."""
+        if self.live_flags_seen or self.framework in SCALER_INTERNAL:
             return []
         gn, scale = record.grad_norm, record.loss_scale
         if gn is None or scale is None or not (math.isfinite(gn) and math.isfinite(scale)):
             return []
-        if scale >= self.scaled_min_scale and gn >= self.scaled_ratio * scale:
+        self.ratio_records += 1
+        strict = self.framework != "torch-amp"
+        high = self.scaled_max_ratio if strict else math.inf
+        loss = record.loss
+        if (
+            scale >= self.scaled_min_scale
+            and self.scaled_ratio * scale <= gn <= high * scale
+            and not (strict and (loss is None or not math.isfinite(loss)))
+        ):
             self.scaled_run += 1
+            if strict:
+                self.scaled_losses.append(loss)  # type: ignore[arg-type]
         else:
             self.scaled_run = 0
-        if self.scaled_run < self.scaled_records:
+            self.scaled_losses.clear()
+        if self.scaled_run < (self.unknown_records if strict else self.scaled_records):
             return []
+        if strict and _falling(self.scaled_losses):
+            return []
+        evidence = (
+            f"; the framework is not known, so this rests on {self.scaled_run} steps with a "
+            "finite loss that does not fall"
+            if strict
+            else ""
+        )
         return self.fire(
             SCALED_GRADS_STEP,
             record.step,
             f"the gradient norm {fmt(gn)} tracks the loss scale {fmt(scale)} on "
             f"{self.scaled_run} logged steps in a row: gradients are read or applied "
-            "before scaler.unscale_",
+            f"before scaler.unscale_{evidence}",
             value=gn / scale,
             threshold=self.scaled_ratio,
         )
+
+    def unevaluated(self) -> list[str]:
+        """What R030-R033 could not look at: no loss scale or skipped-step field (normal
+        for bf16/fp32 runs), and GradScaler order rules on a framework that drives the
+        scaler itself or without the live monitor's hooks."""
+        out = []
+        if self.scale_records == 0 and self.skip_records == 0:
+            out.append(
+                "R030-R031 loss scaling: not evaluated — no loss_scale or skipped-step "
+                "field in the log (none is expected for bf16/fp32 runs)"
+            )
+        if self.live_flags_seen:
+            return out
+        if self.framework == "torch":
+            out.append("R032-R033 GradScaler order: not applicable — no GradScaler in this run")
+            return out
+        if self.framework in SCALER_INTERNAL:
+            out.append(
+                f"R032-R033 GradScaler order: not evaluated — a {self.framework} log: the "
+                "framework unscales the gradients itself and logs the unscaled norm"
+            )
+            return out
+        if self.ratio_records == 0:
+            out.append(
+                "R032 step on scaled gradients: not evaluated — needs grad_norm and "
+                "loss_scale in the log, or the live monitor's GradScaler hooks"
+            )
+        out.append(
+            "R033 clipping before unscale: not evaluated — only the live monitor's "
+            "GradScaler hooks can see the order of clip_grad_norm_ and scaler.unscale_"
+        )
+        return out
+
+
+#: Frameworks that drive the loss scaler themselves (never the user's GradScaler calls).
+SCALER_INTERNAL = frozenset({"megatron", "deepspeed", "hf-trainer", "lightning"})
+
+
+def _falling(losses: deque[float]) -> bool:
+    """Whether the loss fell over these steps: the median of the last third below 98% of
+    the median of the first third."""
+    xs = list(losses)
+    n = len(xs) // 3
+    if n == 0:
+        return False
+    return median(xs[-n:]) < 0.98 * median(xs[:n])

@@ -32,7 +32,9 @@ ACTIVATION_GROWTH = register(
 With too large an init variance each block multiplies the scale of its output, and deep
 stacks overflow fp16 (65504) or saturate; with too small a variance activations vanish
 and gradients do not flow back. Residual projections scaled down with depth keep the
-residual stream's scale stable.""",
+residual stream's scale stable.
+
+Frameworks: any PyTorch model the live monitor watches (activation stds at step 0).""",
         signs="""\
 The std of block outputs at step 0 rising (or falling) by a large factor from the first
 block to the last.""",
@@ -53,7 +55,10 @@ POSTLN_NO_WARMUP = register(
         why="""\
 In Post-LN the norm sits after the residual add, so gradients near the output are large
 and there is no clean identity path; at full LR from step 0 the first Adam updates (with
-poor second-moment estimates) blow deep Post-LN stacks up. It needs a careful warmup.""",
+poor second-moment estimates) blow deep Post-LN stacks up. It needs a careful warmup.
+
+Frameworks: any; the norm placement from the live model or the plan, the LR from the
+log.""",
         signs="""\
 Loss spikes or NaN in the first hundreds of steps; gradient norms of the last layers far
 above the first ones.""",
@@ -73,7 +78,9 @@ NORM_STRUCTURE = register(
         title="Normalization placement found in the live model",
         why="""\
 Pre-LN keeps a clean identity path and is far more stable than Post-LN; what the code
-really builds can differ from what the config or the plan says.""",
+really builds can differ from what the config or the plan says.
+
+Frameworks: any PyTorch model the live monitor watches.""",
         signs="""\
 The order in which norms and sub-layers run inside a block.""",
         fix="""\
@@ -109,11 +116,29 @@ class StructureDetector(RuleDetector):
         self.num_blocks: int | None = None
         self.lrs: list[tuple[int, float]] = []
         self.decided = False
+        self.stds_seen = False
+
+    def unevaluated(self) -> list[str]:
+        """R100 reads per-block activation stds (live monitor, step 0); R101 the norm
+        placement (live monitor or the plan)."""
+        out = []
+        if not self.stds_seen:
+            out.append(
+                "R100 activation growth at init: not evaluated — needs the live monitor's "
+                "per-block activation stds"
+            )
+        if self.placement is None and self.declared_placement is None:
+            out.append(
+                "R101 Post-LN without warmup: not evaluated — the norm placement is not "
+                "known (the live monitor, or the plan's model.norm_placement)"
+            )
+        return out
 
     def update(self, record: StepRecord) -> list[Finding]:
         out: list[Finding] = []
         extra = record.extra
         stds = extra.get("activation_std")
+        self.stds_seen = self.stds_seen or isinstance(stds, list)
         if isinstance(stds, list) and len(stds) >= 2:
             out += self._growth(record.step, stds)
         placement = extra.get("norm_placement")

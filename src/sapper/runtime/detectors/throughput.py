@@ -5,12 +5,35 @@ Step time is wall time from one step to the next, data wait included; the data w
 the time the loop spent between the end of one step and the start of the next forward
 (fetching the batch). The first ``warmup_steps`` are skipped: allocation, compilation
 and caches make them slow on every healthy run.
+
+Wall-clock numbers are noisy: on a shared machine a neighbour's job slows a run for a
+while and goes away. So R060-R062 are decided on *episodes* (:class:`Episode`): a
+stretch of consecutive records on which the condition holds (throughput below the plan,
+below ``degrade`` × its early level, data wait above ``data_share``), each condition on
+a rolling median or share so that single slow steps (R063's business) do not start one.
+
+- onset: the condition held on ``onset_records`` consecutive records → an *info*
+  finding ("not sustained yet");
+- sustained: it held on ``sustain_records`` records *and*, when the records carry step
+  times, for ``sustain_s`` seconds of wall time (a neighbour's burst is minutes, not ten
+  of them) → the rule's *warning*, saying it has not recovered so far;
+- still holding at the end of the stream, over at least ``sustain_share`` (a quarter)
+  of the log's records → the warning, "not recovered by the end of the log" (the change
+  persisted for the whole remaining run, and is not a burst that the log's end cut);
+- recovered after the warning → an info finding saying when it recovered.
+
+A dip that recovers before it is sustained therefore stays at info. An episode ends
+only when the value is clearly back (hysteresis): the rate above halfway between the
+threshold and the reference (0.85 × the early level for ``degrade`` = 0.7), the data
+wait below 0.8 × ``data_share``; a noisy machine's throughput otherwise crosses the
+threshold back and forth and a real slowdown never looks sustained.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
@@ -37,7 +60,11 @@ THROUGHPUT_LOW = register(
 A run much slower than its estimate is losing time to communication that crosses slow
 links (TP across nodes), a starved data pipeline, host-device syncs in the loop,
 recomputation nobody asked for or a fallback kernel; the budget runs out before the
-tokens do.""",
+tokens do.
+
+Frameworks: any; needs an expected throughput (a plan the cost model can price). Wall-
+clock numbers are noisy on shared machines: a finding needs a sustained change, a dip
+that recovers stays at info.""",
         signs="""\
 tokens/s (or MFU) well below the estimate from the first hundred steps on; GPU
 utilisation below ~90%.""",
@@ -58,7 +85,10 @@ THROUGHPUT_DEGRADING = register(
         why="""\
 A step that gets slower with time points at growth somewhere: memory fragmentation and
 allocator retries near the limit, a Python-side list or log that grows every step, a
-thermally throttled or failing GPU, a slower node in a collective.""",
+thermally throttled or failing GPU, a slower node in a collective.
+
+Frameworks: any. Wall-clock numbers are noisy on shared machines: a finding needs a
+sustained change, a dip that recovers stays at info.""",
         signs="""\
 tokens/s falling steadily from its early level; step time creeping up; allocator retries.""",
         fix="""\
@@ -77,7 +107,10 @@ DATA_WAIT = register(
         title="A large share of each step is spent waiting for data",
         why="""\
 While the loop waits for the next batch the accelerator idles; the data pipeline, not
-the model, sets the speed (checklist item 7).""",
+the model, sets the speed (checklist item 7).
+
+Frameworks: any; needs the data-wait time (the live monitor measures it; some loggers
+write data_time). A burst that recovers stays at info.""",
         signs="""\
 Data-wait time a large fraction of the step time; GPU utilisation dropping in bursts.""",
         fix="""\
@@ -96,7 +129,9 @@ STEP_OUTLIER = register(
         title="A step took far longer than the others",
         why="""\
 Isolated slow steps are checkpoint saves, evaluation, garbage collection or a straggler
-rank; they are harmless when rare and expected, a sign of contention when frequent.""",
+rank; they are harmless when rare and expected, a sign of contention when frequent.
+
+Frameworks: any; info only.""",
         signs="""\
 A step time many robust standard deviations above the median step time.""",
         fix="""\
@@ -105,6 +140,81 @@ node or shared-filesystem stalls.""",
         seed="§5.2",
     )
 )
+
+
+@dataclass
+class Episode:
+    """One stretch of consecutive records on which a condition held (see the module doc):
+    where it started, how many records and seconds it has lasted, which findings it has
+    produced. ``observe`` returns the event a record brings, if any."""
+
+    onset_records: int
+    sustain_records: int
+    sustain_s: float
+    start: int | None = None
+    last: int | None = None
+    records: int = 0
+    seconds: float = 0.0
+    timed: bool = True
+    onset: bool = False
+    warned: bool = False
+    #: The worst value seen in the episode (the lowest rate, the highest share).
+    worst: float | None = None
+    #: The last episode that ended: its first step, records, seconds and worst value.
+    last_start: int | None = None
+    last_records: int = 0
+    last_seconds: float = 0.0
+    last_worst: float | None = None
+
+    @property
+    def ongoing(self) -> bool:
+        return self.start is not None
+
+    def sustained(self) -> bool:
+        """The stated duration: ``sustain_records`` records and, when step times are
+        known, ``sustain_s`` seconds."""
+        if self.records < self.sustain_records:
+            return False
+        return not self.timed or self.seconds >= self.sustain_s
+
+    def observe(self, holds: bool, step: int, seconds: float | None, value: float) -> str | None:
+        """Feed one record: ``"onset"``, ``"sustained"``, ``"recovered"`` or None."""
+        if not holds:
+            if self.start is None:
+                return None
+            event = "recovered" if self.warned else None
+            self.last_start, self.last_records = self.start, self.records
+            self.last_seconds, self.last_worst = self.seconds, self.worst
+            self.start, self.records, self.seconds, self.timed = None, 0, 0.0, True
+            self.onset = self.warned = False
+            self.worst = None
+            return event
+        if self.start is None:
+            self.start = step
+        self.last = step
+        self.records += 1
+        if seconds is None:
+            self.timed = False
+        else:
+            self.seconds += seconds
+        self.worst = value if self.worst is None else self.worst_of(self.worst, value)
+        if not self.warned and self.sustained():
+            self.warned = True
+            return "sustained"
+        if not self.onset and not self.warned and self.records >= self.onset_records:
+            self.onset = True
+            return "onset"
+        return None
+
+    def worst_of(self, a: float, b: float) -> float:
+        return min(a, b)
+
+
+class HighEpisode(Episode):
+    """An episode whose worst value is the highest (a data-wait share)."""
+
+    def worst_of(self, a: float, b: float) -> float:
+        return max(a, b)
 
 
 def _rate(record: StepRecord) -> tuple[float, str] | None:
@@ -144,6 +254,11 @@ class ThroughputDetector(RuleDetector):
         outlier_k: float = 10.0,
         outlier_ratio: float = 3.0,
         outlier_cooldown: int = 50,
+        smooth: int = 9,
+        sustain_records: int = 50,
+        sustain_s: float = 600.0,
+        sustain_share: float = 0.25,
+        onset_records: int = 3,
     ) -> None:
         super().__init__()
         self.expected = {"tokens/s": expected_tokens_per_s, "samples/s": expected_samples_per_s}
@@ -158,7 +273,6 @@ class ThroughputDetector(RuleDetector):
         self.first_step: int | None = None
         self.degrade_window = degrade_window
         self.early: list[float] = []
-        self.late = SortedWindow(degrade_window)
         self.early_median: float | None = None
         self.rate_count = 0
         self.early_unit: str | None = None
@@ -166,12 +280,33 @@ class ThroughputDetector(RuleDetector):
         self.times = RollingRobust(max(window, 50))
         self.waits: deque[tuple[float, float]] = deque(maxlen=window)
         self.last_outlier: int | None = None
+        self.smooth = smooth
+        self.sustain_records = sustain_records
+        self.sustain_s = sustain_s
+        self.recent_rates = SortedWindow(smooth)
+        self.sustain_share = sustain_share
+        ep = (onset_records, sustain_records, sustain_s)
+        self.low_episode = Episode(*ep)
+        self.slow_episode = Episode(*ep)
+        self.wait_episode = HighEpisode(*ep)
+        self.prev_step: int | None = None
+        self.seconds: float | None = None
+        self.records_seen = 0
+        # running sums over ``waits`` (data wait, step time): the share is O(1) per record
+        self.wait_sum = 0.0
+        self.time_sum = 0.0
+        self.timed_records = 0
+        self.wait_records = 0
+        self.rate_unit: str | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.first_step is None:
             self.first_step = record.step
+        self.seconds = self._seconds(record)
+        self.prev_step = record.step
         if record.step - self.first_step < self.warmup_steps:
             return []
+        self.records_seen += 1
         out = self._outlier(record)
         if record.data_time_s is not None:
             out += self._data_wait(record)
@@ -183,26 +318,41 @@ class ThroughputDetector(RuleDetector):
             self.early_unit = unit
         if unit != self.early_unit:
             return out
+        self.rate_unit = unit
         self.rates.add(value)
-        self.late.add(value)
+        self.recent_rates.add(value)
         self.rate_count += 1
         if len(self.early) < self.degrade_window:
             self.early.append(value)
         if self.expected.get(unit):
             out += self._below(record.step, unit)
-        if self.rate_count >= 3 * self.degrade_window:
+        if self.rate_count >= self.degrade_window + self.smooth:
             out += self._degrading(record.step, unit)
         return out
+
+    def _seconds(self, record: StepRecord) -> float | None:
+        """Wall time this record stands for: its step time × the steps since the previous
+        record (a log written every k steps), else None."""
+        t = record.step_time_s
+        if t is None or not math.isfinite(t) or t <= 0:
+            return None
+        span = record.step - self.prev_step if self.prev_step is not None else 1
+        return t * max(1, span)
 
     def _below(self, step: int, unit: str) -> list[Finding]:
         expected = self.expected.get(unit)
         if not expected or len(self.rates) < self.min_records:
             return []
         now = self.rates.median()
-        if now >= self.below * expected:
+        ep = self.low_episode
+        bar = self.below if not ep.ongoing else 0.5 * (1.0 + self.below)
+        event = ep.observe(now < bar * expected, step, self.seconds, now)
+        if event is None:
             return []
-        return self.fire(
+        return self._episode(
             THROUGHPUT_LOW,
+            self.low_episode,
+            event,
             step,
             f"median throughput {fmt(now)} {unit} over the last {len(self.rates)} logged "
             f"steps is {fmt(100 * now / expected)}% of the expected {fmt(expected)} {unit}",
@@ -210,22 +360,36 @@ class ThroughputDetector(RuleDetector):
             threshold=self.below * expected,
         )
 
-    def _degrading(self, step: int, unit: str) -> list[Finding]:
-        """The median of the last ``degrade_window`` rates against the first ones, once
-        the two windows no longer overlap (a slow drift, not a noisy minute)."""
-        n = self.degrade_window
-        if self.rate_count < 3 * n:
-            return []
+    def _slow_now(self) -> tuple[bool, float, float]:
+        """R061's condition on this record: the median of the last ``smooth`` rates below
+        ``degrade`` × the median of the first ``degrade_window`` (the run's own early
+        level), or, inside an episode, still below halfway back to that level
+        (hysteresis); returns (holds, early level, smoothed rate now)."""
         if self.early_median is None:  # the early window is full and fixed by now
             self.early_median = median(self.early)
-        ref, now = self.early_median, self.late.median()
-        if now >= self.degrade * ref:
+        ref, now = self.early_median, self.recent_rates.median()
+        bar = self.degrade if not self.slow_episode.ongoing else 0.5 * (1.0 + self.degrade)
+        return now < bar * ref, ref, now
+
+    def _degrading(self, step: int, unit: str) -> list[Finding]:
+        """A sustained fall of the throughput below its early level (see the module doc:
+        a dip that recovers before it is sustained stays at info)."""
+        holds, ref, now = self._slow_now()
+        ep = self.slow_episode
+        if not holds and not ep.ongoing:  # the common case: nothing to track
             return []
-        return self.fire(
+        event = ep.observe(holds, step, self.seconds, now)
+        if event is None:
+            return []
+        worst = ep.worst if ep.worst is not None else now
+        return self._episode(
             THROUGHPUT_DEGRADING,
+            ep,
+            event,
             step,
-            f"throughput fell from {fmt(ref)} to {fmt(now)} {unit} "
-            f"({fmt(100 * (1 - now / ref))}% slower than the first {n} logged steps)",
+            f"throughput fell from {fmt(ref)} to {fmt(now if holds else worst)} {unit} "
+            f"({fmt(100 * (1 - (now if holds else worst) / ref))}% slower than the first "
+            f"{self.degrade_window} logged steps)",
             value=now,
             threshold=self.degrade * ref,
             early=ref,
@@ -235,20 +399,153 @@ class ThroughputDetector(RuleDetector):
         d, t = record.data_time_s, record.step_time_s
         if d is None or t is None or t <= 0 or not (math.isfinite(d) and math.isfinite(t)):
             return []
-        self.waits.append((d, t))
-        if len(self.waits) < self.min_records:
+        self.wait_records += 1
+        waits = self.waits
+        if len(waits) == waits.maxlen and waits:
+            old_d, old_t = waits[0]
+            self.wait_sum -= old_d
+            self.time_sum -= old_t
+        waits.append((d, t))
+        self.wait_sum += d
+        self.time_sum += t
+        if len(waits) < self.min_records:
             return []
-        share = sum(w for w, _ in self.waits) / sum(s for _, s in self.waits)
-        if share < self.data_share:
+        share = self.wait_sum / self.time_sum if self.time_sum > 0 else 0.0
+        ep = self.wait_episode
+        bar = self.data_share if not ep.ongoing else 0.8 * self.data_share
+        if share < bar and not ep.ongoing:
             return []
-        return self.fire(
+        event = ep.observe(share >= bar, record.step, self.seconds, share)
+        if event is None:
+            return []
+        return self._episode(
             DATA_WAIT,
+            ep,
+            event,
             record.step,
             f"{fmt(100 * share)}% of the step time of the last {len(self.waits)} logged steps "
             f"was spent waiting for data (threshold {fmt(100 * self.data_share)}%)",
             value=share,
             threshold=self.data_share,
         )
+
+    def _episode(
+        self,
+        rule: Rule,
+        ep: Episode,
+        event: str | None,
+        step: int,
+        what: str,
+        *,
+        final: bool = False,
+        **details: float,
+    ) -> list[Finding]:
+        """The finding an episode event calls for (see the module doc): info at the
+        onset and on recovery, the rule's warning once it is sustained or still holds at
+        the end. Each event of an episode is reported once, past the cooldown."""
+        if event is None:
+            return []
+        since = f"since step {ep.start}" if ep.start is not None else ""
+        span = self._span(ep)
+        if event == "onset":
+            need = f"{self.sustain_records} logged steps" + (
+                f" and {fmt(self.sustain_s)} s" if ep.timed else ""
+            )
+            message = (
+                f"{what}, {since} ({span}); not sustained yet — a warning follows if it "
+                f"lasts {need} or to the end of the log"
+            )
+            severity: Severity | None = Severity.INFO
+        elif event == "sustained":
+            message = f"{what}, {since} ({span}) and not recovered so far"
+            severity = None
+        elif final:
+            message = f"{what}, {since} ({span}), not recovered by the end of the log"
+            severity = None
+        else:  # recovered
+            lasted = f"{ep.last_records} logged step(s)" + (
+                f", {fmt(ep.last_seconds)} s" if ep.last_seconds else ""
+            )
+            message = (
+                f"recovered at step {step} after {lasted} since step {ep.last_start} "
+                f"(worst {fmt(ep.last_worst)}); now: {what}"
+            )
+            severity = Severity.INFO
+        if event != "onset":  # the warning and its recovery are never held back by an info
+            self.fired.pop(rule.code, None)
+        return self.fire(
+            rule,
+            step,
+            message,
+            severity=severity,
+            episode_start=ep.start if ep.start is not None else ep.last_start,
+            recovered=event == "recovered",
+            **details,
+        )
+
+    @staticmethod
+    def _span(ep: Episode) -> str:
+        steps = f"{ep.records} logged step(s)"
+        return steps + (f", {fmt(ep.seconds)} s" if ep.timed and ep.seconds else "")
+
+    def finish(self) -> list[Finding]:
+        """Episodes still holding at the end of the stream persisted for the whole rest of
+        the run: the rule's warning, unless it was already given."""
+        out: list[Finding] = []
+        last = self.prev_step if self.prev_step is not None else 0
+        for rule, ep in (
+            (THROUGHPUT_LOW, self.low_episode),
+            (THROUGHPUT_DEGRADING, self.slow_episode),
+            (DATA_WAIT, self.wait_episode),
+        ):
+            need = max(self.min_records, self.sustain_share * self.records_seen)
+            if not ep.ongoing or ep.warned or ep.records < need:
+                continue
+            ep.warned = True
+            what = {
+                THROUGHPUT_LOW.code: "throughput below the expected rate",
+                THROUGHPUT_DEGRADING.code: "throughput below its early level",
+                DATA_WAIT.code: "data wait above its threshold",
+            }[rule.code]
+            worst = ep.worst
+            out += self._episode(
+                rule,
+                ep,
+                "final",
+                last,
+                f"{what} (worst {fmt(worst)})",
+                final=True,
+                value=worst if worst is not None else math.nan,
+            )
+        return out
+
+    def unevaluated(self) -> list[str]:
+        """What R060-R063 could not look at: no timing or rate field at all, no expected
+        throughput (R060), no data-wait field (R062), too few rates (R061)."""
+        if self.records_seen == 0 or (
+            self.rate_count == 0 and self.wait_records == 0 and not len(self.times)
+        ):
+            return [
+                "R060-R063 throughput: not evaluated — the log has no step time, "
+                "tokens/s or samples/s"
+            ]
+        out = []
+        if not any(self.expected.values()):
+            out.append(
+                "R060 throughput below plan: not evaluated — no expected throughput (a plan "
+                "with model, GPU and batch, or throughput.expected_tokens_per_s)"
+            )
+        if self.rate_count < self.degrade_window + self.smooth:
+            out.append(
+                f"R061 throughput degrading: not evaluated — {self.rate_count} rate "
+                f"record(s), needs {self.degrade_window + self.smooth}"
+            )
+        if self.wait_records == 0:
+            out.append(
+                "R062 data-loader bottleneck: not evaluated — the log has no data-wait time "
+                "next to the step time"
+            )
+        return out
 
     def _outlier(self, record: StepRecord) -> list[Finding]:
         t = record.step_time_s
