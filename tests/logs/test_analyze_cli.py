@@ -73,7 +73,18 @@ def test_several_logs_and_merge(examples: Path, tmp_path: Path) -> None:
     merged = json.loads(invoke(tmp_path / "part1.log", tmp_path / "part2.log", "--merge",
                                "-f", "json").stdout)
     (log,) = merged["summary"]["logs"]
-    assert log["records"] == 300 and log["first_step"] == 10 and log["last_step"] == 3000
+    # part2 repeats steps 1100-1490: both attempts are kept, in file order
+    assert log["records"] == 340 and log["first_step"] == 10 and log["last_step"] == 3000
+    spans = [(a["number"], a["first_step"], a["last_step"], a["records"]) for a in log["attempts"]]
+    assert spans == [(1, 10, 1490, 149), (2, 1100, 3000, 191)]
+    assert "restarted at step 1,490 (attempt 2 resumes from step 1,100)" in log["notes"]
+    assert log["interval"] == 10 and log["gaps"] == []
+    # the resumed attempt's detectors know the history it resumes from: the same findings
+    # as the log read whole (no "loss barely moved over the first steps" at the resume)
+    whole = json.loads(invoke(examples / "megatron-gpt345m-fp16.log", "-f", "json").stdout)
+    assert {(f["code"], f["step"]) for f in merged["findings"]} == {
+        (f["code"], f["step"]) for f in whole["findings"]
+    }
 
 
 def test_text_output_lists_notes_and_findings(examples: Path, tmp_path: Path) -> None:

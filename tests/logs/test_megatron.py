@@ -79,7 +79,7 @@ def test_incremental_feed_equals_one_shot(examples: Path) -> None:
     assert [r.to_json() for r in got] == [r.to_json() for r in expected]
 
 
-def test_restart_from_checkpoint_keeps_first_occurrence() -> None:
+def test_restart_from_checkpoint_starts_a_new_attempt() -> None:
     def line(it: int, loss: float) -> str:
         return f" iteration {it:8d}/ 100 | lm loss: {loss:.6E} | number of skipped iterations: 0 |"
 
@@ -87,8 +87,27 @@ def test_restart_from_checkpoint_keeps_first_occurrence() -> None:
     lines = [line(10, 5.0), line(20, 4.0), line(30, 3.0), line(20, 9.0), line(30, 9.0),
              line(40, 2.0)]
     records = parser.feed(lines) + parser.finish()
-    assert [(r.step, r.loss) for r in records] == [(10, 5.0), (20, 4.0), (30, 3.0), (40, 2.0)]
-    assert any("steps 20–30 logged again" in n for n in parser.notes)
+    assert [(r.step, r.loss) for r in records] == [
+        (10, 5.0), (20, 4.0), (30, 3.0), (20, 9.0), (30, 9.0), (40, 2.0)
+    ]
+    assert [(a.number, a.start, a.stop, a.first_step, a.last_step) for a in parser.attempts] == [
+        (1, 0, 3, 10, 30), (2, 3, 6, 20, 40)
+    ]
+
+
+def test_restart_at_the_last_step_and_validation_of_the_printed_iteration() -> None:
+    def line(it: int, loss: float) -> str:
+        return f" iteration {it:8d}/ 100 | lm loss: {loss:.6E} |"
+
+    valid = " validation loss at iteration 20 | lm loss value: 3.5E+00 | lm loss PPL: 33.1 |"
+    parser = MegatronParser()
+    got = parser.feed([line(10, 5.0), line(20, 4.0), valid])
+    got += parser.merger.settle()  # the writer went quiet during the evaluation
+    got += parser.feed([line(20, 4.5), valid, line(30, 3.0)]) + parser.finish()
+    assert [(r.step, r.loss, r.eval_loss) for r in got] == [
+        (10, 5.0, None), (20, 4.0, 3.5), (20, 4.5, 3.5), (30, 3.0, None)
+    ]
+    assert [a.first_step for a in parser.attempts] == [10, 20]
 
 
 def test_garbled_values_are_counted_not_fatal() -> None:

@@ -69,9 +69,11 @@ def test_incremental_feed_and_restart(tmp_path: Path) -> None:
     first = parser.feed(['{"kind":"meta","version":1}', '{"kind":"step","step":1,"loss":2.0}'])
     assert [r.step for r in first] == [1]
     again = parser.feed(['{"kind":"step","step":1,"loss":9.0}', '{"kind":"step","step":2}'])
-    assert [r.step for r in again] == [2]
+    assert [(r.step, r.loss) for r in again] == [(1, 9.0), (2, None)]
     parser.finish()
-    assert any("repeated an earlier step" in n for n in parser.notes)
+    assert [(a.number, a.start, a.stop, a.first_step, a.last_step) for a in parser.attempts] == [
+        (1, 0, 1, 1, 1), (2, 1, 3, 1, 2)
+    ]
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])

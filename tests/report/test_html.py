@@ -50,6 +50,29 @@ def test_mask_ranges_merge_consecutive_records() -> None:
     assert mask_ranges(all_steps, np.array([], dtype=np.int64)) == []
 
 
+def test_mask_ranges_of_a_restarted_log_follow_record_order() -> None:
+    """Attempt 2 logs steps 30-50 again: ranges are runs over the records as logged."""
+    all_steps = np.array([10, 20, 30, 40, 50, 30, 40, 50, 60])
+    marked = np.array([40, 50, 30, 40])  # NaN at the end of attempt 1, the start of attempt 2
+    assert mask_ranges(all_steps, marked) == [[40, 40]]  # one run: 40, 50 | 30, 40
+    assert mask_ranges(all_steps, np.array([20, 60])) == [[20, 20], [60, 60]]
+
+
+def test_report_of_a_restarted_log(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    steps = [*range(1, 121), *range(81, 201)]
+    rows = [f"{s},{math.nan if s == 110 and i < 120 else 2.0 - s / 1000}" for i, s in
+            enumerate(steps)]
+    path.write_text("step,loss\n" + "\n".join(rows) + "\n")
+    log = read_log(path)
+    assert len(log.attempts) == 2
+    back = page_data(render_report(build_report_data(analyze_log(log, detectors_for(None)))))
+    assert back["notes"][0] == (
+        "rolled back at step 120 (attempt 2 resumes from step 81) after a non-finite loss at "
+        "step 110 (R001)"
+    )
+
+
 def _analysis(path: Path, plan=None):
     return analyze_log(read_log(path), detectors_for(plan))
 

@@ -76,17 +76,20 @@ def test_rename_without_a_new_file_keeps_reading_the_old_one(tmp_path, fault_run
     assert _steps(fol.poll()) == [2, 3, 4]
 
 
-def test_truncation_reads_again_from_the_start_and_skips_steps_already_seen(tmp_path, fault_run):
+def test_truncation_reads_again_from_the_start_as_a_new_attempt(tmp_path, fault_run):
     log = tmp_path / "run.jsonl"
     _append(log, runlog_lines(fault_run[:10]))
     fol = FileFollower(log)
     assert _steps(fol.poll()) == list(range(1, 11))
     # the job restarted from the checkpoint at step 6 and opened its log with "w"
     log.write_text("\n".join(runlog_lines(fault_run[5:8])) + "\n")
-    assert fol.poll() == []
+    assert _steps(fol.poll()) == [6, 7, 8]
     assert any("truncated" in e for e in fol.events)
     _append(log, runlog_lines(fault_run[8:14])[1:])
-    assert _steps(fol.poll()) == [11, 12, 13, 14]
+    assert _steps(fol.poll()) == [9, 10, 11, 12, 13, 14]
+    assert [(a.number, a.first_step, a.last_step) for a in fol.parser.attempts] == [
+        (1, 1, 10), (2, 6, 14)
+    ]
 
 
 def test_stdin_pipe_in_pieces_until_it_closes(fault_run):

@@ -192,9 +192,11 @@ def test_settle_releases_the_last_step_and_keeps_late_values_apart():
     (late,) = merger.ready()
     assert late.step == 10 and late.eval_loss == 2.2 and late.loss is None
     assert notes == []
-    merger.put(10, {"loss": 5.0})  # a real repeat is still a repeat
-    assert _steps(merger.flush()) == [20]
-    assert notes and "logged again" in notes[0]
+    merger.put(10, {"loss": 5.0})  # a real repeat: the run restarted from a checkpoint
+    assert _steps(merger.flush()) == [20, 10]
+    assert [(a.number, a.first_step, a.last_step) for a in merger.tracker.attempts] == [
+        (1, 10, 20), (2, 10, 10)
+    ]
 
 
 def test_megatron_validation_after_a_settled_step_is_not_lost():

@@ -176,23 +176,39 @@ def column_mapping(items: list[str] | None) -> dict[str, FieldMap]:
 
 
 def merge_logs(logs: list[LogData]) -> LogData:
-    """One run from several logs (a run resumed into new files): records by step, the
-    first occurrence of a step kept."""
+    """One run from several logs (a run resumed into new files): the logs in the order
+    of their first step, each log's records and attempts kept. A log that starts after
+    the previous one's last step continues its attempt; one that starts at or below it
+    (the run resumed from an earlier checkpoint) begins a new attempt."""
     from sapper.logs import LogData
+    from sapper.logs.analysis import attempts_of
+    from sapper.logs.base import Attempt
 
-    by_step: dict[int, Any] = {}
-    for log in logs:
-        for rec in log.records:
-            by_step.setdefault(rec.step, rec)
+    ordered = sorted(
+        (log for log in logs if log.records), key=lambda log: log.records[0].step
+    )
+    records: list[Any] = []
+    attempts: list[Attempt] = []
+    for log in ordered:
+        base = len(records)
+        for i, a in enumerate(attempts_of(log)):
+            start, stop = base + a.start, base + a.stop
+            prev = attempts[-1] if attempts else None
+            if i == 0 and prev is not None and a.first_step > prev.last_step:
+                prev.stop, prev.last_step = stop, max(prev.last_step, a.last_step)
+            else:
+                attempts.append(Attempt(len(attempts) + 1, start, stop, a.first_step, a.last_step))
+        records.extend(log.records)
     notes = [f"{Path(log.path).name}: {n}" for log in logs for n in log.notes]
     formats = sorted({log.format for log in logs})
     return LogData(
         path=" + ".join(log.path for log in logs),
         format="+".join(formats),
-        records=[by_step[s] for s in sorted(by_step)],
+        records=records,
         findings=[f for log in logs for f in log.findings],
         meta={k: v for log in logs for k, v in log.meta.items()},
         notes=notes,
+        attempts=attempts,
     )
 
 
@@ -330,6 +346,8 @@ def render_analyses(analyses: list[Analysis]) -> Group:
         log = a.log
         span = f"steps {log.first_step:,}–{log.last_step:,}" if log.records else "no steps"
         every = f", every {a.interval:,} step(s)" if a.interval else ""
+        if len(a.attempts) > 1:
+            every += f", {len(a.attempts)} attempts"
         parts.append(
             Text.from_markup(
                 f"[bold]{escape(log.path)}[/]: {escape(log.format)} log, "
@@ -338,6 +356,8 @@ def render_analyses(analyses: list[Analysis]) -> Group:
         )
         for note in a.notes:
             parts.append(Text.from_markup(f"  [yellow]note:[/] {escape(note)}"))
+        for line in a.unevaluated:
+            parts.append(Text.from_markup(f"  [dim]not evaluated:[/] {escape(line)}"))
         if a.findings:
             parts.append(render_findings(a.findings))
         elif a.unevaluated:

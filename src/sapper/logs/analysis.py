@@ -4,26 +4,94 @@ The detectors are the live monitor's own objects (``default_detectors``), fed re
 record exactly as during training, so a finding means the same thing live and offline.
 Findings the live monitor already stored in a sapper run log are kept (some need hooks
 inside the loop: the first non-finite module, GradScaler misuse) and merged with the
-replayed ones, one per rule and step. The typical logging interval and the gaps in the
-log are measured and reported, so a finding on a log written every 100 steps is read
-as such.
+replayed ones, one per rule and step. A restarted log holds several attempts
+(:class:`~sapper.logs.base.Attempt`): each is a run of its own, fed to fresh copies of the
+detectors, and the summary says whether an attempt was rolled back after a finding that
+explains it (a spike, a NaN, an overflow shortly before its end) or just restarted. The
+typical logging interval and the gaps in the log are measured within each attempt and
+reported, so a finding on a log written every 100 steps is read as such.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sapper.logs.base import LogData
+from sapper.logs.base import Attempt, LogData
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
 from sapper.runtime.detector import Detector, DetectorSet, unevaluated_codes
+from sapper.runtime.records import StepRecord
 
-__all__ = ["Analysis", "analyze_log", "log_interval"]
+__all__ = ["Analysis", "AttemptSummary", "analyze_log", "attempts_of", "log_interval"]
 
 #: A gap is this many typical intervals without a record.
 GAP_FACTOR = 10
+#: An attempt that ends within this many logging intervals (or at least this many steps, see
+#: ``ROLLBACK_MIN_STEPS``) after a trouble finding was rolled back because of it (so was
+#: one whose trouble lies in the steps the next attempt logs again).
+ROLLBACK_INTERVALS = 10
+ROLLBACK_MIN_STEPS = 100
+#: Records of the history an attempt resumes from that its fresh detectors see first.
+WARM_RECORDS = 2000
+#: Findings that make a run roll back: what a restart right after them answers.
+TROUBLE: dict[str, str] = {
+    "R001": "a non-finite loss",
+    "R002": "a loss spike",
+    "R010": "a non-finite gradient norm",
+    "R013": "a gradient-norm surge",
+    "R020": "non-finite values",
+    "R030": "a loss-scale collapse",
+    "R031": "a run of skipped steps",
+}
+
+
+@dataclass
+class AttemptSummary:
+    """One attempt, and what ended it when the log goes on with another."""
+
+    attempt: Attempt
+    #: The trouble finding shortly before the attempt's end (see ``analyze_log``).
+    ended_by: Finding | None = None
+    #: The first step of the next attempt (``None`` for the last attempt).
+    resumed_at: int | None = None
+
+    @property
+    def records(self) -> int:
+        return self.attempt.stop - self.attempt.start
+
+    def sentence(self) -> str | None:
+        """"rolled back at step 1200 (attempt 2 resumes from step 1100) after a loss
+        spike at step 1187", or "restarted at step N ..."; ``None`` for the last attempt."""
+        if self.resumed_at is None:
+            return None
+        a = self.attempt
+        resume = f"(attempt {a.number + 1} resumes from step {self.resumed_at:,})"
+        if self.ended_by is None:
+            return f"restarted at step {a.last_step:,} {resume}"
+        what = TROUBLE.get(self.ended_by.code, self.ended_by.code)
+        return (
+            f"rolled back at step {a.last_step:,} {resume} after {what} at step "
+            f"{self.ended_by.step:,} ({self.ended_by.code})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        a = self.attempt
+        out: dict[str, Any] = {
+            "number": a.number,
+            "first_step": a.first_step,
+            "last_step": a.last_step,
+            "records": self.records,
+        }
+        if self.ended_by is not None:
+            out["ended_by"] = {
+                "code": self.ended_by.code,
+                "step": self.ended_by.step,
+                "message": self.ended_by.message,
+            }
+        return out
 
 
 @dataclass
@@ -38,12 +106,15 @@ class Analysis:
     gaps: list[tuple[int, int]] = field(default_factory=list)
     #: Detectors that raised (a bug in sapper), with the error; the others still ran.
     failed: dict[str, str] = field(default_factory=dict)
-    #: Rules the detectors could not evaluate on this log, naming the missing input.
+    #: The log's attempts (one unless it was restarted), with what ended each.
+    attempts: list[AttemptSummary] = field(default_factory=list)
+    #: Rules a detector could not evaluate on this log, naming the missing input.
     unevaluated: list[str] = field(default_factory=list)
 
     @property
     def notes(self) -> list[str]:
-        notes = list(self.log.notes)
+        notes = [s for a in self.attempts if (s := a.sentence())]
+        notes += self.log.notes
         for start, end in self.gaps[:5]:
             notes.append(f"no records between steps {start} and {end}")
         if len(self.gaps) > 5:
@@ -64,22 +135,32 @@ class Analysis:
             "last_step": self.log.last_step,
             "interval": self.interval,
             "gaps": [list(g) for g in self.gaps],
+            "attempts": [a.to_json() for a in self.attempts],
             "notes": self.notes,
             "not_evaluated": self.unevaluated,
         }
 
 
 def log_interval(steps: Sequence[int]) -> tuple[int | None, list[tuple[int, int]]]:
-    """The median step difference and the gaps far longer than it."""
-    if len(steps) < 2:
-        return None, []
+    """The median step difference and the gaps far longer than it (steps ascending)."""
+    return attempts_interval([steps])
+
+
+def attempts_interval(
+    runs: Sequence[Sequence[int]],
+) -> tuple[int | None, list[tuple[int, int]]]:
+    """The median step difference within each attempt and the gaps far longer than it:
+    the step going back between two attempts is neither an interval nor a gap."""
     import numpy as np
 
-    diffs = np.diff(np.asarray(steps, dtype=np.int64))
-    interval = max(1, int(np.median(diffs)))
+    diffs = [np.diff(np.asarray(steps, dtype=np.int64)) for steps in runs if len(steps) > 1]
+    if not diffs:
+        return None, []
+    interval = max(1, int(np.median(np.concatenate(diffs))))
     limit = max(GAP_FACTOR * interval, interval + 1)
-    idx = np.nonzero(diffs > limit)[0]
-    gaps = [(int(steps[i]), int(steps[i + 1])) for i in idx]
+    gaps: list[tuple[int, int]] = []
+    for steps, d in zip((s for s in runs if len(s) > 1), diffs, strict=True):
+        gaps.extend((int(steps[i]), int(steps[i + 1])) for i in np.nonzero(d > limit)[0])
     return interval, gaps
 
 
@@ -94,8 +175,19 @@ def _asked(lines: list[str], select: Iterable[str], ignore: Iterable[str]) -> li
     ]
 
 
-def _key(f: Finding) -> tuple[str, int | None, int | None]:
-    return (f.code, f.step, f.rank)
+def _key(f: Finding) -> tuple[Any, ...]:
+    """One finding per rule, step and rank, in each attempt and eval set."""
+    return (f.code, f.step, f.rank, f.data.get("attempt"), f.data.get("eval_set"))
+
+
+def attempts_of(log: LogData) -> list[Attempt]:
+    """The log's attempts; one over all records when the reader named none."""
+    if log.attempts:
+        return log.attempts
+    if not log.records:
+        return []
+    steps = [r.step for r in log.records]
+    return [Attempt(1, 0, len(log.records), steps[0], max(steps))]
 
 
 def analyze_log(
@@ -108,20 +200,55 @@ def analyze_log(
 ) -> Analysis:
     """Feed every record of ``log`` to ``detectors``; keep the codes select/ignore allow.
 
-    A long log runs through its columns (``sapper.runtime.columnar``: vectorised twins
-    proven to give the same findings, the other detectors fed only the rows they read);
-    ``progress(n)`` is told as detectors finish there."""
-    from sapper.runtime.columnar.engine import run_log
+    Each attempt of a restarted log is a run of its own: it gets fresh copies of the
+    detectors (same options, no state), and its findings name it in ``data["attempt"]``.
+    The copies first see, without reporting, the last ``WARM_RECORDS`` records of the
+    history the attempt resumes from (the earlier attempts' steps before its first step):
+    a run resumed at step 1,100 is not at its start, and a spike right after the resume is
+    measured against the run's level, as it would have been without the restart.
 
-    dset = DetectorSet(detectors)
-    fast = run_log(log, dset.detectors, progress=progress)
-    if fast is not None:
-        found, failed, lines = fast.found, fast.failed, fast.unevaluated
-    else:
-        found = dset.run(log.records)
-        failed, lines = dict(dset.failed), dset.unevaluated()
-    merged: dict[tuple[str, int | None, int | None], Finding] = {}
-    for f in [*log.findings, *found]:
+    A long attempt runs through columns (``sapper.runtime.columnar``: vectorised twins
+    proven to give the same findings, the other detectors fed only the rows they read);
+    ``progress(n)`` is told as detectors finish there.
+    """
+    from sapper.runtime.columnar.engine import run_attempt
+
+    templates = list(detectors)
+    attempts = attempts_of(log)
+    many = len(attempts) > 1
+    found: list[Finding] = []
+    failed: dict[str, str] = {}
+    unevaluated: list[str] = []
+    lineage: list[StepRecord] = []  # the history the next attempt's checkpoint carries
+    for i, attempt in enumerate(attempts):
+        dets = copy.deepcopy(templates) if many else templates
+        warm = lineage[-WARM_RECORDS:]
+        fast = run_attempt(log, attempt, dets, warm, progress=progress)
+        records: Sequence[StepRecord] | None = None
+        if fast is not None:
+            got, bad, lines = fast.found, fast.failed, fast.unevaluated
+        else:
+            dset = DetectorSet(dets)
+            for rec in warm:
+                dset.update(rec)  # context only: these steps' findings belong to earlier attempts
+            records = log.records[attempt.start : attempt.stop]
+            got = dset.run(records)
+            bad, lines = dict(dset.failed), dset.unevaluated()
+        for f in got:
+            found.append(_tagged(f, attempt.number) if many else f)
+        if i + 1 < len(attempts):
+            if records is None:
+                records = log.records[attempt.start : attempt.stop]
+            resume = attempts[i + 1].first_step
+            lineage = [r for r in lineage if r.step < resume]
+            lineage += [r for r in records if r.step < resume]
+        prefix = f"attempt {attempt.number}: " if many else ""
+        unevaluated += [prefix + line for line in lines]
+        failed.update(bad)
+    # The live monitor's own findings (a sapper run log) win over their replay.
+    stored = {_key(f)[:3] for f in log.findings}
+    merged: dict[tuple[Any, ...], Finding] = {}
+    for f in [*log.findings, *(f for f in found if _key(f)[:3] not in stored)]:
         merged.setdefault(_key(f), f)
     findings = [
         f if f.source else f.model_copy(update={"source": log.path}) for f in merged.values()
@@ -129,10 +256,61 @@ def analyze_log(
     kept = select_rules({f.code for f in findings}, select, ignore)
     findings = sorted(
         (f for f in findings if f.code in kept),
-        key=lambda f: (f.step if f.step is not None else -1, -f.severity.rank, f.code),
+        key=lambda f: (
+            f.data.get("attempt") or 0,
+            f.step if f.step is not None else -1,
+            -f.severity.rank,
+            f.code,
+        ),
     )
     columns = getattr(log, "columns", None)
-    steps = columns.steps if columns is not None else [r.step for r in log.records]
-    interval, gaps = log_interval(steps)
-    unevaluated = _asked(lines, select, ignore)
-    return Analysis(log, findings, interval, gaps, failed, unevaluated)
+    interval, gaps = attempts_interval(
+        [columns.steps[a.start : a.stop] for a in attempts]
+        if columns is not None
+        else [[r.step for r in log.records[a.start : a.stop]] for a in attempts]
+    )
+    result = Analysis(log, findings, interval, gaps, failed)
+    result.attempts = _ends(attempts, found, interval)
+    result.unevaluated = _asked(unevaluated, select, ignore)
+    return result
+
+
+def _tagged(f: Finding, number: int) -> Finding:
+    return f.model_copy(update={"data": {**f.data, "attempt": number}})
+
+
+def _ends(
+    attempts: list[Attempt], found: list[Finding], interval: int | None
+) -> list[AttemptSummary]:
+    """Each attempt with what ended it: the last trouble finding before its end.
+
+    An attempt was rolled back because of a loss spike, a non-finite loss or gradient
+    norm, a gradient-norm surge, a loss-scale collapse or a run of skipped steps when that
+    finding lies in the steps the next attempt logs again (at or after the step it resumes
+    from: the steps thrown away; the first such finding is named), or within
+    ``ROLLBACK_INTERVALS`` logging intervals (at least ``ROLLBACK_MIN_STEPS`` steps) before
+    the attempt's end (the latest is named); any other restart is just a restart."""
+    window = max(ROLLBACK_INTERVALS * (interval or 1), ROLLBACK_MIN_STEPS)
+    out: list[AttemptSummary] = []
+    many = len(attempts) > 1
+    for i, a in enumerate(attempts):
+        summary = AttemptSummary(a)
+        if i + 1 < len(attempts):
+            resumed = attempts[i + 1].first_step
+            trouble = [
+                (f.step, f.severity.rank, f)
+                for f in found
+                if f.code in TROUBLE
+                and f.step is not None
+                and (f.data.get("attempt") == a.number or not many)
+                and f.step <= a.last_step
+            ]
+            thrown = [t for t in trouble if t[0] >= resumed]
+            late = [t for t in trouble if t[0] >= a.last_step - window]
+            if thrown:  # the first trouble in the steps thrown away started it
+                summary.ended_by = min(thrown, key=lambda t: (t[0], -t[1]))[2]
+            elif late:
+                summary.ended_by = max(late, key=lambda t: (t[0], t[1]))[2]
+            summary.resumed_at = attempts[i + 1].first_step
+        out.append(summary)
+    return out

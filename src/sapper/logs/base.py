@@ -19,12 +19,16 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any, ClassVar
 
+from sapper.logs.counters import CounterReader
+from sapper.logs.fields import FieldMap, normalize_name
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
 __all__ = [
+    "DICT_EXTRAS",
     "SPARSE_RECORDS",
     "Attempt",
+    "AttemptTracker",
     "LineBuffer",
     "LogData",
     "LogParser",
@@ -32,6 +36,7 @@ __all__ = [
     "coerce",
     "gc_paused",
     "new_record",
+    "put_mapped",
     "to_float",
 ]
 
@@ -74,6 +79,37 @@ class LogData:
         return self.records[-1].step if self.records else None
 
 
+#: ``StepRecord.extra`` keys holding a dict that several lines or tags of one step fill
+#: together (one TensorBoard tag per eval set or layer): merged, not replaced.
+DICT_EXTRAS = frozenset({"eval_losses", "grad_norm_layers"})
+
+
+class AttemptTracker:
+    """Numbers the records a parser emits into attempts: :meth:`restart` says the next
+    record starts a new one (a rollback and resume), :meth:`emitted` counts records."""
+
+    def __init__(self) -> None:
+        self.attempts: list[Attempt] = []
+        self.count = 0
+        self._new = True
+
+    def restart(self) -> None:
+        self._new = True
+
+    def emitted(self, records: list[StepRecord]) -> None:
+        for rec in records:
+            if self._new or not self.attempts:
+                self.attempts.append(
+                    Attempt(len(self.attempts) + 1, self.count, self.count, rec.step, rec.step)
+                )
+                self._new = False
+            attempt = self.attempts[-1]
+            self.count += 1
+            attempt.stop = self.count
+            if rec.step > attempt.last_step:
+                attempt.last_step = rec.step
+
+
 class LogParser:
     """Base of the incremental parsers: feed lines, get the records that are complete."""
 
@@ -82,13 +118,30 @@ class LogParser:
     #: Whether the source writes steps in order (see :class:`StepMerger`).
     ordered: ClassVar[bool] = True
 
-    def __init__(self, source: str = "<input>") -> None:
+    def __init__(self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None) -> None:
         #: The file being read, for error messages.
         self.source = source
         self.notes: list[str] = []
         self.meta: dict[str, Any] = {}
         self.findings: list[Finding] = []
         self.merger = StepMerger(self.notes, ordered=self.ordered)
+        #: ``--map`` source key -> target; looked up by :meth:`mapped`.
+        self.mapping = dict(mapping or {})
+        self._normalized = {normalize_name(k): fm for k, fm in self.mapping.items()}
+        #: Source keys the log holds (tracked only while a mapping is given).
+        self.keys_seen: set[str] = set()
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """The attempts of the records emitted so far (see :class:`Attempt`)."""
+        return self.merger.tracker.attempts
+
+    def mapped(self, key: str) -> FieldMap | None:
+        """The ``--map`` target of a source key, by its exact or its normalized name."""
+        if not self.mapping:
+            return None
+        fm = self.mapping.get(key)
+        return fm if fm is not None else self._normalized.get(normalize_name(key))
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Consume complete lines (without or with their newline); return finished steps."""
@@ -96,29 +149,53 @@ class LogParser:
 
     def finish(self) -> list[StepRecord]:
         """End of input: return the steps held back."""
+        self.note_unused_mapping()
         return self.merger.flush()
+
+    def note_unused_mapping(self) -> None:
+        """One note per ``--map`` source key the log never held: a typo must not pass
+        silently as "no finding"."""
+        seen = {normalize_name(k) for k in self.keys_seen}
+        for key in self.mapping:
+            if key in self.keys_seen or normalize_name(key) in seen:
+                continue
+            shown = sorted(self.keys_seen)
+            listed = ", ".join(shown[:12])
+            if len(shown) > 12:
+                listed += f" ... ({len(shown)} in all)"
+            self.notes.append(
+                f"--map {key}: no such key in {self.source}; keys seen: {listed or 'none'}"
+            )
 
 
 class StepMerger:
     """Collects values for each step into one record and emits records in step order.
 
     A step is emitted when a later step appears (its lines are then complete) or on
-    :meth:`flush`. A step at or below the last emitted one means the run was restarted
-    from a checkpoint and logged those steps again: the first occurrence is kept (the
-    detectors have already seen it) and one note says which steps repeated.
+    :meth:`flush`. In an ordered log (text, tables, ``log_history``) a step at or below
+    the last one means the run was restarted from a checkpoint and logged those steps
+    again: the held steps are emitted, and the repeated steps start a new attempt
+    (:class:`AttemptTracker`), so both the rolled-back steps and their replay are kept in
+    file order. Values that belong to a step already printed (Megatron's validation and
+    memory lines) are put with ``annex=True`` and never start an attempt. TensorBoard
+    interleaves tags, each from its first step, so there (``ordered=False``) a step at or
+    below the last emitted one is dropped with a note, as before.
     """
 
     def __init__(self, notes: list[str], *, ordered: bool = True) -> None:
         self.notes = notes
-        #: Text logs are written in step order, so any step below the highest one seen
-        #: is a repeat; TensorBoard interleaves tags (each tag's steps from the start),
-        #: so there only steps already emitted count as repeats.
         self.ordered = ordered
+        self.tracker = AttemptTracker()
+        self.counters = CounterReader(notes)
         self._pending: dict[int, StepRecord] = {}
+        self._out: list[StepRecord] = []  # emitted by put() when an attempt ended
         self._top: int | None = None
         self._last: int | None = None
-        self._replay: list[int] | None = None  # [first, last] step of a repeated range
+        self._replay: list[int] | None = None  # unordered: [first, last] repeated step
         self._settled: int | None = None  # the step :meth:`settle` emitted last
+        self._settled_keys: frozenset[str] = frozenset()
+        self._stray = 0  # annexed values for a step no longer held
+        self._whole: int | None = None  # the step of the last whole line put
 
     def put(
         self,
@@ -127,18 +204,30 @@ class StepMerger:
         extra: dict[str, Any] | None = None,
         *,
         keep_max: bool = False,
+        annex: bool = False,
+        whole: bool = False,
     ) -> None:
         """Merge ``values`` into ``step``'s record; a later value replaces an earlier one,
-        or, with ``keep_max``, the larger wins (memory reported by several ranks)."""
-        floor = self._top if self.ordered else self._last
-        repeat = step == floor and (self._replay is not None or step == self._last)
-        late = step == self._settled and self._replay is None  # see settle()
-        if floor is not None and (step < floor or repeat) and not late:
-            self._note_replay(step)
+        or, with ``keep_max``, the larger wins (memory reported by several ranks).
+        ``annex``: the values belong to a step already printed, never a restart.
+        ``whole``: the values are the step's complete line (Megatron's iteration line),
+        so a second whole line of a held step is that step logged again: a restart."""
+        top = self._top
+        fast = (
+            top is None or step > top or (step == top and step in self._pending)
+            if self.ordered
+            else step in self._pending or self._last is None or step > self._last
+        )
+        if whole:
+            if fast and step == self._whole and step in self._pending:
+                self._restart()
+            self._whole = step
+        if not fast and not self._admit(step, values, extra, annex):
             return
+        if not self.ordered and fast:
+            self._end_replay()
         if self._settled is not None and step > self._settled:
             self._settled = None
-        self._end_replay()
         if self._top is None or step > self._top:
             self._top = step
         rec = self._pending.get(step)
@@ -158,18 +247,60 @@ class StepMerger:
                     continue
                 setattr(rec, key, value)
         if extra:
-            rec.extra.update(extra)
+            into = rec.extra
+            for key, value in extra.items():
+                if key in DICT_EXTRAS and value.__class__ is dict and key in into:
+                    into[key] = {**into[key], **value}
+                else:
+                    into[key] = value
+
+    def _admit(
+        self, step: int, values: dict[str, Any], extra: dict[str, Any] | None, annex: bool
+    ) -> bool:
+        """Whether ``step`` can take values now; starts a new attempt when it repeats."""
+        pending, last = self._pending, self._last
+        late = step == self._settled and step == last
+        if annex:
+            if step in pending or last is None or step > last or late:
+                return True  # late: a second record of the settled step (see settle())
+            self._stray += 1
+            return False
+        if not self.ordered:
+            if late and self._replay is None:
+                return True
+            self._note_replay(step)
+            return False
+        keys = {k for k, v in values.items() if v is not None} | set(extra or ())
+        if late and not keys & self._settled_keys:
+            return True  # more values of the settled step (a second line of it)
+        self._restart()
+        return True
+
+    def _restart(self) -> None:
+        self._out.extend(self._emit(sorted(self._pending)))
+        self.tracker.restart()
+        self.counters.restart()
+        self._top = self._last = self._settled = None
+        self._settled_keys = frozenset()
 
     def ready(self) -> list[StepRecord]:
-        """Records complete because a later step exists."""
+        """Records complete because a later step exists (or because an attempt ended)."""
+        out, self._out = self._out, []
         if len(self._pending) < 2:
-            return []
+            return out
         top = max(self._pending)
-        return self._emit([s for s in sorted(self._pending) if s < top])
+        return out + self._emit([s for s in sorted(self._pending) if s < top])
 
     def flush(self) -> list[StepRecord]:
         self._end_replay()
-        return self._emit(sorted(self._pending))
+        if self._stray:
+            self.notes.append(
+                f"{self._stray} validation or memory line(s) named a step that was not held "
+                "any more and were skipped"
+            )
+            self._stray = 0
+        out, self._out = self._out, []
+        return out + self._emit(sorted(self._pending))
 
     def settle(self) -> list[StepRecord]:
         """Emit every held step now, for a follower whose writer has gone quiet (the last
@@ -178,13 +309,23 @@ class StepMerger:
         come out later as a second record of that step holding only those values."""
         out = self.flush()
         if out:
-            self._settled = out[-1].step
+            last = out[-1]
+            self._settled = last.step
+            self._settled_keys = frozenset(last.__dict__) - {"step", "extra", "time"} | frozenset(
+                last.extra
+            )
         return out
 
     def _emit(self, steps: list[int]) -> list[StepRecord]:
         out = [self._pending.pop(s) for s in steps]
         if out:
+            apply = self.counters.apply
+            for rec in out:
+                apply(rec)
+            self.tracker.emitted(out)
             self._last = out[-1].step
+        if not self._pending:
+            self._top = self._last
         return out
 
     def _note_replay(self, step: int) -> None:
@@ -288,12 +429,30 @@ _INT_FIELDS = frozenset({"tokens", "samples", "skipped_total"})
 
 def coerce(field_name: str, value: float) -> Any:
     """A float read from a log, in the type the StepRecord field holds: counts become
-    ints (``None`` when not finite), ``skipped`` a bool."""
+    ints (``None`` when not finite). ``skipped`` stays a whole number (a flag, a count or
+    a running total: :class:`CounterReader` tells them apart when the record is emitted)
+    or becomes a bool when it is not one."""
     if field_name == "skipped":
-        return bool(value) if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        return int(value) if value == int(value) and value >= 0 else bool(value)
     if field_name in _INT_FIELDS:
         return int(value) if math.isfinite(value) else None
     return value
+
+
+def put_mapped(
+    fm: FieldMap, value: float | None, values: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    """Store a source value where ``fm`` says: a record field (in its unit and type), one
+    entry of a dict in ``extra`` (a named eval set, a layer), or nowhere (``ignore``)."""
+    if value is None or fm.field in ("ignore", "step"):
+        return
+    value = value * fm.factor
+    if fm.field in DICT_EXTRAS:
+        extra.setdefault(fm.field, {})[fm.key] = value
+    else:
+        values[fm.field] = coerce(fm.field, value)
 
 
 @contextmanager

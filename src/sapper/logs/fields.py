@@ -14,12 +14,16 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = [
+    "LAYER_KEYS",
     "RECORD_FIELDS",
     "STEP_NAMES",
     "FieldMap",
     "canonical",
+    "eval_set",
+    "layer_of",
     "normalize_name",
     "parse_mapping",
+    "resolve",
 ]
 
 #: StepRecord fields a column or tag may map to (besides ``step``).
@@ -97,7 +101,8 @@ _add("eval_loss", 1.0, "eval_loss", "eval/loss", "val_loss", "val/loss", "valid_
      "validation/lm loss", "eval_lm_loss")
 _add("grad_norm", 1.0, "grad_norm", "grad-norm", "grad norm", "gradient_norm", "grad_norm_total",
      "grad_2.0_norm_total", "total_grad_norm", "global_grad_norm", "gradnorm", "grad_l2_norm",
-     "optim/grad_norm")
+     "optim/grad_norm", "l2_norm/grad/global", "grad_l2_norm/step",
+     "l2_norm/grad/pre_clip_global")
 _add("clip_threshold", 1.0, "max_grad_norm", "clip_threshold", "grad_clip", "clip_grad",
      "max_norm")
 _add("lr", 1.0, "lr", "learning_rate", "learning-rate", "learning rate", "lr-adamw", "lr-adam",
@@ -164,6 +169,8 @@ class FieldMap:
     #: How canonical the source name is (0 = the plainest spelling); picks between two
     #: columns that mean the same field (``train/loss`` over ``train/train_loss``).
     rank: int = field(default=0, compare=False)
+    #: For a dict field (``eval_losses``, ``grad_norm_layers``): the entry's name.
+    key: str = ""
 
 
 def canonical(name: str) -> FieldMap | None:
@@ -196,6 +203,76 @@ def canonical(name: str) -> FieldMap | None:
     return None if hit is None else FieldMap(*hit)
 
 
+# A named eval set, as the HF Trainer writes a dict of eval datasets: ``eval_<name>_loss``
+# (``eval/<name>_loss`` after its TensorBoard / W&B callbacks), or ``eval_<name>/loss``.
+_EVAL_SET = re.compile(
+    r"^(?:eval|evaluation|val|valid|validation)[_/](?P<set>.+?)[_/ ](?:lm[_ ])?loss$", re.I
+)
+# Spellings of the one eval loss that the pattern above would read as a set.
+_NOT_SETS = frozenset({"lm", "avg", "mean", "total", "train", "training", "step", "epoch"})
+
+# Per-layer gradient norms: ``grad_norm/layers.3``, ``grad_norm/model.layers.3``,
+# ``grad_2.0_norm/<parameter>`` (Lightning's grad_norm utility), ``l2_norm/grad/<name>``
+# (Composer's OptimizerMonitor, LLM Foundry's ``layer_N``), ``layer_grad_l2_norm/<name>``
+# (Composer's older GradMonitor), ``grad_norm_layer_3``, ``grad_norms/layer_3`` before the
+# layer; ``layer_3/grad_norm``, ``layers.3.grad_norm`` after it. The layer part must name
+# one (hold a digit or a dotted module path), so ``grad_norm/total`` and
+# ``grad_norm_clipped`` stay what they are.
+_LAYER_FIRST = re.compile(
+    r"^(?:grad(?:ient)?[_ ]?norms?|grad_[\d.]+_norm|grad_norm_layers|layer_grad_norms?"
+    r"|l2_norm/grad|layer_grad_l2_norm)"
+    r"[/_.](?P<layer>.+)$",
+    re.I,
+)
+_LAYER_LAST = re.compile(
+    r"^(?P<layer>(?:.*[/_.])?(?:layers?|blocks?|h)[_.]?\d+)[/_.](?:grad(?:ient)?[_ ]?norm)$",
+    re.I,
+)
+_LAYER_TOTALS = frozenset({"total", "global", "clipped", "norm", "max", "min", "mean", "avg"})
+#: Keys holding all layers at once, as a list or a dict.
+LAYER_KEYS = frozenset(
+    {"grad_norm_layers", "layer_grad_norms", "grad_norms_per_layer", "per_layer_grad_norm"}
+)
+
+
+def eval_set(name: str) -> str | None:
+    """The eval set a metric name is the loss of (``eval_wiki_loss`` → ``wiki``)."""
+    match = _EVAL_SET.match(name.strip())
+    if match is None:
+        return None
+    named = match["set"].strip()
+    if not named or normalize_name(named) in _NOT_SETS:
+        return None
+    return named
+
+
+def layer_of(name: str) -> str | None:
+    """The layer a per-layer gradient-norm name is about, or ``None``."""
+    text = name.strip()
+    match = _LAYER_FIRST.match(text) or _LAYER_LAST.match(text)
+    if match is None:
+        return None
+    layer = match["layer"].strip("/_. ")
+    key = normalize_name(layer)
+    if key in _LAYER_TOTALS or not any(c.isdigit() or c == "." for c in layer):
+        return None
+    if key.endswith("total") or (_ALIASES.get(key) or ("",))[0] == "grad_norm":
+        return None  # ``grad_norm/grad_2.0_norm_total``: the global norm, renamed
+    return layer
+
+
+def resolve(name: str) -> FieldMap | None:
+    """What a column or tag holds: a named eval set's loss, one layer's gradient norm,
+    or a StepRecord field (:func:`canonical`)."""
+    named = eval_set(name)
+    if named is not None:
+        return FieldMap("eval_losses", 1.0, 0, named)
+    layer = layer_of(name)
+    if layer is not None:
+        return FieldMap("grad_norm_layers", 1.0, 0, layer)
+    return canonical(name)
+
+
 def parse_mapping(items: list[str]) -> dict[str, FieldMap]:
     """``--map`` values (``"col=field"`` or ``"col=field*factor"``) as a column map.
 
@@ -209,7 +286,8 @@ def parse_mapping(items: list[str]) -> dict[str, FieldMap]:
         name, star, factor_text = target.partition("*")
         name = name.strip()
         if name not in RECORD_FIELDS and name != "step" and name != "ignore":
-            raise ValueError(f"{name!r} is not a step-record field")
+            valid = ", ".join(sorted(RECORD_FIELDS | {"step", "ignore"}))
+            raise ValueError(f"{item!r}: {name!r} is not a step-record field (valid: {valid})")
         factor = 1.0
         if star:
             try:

@@ -9,8 +9,11 @@ Megatron prints one line every ``--log-interval`` iterations::
 
 (one line in the log), possibly behind a launcher prefix (``[default3]:``, ``0:``).
 Values are averages over the interval; the loss is left out when every iteration of the
-interval was skipped (fp16 overflow) or produced NaN, so a non-zero "nan iterations"
-count becomes a non-finite loss here — the detectors must see it. Validation lines
+interval was skipped (fp16 overflow) or produced NaN, so a line without its loss becomes
+a non-finite loss here unless its skipped iterations cover the interval (the counters read
+0 under DeepSpeed; see :meth:`CounterReader._nan_loss`) — the detectors must see it. The
+skipped and NaN counts are per interval in Megatron-LM; a fork printing running totals is
+recognized by its values (:mod:`sapper.logs.counters`). Validation lines
 (``validation loss at iteration N | lm loss value: ...``) and the memory report
 (``[Rank 0] (after N iterations) memory (MB) | allocated: ...``) are merged into the
 step they name. Everything else in the log (arguments, timers, warnings) is skipped.
@@ -19,14 +22,15 @@ step they name. Everything else in the log (arguments, timers, warnings) is skip
 from __future__ import annotations
 
 import calendar
-import math
 import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.logs.base import LogData, LogParser, to_float
+from sapper.logs.base import LogData, LogParser, put_mapped, to_float
+from sapper.logs.counters import NO_LOSS
+from sapper.logs.fields import FieldMap
 from sapper.runtime.records import StepRecord
 
 __all__ = ["ITERATION_LINE", "MegatronParser", "read_megatron"]
@@ -63,6 +67,11 @@ _EXTRA: dict[str, str] = {
     "curriculum seqlen": "curriculum_seq_len",
     "world size": "world_size",
 }
+#: Keys Megatron prints after the losses on an iteration line.
+_AFTER_LOSSES = frozenset({
+    "loss scale", "grad norm", "num zeros", "params norm", "number of skipped iterations",
+    "number of nan iterations",
+})
 _MEM_FIELDS = {
     "allocated": "memory_allocated_gib",
     "max allocated": "memory_peak_gib",
@@ -71,13 +80,18 @@ _MEM_FIELDS = {
 
 
 def _segments(text: str) -> list[tuple[str, str]]:
+    """``key: value`` pairs between the pipes; early Megatron-LM wrote ``key value``
+    (``lm loss 6.758929E+00 | loss scale 64.0``), read when the last word is a number."""
     out = []
     for part in text.split("|"):
         key, sep, value = part.rpartition(":")
-        if sep:
-            key = key.strip()
-            if key:
-                out.append((key.lower(), value.strip()))
+        if not sep:
+            key, _, value = part.strip().rpartition(" ")
+            if to_float(value) is None:
+                continue
+        key = key.strip()
+        if key:
+            out.append((key.lower(), value.strip()))
     return out
 
 
@@ -86,10 +100,15 @@ class MegatronParser(LogParser):
 
     format = "megatron"
 
-    def __init__(self, source: str = "<input>") -> None:
-        super().__init__(source)
-        self.skipped_total = 0
+    def __init__(
+        self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None
+    ) -> None:
+        super().__init__(source, mapping)
         self._bad_values = 0
+        # Megatron-LM prints the skipped and NaN iterations of each interval; a fork that
+        # prints running totals is recognized by its values (see sapper.logs.counters).
+        self.merger.counters.configure_skipped("number of skipped iterations", "interval")
+        self.merger.counters.configure_nan("number of nan iterations")
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         for line in lines:
@@ -115,8 +134,15 @@ class MegatronParser(LogParser):
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         losses: dict[str, float] = {}
-        nan_iters = 0
+        seen: set[str] = set()
         for key, text in _segments(line[match.end() :]):
+            seen.add(key)
+            if self.mapping:
+                self.keys_seen.add(key)
+                fm = self.mapped(key)
+                if fm is not None:
+                    put_mapped(fm, to_float(text), values, extra)
+                    continue
             value = to_float(text)
             if value is None:
                 self._bad_values += 1
@@ -128,26 +154,30 @@ class MegatronParser(LogParser):
                     continue
                 values[name] = int(value) if name == "samples" else value * factor
             elif key == "number of skipped iterations":
-                skipped = int(value)
-                self.skipped_total += skipped
-                values["skipped"] = skipped > 0
-                values["skipped_total"] = self.skipped_total
-                extra["skipped_in_interval"] = skipped
+                values["skipped"] = int(value)  # judged by the merger's CounterReader
             elif key == "number of nan iterations":
-                nan_iters = int(value)
-                extra["nan_iterations"] = nan_iters
+                extra["nan_iterations"] = int(value)
             elif key in _EXTRA:
                 extra[_EXTRA[key]] = value
             elif key.endswith("loss"):
                 extra[key.replace(" ", "_")] = value
-        loss = losses.get("lm loss", losses.get("loss"))
-        if loss is None and nan_iters:
-            loss = math.nan  # Megatron drops a NaN average from the line
-        values["loss"] = loss
+        if "loss" not in values:
+            values["loss"] = losses.get("lm loss", losses.get("loss"))
+        if values["loss"] is None and self._no_loss(line[match.end() :], seen):
+            extra[NO_LOSS] = True  # NaN or all skipped: the merger's CounterReader decides
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
-        self.merger.put(step, values, extra)
+        self.merger.put(step, values, extra, whole=True)
+
+    @staticmethod
+    def _no_loss(rest: str, keys: set[str]) -> bool:
+        """The line prints no loss where Megatron puts it: it got past the losses (a key
+        printed after them is there, so a line cut or wrapped before them does not count)
+        and holds no loss in any spelling (a colon-less ``lm loss 2.5`` included)."""
+        if not keys & _AFTER_LOSSES:
+            return False
+        return "loss" not in rest.lower().replace("loss scale", "")
 
     def _validation(self, line: str) -> None:
         match = _VALID.search(line)
@@ -159,7 +189,7 @@ class MegatronParser(LogParser):
             if key in ("lm loss value", "loss value"):
                 value = to_float(text)
                 if value is not None:
-                    self.merger.put(int(match.group(1)), {"eval_loss": value})
+                    self.merger.put(int(match.group(1)), {"eval_loss": value}, annex=True)
                 return
 
     def _memory(self, line: str) -> None:
@@ -174,7 +204,7 @@ class MegatronParser(LogParser):
             if name and value is not None:
                 values[name] = value * factor
         if values:
-            self.merger.put(int(match.group(1)), values, keep_max=True)
+            self.merger.put(int(match.group(1)), values, keep_max=True, annex=True)
 
 
 def _unix(day: str, clock: str) -> float | None:

@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser
+from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser, put_mapped, to_float
+from sapper.logs.fields import FieldMap
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -68,12 +69,13 @@ class RunLogParser(LogParser):
 
     format = "sapper"
 
-    def __init__(self, source: str = "<input>") -> None:
-        super().__init__(source)
+    def __init__(
+        self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None
+    ) -> None:
+        super().__init__(source, mapping)
         self._line = 0
         self._bad: list[int] = []
         self._last: int | None = None
-        self._replayed = 0
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         texts = lines if isinstance(lines, list) else list(lines)
@@ -97,6 +99,8 @@ class RunLogParser(LogParser):
             special = {n for n, t in zip(numbers, kept, strict=True) if '"nan"' in t or 'inf"' in t}
         out: list[StepRecord] = []
         last = self._last
+        tracker = self.merger.tracker
+        mark = 0
         for obj, line in zip(objs, numbers, strict=True):
             if obj.__class__ is not dict:
                 self._bad.append(line)
@@ -104,24 +108,49 @@ class RunLogParser(LogParser):
             kind = obj.pop("kind", None)
             if kind == "step":
                 step = obj.get("step")
-                if step.__class__ is int and (last is None or step > last):
-                    try:
-                        out.append(_step_record(obj, line in special))
-                        last = step
-                    except (TypeError, AttributeError):  # "extra" that is not an object
-                        self._bad.append(line)
-                elif step.__class__ is int:
-                    self._replayed += 1
-                else:
+                if step.__class__ is not int:
                     self._bad.append(line)
+                    continue
+                try:
+                    rec = _step_record(obj, line in special)
+                except (TypeError, AttributeError):  # "extra" that is not an object
+                    self._bad.append(line)
+                    continue
+                if last is not None and step <= last:  # resumed from a checkpoint
+                    tracker.emitted(out[mark:])
+                    mark = len(out)
+                    tracker.restart()
+                if self.mapping:
+                    self._map(rec)
+                out.append(rec)
+                last = step
             elif kind == "finding":
                 self._finding(obj, line)
             elif kind == "meta":
                 self.meta.update(obj)
             else:
                 self._bad.append(line)
+        tracker.emitted(out[mark:])
         self._last = last
         return out
+
+    def _map(self, rec: StepRecord) -> None:
+        """Apply ``--map`` to a record: a source key (a field or an ``extra`` entry) moves
+        to its target."""
+        fields = rec.__dict__
+        extra = rec.extra
+        self.keys_seen.update(k for k in fields if k not in ("step", "extra"))
+        self.keys_seen.update(extra)
+        for key in self.mapping:
+            if key in extra:
+                raw = extra.pop(key)
+            elif key in fields and key not in ("step", "extra"):
+                raw = fields.pop(key)
+            else:
+                continue
+            values: dict[str, Any] = {}
+            put_mapped(self.mapping[key], to_float(raw), values, extra)
+            fields.update(values)
 
     def _one_by_one(
         self, texts: list[str], numbers: Sequence[int]
@@ -152,11 +181,7 @@ class RunLogParser(LogParser):
                 last and len(self._bad) == 1
             ) else f"{len(self._bad)} unreadable line(s): {shown}"
             self.notes.append(f"skipped {what}")
-        if self._replayed:
-            self.notes.append(
-                f"{self._replayed} step record(s) repeated an earlier step (a restart from a "
-                "checkpoint?); kept the first occurrence"
-            )
+        self.note_unused_mapping()
         return []
 
 

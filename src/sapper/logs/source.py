@@ -10,6 +10,7 @@ changes. :func:`read_log` is the one-shot convenience over both.
 from __future__ import annotations
 
 import codecs
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,11 @@ def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None 
     """The parser for ``fmt`` (one of :data:`FORMATS`)."""
     source = str(path)
     if fmt == "sapper":
-        return RunLogParser(source)
+        return RunLogParser(source, mapping)
     if fmt == "megatron":
-        return MegatronParser(source)
+        return MegatronParser(source, mapping)
     if fmt == "trainer_state":
-        return TrainerStateParser(source)
+        return TrainerStateParser(source, mapping)
     if fmt in ("csv", "jsonl"):
         delimiter = "\t" if Path(path).suffix.lower() == ".tsv" else None
         return TableParser(fmt, mapping, delimiter=delimiter, source=source)
@@ -105,6 +106,7 @@ class LogSource:
     def close(self) -> list[StepRecord]:
         """End of input: the records held back (the torn last line is judged here)."""
         if isinstance(self.parser, TrainerStateParser):
+            self.parser.note_unused_mapping()
             return []
         out: list[StepRecord] = []
         if not isinstance(self.parser, TensorBoardParser):
@@ -121,6 +123,7 @@ class LogSource:
             findings=list(self.parser.findings),
             meta=dict(self.parser.meta),
             notes=list(self.parser.notes),
+            attempts=[replace(a) for a in self.parser.attempts],
         )
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.logs.base import LogData, LogParser, coerce, to_float
-from sapper.logs.fields import STEP_NAMES, FieldMap, canonical, normalize_name
+from sapper.logs.base import LogData, LogParser, coerce, put_mapped, to_float
+from sapper.logs.counters import FLAG_NAMES
+from sapper.logs.fields import LAYER_KEYS, STEP_NAMES, FieldMap, normalize_name, resolve
 from sapper.runtime.records import StepRecord
 
 __all__ = ["TableParser", "read_table"]
@@ -35,24 +36,27 @@ _STEP_KEYS = {normalize_name(n): i for i, n in enumerate(STEP_NAMES)}
 class _Columns:
     """How each source column maps to a record field, decided once per column name."""
 
-    def __init__(self, mapping: dict[str, FieldMap], notes: list[str]) -> None:
-        self.mapping = mapping
-        self.notes = notes
+    def __init__(self, parser: LogParser) -> None:
+        self.parser = parser
+        self.notes = parser.notes
         self.targets: dict[str, FieldMap | None] = {}
         self.step_column: str | None = None
         self.runs: list[str] = []
-        self._taken: dict[str, str] = {}
+        self._taken: dict[tuple[str, str], str] = {}
 
     def resolve(self, names: list[str]) -> None:
         """Decide the step column and each column's field: the first run, and of two
         columns meaning the same field the plainer name (``train/loss`` over
         ``train/train_loss``), then the first."""
+        if self.parser.mapping:
+            self.parser.keys_seen.update(names)
         for name in sorted(names, key=self._rank):
             if name in self.targets:
                 continue
             self.targets[name] = self._target(name)
         if self.step_column is None:
-            user = [n for n in names if self.mapping.get(n, FieldMap("")).field == "step"]
+            mapped = self.parser.mapped
+            user = [n for n in names if (mapped(n) or FieldMap("")).field == "step"]
             ranked = sorted(
                 (n for n in names if _STEP_KEYS.get(normalize_name(n)) is not None),
                 key=lambda n: _STEP_KEYS[normalize_name(n)],
@@ -63,38 +67,46 @@ class _Columns:
                 self.targets[choice] = None
 
     def _rank(self, name: str) -> int:
-        if name in self.mapping:
+        if self.parser.mapped(name) is not None:
             return -1
         match = _WANDB_RUN.match(name)
-        fm = canonical(match["metric"] if match else name) or canonical(name)
+        fm = resolve(match["metric"] if match else name) or resolve(name)
         return fm.rank if fm is not None else 1 << 30
 
     def _target(self, name: str) -> FieldMap | None:
-        if name in self.mapping:
-            fm = self.mapping[name]
+        fm = self.parser.mapped(name)
+        if fm is not None:
             return None if fm.field in ("ignore", "step") else self._claim(fm, name)
         if name.endswith(_BAND):
             return None
         metric = name
         match = _WANDB_RUN.match(name)
-        if match and canonical(match["metric"]) is not None:
+        if match and resolve(match["metric"]) is not None:
             run, metric = match["run"], match["metric"]
             if run not in self.runs:
                 self.runs.append(run)
             if run != self.runs[0]:
                 return None
-        fm = canonical(metric)
-        return None if fm is None else self._claim(fm, name)
+        fm = resolve(metric)
+        claimed = None if fm is None else self._claim(fm, name)
+        counters = self.parser.merger.counters
+        if claimed is not None and claimed.field == "skipped":
+            flag = normalize_name(metric) in FLAG_NAMES
+            counters.configure_skipped(name, "flag" if flag else "auto")
+        elif claimed is not None and claimed.field in ("tokens", "samples"):
+            counters.configure_work(claimed.field, name)
+        return claimed
 
     def _claim(self, fm: FieldMap, name: str) -> FieldMap | None:
-        owner = self._taken.get(fm.field)
+        owner = self._taken.get((fm.field, fm.key))
         if owner is not None and owner != name:
+            what = f"{fm.field} {fm.key!r}" if fm.key else fm.field
             self.notes.append(
-                f"columns {owner!r} and {name!r} both mean {fm.field}; read {owner!r} "
+                f"columns {owner!r} and {name!r} both mean {what}; read {owner!r} "
                 f"(use --map {name!r}={fm.field} to choose the other)"
             )
             return None
-        self._taken[fm.field] = name
+        self._taken[(fm.field, fm.key)] = name
         return fm
 
 
@@ -110,10 +122,10 @@ class TableParser(LogParser):
         delimiter: str | None = None,
         source: str = "<input>",
     ) -> None:
-        super().__init__(source)
+        super().__init__(source, mapping)
         self.kind = kind
         self.format = kind
-        self.columns = _Columns(dict(mapping or {}), self.notes)
+        self.columns = _Columns(self)
         self.delimiter = delimiter
         self._header: list[str] | None = None
         self._line = 0
@@ -217,13 +229,39 @@ class TableParser(LogParser):
             if target is None:
                 if value is not None and not name.endswith(_BAND):
                     extra[name] = value
+                elif raw.__class__ is list and normalize_name(name) in LAYER_KEYS:
+                    extra["grad_norm_layers"] = _layer_list(raw)
+                continue
+            if target.field == "skipped" and _is_flag(raw):
+                values["skipped"] = raw if raw.__class__ is bool else raw.strip().lower() == "true"
                 continue
             if value is None:
                 self._bad_values[name] = self._bad_values.get(name, 0) + 1
                 continue
-            values[target.field] = coerce(target.field, value * target.factor)
+            if target.key:
+                put_mapped(target, value, values, extra)
+            else:
+                values[target.field] = coerce(target.field, value * target.factor)
         if values or extra:
             self.merger.put(step, values, extra)
+
+
+def _is_flag(raw: Any) -> bool:
+    """A boolean cell (JSON ``true``, CSV ``True``/``false``): a per-step flag."""
+    return raw.__class__ is bool or (raw.__class__ is str and raw.strip().lower() in _BOOLS)
+
+
+_BOOLS = frozenset({"true", "false"})
+
+
+def _layer_list(values: list[Any]) -> dict[str, float]:
+    """A list of per-layer norms, layer ``i`` named ``layers.i``."""
+    out = {}
+    for i, raw in enumerate(values):
+        value = to_float(raw)
+        if value is not None:
+            out[f"layers.{i}"] = value
+    return out
 
 
 def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:

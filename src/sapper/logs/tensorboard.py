@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.logs.base import LogData, LogParser, coerce
-from sapper.logs.fields import FieldMap, canonical
+from sapper.logs.base import LogData, LogParser, put_mapped
+from sapper.logs.counters import FLAG_NAMES
+from sapper.logs.fields import FieldMap, normalize_name, resolve
 from sapper.runtime.records import StepRecord
 
 __all__ = ["TensorBoardParser", "read_tensorboard"]
@@ -32,8 +33,7 @@ class TensorBoardParser(LogParser):
     ordered = False
 
     def __init__(self, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> None:
-        super().__init__(str(path))
-        self.mapping = dict(mapping or {})
+        super().__init__(str(path), mapping)
         self._seen: dict[str, int] = {}
         self._targets: dict[str, FieldMap | None] = {}
         self._taken: dict[str, str] = {}
@@ -115,16 +115,24 @@ class TensorBoardParser(LogParser):
 
     def _target(self, tag: str) -> FieldMap | None:
         if tag not in self._targets:
-            fm = self.mapping.get(tag) or canonical(tag)
+            if self.mapping:
+                self.keys_seen.add(tag)
+            fm = self.mapped(tag) or resolve(tag)
             if fm is not None and fm.field in ("ignore", "step"):
                 fm = None
             if fm is not None:
-                owner = self._taken.setdefault(fm.field, tag)
+                owner = self._taken.setdefault(f"{fm.field}/{fm.key}", tag)
                 if owner != tag:
+                    what = f"{fm.field} {fm.key!r}" if fm.key else fm.field
                     self.notes.append(
-                        f"tags {owner!r} and {tag!r} both mean {fm.field}; read {owner!r}"
+                        f"tags {owner!r} and {tag!r} both mean {what}; read {owner!r}"
                     )
                     fm = None
+                elif fm.field == "skipped":
+                    flag = normalize_name(tag.rpartition("/")[2]) in FLAG_NAMES
+                    self.merger.counters.configure_skipped(tag, "flag" if flag else "auto")
+                elif fm.field in ("tokens", "samples"):
+                    self.merger.counters.configure_work(fm.field, tag)
             self._targets[tag] = fm
         return self._targets[tag]
 
@@ -139,7 +147,10 @@ class TensorBoardParser(LogParser):
             if target is None:
                 put(step, {"time": wall}, {tag: value})
             else:
-                put(step, {target.field: coerce(target.field, value * target.factor), "time": wall})
+                values: dict[str, Any] = {"time": wall}
+                extra: dict[str, Any] = {}
+                put_mapped(target, value, values, extra)
+                put(step, values, extra)
 
 
 def _scalar(proto: Any) -> float | None:

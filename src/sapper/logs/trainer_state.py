@@ -3,7 +3,11 @@
 The Trainer rewrites the whole file at every checkpoint save, so it is a snapshot, not
 an append-only stream: :meth:`TrainerStateParser.parse` takes the full text and returns
 only the steps it has not returned before (``sapper watch`` calls it each time the file
-changes). Entries are ``{"loss", "grad_norm", "learning_rate", "epoch", "step"}`` every
+changes); a snapshot whose history parts from the one returned (the run resumed from an
+earlier checkpoint) starts a new attempt. ``eval_<name>_loss`` keys (a dict of eval
+datasets) become ``extra["eval_losses"]``, per-layer gradient norms
+``extra["grad_norm_layers"]``. Entries are
+``{"loss", "grad_norm", "learning_rate", "epoch", "step"}`` every
 ``logging_steps``, ``{"eval_loss", "eval_runtime", ..., "step"}`` every ``eval_steps``
 (merged into the same step), and one closing summary (``train_runtime``, the average
 ``train_loss``) that is not a step and is kept in ``meta``. Python's ``json`` writes a
@@ -19,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.logs.base import LogData, LogParser, StepMerger, to_float
+from sapper.logs.base import (
+    Attempt,
+    AttemptTracker,
+    LogData,
+    LogParser,
+    StepMerger,
+    put_mapped,
+    to_float,
+)
+from sapper.logs.fields import LAYER_KEYS, FieldMap, eval_set, layer_of, normalize_name
 from sapper.runtime.records import StepRecord
 
 __all__ = ["TrainerStateParser", "read_trainer_state"]
@@ -49,10 +62,19 @@ class TrainerStateParser(LogParser):
 
     format = "trainer_state"
 
-    def __init__(self, source: str = "trainer_state.json") -> None:
-        super().__init__(source)
+    def __init__(
+        self, source: str = "trainer_state.json", mapping: dict[str, FieldMap] | None = None
+    ) -> None:
+        super().__init__(source, mapping)
+        #: (step, loss, grad norm) of every record returned so far, to tell the part of a
+        #: new snapshot already returned from what is new, or from a resumed run's history.
+        self._returned: list[tuple[int, str, str]] = []
+        self._tracker = AttemptTracker()
         self._text: list[str] = []
-        self._emitted: int | None = None
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return self._tracker.attempts
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Collect text; the document is parsed by :meth:`finish` (it is one JSON value)."""
@@ -61,19 +83,39 @@ class TrainerStateParser(LogParser):
 
     def finish(self) -> list[StepRecord]:
         text, self._text = "\n".join(self._text), []
-        return self.parse(text)
+        records = self.parse(text)
+        self.note_unused_mapping()
+        return records
 
     def parse(self, text: str) -> list[StepRecord]:
-        """All steps in this snapshot after the last step returned by an earlier call."""
-        merger = StepMerger(self.notes)
+        """The steps of this snapshot not returned by an earlier call.
+
+        A snapshot normally extends the previous one. When it does not (the run resumed
+        from an earlier checkpoint, whose history it carries, and logged those steps
+        again), what follows the common part is a new attempt."""
+        notes: list[str] = []  # each snapshot is read whole: keep each note once
+        merger = StepMerger(notes)
         for entry in self._entries(text):
             self._entry(merger, entry)
         records = merger.flush()
-        if self._emitted is not None:
-            records = [r for r in records if r.step > self._emitted]
-        if records:
-            self._emitted = records[-1].step
-        return records
+        self.notes.extend(n for n in notes if n not in self.notes)
+        starts = {a.start for a in merger.tracker.attempts[1:]}
+        sigs = [(r.step, repr(r.loss), repr(r.grad_norm)) for r in records]
+        old = self._returned
+        same = 0
+        for a, b in zip(old, sigs, strict=False):
+            if a != b:
+                break
+            same += 1
+        if same < len(old) and len(sigs) <= same:
+            return []  # an older or shorter snapshot: nothing new
+        new = records[same:]
+        for i, rec in enumerate(new, start=same):
+            if i in starts or (i == same and same < len(old)):
+                self._tracker.restart()
+            self._tracker.emitted([rec])
+        self._returned = old[:same] + sigs[same:]
+        return new
 
     def _entries(self, text: str) -> list[dict[str, Any]]:
         if not text.strip():
@@ -140,8 +182,26 @@ class TrainerStateParser(LogParser):
         for key, raw in entry.items():
             if key == "step":
                 continue
-            name = _TRAIN_KEYS.get(key)
             value = to_float(raw)
+            if self.mapping:
+                self.keys_seen.add(key)
+                fm = self.mapped(key)
+                if fm is not None:
+                    put_mapped(fm, value, values, extra)
+                    continue
+            name = _TRAIN_KEYS.get(key)
+            if name is None and value is not None:
+                named = eval_set(key)
+                layer = None if named else layer_of(key)
+                if named is not None:
+                    extra.setdefault("eval_losses", {})[named] = value
+                    continue
+                if layer is not None:
+                    extra.setdefault("grad_norm_layers", {})[layer] = value
+                    continue
+            if normalize_name(key) in LAYER_KEYS and isinstance(raw, (list, dict)):
+                extra["grad_norm_layers"] = _layers(raw)
+                continue
             if name is not None:
                 values[name] = value
             elif key == "num_input_tokens_seen" and value is not None:
@@ -149,6 +209,20 @@ class TrainerStateParser(LogParser):
             elif value is not None or isinstance(raw, (str, list, dict)):
                 extra[key] = raw
         merger.put(step, values, extra)
+
+
+def _layers(raw: list[Any] | dict[str, Any]) -> dict[str, float]:
+    """Per-layer norms given as one list (layer ``i`` named ``layers.i``) or one dict."""
+    if isinstance(raw, dict):
+        items = list(raw.items())
+    else:
+        items = [(f"layers.{i}", v) for i, v in enumerate(raw)]
+    out = {}
+    for name, v in items:
+        value = to_float(v)
+        if value is not None:
+            out[str(name)] = value
+    return out
 
 
 def read_trainer_state(path: str | Path) -> LogData:

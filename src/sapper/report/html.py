@@ -142,7 +142,7 @@ def _charts(
         empty="No learning rate in this log.",
     )
     if plan is not None and lr.series and len(steps):
-        sched = _schedule(plan, int(steps[0]), int(steps[-1]))
+        sched = _schedule(plan, int(steps.min()), int(steps.max()))
         if sched is not None:
             lr.series.append(sched)
 

@@ -129,12 +129,29 @@ def mask_ranges(all_steps: np.ndarray, marked: np.ndarray) -> list[list[int]]:
     diverged stays NaN for every later step: that is one range, not thousands."""
     if len(marked) == 0:
         return []
-    pos = np.searchsorted(all_steps, marked)
+    if len(all_steps) > 1 and bool(np.any(np.diff(all_steps) < 0)):
+        pos = _positions(all_steps, marked)  # a restarted log: steps repeat per attempt
+    else:
+        pos = np.searchsorted(all_steps, marked)
     breaks = np.nonzero(np.diff(pos) != 1)[0]
     starts = np.concatenate([[0], breaks + 1])
     ends = np.concatenate([breaks, [len(marked) - 1]])
     ranges = [[int(marked[a]), int(marked[b])] for a, b in zip(starts, ends, strict=True)]
     return _merge_ranges(ranges, MAX_RANGES)
+
+
+def _positions(all_steps: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """Where each of ``marked`` (a subsequence of ``all_steps``, in record order) lies in
+    ``all_steps`` when the steps are not sorted (a log of several attempts)."""
+    pos = np.empty(len(marked), dtype=np.int64)
+    j = 0
+    steps = all_steps.tolist()
+    for i, step in enumerate(marked.tolist()):
+        while j < len(steps) - 1 and steps[j] != step:
+            j += 1
+        pos[i] = j
+        j += 1
+    return pos
 
 
 @dataclass

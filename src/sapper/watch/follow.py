@@ -125,7 +125,8 @@ class TextFeed:
 
     def reset(self) -> None:
         """Start a new byte stream (a rotated or truncated file); the parser keeps its
-        state, so steps already seen are not reported twice."""
+        state, so a step logged again starts a new attempt (a restart) rather than
+        merging into the old one."""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._lines = LineBuffer()
 
@@ -275,7 +276,7 @@ class FileFollower(Follower):
         if size < self._offset:
             self.events.append(
                 f"{self.path.name} was truncated ({self._offset:,} → {size:,} bytes); reading "
-                "it again from the start (steps already seen are skipped)"
+                "it again from the start (steps it logs again start a new attempt)"
             )
             self._offset = 0
             self.feed.reset()

@@ -70,6 +70,8 @@ def format_summary(result: WatchResult) -> str:
     span = ""
     if result.first_step is not None and result.last_step is not None:
         span = f", steps {result.first_step:,}–{result.last_step:,}"
+    if result.attempts > 1:
+        span += f", {result.attempts} attempts"
     counts = (
         f"{result.count(Severity.ERROR)} error(s), {result.count(Severity.WARNING)} warning(s), "
         f"{result.count(Severity.INFO)} info"

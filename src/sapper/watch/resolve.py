@@ -50,7 +50,7 @@ def open_follower(
     if fmt == "tensorboard":
         return EventsFollower(path, mapping)
     if fmt == "trainer_state":
-        return SnapshotFollower(path)
+        return SnapshotFollower(path, mapping)
     if fmt is not None:
         return FileFollower(path, fmt, mapping)
     return AutoFollower(path, mapping)
@@ -105,7 +105,7 @@ class AutoFollower(Follower):
         path = self.path
         if path.is_dir():
             if newest_state(path) is not None:
-                return SnapshotFollower(path)
+                return SnapshotFollower(path, self.mapping)
             try:
                 has_events = any(EVENTS_MARK in e.name and e.is_file() for e in os.scandir(path))
             except OSError:
@@ -127,7 +127,7 @@ class AutoFollower(Follower):
         if EVENTS_MARK in path.name and path.is_file():
             return EventsFollower(path, self.mapping)
         if path.name == STATE_FILE and path.is_file():
-            return SnapshotFollower(path)
+            return SnapshotFollower(path, self.mapping)
         try:
             with path.open("rb") as fh:
                 head = fh.read(DETECT_LIMIT)
@@ -156,5 +156,5 @@ class AutoFollower(Follower):
             self.waiting = f"{path.name}: format not recognized yet ({exc.problem})"
             return None
         if fmt == "trainer_state":
-            return SnapshotFollower(path)
+            return SnapshotFollower(path, self.mapping)
         return FileFollower(path, fmt, self.mapping)

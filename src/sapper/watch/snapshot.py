@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sapper.errors import InputError
 from sapper.logs import LogParser, TrainerStateParser
+from sapper.logs.fields import FieldMap
 from sapper.runtime.records import StepRecord
 from sapper.watch.follow import Follower
 
@@ -61,10 +62,10 @@ def newest_state(folder: Path) -> Path | None:
 class SnapshotFollower(Follower):
     """Follows a ``trainer_state.json`` file, or the Trainer's output folder."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> None:
         super().__init__(str(path))
         self.path = Path(path)
-        self._parser = TrainerStateParser(self.name)
+        self._parser = TrainerStateParser(self.name, mapping)
         self._stamp: tuple[str, int, int] | None = None
         self._broken: tuple[str, int, int] | None = None
         self._current: Path | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sapper.errors import InputError
+from sapper.logs.analysis import WARM_RECORDS
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
 from sapper.rules.registry import select_rules
@@ -65,6 +67,8 @@ class WatchResult:
     #: "interrupted" (Ctrl-C) or "stopped" (by the caller).
     reason: str
     notes: list[str] = field(default_factory=list)
+    #: Attempts seen: a restart from a checkpoint starts the next one.
+    attempts: int = 1
 
     def count(self, severity: Severity) -> int:
         return sum(f.severity == severity for f in self.findings)
@@ -77,6 +81,7 @@ class WatchResult:
             "first_step": self.first_step,
             "last_step": self.last_step,
             "reason": self.reason,
+            "attempts": self.attempts,
             "errors": self.count(Severity.ERROR),
             "warnings": self.count(Severity.WARNING),
             "infos": self.count(Severity.INFO),
@@ -144,7 +149,13 @@ class Watcher:
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.detector_set: DetectorSet | None = None
-        self._keys: set[tuple[str, int | None, int | None]] = set()
+        self._keys: set[tuple[Any, ...]] = set()
+        #: The attempt being watched (a restarted log starts the next one).
+        self.attempt = 1
+        self._parser: Any = None
+        self._index = 0  # records of the current parser consumed so far
+        self._prev_step: int | None = None
+        self._lineage: deque[StepRecord] = deque(maxlen=WARM_RECORDS)
         self._data_mark: float | None = None
         self._settled = True
         self._notes_seen = 0
@@ -245,6 +256,7 @@ class Watcher:
             findings=list(self.findings),
             reason=reason,
             notes=list(self.notes),
+            attempts=self.attempt,
         )
         for sink in self.sinks:
             sink.end(result)
@@ -258,10 +270,18 @@ class Watcher:
             self.detector_set = DetectorSet(self._detectors(records))
         for sink in self.sinks:
             sink.records(records)
+        starts = self._attempt_starts()
         update = self.detector_set.update
         for rec in records:
+            number = starts.get(self._index)
+            if number is not None:
+                self._new_attempt(number, rec)
+                update = self.detector_set.update
+            self._index += 1
             for finding in update(rec):
                 self._emit(finding)
+            self._prev_step = rec.step
+            self._lineage.append(rec)
         self.records += len(records)
         if self.first_step is None:
             self.first_step = records[0].step
@@ -279,6 +299,34 @@ class Watcher:
             det.set_framework(framework)
         return detectors
 
+    def _attempt_starts(self) -> dict[int, int]:
+        """Index of the parser's records where a later attempt starts -> its number."""
+        parser = self.follower.parser
+        if parser is not self._parser:
+            self._parser, self._index = parser, 0  # a new reader counts from its start
+        if parser is None:
+            return {}
+        return {a.start: a.number for a in parser.attempts if a.number > self.attempt}
+
+    def _new_attempt(self, number: int, rec: StepRecord) -> None:
+        """The log restarted (a rollback and resume): the attempt that ended is finished,
+        the next one gets fresh detectors, as ``sapper analyze`` runs it."""
+        assert self.detector_set is not None
+        for finding in self.detector_set.finish():
+            self._emit(finding)
+        self.attempt = number
+        self.detector_set = DetectorSet(self._detectors([rec]))
+        # As sapper analyze does: the history the attempt resumes from, seen but not
+        # reported, so a resumed run is not judged as a run at its start.
+        kept = [r for r in self._lineage if r.step < rec.step]
+        self._lineage = deque(kept, maxlen=WARM_RECORDS)
+        for old in kept:
+            self.detector_set.update(old)
+        self.note(
+            f"the run restarted: step {rec.step:,} follows step {self._prev_step:,}; attempt "
+            f"{number} is watched with fresh detectors"
+        )
+
     def _plan(self) -> Plan | None:
         if self.plan is not None:
             return self.plan
@@ -295,7 +343,10 @@ class Watcher:
             return None
 
     def _emit(self, finding: Finding) -> None:
-        key = (finding.code, finding.step, finding.rank)
+        if self.attempt > 1 and "attempt" not in finding.data:
+            finding = finding.model_copy(update={"data": {**finding.data, "attempt": self.attempt}})
+        data = finding.data
+        key = (finding.code, finding.step, finding.rank, data.get("attempt"), data.get("eval_set"))
         if key in self._keys:
             return
         self._keys.add(key)

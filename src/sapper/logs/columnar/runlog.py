@@ -219,8 +219,6 @@ class _Reader:
         parser = self.parser
         parser._line = self.line0
         parser.finish()
-        if parser._replayed:
-            return None
         n_plain = sum(len(x) for x in self.lines)
         n = n_plain + len(self.full)
         if n == 0:

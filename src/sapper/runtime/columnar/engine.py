@@ -8,25 +8,26 @@ every twin to that on random streams and on every example log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sapper.logs.base import LogData
+from sapper.logs.base import Attempt, LogData
 from sapper.logs.columnar.frame import Columns, columns_from_records
 from sapper.rules.model import Finding
 from sapper.runtime.columnar.base import Twin, fingerprint
 from sapper.runtime.columnar.fallback import run_streaming
 from sapper.runtime.detector import Detector
+from sapper.runtime.records import StepRecord
 
 __all__ = [
     "FINGERPRINTS",
     "MIN_RECORDS",
     "TWINS",
     "Outcome",
+    "run_attempt",
     "run_columns",
-    "run_log",
     "twin_for",
 ]
 
@@ -128,26 +129,34 @@ def run_columns(
 MIN_RECORDS = 20_000
 
 
-def run_log(
+def run_attempt(
     log: LogData,
+    attempt: Attempt,
     detectors: list[Detector],
+    warm: Sequence[StepRecord] = (),
     *,
     progress: Callable[[int], None] | None = None,
     min_records: int = MIN_RECORDS,
 ) -> Outcome | None:
-    """The detectors over ``log`` through its columns, or ``None`` when the streaming
-    run is the one to use: a short log, steps that do not ascend, a field holding
-    something other than numbers."""
+    """The detectors over one attempt of ``log`` through columns, ``warm`` (the history
+    the attempt resumes from) seen first as context; ``None`` when the streaming run is
+    the one to use: a short attempt, steps that do not ascend, a field holding something
+    other than numbers."""
     cols = getattr(log, "columns", None)
-    if cols is None:
-        if len(log.records) < min_records:
+    whole = attempt.start == 0 and attempt.stop == len(log.records)
+    if cols is None or warm or not whole:
+        if attempt.stop - attempt.start < min_records:
             return None
-        cols = columns_from_records(log.records)
-        if cols is None:
-            return None
+        if cols is not None and not warm:
+            cols = cols.slice(attempt.start, attempt.stop)
+        else:
+            records = [*warm, *log.records[attempt.start : attempt.stop]]
+            cols = columns_from_records(records)
+            if cols is None:
+                return None
     if not strictly_ascending(cols.steps):
         return None
-    return run_columns(cols, detectors, progress=progress)
+    return run_columns(cols, detectors, progress=progress, warm=len(warm))
 
 
 def _main() -> None:

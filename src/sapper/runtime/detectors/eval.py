@@ -84,8 +84,35 @@ def _median(values: deque[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+class _Series:
+    """The state of one eval series: the unnamed eval loss, or one named eval set."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+        #: [step, eval loss, training loss then] of the lowest eval loss so far.
+        self.best: list[Any] | None = None
+        #: Evaluations since the eval loss last improved by ``min_improvement``.
+        self.since_gain = 0
+        self.mark: float | None = None  # the eval loss of the last meaningful gain
+        self.evals_since_best = 0
+        self.overfit_fired = False
+        self.plateau_fired = False
+        #: Finite evaluations of this series (what ``unevaluated`` counts).
+        self.evals = 0
+
+    @property
+    def label(self) -> str:
+        return "eval loss" if self.name is None else f"eval loss on {self.name!r}"
+
+    def data(self) -> dict[str, Any]:
+        return {} if self.name is None else {"eval_set": self.name}
+
+
 class EvalLossDetector(Detector):
-    """R110 (overfitting) and R111 (plateau) over ``record.eval_loss``.
+    """R110 (overfitting) and R111 (plateau) over ``record.eval_loss`` and over each
+    named eval set in ``record.extra["eval_losses"]`` (the HF Trainer's
+    ``eval_<name>_loss`` for a dict of eval datasets), each judged on its own: one set
+    can overfit while another still improves.
 
     ``patience``: evaluations the eval loss must stay above its best before R110 fires;
     ``min_rise``: how far above the best (relative) counts as rising; ``plateau_evals``:
@@ -110,29 +137,23 @@ class EvalLossDetector(Detector):
         self.plateau_evals = plateau_evals
         self.min_improvement = min_improvement
         self.train: deque[float] = deque(maxlen=train_window)
-        #: [step, eval loss, training loss then] of the lowest eval loss so far.
-        self.best: list[Any] | None = None
-        #: Evaluations since the eval loss last improved by ``min_improvement``.
-        self.since_gain = 0
-        self.mark: float | None = None  # the eval loss of the last meaningful gain
-        self.evals_since_best = 0
-        self.overfit_fired = False
-        self.plateau_fired = False
-        self.evals = 0
+        self.series: dict[str | None, _Series] = {}
 
     def unevaluated(self) -> list[str]:
-        """What R110-R111 could not look at: no evaluation in the log, or too few."""
-        if self.evals == 0:
+        """What R110-R111 could not look at: no evaluation in the log, or too few (in the
+        eval set evaluated most often)."""
+        evals = max((s.evals for s in self.series.values()), default=0)
+        if evals == 0:
             return ["R110-R111 eval loss: not evaluated — the log has no eval loss"]
         out = []
-        if self.evals <= self.patience:
+        if evals <= self.patience:
             out.append(
-                f"R110 eval loss rising: not evaluated — {self.evals} evaluation(s), needs "
+                f"R110 eval loss rising: not evaluated — {evals} evaluation(s), needs "
                 f"{self.patience + 1}"
             )
-        if self.evals <= self.plateau_evals:
+        if evals <= self.plateau_evals:
             out.append(
-                f"R111 eval loss plateau: not evaluated — {self.evals} evaluation(s), needs "
+                f"R111 eval loss plateau: not evaluated — {evals} evaluation(s), needs "
                 f"{self.plateau_evals + 1}"
             )
         return out
@@ -140,34 +161,47 @@ class EvalLossDetector(Detector):
     def update(self, record: StepRecord) -> list[Finding]:
         if record.loss is not None and math.isfinite(record.loss):
             self.train.append(record.loss)
-        value = record.eval_loss
-        if value is None or not math.isfinite(value):
-            return []
-        self.evals += 1
-        train = _median(self.train)
-        if self.best is None or value < self.best[1]:
-            self.best = [record.step, value, train]
-            self.evals_since_best = 0
-            self.overfit_fired = False
-        else:
-            self.evals_since_best += 1
-        if self.mark is None or value < self.mark * (1 - self.min_improvement):
-            self.mark = value
-            self.since_gain = 0
-            self.plateau_fired = False
-        else:
-            self.since_gain += 1
-        return self._overfit(record.step, value, train) or self._plateau(record.step, value)
+        out: list[Finding] = []
+        if record.eval_loss is not None:
+            out += self._judge(None, record.step, record.eval_loss)
+        named = record.extra.get("eval_losses")
+        if isinstance(named, dict):
+            for name, value in named.items():
+                if isinstance(value, (int, float)):
+                    out += self._judge(str(name), record.step, float(value))
+        return out
 
-    def _overfit(self, step: int, value: float, train: float | None) -> list[Finding]:
-        assert self.best is not None
-        best_step, best, best_train = self.best
+    def _judge(self, name: str | None, step: int, value: float) -> list[Finding]:
+        if not math.isfinite(value):
+            return []
+        s = self.series.get(name)
+        if s is None:
+            s = self.series[name] = _Series(name)
+        s.evals += 1
+        train = _median(self.train)
+        if s.best is None or value < s.best[1]:
+            s.best = [step, value, train]
+            s.evals_since_best = 0
+            s.overfit_fired = False
+        else:
+            s.evals_since_best += 1
+        if s.mark is None or value < s.mark * (1 - self.min_improvement):
+            s.mark = value
+            s.since_gain = 0
+            s.plateau_fired = False
+        else:
+            s.since_gain += 1
+        return self._overfit(s, step, value, train) or self._plateau(s, step, value)
+
+    def _overfit(self, s: _Series, step: int, value: float, train: float | None) -> list[Finding]:
+        assert s.best is not None
+        best_step, best, best_train = s.best
         rise = value / best - 1 if best > 0 else 0.0
-        if self.overfit_fired or self.evals_since_best < self.patience or rise < self.min_rise:
+        if s.overfit_fired or s.evals_since_best < self.patience or rise < self.min_rise:
             return []
         if train is not None and best_train is not None and train >= best_train:
             return []  # both rising: divergence, not memorization (the loss rules say so)
-        self.overfit_fired = True
+        s.overfit_fired = True
         trend = (
             f" while the training loss fell from {best_train:.4g} to {train:.4g}"
             if train is not None and best_train is not None
@@ -175,8 +209,8 @@ class EvalLossDetector(Detector):
         )
         return [
             EVAL_OVERFIT.finding(
-                f"eval loss {value:.4g} at step {step} is {100 * rise:.1f}% above its best "
-                f"{best:.4g} (step {best_step}), {self.evals_since_best} evaluations ago"
+                f"{s.label} {value:.4g} at step {step} is {100 * rise:.1f}% above its best "
+                f"{best:.4g} (step {best_step}), {s.evals_since_best} evaluations ago"
                 f"{trend}",
                 step=step,
                 value=value,
@@ -184,23 +218,25 @@ class EvalLossDetector(Detector):
                 best_step=best_step,
                 best_eval_loss=best,
                 train_loss=train,
+                **s.data(),
             )
         ]
 
-    def _plateau(self, step: int, value: float) -> list[Finding]:
-        if self.plateau_fired or self.since_gain < self.plateau_evals or self.mark is None:
+    def _plateau(self, s: _Series, step: int, value: float) -> list[Finding]:
+        if s.plateau_fired or s.since_gain < self.plateau_evals or s.mark is None:
             return []
-        if value > self.mark * (1 + self.min_rise):
+        if value > s.mark * (1 + self.min_rise):
             return []  # rising, not flat: R110's business
-        self.plateau_fired = True
+        s.plateau_fired = True
         return [
             EVAL_PLATEAU.finding(
-                f"eval loss {value:.4g} at step {step}: no improvement of "
-                f"{100 * self.min_improvement:.0f}% over {self.mark:.4g} in the last "
-                f"{self.since_gain} evaluations",
+                f"{s.label} {value:.4g} at step {step}: no improvement of "
+                f"{100 * self.min_improvement:.0f}% over {s.mark:.4g} in the last "
+                f"{s.since_gain} evaluations",
                 step=step,
                 value=value,
-                threshold=self.mark * (1 - self.min_improvement),
-                evaluations=self.since_gain,
+                threshold=s.mark * (1 - self.min_improvement),
+                evaluations=s.since_gain,
+                **s.data(),
             )
         ]
