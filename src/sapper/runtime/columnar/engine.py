@@ -136,7 +136,7 @@ def run_attempt(
     warm: Sequence[StepRecord] = (),
     *,
     progress: Callable[[int], None] | None = None,
-    min_records: int = MIN_RECORDS,
+    min_records: int | None = None,
 ) -> Outcome | None:
     """The detectors over one attempt of ``log`` through columns, ``warm`` (the history
     the attempt resumes from) seen first as context; ``None`` when the streaming run is
@@ -145,7 +145,7 @@ def run_attempt(
     cols = getattr(log, "columns", None)
     whole = attempt.start == 0 and attempt.stop == len(log.records)
     if cols is None or warm or not whole:
-        if attempt.stop - attempt.start < min_records:
+        if attempt.stop - attempt.start < (MIN_RECORDS if min_records is None else min_records):
             return None
         if cols is not None and not warm:
             cols = cols.slice(attempt.start, attempt.stop)
