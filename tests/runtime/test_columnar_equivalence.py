@@ -202,7 +202,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
     }
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32 - 1),
     n=st.integers(0, 600),
