@@ -72,6 +72,19 @@ def _curve(rng: np.random.Generator, n: int, base: float, noise: float) -> np.nd
     return y
 
 
+def _lr_curve(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Flat with odd values, or a warmup (short or long) then a cosine that decays to 0,
+    stays there or comes back up (a schedule stepped past its end)."""
+    if rng.random() < 0.4:
+        return np.where(rng.random(n) < 0.97, 1e-4, rng.choice([1e-4, 3e-4, 0.0]))
+    t = np.arange(n, dtype=float)
+    warm = max(1, int(n * rng.choice([0.0001, 0.05, 0.3])))
+    total = max(warm + 1, int(n * rng.choice([0.5, 1.0])))
+    frac = np.clip((t - warm) / (total - warm), 0.0, 1.0 if rng.random() < 0.5 else 2.0)
+    lr = 3e-4 * np.where(t < warm, (t + 1) / warm, 0.5 * (1 + np.cos(np.pi * frac)))
+    return np.round(lr, 8)
+
+
 def _stream(seed: int, n: int) -> list[StepRecord]:
     rng = np.random.default_rng(seed)
     gaps = rng.choice([1, 1, 1, 2, 10, 500], size=n)
@@ -80,7 +93,7 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
         "loss": _curve(rng, n, float(rng.choice([0.01, 2.0, 10.0])), 0.02),
         "grad_norm": _curve(rng, n, float(rng.choice([1e-4, 0.5, 1.0, 5.0])), 0.1),
         "clip_threshold": np.full(n, float(rng.choice([0.0, 1.0, 2.0]))),
-        "lr": np.where(rng.random(n) < 0.97, 1e-4, rng.choice([1e-4, 3e-4, 0.0])),
+        "lr": _lr_curve(rng, n),
         "memory_allocated_gib": 10 + np.cumsum(rng.random(n) * rng.choice([0.0, 0.01, 0.1])),
         "memory_peak_gib": 20 + rng.random(n) * rng.choice([1.0, 60.0]),
         "memory_limit_gib": np.full(n, 80.0),
@@ -174,6 +187,14 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "growth_min_points": draw(st.integers(2, 10)),
             "growth_min_steps": draw(st.sampled_from([0, 20])),
             "growth_min_gib": draw(st.sampled_from([0.0, 0.1])),
+        },
+        "lr": {
+            "warmup_min_share": draw(st.sampled_from([0.0002, 0.5])),
+            "overrun_floor": draw(st.sampled_from([0.02, 0.9])),
+            "overrun_rise": draw(st.sampled_from([0.0, 0.05])),
+            "zero_records": draw(st.integers(1, 6)),
+            "zero_share": draw(st.sampled_from([0.0, 0.02])),
+            "total_steps": draw(st.sampled_from([None, 100, 100_000])),
         },
         "accumulation": {
             "patience": draw(st.integers(0, 4)),

@@ -33,9 +33,16 @@ __all__ = [
 
 
 def _twins() -> dict[type, Twin]:
-    from sapper.runtime.columnar import accumulation, gradnorm, loss, memory, throughput
+    from sapper.runtime.columnar import accumulation, gradnorm, loss, lr, memory, throughput
 
-    twins = (loss.TWIN, gradnorm.TWIN, memory.TWIN, throughput.TWIN, accumulation.TWIN)
+    twins = (
+        loss.TWIN,
+        gradnorm.TWIN,
+        memory.TWIN,
+        throughput.TWIN,
+        accumulation.TWIN,
+        lr.TWIN,
+    )
     return {t.cls: t for t in twins}
 
 
@@ -50,6 +57,7 @@ FINGERPRINTS: dict[str, str] = {
     "MemoryDetector": "c225958c0c03260b",
     "ThroughputDetector": "27d36500bb8316d1",
     "AccumulationDetector": "bb21f4088ef89188",
+    "LRDetector": "89d2006a5b37e0ea",
 }
 
 _checked: dict[type, bool] = {}
