@@ -12,6 +12,7 @@ fire (each is said once per run). With a declared schedule the streaming detecto
 from __future__ import annotations
 
 import copy
+import weakref
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.lr import LR_OVERRUN, LR_WARMUP_SHORT, LRDetector
 
 __all__ = ["TWIN"]
+
+#: Rows looked ahead at once for the end of a quiet stretch.
+_AHEAD = 1 << 14
 
 _STATE = {
     "fired",
@@ -99,6 +103,7 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
     fired = d.fired
     w_code, o_code = LR_WARMUP_SHORT.code, LR_OVERRUN.code
     step_list = steps[rows].tolist()
+    steps_arr = steps[rows]
 
     def sync() -> None:
         d.first_step, d.first_lr, d.prev_lr = first_step, first_lr, prev_lr
@@ -106,7 +111,12 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
         d.trough, d.rise_run, d.rise_from = trough, rise_run, rise_from
         d.zero_run, d.zero_since = zero_run, zero_since
 
-    for row, lr, step in zip(srows, lrs, step_list, strict=True):
+    arr = lr_all[rows]
+    m = len(lrs)
+    k = 0
+    while k < m:
+        row, lr, step = srows[k], lrs[k], step_list[k]
+        k += 1
         while e < len(extras) and extras[e] <= row:  # the live counter, in row order
             found += d._live_counter(cols.record(extras[e]))
             e += 1
@@ -194,6 +204,35 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
                         else:
                             rise_run, rise_from = 0, None
         prev_lr = lr
+        # A quiet stretch: no ramp left to close, no zero run or rise under way, not
+        # decayed: the rows up to the next one that can change more than the trough
+        # (a new high, an LR at or below zero or the decay floor, where R043 may fire)
+        # only lower the trough and move prev_lr; they are taken in one step.
+        if (
+            k < m
+            and not ramp_open
+            and zero_run == 0
+            and zero_since is None
+            and rise_run == 0
+            and rise_from is None
+            and peak > 0
+            and trough is not None
+            and trough > floor * peak
+        ):
+            stop = min(m, k + _AHEAD)
+            if e < len(extras):  # the live counter's next row is taken in order
+                stop = min(stop, int(np.searchsorted(rows, extras[e], side="left")))
+            seg = arr[k:stop]
+            loud = (seg > peak) | (seg <= 0) | (seg <= floor * peak)
+            if warmup_end is not None and w_code not in fired:
+                runs = np.maximum(steps_arr[k:stop], total) - (first_step or 0)
+                loud |= ~(warmup_end > share * runs)
+            hit = np.flatnonzero(loud)
+            j = k + int(hit[0]) if len(hit) else stop
+            if j > k:
+                trough = min(trough, float(arr[k:j].min()))
+                prev_lr = lrs[j - 1]
+                k = j
     while e < len(extras):
         found += d._live_counter(cols.record(extras[e]))
         e += 1
@@ -202,12 +241,20 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
     return d, found
 
 
+#: The scratch detector a run ended with, for ``unevaluated`` right after it.
+_LAST: weakref.WeakKeyDictionary[LRDetector, tuple[int, LRDetector]] = weakref.WeakKeyDictionary()
+
+
 def run(det: LRDetector, cols: Columns) -> list[Finding]:
-    return _walk(det, cols)[1]
+    scratch, found = _walk(det, cols)
+    _LAST[det] = (id(cols), scratch)
+    return found
 
 
 def unevaluated(det: LRDetector, cols: Columns, found: list[Finding]) -> list[str]:
-    return _walk(det, cols)[0].unevaluated()
+    last = _LAST.pop(det, None)
+    scratch = last[1] if last is not None and last[0] == id(cols) else _walk(det, cols)[0]
+    return scratch.unevaluated()
 
 
 TWIN = Twin(

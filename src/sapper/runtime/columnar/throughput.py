@@ -112,39 +112,37 @@ def run(det: ThroughputDetector, cols: Columns) -> list[Finding]:
     return out + scratch.finish()
 
 
+class _Seconds:
+    """The wall time each row stands for (``_seconds``: its step time × the steps since
+    the record before, any record; ``None`` without a valid step time), read per row."""
+
+    def __init__(self, sec: np.ndarray, ok: np.ndarray) -> None:
+        self.sec, self.ok = sec, ok
+
+    def __getitem__(self, row: int) -> float | None:
+        return float(self.sec[row]) if self.ok[row] else None
+
+
 def _prepare(
     det: ThroughputDetector, cols: Columns
-) -> tuple[ThroughputDetector, Columns | None, list[float | None]]:
-    """A scratch copy holding the per-stream counters, the rows past the warmup and the
-    wall time each of them stands for (``_seconds``: the step time × the steps since the
-    record before, any record)."""
+) -> tuple[ThroughputDetector, Columns | None, _Seconds]:
+    """A scratch copy holding the per-stream counters, the rows past the warmup (a
+    suffix: steps ascend) and the wall time each of them stands for."""
     scratch = copy.deepcopy(det)
     steps = cols.steps
     scratch.first_step = int(steps[0])
     scratch.prev_step = int(steps[-1])
-    live = np.flatnonzero(~(steps - int(steps[0]) < det.warmup_steps))
-    scratch.records_seen = len(live)
-    if not len(live):
-        return scratch, None, []
+    start = int(np.searchsorted(steps, int(steps[0]) + det.warmup_steps, side="left"))
+    scratch.records_seen = len(steps) - start
     t = cols.get("step_time_s")
     ok = cols.has("step_time_s") & np.isfinite(t) & (t > 0)
     span = np.ones(len(steps))
     span[1:] = np.maximum(1, steps[1:] - steps[:-1])
-    sec = t * span
-    seconds = [
-        float(v) if k else None for v, k in zip(sec[live].tolist(), ok[live].tolist(), strict=True)
-    ]
-    sub = cols if len(live) == len(cols) else _rows(cols, live)
+    seconds = _Seconds((t * span)[start:], ok[start:])
+    if start >= len(steps):
+        return scratch, None, seconds
+    sub = cols if start == 0 else cols.slice(start, len(steps))
     return scratch, sub, seconds
-
-
-def _rows(cols: Columns, rows: np.ndarray) -> Columns:
-    return Columns(
-        steps=cols.steps[rows],
-        values={k: v[rows] for k, v in cols.values.items()},
-        present={k: v[rows] for k, v in cols.present.items()},
-        full={j: cols.full[int(r)] for j, r in enumerate(rows.tolist()) if int(r) in cols.full},
-    )
 
 
 def _outliers(det: ThroughputDetector, cols: Columns) -> list[Finding]:
@@ -190,9 +188,7 @@ def _outliers(det: ThroughputDetector, cols: Columns) -> list[Finding]:
     return out
 
 
-def _data_wait(
-    scratch: ThroughputDetector, cols: Columns, seconds: list[float | None]
-) -> list[Finding]:
+def _data_wait(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> list[Finding]:
     """R062 as the streaming detector runs it: its running sums are added and taken in
     record order, so they are kept here the same way (a loop over the rows with both
     times, usually none or few)."""
@@ -305,9 +301,7 @@ def _episodes(
     return out
 
 
-def _rates(
-    scratch: ThroughputDetector, cols: Columns, seconds: list[float | None]
-) -> list[Finding]:
+def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> list[Finding]:
     value, unit = _rate_column(cols)
     valid = (unit >= 0) & np.isfinite(value) & (value > 0)
     first = np.flatnonzero(valid)
