@@ -373,3 +373,31 @@ def test_restarted_run_log_through_columns(tmp_path: Path, monkeypatch: pytest.M
     columnar = analyze_log(log, default_detectors())
     assert _analysis_key(columnar) == _analysis_key(streaming)
     assert any(f.data.get("attempt") == 3 for f in columnar.findings)
+
+
+def test_analyze_command_same_json_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sapper analyze --format json`` on a run log large enough for the columnar
+    reader: the same output as with the columnar path switched off."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from sapper.cli.app import _register_commands, app
+
+    _register_commands()
+
+    path = tmp_path / "run.jsonl"
+    writer = RunLogWriter(path, meta={"run": "big"})
+    writer.write_steps(_stream(11, 30_000))
+    writer.close()
+    assert path.stat().st_size > runlog.MIN_BYTES
+    assert read_columnar(path, "sapper") is not None
+    runner = CliRunner()
+    fast = runner.invoke(app, ["analyze", str(path), "--format", "json"])
+    monkeypatch.setattr(runlog, "MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(engine, "MIN_RECORDS", 1 << 40)
+    slow = runner.invoke(app, ["analyze", str(path), "--format", "json"])
+    assert fast.exit_code == slow.exit_code
+    assert json.loads(fast.stdout) == json.loads(slow.stdout)
