@@ -247,7 +247,7 @@ class _Reader:
             for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
                 cols.full[row] = rec
         for name in _SCALARS:
-            pieces = self.values.get(name, [])
+            pieces = self.values.pop(name, [])  # dropped once assembled: a lower peak
             from_full = [
                 (row, getattr(rec, name))
                 for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True)
