@@ -263,10 +263,13 @@ class _Reader:
                 values = np.full(n, np.nan)
                 present = np.zeros(n, dtype=bool)
                 for start, vals, has in pieces:
-                    where = np.arange(start, start + len(vals))
-                    rows = where if plain_rows is None else plain_rows[where]
-                    values[rows] = vals
-                    present[rows] = has
+                    if plain_rows is None:  # every row plain: the block's rows in a run
+                        values[start : start + len(vals)] = vals
+                        present[start : start + len(vals)] = has
+                    else:
+                        rows = plain_rows[start : start + len(vals)]
+                        values[rows] = vals
+                        present[rows] = has
             for row, value in from_full:
                 if not isinstance(value, (int, float)):
                     return None  # a value only the streaming detectors can judge
