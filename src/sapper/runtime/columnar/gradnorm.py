@@ -209,8 +209,9 @@ def _surge(
     norms and the rolling test after, as (step, 0, finding maker) candidates."""
     pos = np.flatnonzero(g > 0)
     out: list[tuple[int, int, Any]] = []
-    gl = g.tolist()
-    for p in range(1, min(len(pos), det.surge_min_history)):
+    cold = min(len(pos), det.surge_min_history)
+    gl = g[: int(pos[cold - 1]) + 1].tolist() if cold else []  # the cold start's rows only
+    for p in range(1, cold):
         j = int(pos[p])
         value, prev = gl[j], gl[int(pos[p - 1])]
         ref = max(prev, median([v for v in gl[max(0, j - det.tiny_window) : j] if v > 0]))
