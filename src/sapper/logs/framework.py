@@ -2,7 +2,7 @@
 
 Some R-rules read one framework's mechanics: R032/R033 are about torch-amp's GradScaler
 call order, which Megatron, DeepSpeed, the HF Trainer and Lightning drive themselves
-(they unscale before clipping and log the unscaled norm). ``sapper analyze`` and
+(they unscale before clipping and stepping, whatever norm they log). ``sapper analyze`` and
 ``sapper watch`` tell the detectors the framework this module reads from the log: what
 a sapper run log's meta says (the live monitor records it), else what the format
 implies, else ``unknown`` (the detectors then ask for unambiguous evidence).

@@ -20,7 +20,7 @@ __all__ = ["FRAMEWORKS", "Detector", "DetectorSet", "unevaluated_codes"]
 
 #: The training frameworks a log or a live run can show. Some rules read a framework's
 #: mechanics (GradScaler's order of scale/unscale_/step is torch-amp's; Megatron and
-#: DeepSpeed unscale internally and log unscaled norms); a detector told the framework
+#: DeepSpeed unscale internally before they clip and step); a detector told the framework
 #: applies those rules only where they belong. ``torch`` is a plain PyTorch loop without
 #: a GradScaler; ``unknown`` means the log does not say.
 FRAMEWORKS: tuple[str, ...] = (

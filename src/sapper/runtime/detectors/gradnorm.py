@@ -9,10 +9,13 @@ GradScaler loop measures after ``scaler.unscale_``; a norm measured on scaled gr
 is the scaler rules' business (R032/R033).
 
 Cold start: with fewer than ``surge_min_history`` norms the rolling median does not
-exist yet (a pasted excerpt of a few records); a norm at least ``cold_ratio`` (100×) the
-larger of the previous norm and the median of the few before still counts as a surge.
-A healthy run's norm moves by a few × between steps even in its first steps from step 0
-(the first norms are the largest); two orders of magnitude is an explosion.
+exist yet (a pasted excerpt of a few records); a norm at least ``cold_ratio`` (10×) the
+median of the few before still counts as a surge. A run's first steps are the
+exception: from step 0 the norm moves by large factors (the first norms are the
+largest, Adam's first updates overshoot), so a log that starts within the first
+``run_start_steps`` (100) steps needs ``cold_ratio_start`` (100×). The median, not the
+previous norm, is the reference so that a surge building over a few steps (BLOOM-176B's
+first spike: 0.24 → 0.95 → 2.4 → 15.9, tests/fixtures/logs) is seen when it passes 10×.
 
 Per-layer series: records may carry ``extra["grad_norm_layers"]`` (layer → norm). A
 layer whose norm surges to ``layer_ratio``× its own rolling median and above
@@ -101,7 +104,7 @@ Gradients that stay orders of magnitude below the usual 0.1–1.0 do not move th
 an init that is too small (activations vanish layer by layer), a loss accidentally scaled
 down, fp16 underflow, or frozen parameters.
 
-Frameworks: any, on the unscaled norm (what Megatron, DeepSpeed, the HF Trainer and
+Frameworks: any, on the unscaled norm (what Megatron, recent DeepSpeed, the HF Trainer and
 Lightning log).""",
         signs="""\
 The gradient norm stays below the threshold for many steps and the loss barely moves.""",
@@ -156,7 +159,9 @@ class GradNormDetector(RuleDetector):
         surge_min_history: int = 10,
         surge_k: float = 6.0,
         surge_ratio: float = 3.0,
-        cold_ratio: float = 100.0,
+        cold_ratio: float = 10.0,
+        cold_ratio_start: float = 100.0,
+        run_start_steps: int = 100,
         layer_window: int = 20,
         layer_min_history: int = 5,
         layer_ratio: float = 10.0,
@@ -174,6 +179,8 @@ class GradNormDetector(RuleDetector):
         self.surge_k = surge_k
         self.surge_ratio = surge_ratio
         self.cold_ratio = cold_ratio
+        self.cold_ratio_start = cold_ratio_start
+        self.run_start_steps = run_start_steps
         self.layer_window = layer_window
         self.layer_min_history = layer_min_history
         self.layer_ratio = layer_ratio
@@ -295,27 +302,35 @@ class GradNormDetector(RuleDetector):
 
 
     def _cold_surge(self, gn: float, step: int, record: StepRecord) -> list[Finding]:
-        """The surge test while fewer than ``surge_min_history`` norms are known: a jump of
-        ``cold_ratio``× over the larger of the previous norm and the median so far."""
+        """The surge test while fewer than ``surge_min_history`` norms are known: a norm
+        ``cold_ratio``× the median of the short history (see the module doc)."""
         if self.prev_gn is None or not len(self.log_norms):
             return []
         # the short history: the positive norms among the last tiny_window ones
-        ref = max(self.prev_gn, median([v for v in self.norms if v > 0]))
-        if gn < self.cold_ratio * ref:
+        ref = median([v for v in self.norms if v > 0])
+        ratio = self._cold_ratio()
+        if not ref > 0 or gn < ratio * ref:
             return []
         layer = _largest_layer(record)
         where = f"; largest in {layer}" if layer else ""
         return self.fire(
             GRAD_SURGE,
             step,
-            f"gradient norm {fmt(gn)} at step {step} is {fmt(gn / ref)}× the norm before it "
-            f"({fmt(ref)}); cold start: only {len(self.log_norms)} earlier logged step(s), "
-            f"the jump alone exceeds ×{fmt(self.cold_ratio)}{where}",
+            f"gradient norm {fmt(gn)} at step {step} is {fmt(gn / ref)}× the median "
+            f"{fmt(ref)} of the {len(self.log_norms)} logged step(s) before it; cold start: "
+            f"too few for the rolling test, the jump alone exceeds ×{fmt(ratio)}{where}",
             value=gn,
-            threshold=ref * self.cold_ratio,
+            threshold=ref * ratio,
             median=ref,
             cold_start=True,
         )
+
+    def _cold_ratio(self) -> float:
+        """``cold_ratio_start`` (100×) when the log starts within the run's first
+        ``run_start_steps`` steps (the first norms move by large factors), else
+        ``cold_ratio`` (10×): an excerpt from the middle of a run."""
+        first = self.first_step if self.first_step is not None else 0
+        return self.cold_ratio_start if first <= self.run_start_steps else self.cold_ratio
 
     def _layer_surge(self, record: StepRecord) -> list[Finding]:
         """One layer's norm ≫ its own history and ≫ the other layers (see the module doc);
@@ -384,7 +399,7 @@ class GradNormDetector(RuleDetector):
             out.append(
                 f"R013 gradient norm surge: not evaluated by the rolling test — {self.count} "
                 f"grad_norm record(s), needs {self.surge_min_history + 1}; only the "
-                f"cold-start check ran (a jump of ×{fmt(self.cold_ratio)})"
+                f"cold-start check ran (a jump of ×{fmt(self._cold_ratio())})"
             )
         return out
 

@@ -126,7 +126,8 @@ for the gradient noise, and clipping is not damping it.
 Frameworks: any.""",
         signs="""\
 Consecutive differences alternate in sign most of the time and their typical size is a
-large fraction of the loss itself.""",
+large fraction of the loss itself (and at least 0.05 in the loss's unit: a fine-tuning
+loss of 0.01 that doubles between logs is batch noise).""",
         fix="""\
 Lower the LR, raise the (effective) batch size, or enable gradient clipping at ≈1.0.""",
         seed="§5.2",
@@ -157,6 +158,7 @@ class LossDetector(RuleDetector):
         osc_window: int = 30,
         osc_flips: float = 0.7,
         osc_amplitude: float = 0.25,
+        osc_min_swing: float = 0.05,
         cold_ratio: float = 1.5,
         cold_min_jump: float = 0.5,
     ) -> None:
@@ -172,6 +174,7 @@ class LossDetector(RuleDetector):
         self.osc_window = osc_window
         self.osc_flips = osc_flips
         self.osc_amplitude = osc_amplitude
+        self.osc_min_swing = osc_min_swing
         self.cold_ratio = cold_ratio
         self.cold_min_jump = cold_min_jump
         self.recent: deque[float] = deque(maxlen=max(window, osc_window))
@@ -362,9 +365,12 @@ class LossDetector(RuleDetector):
             flips = sum(1 for a, b in itertools.pairwise(diffs) if a * b < 0)
             flip_share = flips / max(1, len(diffs) - 1)
         level = abs(median(xs))
-        amplitude = median(list(map(abs, diffs))) / level if level else 0.0
+        swing = median(list(map(abs, diffs)))
+        amplitude = swing / level if level else 0.0
         if flip_share < self.osc_flips or amplitude < self.osc_amplitude:
             return []
+        if swing < self.osc_min_swing:
+            return []  # a tiny loss (0.01) swinging ×2 is batch noise, not overshooting
         return self.fire(
             LOSS_OSCILLATING,
             step,

@@ -11,9 +11,13 @@ Frameworks. R030 and R031 hold for every dynamic loss scaler (torch.amp's GradSc
 DeepSpeed's and Megatron's own). R032 and R033 are about torch-amp's GradScaler API
 (the order of ``scaler.scale``, ``scaler.unscale_``, clipping and ``scaler.step``);
 Megatron-LM/Megatron-DeepSpeed, DeepSpeed, the HF Trainer (through Accelerate) and
-Lightning drive the scaler themselves, unscale before clipping and log the unscaled
-norm, which on an fp16 run with a scale of 65536 merely happens to be a small fraction
-of the scale. So the offline R032 signature is read:
+Lightning drive the scaler themselves and unscale before clipping and stepping. What
+they log varies: Megatron and the HF Trainer log the unscaled norm, which on an fp16
+run with a scale of 65536 merely happens to be a small fraction of the scale; DeepSpeed
+ZeRO-1/2 before April 2022 (deepspeedai/DeepSpeed 56c5223) logged the norm of the
+still-scaled gradients ("norm is in fact norm*scale") — the BigScience fp16 norms of
+1e4–1e6 — while its optimizer stepped on unscaled ones. Either way a norm of the order
+of the scale says nothing about the step there. So the offline R032 signature is read:
 
 - ``framework="torch-amp"`` (the live monitor saw a GradScaler, or a sapper run log
   says so): a norm ≥ ``scaled_ratio`` × the scale on ``scaled_records`` logged steps in
@@ -34,8 +38,11 @@ log that starts at the run's beginning, before the scale ever held for three rec
 a row or grew, and within the first ``calibration_steps`` steps, are calibration, not
 collapse. A short excerpt from the
 middle of a run (at most ``2 × collapse_drops`` scale records) cannot show
-``collapse_drops`` drops; there ``cold_halvings`` consecutive halvings (the scale at
-most half the previous value each time) are enough.
+``collapse_drops`` drops; there ``cold_halvings`` (4) halvings within the last
+``collapse_drops`` records, counted since the last growth, are enough. Halvings are counted
+as log2 of each drop (a log written every 10 iterations shows 65536 → 8192, three
+halvings, in one record), and DeepSpeed's and Megatron's hysteresis (the scale held for
+a record between two halvings) does not break the count.
 """
 
 from __future__ import annotations
@@ -120,10 +127,11 @@ by default). A bare optimizer.step() (instead of scaler.step(optimizer), or
 without scaler.unscale_(optimizer) first) applies updates thousands of times too
 large. Nothing raises an error; the loss rises in a strange way or goes NaN.
 
-Frameworks: torch-amp's GradScaler only. Megatron-LM and Megatron-DeepSpeed, DeepSpeed,
-the HF Trainer (through Accelerate) and Lightning drive the scaler themselves and log
-the unscaled norm, which on an fp16 run with a scale of 65536 merely happens to be a
-small fraction of the scale; from their logs R032 never fires. From a log of unknown
+Frameworks: torch-amp's GradScaler only. Megatron-LM and Megatron-DeepSpeed,
+DeepSpeed, the HF Trainer (through Accelerate) and Lightning drive the scaler themselves
+and step on unscaled gradients, whatever norm they log (the unscaled one, a small
+fraction of a scale of 65536 in fp16; or, in DeepSpeed ZeRO-1/2 before April 2022, the
+norm of the scaled gradients); from their logs R032 never fires. From a log of unknown
 origin it fires only on unambiguous evidence (a norm of the scale × a plausible unscaled
 norm for 20 logged steps, with a finite loss that does not fall); the live monitor sees
 the GradScaler calls themselves.""",
@@ -204,6 +212,8 @@ class ScalerDetector(RuleDetector):
         self.set_framework(framework)
         self.scale_records = 0
         self.halvings = 0
+        # log2(previous / scale) of the last collapse_drops scale records (> 0: halvings)
+        self.changes: deque[float] = deque(maxlen=collapse_drops)
         self.grown = False
         self.stable = 0  # consecutive records with the scale unchanged
         self.calibrated = False
@@ -270,9 +280,11 @@ class ScalerDetector(RuleDetector):
                 self.calibrated = True  # the scale fits: later drops are overflows
             if self._calibrating(record.step):
                 self.drops = self.halvings = 0
+                self.changes.clear()
             else:
                 self.drops = self.drops + 1 if scale < prev else 0
-                self.halvings = self.halvings + 1 if scale <= 0.5 * prev else 0
+                self.changes.append(math.log2(prev / scale) if scale > 0 and prev > 0 else 0.0)
+                self.halvings = _halvings_since_growth(self.changes)
         self.prev_scale = scale
         at_floor = scale <= self.min_scale and (self.peak_scale or 0) > self.min_scale
         cold = (
@@ -287,8 +299,8 @@ class ScalerDetector(RuleDetector):
             why = f"reached the floor {fmt(self.min_scale)}"
         else:
             why = (
-                f"halved on {self.halvings} consecutive logged steps (cold start: only "
-                f"{self.scale_records} loss-scale records in the log)"
+                f"halved {self.halvings} times within the last {len(self.changes)} logged "
+                f"steps (cold start: only {self.scale_records} loss-scale records in the log)"
             )
         return self.fire(
             SCALE_COLLAPSE,
@@ -399,7 +411,7 @@ class ScalerDetector(RuleDetector):
         if self.framework in SCALER_INTERNAL:
             out.append(
                 f"R032-R033 GradScaler order: not evaluated — a {self.framework} log: the "
-                "framework unscales the gradients itself and logs the unscaled norm"
+                "framework unscales the gradients itself before clipping and stepping"
             )
             return out
         if self.ratio_records == 0:
@@ -416,6 +428,16 @@ class ScalerDetector(RuleDetector):
 
 #: Frameworks that drive the loss scaler themselves (never the user's GradScaler calls).
 SCALER_INTERNAL = frozenset({"megatron", "deepspeed", "hf-trainer", "lightning"})
+
+
+def _halvings_since_growth(changes: deque[float]) -> int:
+    """Halvings (log2 of the drops) in ``changes`` after its last growth."""
+    total = 0.0
+    for change in reversed(changes):
+        if change < 0:
+            break
+        total += change
+    return round(total)
 
 
 def _falling(losses: deque[float]) -> bool:

@@ -3,8 +3,9 @@ step-time outliers.
 
 Step time is wall time from one step to the next, data wait included; the data wait is
 the time the loop spent between the end of one step and the start of the next forward
-(fetching the batch). The first ``warmup_steps`` are skipped: allocation, compilation
-and caches make them slow on every healthy run.
+(fetching the batch). The first ``warmup_steps`` of a run are skipped: allocation,
+compilation and caches make them slow on every healthy run. A log that starts after the
+run's first ``run_start_steps`` (100) steps (an excerpt) has no such steps to skip.
 
 Wall-clock numbers are noisy: on a shared machine a neighbour's job slows a run for a
 while and goes away. So R060-R062 are decided on *episodes* (:class:`Episode`): a
@@ -22,7 +23,12 @@ a rolling median or share so that single slow steps (R063's business) do not sta
   persisted for the whole remaining run, and is not a burst that the log's end cut);
 - recovered after the warning → an info finding saying when it recovered.
 
-A dip that recovers before it is sustained therefore stays at info. An episode ends
+A dip that recovers before it is sustained therefore stays at info. A log too short for
+R061's rolling test (fewer than ``degrade_window + smooth`` rates: an excerpt of a few
+windows pasted from a thread) is judged at its end on its first and last quarters: the
+warning when the last quarter's median is below ``degrade`` × the first quarter's, every
+rate of the last quarter below halfway back, and the last quarter spans
+``sustain_s`` of wall time when step times are known (a burst is minutes). An episode ends
 only when the value is clearly back (hysteresis): the rate above halfway between the
 threshold and the reference (0.85 × the early level for ``degrade`` = 0.7), the data
 wait below 0.8 × ``data_share``; a noisy machine's throughput otherwise crosses the
@@ -246,6 +252,7 @@ class ThroughputDetector(RuleDetector):
         expected_samples_per_s: float | None = None,
         below: float = 0.7,
         warmup_steps: int = 5,
+        run_start_steps: int = 100,
         window: int = 20,
         min_records: int = 8,
         degrade: float = 0.7,
@@ -264,6 +271,7 @@ class ThroughputDetector(RuleDetector):
         self.expected = {"tokens/s": expected_tokens_per_s, "samples/s": expected_samples_per_s}
         self.below = below
         self.warmup_steps = warmup_steps
+        self.run_start_steps = run_start_steps
         self.min_records = min_records
         self.degrade = degrade
         self.data_share = data_share
@@ -298,13 +306,16 @@ class ThroughputDetector(RuleDetector):
         self.timed_records = 0
         self.wait_records = 0
         self.rate_unit: str | None = None
+        #: (rate, seconds) of the first degrade_window + smooth rates: a short log's R061
+        self.first_rates: list[tuple[float, float | None]] = []
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.first_step is None:
             self.first_step = record.step
         self.seconds = self._seconds(record)
         self.prev_step = record.step
-        if record.step - self.first_step < self.warmup_steps:
+        from_start = self.first_step <= self.run_start_steps
+        if from_start and record.step - self.first_step < self.warmup_steps:
             return []
         self.records_seen += 1
         out = self._outlier(record)
@@ -322,6 +333,8 @@ class ThroughputDetector(RuleDetector):
         self.rates.add(value)
         self.recent_rates.add(value)
         self.rate_count += 1
+        if len(self.first_rates) < self.degrade_window + self.smooth:
+            self.first_rates.append((value, self.seconds))
         if len(self.early) < self.degrade_window:
             self.early.append(value)
         if self.expected.get(unit):
@@ -491,8 +504,8 @@ class ThroughputDetector(RuleDetector):
     def finish(self) -> list[Finding]:
         """Episodes still holding at the end of the stream persisted for the whole rest of
         the run: the rule's warning, unless it was already given."""
-        out: list[Finding] = []
         last = self.prev_step if self.prev_step is not None else 0
+        out = self._short_log_slowdown(last)
         for rule, ep in (
             (THROUGHPUT_LOW, self.low_episode),
             (THROUGHPUT_DEGRADING, self.slow_episode),
@@ -519,6 +532,40 @@ class ThroughputDetector(RuleDetector):
             )
         return out
 
+    def _short_log_slowdown(self, last: int) -> list[Finding]:
+        """R061 on a log too short for the rolling test: its last quarter against its
+        first (see the module doc)."""
+        rates = self.first_rates
+        n = len(rates)
+        if self.rate_count >= self.degrade_window + self.smooth or n < self.min_records:
+            return []
+        q = max(2, n // 4)
+        ref = median([r for r, _ in rates[:q]])
+        tail = rates[-q:]
+        now = median([r for r, _ in tail])
+        seconds = [t for _, t in tail]
+        span = None if any(t is None for t in seconds) else sum(t for t in seconds if t)
+        if not (
+            now < self.degrade * ref
+            and max(r for r, _ in tail) < 0.5 * (1.0 + self.degrade) * ref
+            and (span is None or span >= self.sustain_s)
+        ):
+            return []
+        unit = self.rate_unit or ""
+        took = f" over {fmt(span)} s" if span else ""
+        return self.fire(
+            THROUGHPUT_DEGRADING,
+            last,
+            f"throughput fell from {fmt(ref)} {unit} (median of the first {q} logged steps) "
+            f"to {fmt(now)} {unit} (the last {q}{took}), {fmt(100 * (1 - now / ref))}% "
+            "slower, not recovered by the end of the log (a short log: its first and last "
+            "quarters compared)",
+            value=now,
+            threshold=self.degrade * ref,
+            early=ref,
+            recovered=False,
+        )
+
     def unevaluated(self) -> list[str]:
         """What R060-R063 could not look at: no timing or rate field at all, no expected
         throughput (R060), no data-wait field (R062), too few rates (R061)."""
@@ -537,8 +584,9 @@ class ThroughputDetector(RuleDetector):
             )
         if self.rate_count < self.degrade_window + self.smooth:
             out.append(
-                f"R061 throughput degrading: not evaluated — {self.rate_count} rate "
-                f"record(s), needs {self.degrade_window + self.smooth}"
+                f"R061 throughput degrading: not evaluated by the rolling test — "
+                f"{self.rate_count} rate record(s), needs {self.degrade_window + self.smooth}; "
+                "only the log's first and last quarters were compared"
             )
         if self.wait_records == 0:
             out.append(
