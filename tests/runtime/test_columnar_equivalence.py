@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sapper.errors import InputError
 from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.logs.columnar import columns_from_records, read_columnar, runlog
@@ -161,6 +162,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "osc_amplitude": draw(st.sampled_from([0.0, 0.05, 0.25])),
             "cold_ratio": draw(st.sampled_from([1.2, 1.5, 3.0])),
             "cold_min_jump": draw(st.sampled_from([0.0, 0.5])),
+            "osc_min_swing": draw(st.sampled_from([0.0, 0.05])),
         },
         "gradnorm": {
             "clip_threshold": draw(st.sampled_from([None, 0.0, 0.5, 1.0])),
@@ -174,7 +176,9 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "surge_min_history": draw(st.integers(1, 15)),
             "surge_k": draw(st.sampled_from([0.5, 6.0])),
             "surge_ratio": draw(st.sampled_from([1.0, 1.5, 3.0])),
-            "cold_ratio": draw(st.sampled_from([3.0, 100.0])),
+            "cold_ratio": draw(st.sampled_from([3.0, 10.0])),
+            "cold_ratio_start": draw(st.sampled_from([5.0, 100.0])),
+            "run_start_steps": draw(st.sampled_from([0, 100, 10_000])),
             "layer_window": draw(st.integers(1, 30)),
             "layer_min_history": draw(st.integers(0, 8)),
             "layer_ratio": draw(st.sampled_from([1.5, 10.0])),
@@ -219,6 +223,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "sustain_s": draw(st.sampled_from([0.0, 1.0, 600.0])),
             "sustain_share": draw(st.sampled_from([0.0, 0.25])),
             "onset_records": draw(st.integers(1, 5)),
+            "run_start_steps": draw(st.sampled_from([0, 100, 10_000])),
         },
     }
 
@@ -258,15 +263,38 @@ def test_twins_are_proven_against_the_current_detectors() -> None:
     assert not stale, f"re-prove and update engine.FINGERPRINTS for {stale}"
 
 
+EXAMPLES: list[Path] = []
+
+
+def _readable(path: Path) -> bool:
+    try:
+        read_log(path)
+    except InputError:
+        return False
+    return True
+
+
 def _example_logs() -> list[Path]:
-    out = []
+    """Every log under the example and fixture folders (an HF output folder whole)."""
+    out: list[Path] = []
+
+    def walk(folder: Path) -> None:
+        for p in sorted(folder.iterdir()):
+            if p.is_dir() and not (p / "trainer_state.json").is_file():
+                walk(p)
+            elif p.suffix not in (".py", ".md") and _readable(p):
+                out.append(p)
+
     for folder in LOG_DIRS:
         if folder.is_dir():
-            out += sorted(p for p in folder.iterdir() if p.suffix != ".py")
+            walk(folder)
     return out
 
 
-@pytest.mark.parametrize("path", _example_logs(), ids=lambda p: p.name)
+EXAMPLES = _example_logs()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_logs(path: Path) -> None:
     log = read_log(path)
     _same(default_detectors(), list(log.records), keep_source=True)
@@ -346,7 +374,7 @@ def _analysis_key(a: Any) -> tuple[Any, ...]:
     )
 
 
-@pytest.mark.parametrize("path", _example_logs(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_analysis_through_columns(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``analyze_log`` gives the same analysis through columns as streaming, restarted
     logs included (each attempt with fresh detectors, its history as context)."""

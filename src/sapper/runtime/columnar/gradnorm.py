@@ -66,6 +66,8 @@ _STATE = {
     "count",
     "prev_gn",
     "saturation_seen",
+    "cold_ratio_start",
+    "run_start_steps",
 }
 
 
@@ -103,7 +105,7 @@ def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
         g, s = gn[fin], steps[fin]
         if len(g):
             out += _saturation(det, cols, f_rows, g, s, int(steps[0]))
-            surges = _surge(det, cols, f_rows, g, s) + surges
+            surges = _surge(det, cols, f_rows, g, s, int(steps[0])) + surges
             out += _tiny(det, g, s)
     # One rule, one cooldown over the global (cold-start and rolling) and per-layer surges;
     # at one step the global test comes first, as in the streaming update.
@@ -203,7 +205,12 @@ def _saturation(
 
 
 def _surge(
-    det: GradNormDetector, cols: Columns, rows: np.ndarray, g: np.ndarray, s: np.ndarray
+    det: GradNormDetector,
+    cols: Columns,
+    rows: np.ndarray,
+    g: np.ndarray,
+    s: np.ndarray,
+    first_step: int,
 ) -> list[tuple[int, int, Any]]:
     """Global surges, the cold-start test on the first ``surge_min_history`` positive
     norms and the rolling test after, as (step, 0, finding maker) candidates."""
@@ -211,13 +218,17 @@ def _surge(
     out: list[tuple[int, int, Any]] = []
     cold = min(len(pos), det.surge_min_history)
     gl = g[: int(pos[cold - 1]) + 1].tolist() if cold else []  # the cold start's rows only
+    # ``_cold_ratio``: 100× for a log that starts in the run's first steps, else 10×
+    ratio = det.cold_ratio_start if first_step <= det.run_start_steps else det.cold_ratio
     for p in range(1, cold):
         j = int(pos[p])
-        value, prev = gl[j], gl[int(pos[p - 1])]
-        ref = max(prev, median([v for v in gl[max(0, j - det.tiny_window) : j] if v > 0]))
-        if value < det.cold_ratio * ref:
+        value = gl[j]
+        ref = median([v for v in gl[max(0, j - det.tiny_window) : j] if v > 0])
+        if not ref > 0 or value < ratio * ref:
             continue
-        out.append((int(s[j]), 0, partial(_cold_finding, det, cols, int(rows[j]), value, ref, p)))
+        out.append(
+            (int(s[j]), 0, partial(_cold_finding, det, cols, int(rows[j]), value, ref, p, ratio))
+        )
     if len(pos) <= det.surge_min_history:
         return out
     logs = np.fromiter(map(math.log, g[pos].tolist()), dtype=np.float64, count=len(pos))
@@ -263,19 +274,19 @@ def _surge(
 
 
 def _cold_finding(
-    det: GradNormDetector, cols: Columns, row: int, gn: float, ref: float, n: int
+    det: GradNormDetector, cols: Columns, row: int, gn: float, ref: float, n: int, ratio: float
 ) -> Finding:
     step = int(cols.steps[row])
     layer = _largest_layer(cols.record(row))
     where = f"; largest in {layer}" if layer else ""
     return finding(
         GRAD_SURGE,
-        f"gradient norm {fmt(gn)} at step {step} is {fmt(gn / ref)}× the norm before it "
-        f"({fmt(ref)}); cold start: only {n} earlier logged step(s), "
-        f"the jump alone exceeds ×{fmt(det.cold_ratio)}{where}",
+        f"gradient norm {fmt(gn)} at step {step} is {fmt(gn / ref)}× the median "
+        f"{fmt(ref)} of the {n} logged step(s) before it; cold start: "
+        f"too few for the rolling test, the jump alone exceeds ×{fmt(ratio)}{where}",
         step,
         value=gn,
-        threshold=ref * det.cold_ratio,
+        threshold=ref * ratio,
         median=ref,
         cold_start=True,
     )
@@ -315,6 +326,8 @@ def unevaluated(det: GradNormDetector, cols: Columns, found: list[Finding]) -> l
     gn = cols.get("grad_norm")[rows]
     fin = np.isfinite(gn)
     scratch.count = int(fin.sum())
+    if len(rows):
+        scratch.first_step = int(cols.steps[rows[0]])
     if scratch.count:
         f_rows = rows[fin]
         scratch.saturation_seen = len(

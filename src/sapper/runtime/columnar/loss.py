@@ -65,6 +65,7 @@ _STATE = {
     "cold_min_jump",
     "finite_count",
     "last_step",
+    "osc_min_swing",
 }
 
 
@@ -284,7 +285,8 @@ def _oscillation(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Findin
     swing = window_medians(np.abs(d), cand, ow - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         amp = np.where(level != 0, swing / np.where(level != 0, level, 1.0), 0.0)
-    hit = np.flatnonzero(amp >= det.osc_amplitude)
+    # a tiny loss swinging ×2 is batch noise: the swing itself must reach osc_min_swing
+    hit = np.flatnonzero(~(swing < det.osc_min_swing) & (amp >= det.osc_amplitude))
     out = []
     for j in cooldown_pick(s[cand[hit]], _cooldown(det, LOSS_OSCILLATING.code)):
         h = int(hit[j])

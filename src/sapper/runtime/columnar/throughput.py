@@ -75,6 +75,8 @@ _STATE = {
     "timed_records",
     "wait_records",
     "rate_unit",
+    "run_start_steps",
+    "first_rates",
 }
 _UNITS = ("tokens/s", "samples/s", "steps/s")
 
@@ -132,7 +134,13 @@ def _prepare(
     steps = cols.steps
     scratch.first_step = int(steps[0])
     scratch.prev_step = int(steps[-1])
-    start = int(np.searchsorted(steps, int(steps[0]) + det.warmup_steps, side="left"))
+    # the warmup is skipped only in a log that starts with the run (not in an excerpt)
+    from_start = int(steps[0]) <= det.run_start_steps
+    start = (
+        int(np.searchsorted(steps, int(steps[0]) + det.warmup_steps, side="left"))
+        if from_start
+        else 0
+    )
     scratch.records_seen = len(steps) - start
     t = cols.get("step_time_s")
     ok = cols.has("step_time_s") & np.isfinite(t) & (t > 0)
@@ -313,6 +321,8 @@ def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> lis
     scratch.early_unit = scratch.rate_unit = name
     r, s = value[rows], cols.steps[rows]
     scratch.rate_count = len(r)
+    first_n = min(len(r), scratch.degrade_window + scratch.smooth)
+    scratch.first_rates = [(float(r[i]), seconds[int(rows[i])]) for i in range(first_n)]
     scratch.early = r[: scratch.degrade_window].tolist()
     out: list[Finding] = []
     expected = scratch.expected.get(name)
