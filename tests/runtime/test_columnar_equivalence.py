@@ -309,6 +309,7 @@ def test_columnar_reader_matches_streaming_reader(
     """Plain lines, extras, non-finite strings, meta and finding lines, blank and bad
     lines, a torn last line, in one block or many: the same records, notes, meta and
     findings as the streaming reader."""
+    monkeypatch.setattr(runlog, "SPECIAL_SHARE", 1.0)  # the columnar path, whatever the mix
     if block is not None:
         monkeypatch.setattr(runlog, "BLOCK_BYTES", block)
     path = tmp_path / "run.jsonl"
@@ -342,6 +343,19 @@ def test_columnar_reader_matches_streaming_reader(
     assert got.notes == expected.notes
     assert got.meta == expected.meta
     assert got.findings == expected.findings
+
+
+def test_columnar_reader_leaves_logs_of_mostly_extras_to_the_streaming_reader(
+    tmp_path: Path,
+) -> None:
+    """A live monitor that logs extras on every step: the streaming reader is faster."""
+    path = tmp_path / "run.jsonl"
+    writer = RunLogWriter(path)
+    writer.write_steps(
+        StepRecord(step=s, loss=1.0, extra={"clip_coef": 0.5}) for s in range(1, 200)
+    )
+    writer.close()
+    assert read_columnar(path, "sapper", min_bytes=0) is None
 
 
 def test_columnar_reader_leaves_odd_values_to_the_streaming_reader(tmp_path: Path) -> None:
@@ -381,6 +395,7 @@ def test_analysis_through_columns(path: Path, monkeypatch: pytest.MonkeyPatch) -
     log = read_log(path)
     streaming = analyze_log(log, default_detectors())
     monkeypatch.setattr(engine, "MIN_RECORDS", 0)
+    monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
     columnar = analyze_log(log, default_detectors())
     assert _analysis_key(columnar) == _analysis_key(streaming)
 
@@ -398,6 +413,7 @@ def test_restarted_run_log_through_columns(tmp_path: Path, monkeypatch: pytest.M
     assert len(log.attempts) == 3
     streaming = analyze_log(log, default_detectors())
     monkeypatch.setattr(engine, "MIN_RECORDS", 0)
+    monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
     columnar = analyze_log(log, default_detectors())
     assert _analysis_key(columnar) == _analysis_key(streaming)
     assert any(f.data.get("attempt") == 3 for f in columnar.findings)
@@ -416,6 +432,8 @@ def test_analyze_command_same_json_either_way(
 
     _register_commands()
 
+    monkeypatch.setattr(runlog, "SPECIAL_SHARE", 1.0)
+    monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
     path = tmp_path / "run.jsonl"
     writer = RunLogWriter(path, meta={"run": "big"})
     writer.write_steps(_stream(11, 30_000))

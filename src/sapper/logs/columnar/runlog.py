@@ -36,6 +36,9 @@ __all__ = ["MIN_BYTES", "read_runlog_columnar"]
 
 #: Below this size the streaming reader is as fast and the polars import is not worth it.
 MIN_BYTES = 4 << 20
+#: Above this share of lines the streaming parser must read (steps with extras, written
+#: by a live monitor on every step) in the first block, the streaming reader is faster.
+SPECIAL_SHARE = 0.25
 #: Text read and decoded at once: bounds the memory a long log's text takes.
 BLOCK_BYTES = 32 << 20
 
@@ -193,6 +196,8 @@ class _Reader:
         if not ok.all():
             frame = frame.filter(pl.Series(ok))
         plain_idx = frame["i"].to_numpy().astype(np.int64)
+        if not self.lines and len(plain_idx) < (1 - SPECIAL_SHARE) * n_lines:
+            return False  # mostly lines for the streaming parser: it reads them faster
         start = sum(len(x) for x in self.lines)
         self.lines.append(plain_idx + self.line0)
         self.steps.append(frame["step"].to_numpy().astype(np.int64))
@@ -210,10 +215,18 @@ class _Reader:
         other_idx = np.flatnonzero(other)
         texts = lines.gather(other_idx).to_list() if len(other_idx) else []
         parser = self.parser
-        for idx, text in zip(other_idx.tolist(), texts, strict=True):
-            parser._line = self.line0 + idx  # the line numbers in notes stay the file's
-            for rec in parser.feed([text if text is not None else ""]):
-                self.full.append((self.line0 + idx, rec))
+        # Each run of consecutive such lines is fed at once (a monitor that logs extras on
+        # every step makes one run of the whole block), its line numbers the file's. Its
+        # records keep their order and lie between the plain lines around the run.
+        texts = [t if t is not None else "" for t in texts]
+        cuts = np.flatnonzero(np.diff(other_idx) != 1) + 1 if len(other_idx) else []
+        for lo, hi in zip([0, *cuts], [*cuts, len(other_idx)], strict=True):
+            if lo == hi:
+                continue
+            first = int(other_idx[lo])
+            parser._line = self.line0 + first
+            for k, rec in enumerate(parser.feed(texts[lo:hi])):
+                self.full.append((self.line0 + first + k, rec))
         self.line0 += n_lines
         return True
 

@@ -133,6 +133,10 @@ def run_columns(
     return out
 
 
+#: Above this share of rows with extras (a live monitor logging them every step) the
+#: detectors that read extras run record by record anyway, and the streaming run is faster.
+EXTRAS_SHARE = 0.25
+
 #: Below this many records the streaming detectors are as fast and need no columns.
 MIN_RECORDS = 20_000
 
@@ -164,6 +168,8 @@ def run_attempt(
                 return None
     if not strictly_ascending(cols.steps):
         return None
+    if len(cols.full) > EXTRAS_SHARE * len(cols):
+        return None  # extras on most rows: the detectors reading them cost what they do
     return run_columns(cols, detectors, progress=progress, warm=len(warm))
 
 
