@@ -213,9 +213,16 @@ def merge_logs(logs: list[LogData]) -> LogData:
 
 
 def load_logs(
-    paths: list[Path], log_format: str | None, mapping: dict[str, FieldMap]
+    paths: list[Path],
+    log_format: str | None,
+    mapping: dict[str, FieldMap],
+    *,
+    columnar: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[list[LogData], list[InputError]]:
-    """Every readable log, and the errors of those that could not be read."""
+    """Every readable log, and the errors of those that could not be read. With
+    ``columnar``, a large sapper run log is read into columns (``sapper.logs.columnar``)
+    for the vectorised detectors; ``progress(path)`` is told before each log is read."""
     from sapper.logs import expand_paths, read_log
 
     logs: list[LogData] = []
@@ -225,8 +232,22 @@ def load_logs(
     except InputError as exc:
         return [], [exc]
     for path, detected in expanded:
+        if progress is not None:
+            progress(str(path))
+        fmt = log_format or detected
+        if columnar and not mapping and path.is_file():
+            from sapper.logs import detect_format
+            from sapper.logs.columnar import read_columnar
+
+            try:
+                fast = read_columnar(path, fmt or detect_format(path))
+            except InputError:  # not a log at all: read_log says so below
+                fast = None
+            if fast is not None:
+                logs.append(fast)
+                continue
         try:
-            logs.append(read_log(path, fmt=log_format or detected, mapping=mapping))
+            logs.append(read_log(path, fmt=fmt, mapping=mapping))
         except InputError as exc:
             errors.append(exc)
     return logs, errors
@@ -238,13 +259,73 @@ def analyze_logs(
     select: list[str],
     ignore: list[str],
     detector_factory: Callable[[Plan | None], list[Detector]] = detectors_for,
+    *,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Analysis]:
     """One analysis per log, each with fresh detectors (logs are separate runs)."""
     from sapper.logs.analysis import analyze_log
 
     return [
-        analyze_log(log, _for_log(detector_factory, plan, log), select, ignore) for log in logs
+        analyze_log(
+            log, _for_log(detector_factory, plan, log), select, ignore, progress=progress
+        )
+        for log in logs
     ]
+
+
+#: Inputs at least this large take over a second: a progress bar on a terminal.
+PROGRESS_BYTES = 32 << 20
+
+
+class _Progress:
+    """A transient rich progress bar on stderr for a long analysis, or nothing (not a
+    terminal, JSON output, small inputs)."""
+
+    def __init__(self, paths: list[Path], enabled: bool) -> None:
+        self.bar: Any = None
+        if not enabled or not err_console.is_terminal:
+            return
+        size = 0
+        for p in paths:
+            try:
+                size += sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if (
+                    p.is_dir()
+                ) else p.stat().st_size
+            except OSError:
+                continue
+        if size < PROGRESS_BYTES:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self.reading = self.bar.add_task("reading", total=None)
+        self.detecting: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def read(self, path: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.reading, description=f"reading {Path(path).name}")
+
+    def detectors(self, logs: int, per_log: int) -> Callable[[int], None] | None:
+        if self.bar is None:
+            return None
+        self.bar.update(self.reading, total=1, completed=1)
+        self.detecting = self.bar.add_task("detectors", total=logs * per_log)
+        return lambda n: self.bar.advance(self.detecting, n)
 
 
 def _count(analyses: list[Analysis], severity: Severity) -> int:
@@ -357,13 +438,19 @@ def analyze(
         from sapper.rules.model import Severity
 
         columns = column_mapping(mapping)
-        loaded, failed = load_logs(logs, log_format, columns)
-        if not loaded:
-            raise failed[0]
-        if merge and len(loaded) > 1:
-            loaded = [merge_logs(loaded)]
-        plan = plan_for(inputs, loaded)
-        analyses = analyze_logs(loaded, plan, split_codes(select), split_codes(ignore, "--ignore"))
+        with _Progress(logs, fmt != OutputFormat.json) as bar:
+            loaded, failed = load_logs(
+                logs, log_format, columns, columnar=not merge, progress=bar.read
+            )
+            if not loaded:
+                raise failed[0]
+            if merge and len(loaded) > 1:
+                loaded = [merge_logs(loaded)]
+            plan = plan_for(inputs, loaded)
+            tick = bar.detectors(len(loaded), len(detectors_for(plan)))
+            analyses = analyze_logs(
+                loaded, plan, split_codes(select), split_codes(ignore, "--ignore"), progress=tick
+            )
         for exc in failed:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if fmt == OutputFormat.json:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,13 +150,13 @@ class Analysis:
         }
 
 
-def log_interval(steps: list[int]) -> tuple[int | None, list[tuple[int, int]]]:
+def log_interval(steps: Sequence[int]) -> tuple[int | None, list[tuple[int, int]]]:
     """The median step difference and the gaps far longer than it (steps ascending)."""
     return attempts_interval([steps])
 
 
 def attempts_interval(
-    runs: list[list[int]],
+    runs: Sequence[Sequence[int]],
 ) -> tuple[int | None, list[tuple[int, int]]]:
     """The median step difference within each attempt and the gaps far longer than it:
     the step going back between two attempts is neither an interval nor a gap."""
@@ -204,6 +204,8 @@ def analyze_log(
     detectors: Iterable[Detector],
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
+    *,
+    progress: Callable[[int], None] | None = None,
 ) -> Analysis:
     """Feed every record of ``log`` to ``detectors``; keep the codes select/ignore allow.
 
@@ -213,7 +215,13 @@ def analyze_log(
     history the attempt resumes from (the earlier attempts' steps before its first step):
     a run resumed at step 1,100 is not at its start, and a spike right after the resume is
     measured against the run's level, as it would have been without the restart.
+
+    A long attempt runs through columns (``sapper.runtime.columnar``: vectorised twins
+    proven to give the same findings, the other detectors fed only the rows they read);
+    ``progress(n)`` is told as detectors finish there.
     """
+    from sapper.runtime.columnar.engine import run_attempt
+
     templates = list(detectors)
     attempts = attempts_of(log)
     many = len(attempts) > 1
@@ -231,20 +239,31 @@ def analyze_log(
     missed: dict[str, list[int]] = {}
     lineage: list[StepRecord] = []  # the history the next attempt's checkpoint carries
     for i, attempt in enumerate(attempts):
-        dset = DetectorSet(copy.deepcopy(templates) if many else templates)
-        for rec in lineage[-WARM_RECORDS:]:
-            dset.update(rec)  # context only: these steps' findings belong to earlier attempts
-        records = log.records[attempt.start : attempt.stop]
-        for f in dset.run(records):
+        dets = copy.deepcopy(templates) if many else templates
+        warm = lineage[-WARM_RECORDS:]
+        fast = run_attempt(log, attempt, dets, warm, progress=progress)
+        records: Sequence[StepRecord] | None = None
+        if fast is not None:
+            got, bad, lines = fast.found, fast.failed, fast.unevaluated
+        else:
+            dset = DetectorSet(dets)
+            for rec in warm:
+                dset.update(rec)  # context only: these steps' findings belong to earlier attempts
+            records = log.records[attempt.start : attempt.stop]
+            got = dset.run(records)
+            bad, lines = dict(dset.failed), dset.unevaluated()
+        for f in got:
             found.append(_tagged(f, attempt.number) if many else f)
         if i + 1 < len(attempts):
+            if records is None:
+                records = log.records[attempt.start : attempt.stop]
             # the history ascends in step: what the next attempt resumes from is a prefix
             resume = attempts[i + 1].first_step
             lineage = lineage[: bisect_left(lineage, resume, key=_step)]
             lineage += records[: bisect_left(records, resume, key=_step)]
-        for line in dset.unevaluated():
+        for line in lines:
             missed.setdefault(line, []).append(attempt.number)
-        failed.update(dset.failed)
+        failed.update(bad)
     unevaluated += [
         f"{_numbers(numbers)}: {line}" if many else line for line, numbers in missed.items()
     ]
@@ -266,8 +285,11 @@ def analyze_log(
             f.code,
         ),
     )
+    columns = getattr(log, "columns", None)
     interval, gaps = attempts_interval(
-        [[r.step for r in log.records[a.start : a.stop]] for a in attempts]
+        [columns.steps[a.start : a.stop] for a in attempts]
+        if columns is not None
+        else [[r.step for r in log.records[a.start : a.stop]] for a in attempts]
     )
     result = Analysis(log, findings, interval, gaps, failed)
     result.attempts = _ends(attempts, found, interval)

@@ -190,7 +190,8 @@ class PlainView(WatchSink):
     def __init__(self, stream: IO[str], status_every: float = 60.0) -> None:
         self.stream = stream
         self.status_every = status_every
-        self.board = MetricBoard()
+        # The plain view prints the latest values only (no sparklines): a history of one.
+        self.board = MetricBoard(history=1)
         self._format: str | None = None
         self._waiting: str | None = None
         self._last_status = time.monotonic()

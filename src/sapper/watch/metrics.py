@@ -102,21 +102,36 @@ class MetricBoard:
         self.last_step: int | None = None
 
     def update(self, records: Iterable[StepRecord]) -> None:
-        pairs = list(zip(self.metrics, self._readers, strict=True))
-        for rec in records:
-            self.records += 1
-            self.last_step = rec.step
-            for metric, read in pairs:
+        """Take a batch of records. Only the newest values fit the bounded history, so
+        each metric reads the batch from its end until its history is full: a poll that
+        brings thousands of records costs what the history holds, not what was written.
+        (Every reader gives a unit always or never, so the newest value's unit is the
+        one the batch leaves.)"""
+        batch = records if isinstance(records, list) else list(records)
+        if not batch:
+            return
+        self.records += len(batch)
+        self.last_step = batch[-1].step
+        for metric, read in zip(self.metrics, self._readers, strict=True):
+            room = metric.values.maxlen
+            newest: list[float] = []
+            for rec in reversed(batch):
                 got = read(rec)
                 if got is None:
                     continue
                 value, unit = got
-                metric.values.append(float(value))
-                metric.step = rec.step
-                if unit:
-                    metric.unit = unit
+                if not newest:
+                    metric.step = rec.step
+                    if unit:
+                        metric.unit = unit
+                newest.append(float(value))
+                if room is not None and len(newest) >= room:
+                    break
+            metric.values.extend(reversed(newest))
+        for rec in reversed(batch):
             if rec.memory_limit_gib:
                 self.metrics[3].limit = rec.memory_limit_gib
+                break
 
     def summary(self) -> str:
         """One line: every metric's latest value (``N/A`` when the log has none)."""

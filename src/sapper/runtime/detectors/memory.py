@@ -197,9 +197,10 @@ class MemoryDetector(RuleDetector):
         if not (slope > 0):
             return []
         eta = ""
-        if limit and values[-1] < limit:
+        reached = step + (limit - values[-1]) / slope if limit and values[-1] < limit else None
+        if reached is not None and math.isfinite(reached):  # a slope of 1e-300 never does
             eta = f"; at this rate the {fmt(limit)} GiB limit is reached near step "
-            eta += str(int(step + (limit - values[-1]) / slope))
+            eta += str(int(reached))
         return self.fire(
             MEMORY_GROWTH,
             step,

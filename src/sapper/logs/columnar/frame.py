@@ -1,0 +1,193 @@
+"""A log held as columns: one numpy array per StepRecord field, plus the few records
+that carry more than numbers.
+
+``sapper analyze`` on a million-step log spends its time in Python objects: one
+StepRecord per step, one ``update`` call per detector per record. Held as columns, the
+detectors that have a vectorised twin (``sapper.runtime.columnar``) read whole arrays,
+and the others are fed records built only for the rows that hold what they read.
+:class:`LazyRecords` keeps ``LogData.records`` a sequence of StepRecords for everything
+else (the report, ``--merge``), building each record when it is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, overload
+
+import numpy as np
+
+from sapper.logs.base import LogData, new_record
+from sapper.runtime.records import StepRecord
+
+__all__ = [
+    "BOOL_FIELDS",
+    "FLOAT_FIELDS",
+    "INT_FIELDS",
+    "ColumnarLog",
+    "Columns",
+    "LazyRecords",
+    "columns_from_records",
+]
+
+#: StepRecord fields that hold one number, by the type the streaming readers give them.
+INT_FIELDS: tuple[str, ...] = ("tokens", "samples", "skipped_total")
+BOOL_FIELDS: tuple[str, ...] = ("skipped",)
+FLOAT_FIELDS: tuple[str, ...] = tuple(
+    f.name
+    for f in fields(StepRecord)
+    if f.name not in ("step", "extra", "lrs", *INT_FIELDS, *BOOL_FIELDS)
+)
+_SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
+
+
+@dataclass
+class Columns:
+    """The rows of one log: ``steps`` and, per field present anywhere, its values
+    (float64, NaN where a row lacks it) and where it is present (a logged NaN is
+    present, a missing value is not)."""
+
+    steps: np.ndarray
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    present: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Rows whose whole record is known (extras, per-group LRs): row index -> record.
+    full: dict[int, StepRecord] = field(default_factory=dict)
+    #: Every row's record, when the columns were built from records (exact replays).
+    source: Sequence[StepRecord] | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def has(self, name: str) -> np.ndarray:
+        """Where ``name`` is present (all False for a field the log never has)."""
+        mask = self.present.get(name)
+        return mask if mask is not None else np.zeros(len(self.steps), dtype=bool)
+
+    def get(self, name: str) -> np.ndarray:
+        """``name``'s values, NaN where absent."""
+        vals = self.values.get(name)
+        return vals if vals is not None else np.full(len(self.steps), np.nan)
+
+    def slice(self, start: int, stop: int) -> Columns:
+        """Rows ``start:stop`` (one attempt of a restarted run)."""
+        return Columns(
+            steps=self.steps[start:stop],
+            values={k: v[start:stop] for k, v in self.values.items()},
+            present={k: v[start:stop] for k, v in self.present.items()},
+            full={i - start: r for i, r in self.full.items() if start <= i < stop},
+            source=None if self.source is None else self.source[start:stop],
+        )
+
+    def record(self, row: int) -> StepRecord:
+        """Row ``row`` as the StepRecord a streaming reader gives."""
+        if self.source is not None:
+            return self.source[row]
+        rec = self.full.get(row)
+        if rec is not None:
+            return rec
+        return self.partial(row, _SCALARS)
+
+    def partial(self, row: int, names: Sequence[str]) -> StepRecord:
+        """A record of row ``row`` with only ``names`` (and the row's extras, if any):
+        what a detector that reads only those fields needs."""
+        full = self.full.get(row) if self.source is None else self.source[row]
+        if full is not None:
+            return full
+        rec = new_record(int(self.steps[row]))
+        d = rec.__dict__
+        for name in names:
+            mask = self.present.get(name)
+            if mask is None or not mask[row]:
+                continue
+            value = float(self.values[name][row])
+            if name in INT_FIELDS:
+                d[name] = int(value) if value == value and abs(value) != np.inf else None
+            elif name in BOOL_FIELDS:
+                d[name] = bool(value) if value == value else None
+            else:
+                d[name] = value
+        return rec
+
+
+class LazyRecords(Sequence[StepRecord]):
+    """``LogData.records`` over :class:`Columns`: records built when asked for."""
+
+    def __init__(self, columns: Columns) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @overload
+    def __getitem__(self, index: int) -> StepRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[StepRecord]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self.columns.record(i) for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        return self.columns.record(index)
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        record = self.columns.record
+        for i in range(len(self)):
+            yield record(i)
+
+
+@dataclass
+class ColumnarLog(LogData):
+    """A LogData read into columns; ``records`` is a :class:`LazyRecords` over them."""
+
+    columns: Columns | None = None
+
+    @property
+    def first_step(self) -> int | None:
+        return (
+            int(self.columns.steps[0]) if self.columns is not None and len(self.columns) else None
+        )
+
+    @property
+    def last_step(self) -> int | None:
+        return (
+            int(self.columns.steps[-1]) if self.columns is not None and len(self.columns) else None
+        )
+
+
+def _number(value: Any) -> float:
+    """A field value (int, float or bool) as a float64."""
+    return value if value.__class__ is float else float(value)
+
+
+def columns_from_records(records: Sequence[StepRecord]) -> Columns | None:
+    """Columns over records another reader built (Megatron, TensorBoard, a log with
+    restarts): the replays feed the original records, so nothing is lost. ``None`` when
+    a field holds something other than a number (a hand-edited log): only the streaming
+    detectors know what they make of that."""
+    n = len(records)
+    steps = np.fromiter((r.step for r in records), dtype=np.int64, count=n)
+    cols = Columns(steps=steps, source=records)
+    dicts = [r.__dict__ for r in records]
+    for name in _SCALARS:
+        raw = [d.get(name) for d in dicts]
+        if all(v is None for v in raw):
+            continue
+        ok = [
+            v is not None and (v.__class__ in (float, int, bool) or isinstance(v, (int, float)))
+            for v in raw
+        ]
+        if not all(k or v is None for v, k in zip(raw, ok, strict=True)):
+            return None
+        cols.present[name] = np.fromiter(ok, dtype=bool, count=n)
+        cols.values[name] = np.fromiter(
+            (_number(v) if k else np.nan for v, k in zip(raw, ok, strict=True)),
+            dtype=np.float64,
+            count=n,
+        )
+    for i, d in enumerate(dicts):
+        if d.get("extra") or d.get("lrs") is not None:
+            cols.full[i] = records[i]
+    return cols

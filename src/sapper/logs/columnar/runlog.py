@@ -1,0 +1,336 @@
+"""sapper's JSONL run log read into columns with polars.
+
+The run log's step lines are flat objects of numbers (``StepRecord.to_json``), written
+by one writer in one spelling, so polars decodes them in its own threads at a few
+hundred MB/s against the standard library's tens. What is not such a plain line, a
+meta or finding line, a step with extras or per-group LRs, a non-finite float spelled
+as a string, anything unreadable, goes through :class:`sapper.logs.runlog.RunLogParser`
+line by line, with its own line number, so notes, findings and meta come out as the
+streaming reader has them. A log whose steps do not strictly ascend (a restart, a
+hand-merged file) is left to the streaming reader: it owns what a repeated step means.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sapper.logs.base import Attempt
+from sapper.logs.columnar.frame import (
+    BOOL_FIELDS,
+    FLOAT_FIELDS,
+    INT_FIELDS,
+    ColumnarLog,
+    Columns,
+    LazyRecords,
+)
+from sapper.logs.limits import MAX_COUNT
+from sapper.logs.runlog import RunLogParser
+from sapper.runtime.records import StepRecord
+
+__all__ = ["MIN_BYTES", "read_runlog_columnar"]
+
+#: Below this size the streaming reader is as fast and the polars import is not worth it.
+MIN_BYTES = 4 << 20
+#: Above this share of lines the streaming parser must read (steps with extras, written
+#: by a live monitor on every step) in the first block, the streaming reader is faster.
+SPECIAL_SHARE = 0.25
+#: Text read and decoded at once: bounds the memory a long log's text takes.
+BLOCK_BYTES = 32 << 20
+
+_SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
+#: In a block polars cannot decode whole (a torn or unreadable line), the lines tried
+#: one by one: a step as the writer starts it, with no nesting (after the first
+#: character) and no non-finite float spelled as a string (json_decode stops on those).
+_PLAIN_HEAD = r'^\{"kind": "step", "step": -?\d+(, "|\}$)'
+_NESTED = r"[\[{]"
+_NOT_PLAIN = ('"nan"', 'inf"', '"NaN"', "Infinity")
+#: Lines whose keys decide which fields polars decodes; a line with another key fails
+#: the key count and is read by the streaming parser, so the sample only has to be
+#: typical, not complete.
+_SAMPLE = 100
+_DTYPES = {
+    **{name: (lambda pl: pl.Float64) for name in (*FLOAT_FIELDS, *INT_FIELDS)},
+    **{name: (lambda pl: pl.Boolean) for name in BOOL_FIELDS},
+}
+
+
+def _sample_fields(*groups: Any) -> set[str]:
+    """The StepRecord fields some lines of a block hold (its first and a spread)."""
+    names: set[str] = set()
+    for lines in groups:
+        for text in lines.to_list():
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                names.update(k for k in obj if k in _DTYPES)
+    return names
+
+
+def _decode_file(pl: Any, data: bytes, schema: dict[str, Any], lines: Any) -> Any:
+    """Every line of a block decoded by polars in one pass (the fast way), with the
+    block's line index of each row; ``None`` when a line is not JSON at all (polars
+    stops there) or the rows do not line up with the non-blank lines."""
+    try:
+        frame = pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
+    except Exception:
+        return None
+    if frame.height == len(lines):
+        index = np.arange(len(lines))
+    else:  # polars skips blank lines
+        kept = (lines.is_not_null() & ~lines.str.contains(r"^\s*$")).fill_null(False)
+        index = np.flatnonzero(kept.to_numpy())
+        if frame.height != len(index):
+            return None
+    return frame.with_columns(pl.Series("i", index))
+
+
+def _decode_lines(pl: Any, lines: Any, newline_end: bool, schema: dict[str, Any]) -> Any:
+    """The lines that look like plain steps, decoded one string at a time by polars (a
+    block with torn or unreadable lines, which stop the block reader). json_decode has
+    no ``ignore_errors``: lines it would stop on (non-finite strings, nesting) are left
+    out first."""
+    line = pl.col("line")
+    look = line.str.contains(_PLAIN_HEAD) & ~line.str.slice(1).str.contains(_NESTED)
+    for text in _NOT_PLAIN:
+        look = look & ~line.str.contains(text, literal=True)
+    if not newline_end:  # a torn last line is the streaming parser's to judge
+        look = look & (pl.int_range(pl.len()) < len(lines) - 1)
+    mask = pl.DataFrame({"line": lines}).select(look.fill_null(False)).to_series().to_numpy()
+    index = np.flatnonzero(mask)
+    try:
+        return (
+            pl.DataFrame({"line": lines.gather(index)})
+            .select(pl.col("line").str.json_decode(pl.Struct(schema)).alias("r"))
+            .unnest("r")
+            .with_columns(pl.Series("i", index))
+        )
+    except Exception:  # a plain-looking line that is not JSON after all
+        return None
+
+
+def _blocks(path: Path, size: int) -> Iterator[tuple[bytes, bool]]:
+    """The file in blocks of whole lines (``BLOCK_BYTES`` or so), and whether the block
+    ends with a newline (only the last may not: a torn last line). Each block is read
+    from where the last one's final newline left off, so no text is copied twice."""
+    pos, want = 0, BLOCK_BYTES
+    with path.open("rb") as fh:
+        while pos < size:
+            fh.seek(pos)
+            chunk = fh.read(want)
+            if not chunk:
+                return
+            if pos + len(chunk) >= size:  # the end of the file
+                yield chunk, chunk.endswith(b"\n")
+                return
+            cut = chunk.rfind(b"\n") + 1
+            if cut == 0:  # a line longer than a block: read a larger one
+                want *= 2
+                continue
+            yield (chunk if cut == len(chunk) else chunk[:cut]), True
+            pos, want = pos + cut, BLOCK_BYTES
+
+
+class _Reader:
+    """Collects the rows of every block: plain lines as column pieces, the others as the
+    streaming parser's records, in file order."""
+
+    def __init__(self, pl: Any, path: Path) -> None:
+        self.pl = pl
+        self.parser = RunLogParser(str(path))
+        self.line0 = 0
+        self.lines: list[np.ndarray] = []  # line index of each plain row, per block
+        self.steps: list[np.ndarray] = []
+        self.values: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        self.full: list[tuple[int, StepRecord]] = []  # (line index, record)
+
+    def block(self, data: bytes, newline_end: bool) -> bool:
+        """Read one block; ``False`` when this reader cannot take the log."""
+        pl = self.pl
+        try:
+            lines = pl.read_csv(
+                io.BytesIO(data),
+                has_header=False,
+                separator="\x1f",
+                quote_char=None,
+                new_columns=["line"],
+                schema={"line": pl.Utf8},
+            )["line"]
+        except Exception:  # a line polars cannot split (a \x1f in it)
+            return False
+        n_lines = len(lines)
+        # A line is plain when polars decodes a value for every key it has (counted here)
+        # and it is a step with an integer step number: a key outside the schema (extras,
+        # per-group LRs, a stranger's field) or a value of another type ("nan", a string,
+        # a float step) fails the count, and the line goes to the streaming parser.
+        keys = lines.str.count_matches('":', literal=True).fill_null(0).to_numpy()
+        sample = _sample_fields(lines.head(_SAMPLE), lines.gather_every(max(1, n_lines // _SAMPLE)))
+        schema = {
+            "kind": pl.Utf8,
+            "step": pl.Int64,
+            **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
+        }
+        frame = _decode_file(pl, data, schema, lines) if newline_end else None
+        if frame is None:
+            frame = _decode_lines(pl, lines, newline_end, schema)
+        if frame is None:
+            return False
+        index = frame["i"].to_numpy()
+        fields_ = [c for c in frame.columns if c != "i"]
+        decoded = frame.select(
+            pl.sum_horizontal([pl.col(c).is_not_null() for c in fields_])
+        ).to_series()
+        ok = (
+            (decoded.to_numpy() == keys[index])
+            & (frame["kind"] == "step").fill_null(False).to_numpy()
+            & (frame["step"] >= 0).fill_null(False).to_numpy()
+        )
+        # A count the streaming parser would leave out and note (negative, fractional,
+        # past int64) sends its line there, so the notes say the same.
+        for name in INT_FIELDS:
+            if name in fields_:
+                col = frame[name]
+                fine = col.is_null() | ((col >= 0) & (col <= MAX_COUNT) & (col == col.floor()))
+                ok &= fine.fill_null(False).to_numpy()
+        if not ok.all():
+            frame = frame.filter(pl.Series(ok))
+        plain_idx = frame["i"].to_numpy().astype(np.int64)
+        if not self.lines and len(plain_idx) < (1 - SPECIAL_SHARE) * n_lines:
+            return False  # mostly lines for the streaming parser: it reads them faster
+        start = sum(len(x) for x in self.lines)
+        self.lines.append(plain_idx + self.line0)
+        self.steps.append(frame["step"].to_numpy().astype(np.int64))
+        for name in fields_:
+            if name in ("kind", "step"):
+                continue
+            col = frame[name]
+            if col.null_count() == len(col):
+                continue
+            self.values.setdefault(name, []).append(
+                (start, col.cast(pl.Float64).to_numpy(), col.is_not_null().to_numpy())
+            )
+        other = np.ones(n_lines, dtype=bool)
+        other[plain_idx] = False
+        other_idx = np.flatnonzero(other)
+        texts = lines.gather(other_idx).to_list() if len(other_idx) else []
+        parser = self.parser
+        # Each run of consecutive such lines is fed at once (a monitor that logs extras on
+        # every step makes one run of the whole block), its line numbers the file's. Its
+        # records keep their order and lie between the plain lines around the run.
+        texts = [t if t is not None else "" for t in texts]
+        cuts = np.flatnonzero(np.diff(other_idx) != 1) + 1 if len(other_idx) else []
+        for lo, hi in zip([0, *cuts], [*cuts, len(other_idx)], strict=True):
+            if lo == hi:
+                continue
+            first = int(other_idx[lo])
+            parser._line = self.line0 + first
+            for k, rec in enumerate(parser.feed(texts[lo:hi])):
+                self.full.append((self.line0 + first + k, rec))
+        self.line0 += n_lines
+        return True
+
+    def result(self, path: Path) -> ColumnarLog | None:
+        parser = self.parser
+        parser._line = self.line0
+        parser.finish()
+        n_plain = sum(len(x) for x in self.lines)
+        n = n_plain + len(self.full)
+        if n == 0:
+            return None
+        line_of = np.concatenate(
+            [*self.lines, np.fromiter((i for i, _ in self.full), np.int64, len(self.full))]
+        )
+        steps = np.concatenate(
+            [*self.steps, np.fromiter((r.step for _, r in self.full), np.int64, len(self.full))]
+        )
+        dense = not self.full
+        if not dense:
+            order = np.argsort(line_of, kind="stable")
+            steps = steps[order]
+        if n > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+            return None  # steps that repeat or fall: the streaming reader's business
+        cols = Columns(steps=steps)
+        if dense:
+            plain_rows = None
+            full_rows = np.zeros(0, dtype=np.int64)
+        else:
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n)
+            plain_rows = rank[:n_plain]
+            full_rows = rank[n_plain:]
+            for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
+                cols.full[row] = rec
+        for name in _SCALARS:
+            pieces = self.values.pop(name, [])  # dropped once assembled: a lower peak
+            from_full = [
+                (row, getattr(rec, name))
+                for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True)
+                if getattr(rec, name) is not None
+            ]
+            if not pieces and not from_full:
+                continue
+            if dense and len(pieces) == 1 and len(pieces[0][1]) == n:
+                _, values, present = pieces[0]  # one block, every row plain: as decoded
+            else:
+                values = np.full(n, np.nan)
+                present = np.zeros(n, dtype=bool)
+                for start, vals, has in pieces:
+                    if plain_rows is None:  # every row plain: the block's rows in a run
+                        values[start : start + len(vals)] = vals
+                        present[start : start + len(vals)] = has
+                    else:
+                        rows = plain_rows[start : start + len(vals)]
+                        values[rows] = vals
+                        present[rows] = has
+            for row, value in from_full:
+                if not isinstance(value, (int, float)):
+                    return None  # a value only the streaming detectors can judge
+                values[row] = float(value)
+                present[row] = True
+            cols.values[name] = values
+            cols.present[name] = present
+        return ColumnarLog(
+            path=str(path),
+            format="sapper",
+            records=LazyRecords(cols),  # type: ignore[arg-type]
+            findings=list(parser.findings),
+            meta=dict(parser.meta),
+            notes=list(parser.notes),
+            attempts=[Attempt(1, 0, n, int(steps[0]), int(steps[-1]))],
+            columns=cols,
+        )
+
+
+def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
+    """The run log at ``path`` in columns, or ``None`` when this path does not apply
+    (no polars, a small file, steps that repeat): then the streaming reader reads it.
+    The file is read in blocks of ``BLOCK_BYTES``, so the text in memory stays bounded
+    whatever the log's length; the columns take about 9 bytes per field and step."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size < max(1, min_bytes):
+        return None
+    try:
+        import polars as pl
+    except ImportError:
+        return None
+    reader = _Reader(pl, path)
+    try:
+        for data, newline_end in _blocks(path, size):
+            if not reader.block(data, newline_end):
+                return None
+    except OSError:
+        return None
+    return reader.result(path)

@@ -1,0 +1,70 @@
+"""What the vectorised twins of the streaming detectors share.
+
+A twin takes the streaming detector object (for its options, never its state) and the
+columns of one attempt, and returns the findings the detector would return, fed the
+same rows one by one and finished. A twin is used only for the exact class it mirrors,
+with options in the range it was proven on (``accepts``), and only while the streaming
+detector's source is the one it was proven against (:data:`FINGERPRINTS`): a change to
+a detector sends that detector to the streaming fallback until its twin is brought
+back to equivalence (``tests/runtime/test_columnar_equivalence.py`` says when).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sapper.logs.columnar.frame import Columns
+from sapper.rules.model import Finding, Rule, Severity
+from sapper.runtime.detector import Detector
+
+__all__ = ["Twin", "finding", "fingerprint"]
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A vectorised detector: ``run(detector, columns) -> findings`` for ``cls``."""
+
+    cls: type[Detector]
+    run: Callable[[Any, Columns], list[Finding]]
+    accepts: Callable[[Any], bool]
+    #: Modules whose source the twin mirrors (the detector's own, its helpers').
+    modules: tuple[str, ...]
+    #: ``Detector.unevaluated`` after the same stream; ``None`` for a detector that
+    #: reports nothing there (a twin without it stands in for no detector that does).
+    unevaluated: Callable[[Any, Columns, list[Finding]], list[str]] | None = None
+
+
+def fingerprint(modules: tuple[str, ...]) -> str:
+    """A digest of the source of ``modules``: what a twin was proven equivalent to."""
+    import importlib
+
+    digest = hashlib.sha256()
+    for name in modules:
+        try:
+            digest.update(inspect.getsource(importlib.import_module(name)).encode())
+        except (OSError, TypeError):  # no source shipped (a .pyc-only install): unproven
+            return ""
+    return digest.hexdigest()[:16]
+
+
+def finding(
+    rule: Rule,
+    message: str,
+    step: int,
+    *,
+    severity: Severity | None = None,
+    **details: Any,
+) -> Finding:
+    """``rule.finding`` as :meth:`RuleDetector.fire` calls it."""
+    return rule.finding(message, step=step, severity=severity, fix=None, **details)
+
+
+def state_is(det: Detector, names: set[str]) -> bool:
+    """Whether ``det`` holds exactly the attributes a twin knows (plus the framework it
+    was told, which none of the twinned detectors reads): a detector that gained state
+    since is not the one the twin was proven on."""
+    return set(vars(det)) - {"framework"} == names

@@ -1,0 +1,204 @@
+"""The memory rules (R050-R051); twin of
+:class:`sapper.runtime.detectors.memory.MemoryDetector`.
+
+Near the limit: the first reading of peak, reserved, allocated or RSS per row against
+the row's limit (said once). Growth: a rolling share of rising readings picks the few
+windows worth the full test, which then runs as the streaming detector runs it, on
+that window (it too is said once, so the scan stops at the first finding).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from sapper.logs.columnar.frame import Columns
+from sapper.rules.model import Finding
+from sapper.runtime.columnar.base import Twin, finding, state_is
+from sapper.runtime.columnar.rolling import cooldown_pick, rolling_sum
+from sapper.runtime.detectors.base import fmt
+from sapper.runtime.detectors.memory import MEMORY_GROWTH, MEMORY_NEAR_LIMIT, MemoryDetector
+
+__all__ = ["TWIN"]
+
+_STATE = {
+    "fired",
+    "limit_gib",
+    "near",
+    "warmup_steps",
+    "growth_min_points",
+    "growth_min_steps",
+    "growth_min_gib",
+    "growth_min_rel",
+    "growth_rising_share",
+    "series",
+    "rises",
+    "rise_count",
+    "first_step",
+    "readings",
+    "limit_known",
+}
+_USED = ("memory_peak_gib", "memory_reserved_gib", "memory_allocated_gib", "rss_gib")
+
+
+def _accepts(det: MemoryDetector) -> bool:
+    return (
+        state_is(det, _STATE)
+        and not det.fired
+        and det.first_step is None
+        and not det.series
+        and (det.series.maxlen or 0) >= 2
+        and det.growth_min_points >= 2
+        and det.rises.maxlen == det.series.maxlen - 1
+    )
+
+
+def _limits(det: MemoryDetector, cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """``record.memory_limit_gib or self.limit_gib`` per row, and whether it is truthy."""
+    own = cols.get("memory_limit_gib")
+    own_set = cols.has("memory_limit_gib") & (own != 0)
+    default = det.limit_gib
+    d_ok = default is not None and bool(default)
+    d_val = float(default) if default is not None else np.nan
+    return np.where(own_set, own, d_val), own_set | d_ok
+
+
+def run(det: MemoryDetector, cols: Columns) -> list[Finding]:
+    if not len(cols):
+        return []
+    limit, has_limit = _limits(det, cols)
+    out = _near(det, cols, limit, has_limit)
+    out += _growth(det, cols, limit, has_limit)
+    return out
+
+
+def _near(
+    det: MemoryDetector, cols: Columns, limit: np.ndarray, has_limit: np.ndarray
+) -> list[Finding]:
+    n = len(cols)
+    used = np.full(n, np.nan)
+    found = np.zeros(n, dtype=bool)
+    for name in _USED:
+        v = cols.get(name)
+        ok = cols.has(name) & np.isfinite(v) & ~found
+        used[ok] = v[ok]
+        found |= ok
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = used / limit
+    # ``used / limit < near`` returns; a NaN ratio (NaN limit) does not.
+    cand = np.flatnonzero(has_limit & found & ~(ratio < det.near))
+    out = []
+    for j in cooldown_pick(
+        cols.steps[cand], det.cooldowns.get(MEMORY_NEAR_LIMIT.code, det.cooldown)
+    ):
+        i = int(cand[j])
+        u, lim = float(used[i]), float(limit[i])
+        out.append(
+            finding(
+                MEMORY_NEAR_LIMIT,
+                f"memory {fmt(u)} GiB is {fmt(100 * u / lim)}% of the {fmt(lim)} GiB "
+                f"limit (warning above {fmt(100 * det.near)}%)",
+                int(cols.steps[i]),
+                value=u,
+                threshold=det.near * lim,
+            )
+        )
+    return out
+
+
+def _growth(
+    det: MemoryDetector, cols: Columns, limit: np.ndarray, has_limit: np.ndarray
+) -> list[Finding]:
+    value = cols.get("memory_allocated_gib")
+    has = cols.has("memory_allocated_gib")
+    rss = cols.get("rss_gib")
+    value = np.where(has, value, rss)
+    has = has | cols.has("rss_gib")
+    first_step = int(cols.steps[0])
+    keep = has & np.isfinite(value) & ~(cols.steps - first_step < det.warmup_steps)
+    rows = np.flatnonzero(keep)
+    if len(rows) < det.growth_min_points:
+        return []
+    v, s = value[rows], cols.steps[rows]
+    w = det.series.maxlen or 0
+    rises = np.zeros(len(v), dtype=bool)
+    rises[1:] = v[1:] > v[:-1]
+    count = rolling_sum(rises, w - 1)  # the rises within the window ending here
+    idx = np.arange(len(v))
+    size = np.minimum(idx + 1, w)
+    start = idx - size + 1
+    span = s - s[start]
+    ok = (size >= det.growth_min_points) & (span >= det.growth_min_steps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = count / np.maximum(size - 1, 1)
+    ok &= ~((size >= 2) & (share < det.growth_rising_share))
+    # The full test's cheap conditions first (growth in GiB and relative to the start);
+    # what is left needs the Theil–Sen slope and runs as the streaming test.
+    growth = v - v[start]
+    ok &= ~(growth < det.growth_min_gib) & ~(growth < det.growth_min_rel * v[start])
+    cooldown = det.cooldowns.get(MEMORY_GROWTH.code, det.cooldown)
+    scratch = MemoryDetector(
+        limit_gib=det.limit_gib,
+        near=det.near,
+        warmup_steps=det.warmup_steps,
+        window=w,
+        growth_min_points=det.growth_min_points,
+        growth_min_steps=det.growth_min_steps,
+        growth_min_gib=det.growth_min_gib,
+        growth_min_rel=det.growth_min_rel,
+        growth_rising_share=det.growth_rising_share,
+    )
+    out: list[Finding] = []
+    last: int | None = None
+    for i in np.flatnonzero(ok).tolist():
+        step = int(s[i])
+        if last is not None and (cooldown is None or step - last < cooldown):
+            continue
+        lo = int(start[i])
+        scratch.series.clear()
+        scratch.series.extend(zip(s[lo : i + 1].tolist(), v[lo : i + 1].tolist(), strict=True))
+        scratch.rise_count = int(count[i])
+        scratch.fired.clear()
+        lim = float(limit[rows[i]]) if has_limit[rows[i]] else None
+        found = scratch._growth(step, lim)
+        if found:
+            out.extend(found)
+            last = step
+            if cooldown is None:
+                break
+    return out
+
+
+def unevaluated(det: MemoryDetector, cols: Columns, found: list[Finding]) -> list[str]:
+    """The streaming detector's own lines, from the counters they read: the readings, a
+    limit seen, the trend window's length, whether R050 fired."""
+    scratch = copy.deepcopy(det)
+    if len(cols):
+        _, has_limit = _limits(det, cols)
+        value = np.where(
+            cols.has("memory_allocated_gib"), cols.get("memory_allocated_gib"), cols.get("rss_gib")
+        )
+        has = cols.has("memory_allocated_gib") | cols.has("rss_gib")
+        reading = has & np.isfinite(value)
+        scratch.readings = int(reading.sum())
+        scratch.limit_known = bool(has_limit.any())
+        kept = reading & ~(cols.steps - int(cols.steps[0]) < det.warmup_steps)
+        rows = np.flatnonzero(kept)[-(scratch.series.maxlen or 0) :]
+        scratch.series.extend(zip(cols.steps[rows].tolist(), value[rows].tolist(), strict=True))
+    for f in found:
+        scratch.fired[f.code] = f.step if f.step is not None else 0
+    return scratch.unevaluated()
+
+
+TWIN = Twin(
+    cls=MemoryDetector,
+    run=run,
+    accepts=_accepts,
+    unevaluated=unevaluated,
+    modules=(
+        "sapper.runtime.detectors.memory",
+        "sapper.runtime.detectors.stats",
+        "sapper.runtime.detectors.base",
+    ),
+)
