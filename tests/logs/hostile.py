@@ -16,8 +16,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import typer.testing
-from hypothesis import HealthCheck, Phase, settings
-from tests.timelimit import time_limit
+from hypothesis import settings
+from tests.fuzz import stable_settings, time_limit
 from typer.testing import CliRunner
 
 from sapper.cli.app import _register_commands, app
@@ -41,18 +41,8 @@ EXITS: defaultdict[str, Counter[int]] = defaultdict(Counter)
 
 
 def fast_settings(examples: int) -> settings:
-    """Every run draws the same cases (CI is stable, a failure reproduces locally)."""
-    return settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-        # Cases come from a seeded random.Random: shrinking them gains little and can take
-        # minutes; the failing case is printed as it was drawn.
-        phases=(Phase.explicit, Phase.reuse, Phase.generate),
-    )
+    """The log suites' cases come from a seeded random.Random: drawn, never shrunk."""
+    return stable_settings(examples, shrink=False)
 
 
 def run_cli(*args: str) -> int:

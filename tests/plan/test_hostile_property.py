@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
-from tests.timelimit import time_limit
+from tests.fuzz import stable_settings, time_limit
 from typer.testing import CliRunner
 
 from sapper.checks.engine import run_checklist
@@ -73,17 +73,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 runner = CliRunner()
 _register_commands()
 CASES: Counter[str] = Counter()
-
-
-def _settings(examples: int) -> settings:
-    return settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-    )
 
 
 # ---- the invariant -------------------------------------------------------------------
@@ -297,7 +286,7 @@ _HF_KEYS += ["model_type", "architectures", "rope_scaling", "text_config", "auto
 
 
 # ---- the tests -----------------------------------------------------------------------
-@_settings(2500)
+@stable_settings(2500)
 @given(case=_mutated_file(PLAN_FILES), run_checks=st.integers(0, 9))
 def test_mutated_plan_files(work: Path, case: tuple[Path, bytes], run_checks: int) -> None:
     source, data = case
@@ -307,21 +296,21 @@ def test_mutated_plan_files(work: Path, case: tuple[Path, bytes], run_checks: in
         checks_case(loaded)
 
 
-@_settings(2000)
+@stable_settings(2000)
 @given(case=_mutated_file(HF_FILES))
 def test_mutated_hf_configs(work: Path, case: tuple[Path, bytes]) -> None:
     path = _write(work, "config.json", case[1])
     library_case("hf files", lambda: read_hf_config(path))
 
 
-@_settings(2000)
+@stable_settings(2000)
 @given(case=_mutated_file(DS_FILES))
 def test_mutated_deepspeed_configs(work: Path, case: tuple[Path, bytes]) -> None:
     path = _write(work, "ds.json", case[1])
     library_case("deepspeed files", lambda: read_deepspeed_config(path))
 
 
-@_settings(1500)
+@stable_settings(1500)
 @given(changes=_overrides(sorted(PLAN_FIELDS), _field_value), run_checks=st.integers(0, 4))
 def test_generated_plans(work: Path, changes: list[tuple[str, Any]], run_checks: int) -> None:
     tree = json.loads(json.dumps(_HEALTHY))
@@ -333,7 +322,7 @@ def test_generated_plans(work: Path, changes: list[tuple[str, Any]], run_checks:
         checks_case(loaded)
 
 
-@_settings(1000)
+@stable_settings(1000)
 @given(base=st.sampled_from(DS_FILES), changes=_overrides(_DS_KEYS))
 def test_generated_deepspeed_configs(
     work: Path, base: Path, changes: list[tuple[str, Any]]
@@ -345,7 +334,7 @@ def test_generated_deepspeed_configs(
     library_case("generated deepspeed", lambda: read_deepspeed_config(path))
 
 
-@_settings(1000)
+@stable_settings(1000)
 @given(base=st.sampled_from(HF_FILES), changes=_overrides(_HF_KEYS))
 def test_generated_hf_configs(work: Path, base: Path, changes: list[tuple[str, Any]]) -> None:
     tree = json.loads(SOURCES[base])
@@ -359,7 +348,7 @@ def test_generated_hf_configs(work: Path, base: Path, changes: list[tuple[str, A
     library_case("generated hf", lambda: read_hf_config(path))
 
 
-@_settings(500)
+@stable_settings(500)
 @given(
     hf=_maybe_mutated(HF_FILES),
     ds=_maybe_mutated(DS_FILES),
@@ -382,7 +371,7 @@ _OPTIONS = ["--gpus", "--gpus-per-node", "--nodes", "--gpu", "--seq-len", "--mic
             "--lr", "--warmup", "--max-norm", "--checkpointing", "--select", "--ignore"]
 
 
-@_settings(250)
+@stable_settings(250)
 @given(
     command=st.sampled_from(["check", "check", "memory", "plan"]),
     plan=st.one_of(st.none(), _mutated_file(PLAN_FILES)),

@@ -28,6 +28,7 @@ __all__ = [
     "Columns",
     "LazyRecords",
     "columns_from_records",
+    "strictly_ascending",
 ]
 
 #: StepRecord fields that hold one number, by the type the streaming readers give them.
@@ -160,6 +161,11 @@ class ColumnarLog(LogData):
 def _number(value: Any) -> float:
     """A field value (int, float or bool) as a float64."""
     return value if value.__class__ is float else float(value)
+
+
+def strictly_ascending(steps: np.ndarray) -> bool:
+    """Steps that only go up: one attempt, which is all the columnar path takes."""
+    return len(steps) < 2 or bool(np.all(steps[1:] > steps[:-1]))
 
 
 def columns_from_records(records: Sequence[StepRecord]) -> Columns | None:

@@ -28,6 +28,7 @@ from sapper.logs.columnar.frame import (
     ColumnarLog,
     Columns,
     LazyRecords,
+    strictly_ascending,
 )
 from sapper.logs.limits import MAX_COUNT
 from sapper.logs.runlog import RunLogParser
@@ -256,7 +257,7 @@ class _Reader:
         if not dense:
             order = np.argsort(line_of, kind="stable")
             steps = steps[order]
-        if n > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+        if not strictly_ascending(steps):
             return None  # steps that repeat or fall: the streaming reader's business
         cols = Columns(steps=steps)
         if dense:

@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from sapper.logs.base import Attempt, LogData
-from sapper.logs.columnar.frame import Columns, columns_from_records
+from sapper.logs.columnar.frame import Columns, columns_from_records, strictly_ascending
 from sapper.rules.model import Finding
 from sapper.runtime.columnar.base import Twin, fingerprint
 from sapper.runtime.columnar.fallback import run_streaming
@@ -80,10 +78,6 @@ def twin_for(det: Detector, *, proven_only: bool = True) -> Twin | None:
         if not ok:
             return None
     return twin
-
-
-def strictly_ascending(steps: np.ndarray) -> bool:
-    return len(steps) < 2 or bool(np.all(steps[1:] > steps[:-1]))
 
 
 @dataclass
