@@ -326,9 +326,10 @@ class DuplicateDataDetector(RuleDetector):
         return self.fire(
             DATA_SHORT_CYCLE,
             start,
-            f"the data repeats every {cycle_steps:.3g} steps: {distinct} distinct samples "
-            f"({batches} distinct batches over {self.hashed_steps} steps with fingerprints, "
-            f"from step {self.first_step}); {why}" + self._evidence(),
+            f"the data repeats in a short cycle: {distinct} distinct samples every "
+            f"{cycle_steps:.3g} steps ({batches} distinct batches over the "
+            f"{self.hashed_steps} steps fingerprinted since step {self.first_step}); {why}"
+            + self._evidence(),
             value=distinct,
             threshold=round(self.short_cycle_steps * per_step),
             cycle_steps=cycle_steps,
