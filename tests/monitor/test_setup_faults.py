@@ -77,6 +77,16 @@ def test_a_loader_cycling_a_few_batches_is_named() -> None:
     assert "R070" not in run.codes()
 
 
+@pytest.mark.parametrize(("batches", "step"), [(1, 5), (2, 6)])
+def test_cycles_shorter_than_the_confirmation_are_counted_by_length(
+    batches: int, step: int
+) -> None:
+    # A data boundary is confirmed 3 steps after the first repeat, so a 1-2 batch cycle
+    # passes several times per boundary: its passes are counted by its length.
+    run = train(gpt2(), data=itertools.cycle(_four_batches()[:batches]), steps=12)
+    assert run.first_step("R072") == step
+
+
 @pytest.mark.parametrize(
     "plan",
     [

@@ -184,8 +184,8 @@ class DuplicateDataDetector(RuleDetector):
         self.hashed_steps = 0
         self.first_step: int | None = None
         self._batches: set[int] = set()
-        #: Data boundaries found so far (the data started over), and the cycle's sizes.
-        self.boundaries: list[int] = []
+        #: Data boundaries found so far (the data started over), and the short cycle.
+        self.boundaries = 0
         self.cycle: dict[str, Any] = {}
         self.evidence_reported = False
         self.train_losses: list[tuple[int, float]] = []
@@ -220,6 +220,9 @@ class DuplicateDataDetector(RuleDetector):
         if isinstance(record.eval_loss, float) and math.isfinite(record.eval_loss):
             train = self.train_losses[-1][1] if self.train_losses else None
             self.evals.append((record.step, record.eval_loss, train))
+            if len(self.evals) > 1024:  # bounded: the best evaluation and the latest ones
+                best = min(self.evals, key=lambda e: e[1])
+                self.evals = [best, *[e for e in self.evals[-512:] if e is not best]]
             out += self._memorising(record.step)
         if not isinstance(raw, list) or not raw:
             return out
@@ -278,10 +281,10 @@ class DuplicateDataDetector(RuleDetector):
             for h in e.hashes:
                 self._remember(h, e.step)
         start = events[0].step
-        self.boundaries.append(start)
+        self.boundaries += 1
         short = self._short_cycle(start, distinct)
-        if short:
-            return short
+        if short or self.cycle.get("distinct") == distinct:
+            return short  # the short cycle, named once: its later passes are not epochs
         return self.fire(
             DATA_CYCLE,
             start,
@@ -297,7 +300,10 @@ class DuplicateDataDetector(RuleDetector):
             return []
         per_step = self.samples_seen / max(1, self.hashed_steps)
         cycle_steps = distinct / per_step if per_step else float("inf")
-        passes = len(self.boundaries) + 1  # the pass starting at ``start``
+        # The pass starting at ``start``: boundaries are confirmed ``confirm_steps`` after
+        # a repeat, so a cycle shorter than that is counted by its length, not by them.
+        span = start - (self.first_step if self.first_step is not None else start)
+        passes = max(self.boundaries + 1, int(span / cycle_steps + 1e-9) + 1 if span else 1)
         why = ""
         if self.dataset_samples and distinct < self.declared_fraction * self.dataset_samples:
             why = (
@@ -327,7 +333,7 @@ class DuplicateDataDetector(RuleDetector):
             DATA_SHORT_CYCLE,
             start,
             f"the data repeats in a short cycle: {distinct} distinct samples every "
-            f"{cycle_steps:.3g} steps ({batches} distinct batches over the "
+            f"{_n(cycle_steps, 'step')} ({_n(batches, 'distinct batch')} over the "
             f"{self.hashed_steps} steps fingerprinted since step {self.first_step}); {why}"
             + self._evidence(),
             value=distinct,
@@ -385,6 +391,12 @@ class DuplicateDataDetector(RuleDetector):
             value=c["distinct"],
             cycle_steps=c["cycle_steps"],
         )
+
+
+def _n(count: float, noun: str) -> str:
+    """'1 step', '4 steps', '2.5 steps', '1 distinct batch', '4 distinct batches'."""
+    plural = noun + ("es" if noun.endswith("h") else "s")
+    return f"{count:.3g} {noun if count == 1 else plural}"
 
 
 def _steps(steps: list[int], limit: int = 6) -> str:
