@@ -5,6 +5,8 @@ healthy twins next to them must stay silent on that code.
 | fault                                              | code | finding step |
 | -------------------------------------------------- | ---- | ------------ |
 | loader cycling 4 batches                           | R072 | 12 (pass 4)  |
+| loader cycling 1 / 2 batches                       | R072 | 5 / 6        |
+| the 4-batch cycle, eval loss rising (memorisation) | R072 | 50-60 (again)|
 | the same, the plan's total_steps known             | R072 | 4            |
 | the same, the plan's dataset size known            | R072 | 4            |
 | GA=4, loss outside the model, not divided          | R080 | 1            |
