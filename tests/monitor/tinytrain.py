@@ -151,13 +151,29 @@ def train(
     leak: Callable[[int], int] | None = None,
     optimizer: str = "adamw",
     monitor: dict[str, Any] | None = None,
+    loss_outside: bool = False,
+    freeze: Callable[[nn.Module], None] | None = None,
+    optimizer_on: nn.Module | None = None,
+    backward: bool = True,
 ) -> Run:
-    """One plain training loop, with ``Monitor`` attached by two lines."""
+    """One plain training loop, with ``Monitor`` attached by two lines.
+
+    ``loss_outside``: the model returns logits and the loop computes the cross-entropy
+    (``divide_loss`` still says whether it is divided by ``ga``); ``freeze`` runs on the
+    model before the optimizer is built, which then holds only the trainable
+    parameters; ``optimizer_on`` builds the optimizer on another module's parameters;
+    ``backward=False`` never calls backward."""
     data = data if data is not None else Markov()
+    if freeze is not None:
+        freeze(model)
+    target = optimizer_on if optimizer_on is not None else model
+    params = [p for p in target.parameters() if p.requires_grad or freeze is None]
+    if not params:  # everything frozen: the optimizer is built on the frozen tensors
+        params = list(target.parameters())
     if optimizer == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule else None
     use_scaler = fp16 if scaler is None else scaler
     grad_scaler = torch.amp.GradScaler("cpu") if use_scaler else None
@@ -180,9 +196,16 @@ def train(
                     torch.autocast("cpu", dtype=torch.float16) if fp16 else contextlib.nullcontext()
                 )
                 with ctx:
-                    out = model(input_ids=x, labels=x)
-                loss = (out.loss / ga if divide_loss else out.loss) * loss_factor
-                (grad_scaler.scale(loss) if grad_scaler else loss).backward()
+                    if loss_outside:
+                        logits = model(input_ids=x).logits[:, :-1]
+                        raw = nn.functional.cross_entropy(
+                            logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1)
+                        )
+                    else:
+                        raw = model(input_ids=x, labels=x).loss
+                loss = (raw / ga if divide_loss else raw) * loss_factor
+                if backward:
+                    (grad_scaler.scale(loss) if grad_scaler else loss).backward()
                 if sched is not None and scheduler_per_micro:
                     sched.step()
             if grad_scaler is not None and not clip_before_unscale and not bare_step:
@@ -199,8 +222,8 @@ def train(
             opt.zero_grad(set_to_none=True)
             if leak is not None and leak(step):
                 kept.append(torch.ones(leak(step) // 4))  # a buffer kept across steps
-            run.losses.append(float(out.loss.detach()))
-            mon.step(out.loss)  # line 2
+            run.losses.append(float(raw.detach()))
+            mon.step(raw)  # line 2
     except Exception as exc:  # the test decides whether an error was expected
         run.error = exc
     mon.close()

@@ -251,17 +251,24 @@ def test_rule_fires_on_its_fault(code: str) -> None:
 def test_duplicate_batch_fires_and_epochs_do_not() -> None:
     stream = _with(_with(_healthy(), _remember), _dup_batch)
     assert "R070" in _run(stream)
-    # A dataset of 40 samples cycled: every epoch repeats it (info only, no warning).
-    rng = random.Random(1)
-    data = [f"{rng.getrandbits(64):016x}" for _ in range(40)]
-    epochs = []
-    for s in range(100):
-        i = (s * 8) % 40
-        if i == 0:
-            rng.shuffle(data)
-        epochs.append(StepRecord(step=s, extra={"sample_hashes": data[i : i + 8]}))
-    codes = _run(epochs)
-    assert "R070" not in codes and "R071" in codes
+    # A dataset of 40 samples cycled: every epoch repeats it (R071, not R070); 20 passes
+    # over 5 steps' worth of samples is a short cycle (R072); 800 samples (100 steps) over
+    # 3 epochs is a real dataset (R071 only).
+    def cycled(n: int, steps: int) -> Stream:
+        rng = random.Random(1)
+        data = [f"{rng.getrandbits(64):016x}" for _ in range(n)]
+        epochs = []
+        for s in range(steps):
+            i = (s * 8) % n
+            if i == 0:
+                rng.shuffle(data)
+            epochs.append(StepRecord(step=s, extra={"sample_hashes": data[i : i + 8]}))
+        return epochs
+
+    codes = _run(cycled(40, 100))
+    assert "R070" not in codes and {"R071", "R072"} <= codes
+    codes = _run(cycled(800, 300))
+    assert "R071" in codes and not {"R070", "R072"} & codes
 
 
 def test_scaled_gradients_from_a_log_alone() -> None:
@@ -335,6 +342,8 @@ def test_every_runtime_rule_has_docs_and_a_case() -> None:
     # schedule shape) in test_detector_lr.py.
     tested = set(CASES) | {"R040", "R041", "R043", "R045", "R060", "R070", "R071", "R110"}
     tested |= {"R111"}
+    # R072 (short data cycle) above; R120-R122 (setup) in tests/monitor/test_setup_faults.py.
+    tested |= {"R072", "R120", "R121", "R122"}
     assert {r.code for r in runtime} - tested <= {"R102", "R190"}
 
 

@@ -187,6 +187,12 @@ class StepCollector:
         if slot.micro:
             rec.extra["grad_accum"] = slot.micro
         grads = f.get("loss_grad")
+        if not grads and f.get("logits_weight"):
+            # A loss computed outside the model, weighed at the logits (NaN: the
+            # gradient there was not a cross-entropy's).
+            grads = [w for w in f["logits_weight"] if math.isfinite(w)]
+            if grads:
+                rec.extra["loss_weight_from"] = "logits"
         scale = rec.loss_scale or 1.0
         if grads and scale:
             weights = [g / scale for g in grads]

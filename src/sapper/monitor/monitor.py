@@ -35,6 +35,8 @@ from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
 from sapper.monitor.halt import HaltPolicy, SapperHalt
 from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, position_limit, read_batch
+from sapper.monitor.logits import find_logits, watch_logits
+from sapper.monitor.setup import SetupProbe
 from sapper.monitor.sinks import ConsoleSink, RunLogSink, Sink, TensorBoardSink
 from sapper.monitor.structure import StructureProbe
 from sapper.monitor.system import MemoryReader, flops_per_token, peak_flops
@@ -45,6 +47,7 @@ from sapper.runtime.detector import Detector, DetectorSet
 from sapper.runtime.detectors import default_detectors
 from sapper.runtime.detectors.internal import MONITOR_ERROR
 from sapper.runtime.detectors.position import POSITION_OVERFLOW
+from sapper.runtime.detectors.setup import NO_TRAINABLE
 from sapper.runtime.records import StepRecord
 
 __all__ = ["Monitor"]
@@ -190,6 +193,9 @@ class Monitor:
             else [p for p in params if p.requires_grad]
         )
         self._opt_params = opt_params
+        # sapper.monitor.setup: the first step's parameter and gradient counts (R120-R122)
+        self.setup = SetupProbe(model, opt_params if self.observer.optimizer is not None else None)
+        self._setup_stepped = False
         self.structure = StructureProbe(model, self.guard)
         groups = (
             [i for i, g in enumerate(self.observer.optimizer.param_groups) for _ in g["params"]]
@@ -334,6 +340,7 @@ class Monitor:
         b.micro += 1
         if self._first_forward:
             self._first_forward = False
+            self.guard("setup", self._setup_facts, b, self.setup.forward_facts)
             self.guard("structure", self.structure.arm)
         if not self.localiser.armed and self.next_step % self.localise_every == 0:
             self.guard("localise", self.localiser.arm)
@@ -399,16 +406,27 @@ class Monitor:
                 b.decoders.append(_decode_stds)
         loss = find_loss(output)
         if loss is None:
+            # A loss computed outside the model: its weight is read at the logits
+            # (sapper.monitor.logits), on the same steps as below.
+            logits = find_logits(output) if self._weighed(self.next_step) else None
+            if logits is not None:
+                watch_logits(logits, self._on_logits_weight)
             return
         b.add_f("model_loss", loss)
         # The weight each micro-batch loss enters backward with (GA normalisation) is
         # measured on the first steps and on sampled steps: a loop's normalisation does
         # not change from step to step.
-        if loss.requires_grad and (self.next_step < 8 or self._sampled(self.next_step)):
+        if loss.requires_grad and self._weighed(self.next_step):
             loss.register_hook(self._on_loss_grad)
+
+    def _weighed(self, step: int) -> bool:
+        return step < 8 or self._sampled(step)
 
     def _on_loss_grad(self, grad: torch.Tensor) -> None:
         self.guard("accumulation", self._bucket.add_f, "loss_grad", grad)
+
+    def _on_logits_weight(self, weight: torch.Tensor) -> None:
+        self.guard("accumulation", self._bucket.add_f, "logits_weight", weight)
 
     # ---- optimizer boundary ----------------------------------------------------------
     def on_optimizer_step(self, clip_norm: torch.Tensor | None, skipped: bool) -> None:
@@ -417,6 +435,9 @@ class Monitor:
         now = time.perf_counter()
         slot = self._bucket if self._call_based else self._seal(now)
         obs = self.observer
+        if not self._setup_stepped:
+            self._setup_stepped = True
+            self.guard("setup", self._setup_facts, slot, self.setup.step_facts)
         slot.skipped = skipped if obs.scaler is not None else None
         if clip_norm is not None:
             slot.add_f("grad_norm", clip_norm)
@@ -442,6 +463,16 @@ class Monitor:
         obs.reset()
         if not self._call_based:
             self._sealed.append(slot)
+
+    def _setup_facts(self, slot: StepSlot, read: Callable[[], dict[str, int]]) -> None:
+        """Record host-side setup counts into the step and report at once what they
+        show (the detector fires each rule once; the record at the next read repeats
+        nothing)."""
+        facts = read()
+        slot.extra.update(facts)
+        step = slot.step if slot.step >= 0 else self.next_step
+        rec = StepRecord(step=step, extra=dict(slot.extra))
+        self._dispatch(self.detectors.update_firing(rec, NO_TRAINABLE.code))
 
     def on_optimizer_stepped(self) -> None:
         self._ready_t = time.perf_counter()

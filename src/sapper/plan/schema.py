@@ -75,6 +75,8 @@ MAX_GLOBAL_BATCH = 10**9
 MAX_STEPS = 10**12
 #: Interleaved pipeline chunks per stage: each holds at least one block, usually 2-8.
 MAX_VIRTUAL_STAGES = 1024
+#: Dataset size (tokens or samples): the largest pre-training sets have ~1.5·10^13 tokens.
+MAX_DATASET = 10**16
 #: Characters in a string value (names, paths): a path is at most 4096 on Linux.
 MAX_STR = 4096
 
@@ -629,6 +631,18 @@ class DataSpec(_Spec):
     )
     loader_samples_per_sec: float | None = Field(
         default=None, gt=0, description="Measured loader throughput per GPU (samples/s)."
+    )
+    num_samples: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DATASET,
+        description="Samples (sequences) in one epoch of the dataset, all ranks together.",
+    )
+    num_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DATASET,
+        description="Tokens in one epoch of the dataset (samples = tokens / batch.seq_len).",
     )
 
 

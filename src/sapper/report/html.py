@@ -54,6 +54,7 @@ CHART_OF_CHECK: dict[str, str] = {
     "loss": "loss",
     "eval": "loss",
     "data": "loss",
+    "setup": "loss",
     "accumulation": "grad_norm",
     "gradnorm": "grad_norm",
     "numerics": "grad_norm",

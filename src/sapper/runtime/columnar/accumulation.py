@@ -38,6 +38,8 @@ _STATE = {
     "changed",
     "weights_seen",
     "batch_seen",
+    "clip_steps",
+    "clip_engaged",
 }
 _BLOCK = 4096
 

@@ -54,7 +54,7 @@ FINGERPRINTS: dict[str, str] = {
     "GradNormDetector": "a24132dafd50cdb2",
     "MemoryDetector": "6e5e12556ff8c509",
     "ThroughputDetector": "22587af5267113c1",
-    "AccumulationDetector": "bb21f4088ef89188",
+    "AccumulationDetector": "b7d57ea595e27c7b",
     "LRDetector": "89d2006a5b37e0ea",
 }
 

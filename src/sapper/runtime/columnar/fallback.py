@@ -110,6 +110,11 @@ def _eval_rows(det: Detector, cols: Columns) -> np.ndarray:
     return mask
 
 
+def _data_rows(det: Detector, cols: Columns) -> np.ndarray:
+    # Fingerprints (extras) and the loss on the same rows; evaluations anywhere.
+    return _any(cols, ("eval_loss",))
+
+
 def _accumulation_rows(det: Detector, cols: Columns) -> np.ndarray:
     # The batch-size test needs a size and an LR on the same row; the rest are extras.
     return _extras(cols) | ((cols.has("samples") | cols.has("tokens")) & cols.has("lr"))
@@ -118,7 +123,8 @@ def _accumulation_rows(det: Detector, cols: Columns) -> np.ndarray:
 READS: dict[str, Reads] = {
     "NumericsDetector": Reads((), _extras_only),
     "PositionDetector": Reads((), _extras_only),
-    "DuplicateDataDetector": Reads((), _extras_only),
+    "DuplicateDataDetector": Reads(("loss", "eval_loss"), _data_rows),
+    "SetupDetector": Reads((), _extras_only),
     "ScalerDetector": Reads(
         ("loss_scale", "skipped", "skipped_total", "grad_norm", "clip_threshold"), _scaler_rows
     ),

@@ -2,7 +2,7 @@
 
 One module per concern (loss, gradient norm, loss scaler, LR, memory, throughput,
 duplicated data, gradient accumulation, position overflow, step-0 structure, numerics,
-eval loss).
+eval loss, the training setup at the first step).
 The live monitor, the framework callbacks, ``sapper analyze`` and ``sapper watch`` all
 call :func:`default_detectors` and feed it records, so live and offline runs share one
 code path. Records may be sparse (logged every k steps), have gaps or lack fields; a
@@ -28,6 +28,7 @@ from sapper.runtime.detectors.memory import MemoryDetector
 from sapper.runtime.detectors.numerics import NumericsDetector
 from sapper.runtime.detectors.position import PositionDetector
 from sapper.runtime.detectors.scaler import ScalerDetector
+from sapper.runtime.detectors.setup import SetupDetector
 from sapper.runtime.detectors.structure import StructureDetector
 from sapper.runtime.detectors.throughput import ThroughputDetector
 
@@ -44,6 +45,7 @@ __all__ = [
     "NumericsDetector",
     "PositionDetector",
     "ScalerDetector",
+    "SetupDetector",
     "StructureDetector",
     "ThroughputDetector",
     "default_detectors",
@@ -64,6 +66,7 @@ DETECTORS: dict[str, type[Detector]] = {
     "position": PositionDetector,
     "structure": StructureDetector,
     "eval": EvalLossDetector,
+    "setup": SetupDetector,
 }
 
 
@@ -92,6 +95,9 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
         opts["lr"] = {"grad_accum": plan.grad_accum}
     if plan.gpu is not None:
         opts["memory"] = {"limit_gib": plan.gpu.memory_gib}
+    data = _data_options(plan)
+    if data:
+        opts["data"] = data
     expected = _expected_tokens_per_s(plan)
     if expected:
         # A cost model's estimate is rough: warn only below half of it.
@@ -106,6 +112,20 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
         if "norm_placement" in model.model_fields_set:
             opts["structure"] = {"declared_placement": model.norm_placement.value}
     return opts
+
+
+def _data_options(plan: Plan) -> dict[str, Any]:
+    """The declared dataset per rank (the monitor fingerprints its own rank's samples)
+    and the planned run length, for the short-cycle test (R072)."""
+    out: dict[str, Any] = {}
+    samples = plan.data.num_samples
+    if samples is None and plan.data.num_tokens and plan.batch.seq_len:
+        samples = plan.data.num_tokens // plan.batch.seq_len
+    if samples:
+        out["dataset_samples"] = max(1, samples // (plan.dp_degree or 1))
+    if plan.schedule.total_steps:
+        out["total_steps"] = plan.schedule.total_steps
+    return out
 
 
 def _expected_tokens_per_s(plan: Plan) -> float | None:
@@ -150,7 +170,7 @@ def default_detectors(
     plan implies, e.g. ``default_detectors(plan, loss={"window": 100},
     throughput={"expected_tokens_per_s": 2.5e5})``; ``exclude`` drops detectors by name.
     Names: ``loss, gradnorm, numerics, scaler, lr, memory, throughput, data,
-    accumulation, position, structure, eval``. ``framework`` (one of
+    accumulation, position, structure, eval, setup``. ``framework`` (one of
     :data:`sapper.runtime.detector.FRAMEWORKS`) tells every detector whose mechanics the
     stream follows, so framework-specific rules (R032/R033: torch-amp's GradScaler) apply
     only where they belong; None keeps each detector's own setting.

@@ -7,6 +7,15 @@ scale). With ``GA`` micro-batches per step and the usual mean, it is ``1/GA``; a
 1 means the loss was not divided and every gradient is ``GA``× too large
 (``extra["loss_weight"]``, ``extra["grad_accum"]``). A model that normalises by the whole
 step's token count (``num_items_in_batch``) is marked ``extra["loss_normalised"]``.
+
+A loop that computes the loss itself (``F.cross_entropy(model(x).logits, y)``) gives the
+model no loss to hook: the weight is then read from the gradient reaching the logits,
+whose shape a softmax cross-entropy fixes (:mod:`sapper.monitor.logits`), and the record
+says so (``extra["loss_weight_from"] == "logits"``). Either way the weight is the direct
+evidence of the cause; a clipping threshold engaged on every step since the first
+(``extra["clip_coef"] < 1``) is what the too-large gradients look like, and is named
+with it. Neither the clipping nor the gradient norm alone fires the rule: both are
+common in healthy runs at initialisation.
 """
 
 from __future__ import annotations
@@ -128,6 +137,9 @@ class AccumulationDetector(RuleDetector):
         self.changed = 0
         self.weights_seen = False
         self.batch_seen = False
+        #: Records with a clip coefficient since the first, and those where it engaged.
+        self.clip_steps = 0
+        self.clip_engaged = 0
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
@@ -135,6 +147,10 @@ class AccumulationDetector(RuleDetector):
             self.weights_seen = True
         if record.samples is not None or record.tokens is not None:
             self.batch_seen = True
+        coef = extra.get("clip_coef")
+        if isinstance(coef, (int, float)) and math.isfinite(coef):
+            self.clip_steps += 1
+            self.clip_engaged += coef < 1.0
         return self._weight(record) + self._micro_tokens(record) + self._batch(record)
 
     def unevaluated(self) -> list[str]:
@@ -162,15 +178,33 @@ class AccumulationDetector(RuleDetector):
         self.heavy = self.heavy + 1 if w > self.weight_tolerance / ga else 0
         if self.heavy < self.patience:
             return []
+        outside = record.extra.get("loss_weight_from") == "logits"
+        what = (
+            "the loss is computed outside the model; from the gradient reaching its logits, "
+            "each micro-batch's cross-entropy"
+            if outside
+            else "each micro-batch loss"
+        )
+        message = (
+            f"{what} entered backward with weight {fmt(w)} over {ga} micro-batches "
+            f"(expected 1/{ga} = {fmt(1 / ga)}): the loss is not divided by the "
+            f"gradient-accumulation steps, gradients are {fmt(w * ga)}× the mean"
+        )
+        if self.clip_steps and self.clip_engaged == self.clip_steps:
+            message += (
+                f"; clipping engaged on every step so far ({self.clip_engaged} of "
+                f"{self.clip_steps}), as gradients {fmt(w * ga)}× too large do"
+            )
         return self.fire(
             GA_LOSS_NOT_DIVIDED,
             record.step,
-            f"each micro-batch loss entered backward with weight {fmt(w)} over {ga} "
-            f"micro-batches (expected 1/{ga} = {fmt(1 / ga)}): gradients are {fmt(w * ga)}× "
-            "the mean",
+            message,
             value=w,
             threshold=1 / ga,
             grad_accum=ga,
+            evidence="logits gradient" if outside else "loss gradient",
+            clip_engaged=self.clip_engaged,
+            clip_steps=self.clip_steps,
         )
 
     def _micro_tokens(self, record: StepRecord) -> list[Finding]:
