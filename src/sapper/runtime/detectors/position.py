@@ -122,12 +122,12 @@ class PositionDetector(RuleDetector):
         self.positions_seen = False
 
     def unevaluated(self) -> list[str]:
-        """R090/R091 read the largest position index and the sequence length per step,
+        """R090-R091 read the largest position index and the sequence length per step,
         which only the live monitor records."""
         if self.positions_seen:
             return []
         return [
-            "R090/R091 position overflow: not evaluated — needs the live monitor's position "
+            "R090-R091 position overflow: not evaluated — needs the live monitor's position "
             "indices (max_position per step)"
         ]
 
