@@ -70,9 +70,29 @@ HF_CASES: dict[str, tuple[Callable[[], str], str]] = {
         _hf("Gemma2Config", "Gemma2ForCausalLM", head_dim=16, **_LLAMA_LIKE),
         "sandwich",
     ),
+    "qwen3-qk-norm": (_hf("Qwen3Config", "Qwen3ForCausalLM", head_dim=16, **_LLAMA_LIKE), "pre"),
+    "mixtral-moe": (
+        _hf(
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            **_LLAMA_LIKE,
+        ),
+        "pre",
+    ),
+    "cohere-parallel": (_hf("CohereConfig", "CohereForCausalLM", **_LLAMA_LIKE), "pre"),
+    "gemma3-sandwich": (
+        _hf("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, **_LLAMA_LIKE),
+        "sandwich",
+    ),
     "olmo2-norm-after-branch": (_hf("Olmo2Config", "Olmo2ForCausalLM", **_LLAMA_LIKE), "res-post"),
     "bert": (_hf("BertConfig", "BertLMHeadModel", is_decoder=True, **_BERT_LIKE), "post"),
     "roberta": (_hf("RobertaConfig", "RobertaForMaskedLM", **_BERT_LIKE), "post"),
+    "electra": (
+        _hf("ElectraConfig", "ElectraForMaskedLM", embedding_size=H, **_BERT_LIKE),
+        "post",
+    ),
     "distilbert": (
         _hf(
             "DistilBertConfig", "DistilBertForMaskedLM", dim=H, hidden_dim=64, n_layers=2, n_heads=2
