@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -80,6 +81,56 @@ def post_ln(layers: int = 8, hidden: int = 32, seed: int = 0) -> nn.Module:
         pad_token_id=0,
     )
     return transformers.BertLMHeadModel(cfg)
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's model in miniature: a ``config.block_size``, a learned ``transformer.wpe``
+    and no transformers config. ``positions`` ("wrap" / "clamp") makes the model fit
+    longer sequences into its table silently, as some forks do."""
+
+    def __init__(
+        self, layers: int = 2, hidden: int = 32, block_size: int = 64, positions: str = ""
+    ) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(block_size=block_size, n_layer=layers, n_embd=hidden)
+        self.positions = positions
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(VOCAB, hidden),
+                "wpe": nn.Embedding(block_size, hidden),
+                "h": nn.ModuleList(
+                    nn.TransformerEncoderLayer(
+                        hidden, 2, 2 * hidden, dropout=0.0, batch_first=True, norm_first=True
+                    )
+                    for _ in range(layers)
+                ),
+                "ln_f": nn.LayerNorm(hidden),
+            }
+        )
+        self.lm_head = nn.Linear(hidden, VOCAB, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        idx, t = input_ids, input_ids.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        if self.positions == "wrap":
+            pos = pos % self.config.block_size
+        elif self.positions == "clamp":
+            pos = pos.clamp(max=self.config.block_size - 1)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=idx.device)
+        for block in self.transformer.h:
+            x = block(x, src_mask=mask, is_causal=True)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        targets = (labels if labels is not None else idx)[:, 1:].reshape(-1)
+        loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets)
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+def nanogpt(
+    layers: int = 2, hidden: int = 32, block_size: int = 64, positions: str = "", seed: int = 0
+) -> nn.Module:
+    torch.manual_seed(seed)
+    return NanoGPT(layers, hidden, block_size, positions)
 
 
 class Markov:
@@ -155,6 +206,7 @@ def train(
     freeze: Callable[[nn.Module], None] | None = None,
     optimizer_on: nn.Module | None = None,
     backward: bool = True,
+    position_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Run:
     """One plain training loop, with ``Monitor`` attached by two lines.
 
@@ -162,7 +214,8 @@ def train(
     (``divide_loss`` still says whether it is divided by ``ga``); ``freeze`` runs on the
     model before the optimizer is built, which then holds only the trainable
     parameters; ``optimizer_on`` builds the optimizer on another module's parameters;
-    ``backward=False`` never calls backward."""
+    ``backward=False`` never calls backward; ``position_ids`` makes the loop pass the
+    position ids it computes from each batch (a script that wraps or clamps them)."""
     data = data if data is not None else Markov()
     if freeze is not None:
         freeze(model)
@@ -195,14 +248,15 @@ def train(
                 ctx = (
                     torch.autocast("cpu", dtype=torch.float16) if fp16 else contextlib.nullcontext()
                 )
+                extra = {"position_ids": position_ids(x)} if position_ids is not None else {}
                 with ctx:
                     if loss_outside:
-                        logits = model(input_ids=x).logits[:, :-1]
+                        logits = model(input_ids=x, **extra).logits[:, :-1]
                         raw = nn.functional.cross_entropy(
                             logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1)
                         )
                     else:
-                        raw = model(input_ids=x, labels=x).loss
+                        raw = model(input_ids=x, labels=x, **extra).loss
                 loss = (raw / ga if divide_loss else raw) * loss_factor
                 if backward:
                     (grad_scaler.scale(loss) if grad_scaler else loss).backward()

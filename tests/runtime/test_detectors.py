@@ -165,6 +165,17 @@ def _position(r: StepRecord) -> None:
         r.extra.update(max_position=2048, position_limit=1024, position_kind="learned")
 
 
+def _wrapped(r: StepRecord) -> None:
+    if r.step == 50:  # 2048-token sequences, ids wrapped into a 1024-row table
+        r.extra.update(
+            max_position=1023,
+            position_limit=1024,
+            position_kind="learned",
+            position_seq_len=2048,
+            position_reuse="wrapped",
+        )
+
+
 def _growth(r: StepRecord) -> None:
     if r.step == 0:
         r.extra.update(activation_std=[1.0, 4.0, 16.0, 64.0])
@@ -236,6 +247,7 @@ CASES: dict[str, tuple[Callable[[StepRecord], None], int]] = {
     "R081": (_ga_uneven, 0),
     "R082": (_batch_changed, 100),
     "R090": (_position, 0),
+    "R091": (_wrapped, 0),
     "R100": (_growth, 0),
     "R101": (_postln, 0),
 }

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-__all__ = ["BatchView", "find_loss", "position_limit", "read_batch"]
+__all__ = ["BatchView", "batch_from_user", "find_loss", "read_batch"]
 
 _INT_TYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
@@ -87,13 +86,3 @@ def find_loss(output: Any) -> torch.Tensor | None:
     if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point():
         return loss
     return None
-
-
-def position_limit(model: nn.Module, declared: int | None = None) -> tuple[int, str] | None:
-    """(positions the model supports, "learned" | "rope") from the plan or the HF config."""
-    cfg = getattr(model, "config", None)
-    limit = declared or getattr(cfg, "max_position_embeddings", None)
-    if not isinstance(limit, int) or limit <= 0:
-        return None
-    rope = any(getattr(cfg, a, None) for a in ("rope_theta", "rope_scaling", "rope_parameters"))
-    return limit, "rope" if rope else "learned"

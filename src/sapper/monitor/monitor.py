@@ -34,8 +34,9 @@ from sapper.monitor.collect import StepCollector, StepSlot
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
 from sapper.monitor.halt import HaltPolicy, SapperHalt
-from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, position_limit, read_batch
+from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, read_batch
 from sapper.monitor.logits import find_logits, watch_logits
+from sapper.monitor.positions import PositionWatch
 from sapper.monitor.setup import SetupProbe
 from sapper.monitor.sinks import ConsoleSink, RunLogSink, Sink, TensorBoardSink
 from sapper.monitor.structure import StructureProbe
@@ -208,7 +209,9 @@ class Monitor:
         if not self.memory.cuda:
             self.memory_every = max(1, log_every // 4)
         declared = plan.model.max_position_embeddings if plan and plan.model else None
-        self.positions = position_limit(model, declared)
+        self.positions = self.guard(
+            "positions", PositionWatch, model, declared, self._position_facts, self.guard
+        )
         self._flops_per_token = flops_per_token
         self._peak_flops = peak_flops
         if peak_flops is None:
@@ -283,6 +286,8 @@ class Monitor:
         for h in self._handles:
             h.remove()
         self.structure.disarm()
+        if self.positions is not None:
+            self.positions.close()
         self.localiser.disarm()
         self.observer.close()
         self._seal_pending()
@@ -363,23 +368,14 @@ class Monitor:
                 (rows, view.ids[0].numel() if view.ids.dim() > 1 else view.ids.numel())
             )
         if self.positions is not None and view.seq_len:
-            self._check_positions(b, view)
+            self.guard("positions", self.positions.on_inputs, b, view)
         if view.labels is not None and self._sampled(self.next_step):
             b.add_i("micro_tokens", (view.labels != -100).sum())
 
-    def _check_positions(self, b: StepSlot, view: BatchView) -> None:
-        limit, kind = self.positions  # type: ignore[misc]
-        pos = view.position_ids
-        if pos is not None and pos.device.type != "cpu":
-            b.add_i("position_max", pos.max())
-            b.extra.update(position_limit=limit, position_kind=kind)
-            return
-        top = int(pos.max()) if pos is not None else (view.seq_len or 0) - 1
-        if top < limit:
-            return
+    def _position_facts(self, facts: dict[str, Any]) -> None:
         # Host-known overflow: report now, before the embedding runs past its table, to
         # the position detectors only (the others see the step's full record later).
-        facts = {"max_position": top, "position_limit": limit, "position_kind": kind}
+        b = self._bucket
         b.extra.update(facts)
         rec = StepRecord(step=self.next_step, extra=facts)
         self._dispatch(self.detectors.update_firing(rec, POSITION_OVERFLOW.code))
@@ -389,6 +385,8 @@ class Monitor:
     ) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return
+        if self.positions is not None:
+            self.guard("positions", self.positions.after_forward)
         self.guard("outputs", self._on_output, output)
 
     def _on_output(self, output: Any) -> None:

@@ -3,10 +3,10 @@ Post-LN, and Post-LN without warmup.
 
 The live monitor hooks the transformer blocks for the training forward pass only and records
 ``extra["activation_std"]`` (the std of the stack's input, the embeddings, then of each
-block's output), ``extra["norm_placement"]``
-(``pre`` / ``post`` / ``sandwich`` / ``none`` as found in the call order of norms and
-sub-layers) and ``extra["num_blocks"]``. The warmup test reads the LR of the first
-records.
+block's output), ``extra["norm_placement"]`` (``pre`` / ``post`` / ``sandwich`` /
+``res-post`` / ``none`` / ``unknown``, read from where the first block's norms sit
+relative to its residual adds, :mod:`sapper.monitor.residual`) and ``extra["num_blocks"]``.
+The warmup test reads the LR of the first records.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ really builds can differ from what the config or the plan says.
 
 Frameworks: any PyTorch model the live monitor watches.""",
         signs="""\
-The order in which norms and sub-layers run inside a block.""",
+Where a block's norms sit relative to its residual adds: on the residual path (Post-LN),
+on the branch input only (Pre-LN), on the branch input and output (sandwich).""",
         fix="""\
 Nothing to do when it matches the plan; otherwise correct the plan or the model.""",
         seed="§2.4",
