@@ -170,6 +170,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "skip_first": draw(st.integers(0, 20)),
             "saturate_window": draw(st.integers(1, 30)),
             "saturate_share": draw(st.sampled_from([0.0, 0.5, 0.8])),
+            "saturate_ratio": draw(st.sampled_from([0.0, 1.0, 2.0])),
             "tiny": draw(st.sampled_from([1e-3, 0.5, 2.0])),
             "tiny_window": draw(st.integers(1, 30)),
             "surge_window": draw(st.integers(1, 60)),
