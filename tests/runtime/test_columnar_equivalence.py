@@ -113,6 +113,7 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
     present["loss_scale"] = rng.choice([0.0, 1.0])
     bad = rng.choice([0.0, 0.01, 0.1])  # share of non-finite values
     layers = rng.choice([0.0, 0.02, 0.5])  # share of records with per-layer norms
+    waits = rng.choice([0.0, 0.3, 1.0])  # share of records with a CPU wait (live monitor)
     records = []
     for i in range(n):
         rec = StepRecord(step=int(steps[i]))
@@ -134,6 +135,11 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
                 "b": 2.0,
                 "c": float(rng.random()),
             }
+        if rng.random() < waits:
+            t = rec.step_time_s if rec.step_time_s is not None else 0.2
+            rec.extra["cpu_wait_s"] = float(
+                rng.choice([0.0, 0.5 * t, 0.9 * t, t, 2 * t, -0.1, math.nan])
+            )
         if rng.random() < 0.05:
             rec.extra["grad_accum"] = 4
             rec.extra["loss_weight"] = float(rng.choice([0.25, 1.0]))
@@ -224,6 +230,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "sustain_s": draw(st.sampled_from([0.0, 1.0, 600.0])),
             "sustain_share": draw(st.sampled_from([0.0, 0.25])),
             "onset_records": draw(st.integers(1, 5)),
+            "loader_must_keep_up": draw(st.booleans()),
             "run_start_steps": draw(st.sampled_from([0, 100, 10_000])),
         },
     }

@@ -33,6 +33,23 @@ only when the value is clearly back (hysteresis): the rate above halfway between
 threshold and the reference (0.85 × the early level for ``degrade`` = 0.7), the data
 wait below 0.8 × ``data_share``; a noisy machine's throughput otherwise crosses the
 threshold back and forth and a real slowdown never looks sustained.
+
+Data wait (R062, R064) is judged against the run's own early level: the share over the
+first ``window`` data-wait records past the warmup. A share that is high from the start
+(a toy dataset that is slow to build, a loader that was always the bottleneck) is no
+change: it is reported once as R064 (info) with its numbers, unless the detector is
+told the loader must keep up (``loader_must_keep_up``: a plan that declares a loader
+rate or an expected throughput, or an expected throughput given here), where it is
+R062's warning. R062's episodes need the share to rise ``data_share`` (25 points) above
+that early level. Under CPU contention the loop's data wait and its compute slow down
+together, so the share stays where it was; a loader that really slows down moves it.
+
+CPU contention (a neighbour's busy processes on the same cores) slows every step by
+the time the training thread spends waiting for a CPU. The live monitor measures that
+wait (``extra["cpu_wait_s"]``: the thread's run-queue delay over the step, from Linux
+``/proc/thread-self/schedstat``); R060/R061 judge the rate the run reaches on the CPU
+time it gets (the step time less that wait), so another process's load does not read
+as the run slowing down. Records without the field (logs) are taken as they are.
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ from sapper.runtime.records import StepRecord
 
 __all__ = [
     "DATA_WAIT",
+    "DATA_WAIT_CONSTANT",
     "STEP_OUTLIER",
     "THROUGHPUT_DEGRADING",
     "THROUGHPUT_LOW",
@@ -116,12 +134,39 @@ While the loop waits for the next batch the accelerator idles; the data pipeline
 the model, sets the speed (checklist item 7).
 
 Frameworks: any; needs the data-wait time (the live monitor measures it; some loggers
-write data_time). A burst that recovers stays at info.""",
+write data_time). Judged against the run's own early share: a rise that is sustained
+is a warning, a burst that recovers stays at info; a share that is high from the start
+is R064 (info), or this warning when the plan says the loader must keep up.""",
         signs="""\
-Data-wait time a large fraction of the step time; GPU utilisation dropping in bursts.""",
+Data-wait time a growing fraction of the step time; GPU utilisation dropping in bursts.""",
         fix="""\
 Raise DataLoader num_workers, use pin_memory and persistent_workers, prefetch, move
 tokenisation offline (pre-tokenised shards), read from local disk.""",
+        seed="§5.1, §5.2",
+    )
+)
+
+DATA_WAIT_CONSTANT = register(
+    Rule(
+        code="R064",
+        name="data-wait-constant",
+        check="throughput",
+        severity=Severity.INFO,
+        title="Waiting for data takes a large, constant share of every step",
+        why="""\
+A loader that is slower than the model from the first step on sets the run's speed:
+nothing changed and nothing breaks, the accelerator simply idles for that share of the
+time. Common and harmless on small or toy runs whose data is built on the fly; worth
+fixing on a paid run.
+
+Frameworks: any; needs the data-wait time. Info only: a plan that says the loader must
+keep up (a declared loader rate, an expected throughput) makes it R062's warning.""",
+        signs="""\
+The data-wait share of the first logged steps above the threshold (25%) and staying
+there; the step time does not change over the run.""",
+        fix="""\
+If the speed matters: more DataLoader workers, pin_memory, prefetching, pre-tokenised
+shards on local disk; measure the loader alone (sapper's data check) against the step.""",
         seed="§5.1, §5.2",
     )
 )
@@ -238,11 +283,33 @@ def _rate(record: StepRecord) -> tuple[float, str] | None:
     return None
 
 
+def cpu_wait(record: StepRecord) -> float | None:
+    """The record's CPU wait (``extra["cpu_wait_s"]``, see the module doc) when it is a
+    number inside the step time (0 ≤ wait < step time), else None."""
+    w = record.extra.get("cpu_wait_s") if record.extra else None
+    t = record.step_time_s
+    if w is None or isinstance(w, bool) or not isinstance(w, (int, float)) or t is None:
+        return None
+    if not (math.isfinite(w) and math.isfinite(t) and 0 <= w < t):
+        return None
+    return float(w)
+
+
+def own_rate(value: float, record: StepRecord) -> float:
+    """``value`` (a rate over the step time) over the CPU time the step got instead: the
+    step time less the CPU wait; unchanged without one."""
+    w = cpu_wait(record)
+    if not w:
+        return value
+    t = float(record.step_time_s or 0.0)
+    return value * (t / (t - w))
+
+
 class ThroughputDetector(RuleDetector):
-    """R060-R063 over step times, data-wait times and tokens/samples per second."""
+    """R060-R064 over step times, data-wait times and tokens/samples per second."""
 
     name = "throughput"
-    rules = (THROUGHPUT_LOW, THROUGHPUT_DEGRADING, DATA_WAIT, STEP_OUTLIER)
+    rules = (THROUGHPUT_LOW, THROUGHPUT_DEGRADING, DATA_WAIT, STEP_OUTLIER, DATA_WAIT_CONSTANT)
     cooldown = 500
 
     def __init__(
@@ -266,6 +333,7 @@ class ThroughputDetector(RuleDetector):
         sustain_s: float = 600.0,
         sustain_share: float = 0.25,
         onset_records: int = 3,
+        loader_must_keep_up: bool = False,
     ) -> None:
         super().__init__()
         self.expected = {"tokens/s": expected_tokens_per_s, "samples/s": expected_samples_per_s}
@@ -308,6 +376,11 @@ class ThroughputDetector(RuleDetector):
         self.rate_unit: str | None = None
         #: (rate, seconds) of the first degrade_window + smooth rates: a short log's R061
         self.first_rates: list[tuple[float, float | None]] = []
+        self.loader_must_keep_up = loader_must_keep_up
+        #: The data-wait share of the first full window (the run's own early level) and
+        #: that window's mean wait and step time.
+        self.wait_base: float | None = None
+        self.wait_base_times: tuple[float, float] | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.first_step is None:
@@ -325,6 +398,7 @@ class ThroughputDetector(RuleDetector):
         if rate is None or not math.isfinite(rate[0]) or rate[0] <= 0:
             return out
         value, unit = rate
+        value = own_rate(value, record)
         if self.early_unit is None:
             self.early_unit = unit
         if unit != self.early_unit:
@@ -424,8 +498,13 @@ class ThroughputDetector(RuleDetector):
         if len(waits) < self.min_records:
             return []
         share = self.wait_sum / self.time_sum if self.time_sum > 0 else 0.0
+        base = self.wait_base
+        if base is None:
+            if len(waits) < (waits.maxlen or 0):
+                return []
+            return self._wait_baseline(record.step, share)
         ep = self.wait_episode
-        bar = self.data_share if not ep.ongoing else 0.8 * self.data_share
+        bar = base + (self.data_share if not ep.ongoing else 0.8 * self.data_share)
         if share < bar and not ep.ongoing:
             return []
         event = ep.observe(share >= bar, record.step, self.seconds, share)
@@ -437,9 +516,51 @@ class ThroughputDetector(RuleDetector):
             event,
             record.step,
             f"{fmt(100 * share)}% of the step time of the last {len(self.waits)} logged steps "
-            f"was spent waiting for data (threshold {fmt(100 * self.data_share)}%)",
+            f"was spent waiting for data, up from {fmt(100 * base)}% over the run's first "
+            f"{len(self.waits)} (limit: {fmt(100 * self.data_share)} points above it)",
+            value=share,
+            threshold=base + self.data_share,
+            early=base,
+        )
+
+    def keeps_up(self) -> bool:
+        """Whether the loader must keep up: told so (a plan), or an expected rate."""
+        return self.loader_must_keep_up or any(self.expected.values())
+
+    def _wait_baseline(self, step: int, share: float) -> list[Finding]:
+        """The first full window fixes the run's own data-wait level; a level at or above
+        ``data_share`` is reported once (R064, or R062 when the loader must keep up)."""
+        n = len(self.waits)
+        self.wait_base = share
+        self.wait_base_times = (self.wait_sum / n, self.time_sum / n)
+        if share < self.data_share:
+            return []
+        wait, step_time = self.wait_base_times
+        what = (
+            f"{fmt(100 * share)}% of the step time of the first {n} logged steps was spent "
+            f"waiting for data (a mean wait of {fmt(wait)} s in a {fmt(step_time)} s step; "
+            f"threshold {fmt(100 * self.data_share)}%), from the start of the run"
+        )
+        if self.keeps_up():
+            return self.fire(
+                DATA_WAIT,
+                step,
+                f"{what}; the plan expects the loader to keep up (a declared loader rate "
+                "or an expected throughput), and it does not",
+                value=share,
+                threshold=self.data_share,
+                early=share,
+                constant=True,
+            )
+        return self.fire(
+            DATA_WAIT_CONSTANT,
+            step,
+            f"{what}: a constant share, not a change — the loader sets this run's speed "
+            "(R062 warns if it rises further)",
             value=share,
             threshold=self.data_share,
+            mean_wait_s=wait,
+            mean_step_s=step_time,
         )
 
     def _episode(
@@ -518,7 +639,7 @@ class ThroughputDetector(RuleDetector):
             what = {
                 THROUGHPUT_LOW.code: "throughput below the expected rate",
                 THROUGHPUT_DEGRADING.code: "throughput below its early level",
-                DATA_WAIT.code: "data wait above its threshold",
+                DATA_WAIT.code: "data wait above its early level",
             }[rule.code]
             worst = ep.worst
             out += self._episode(
@@ -592,6 +713,12 @@ class ThroughputDetector(RuleDetector):
             out.append(
                 "R062 data-loader bottleneck: not evaluated — the log has no data-wait time "
                 "next to the step time"
+            )
+        elif self.wait_base is None:
+            out.append(
+                f"R062/R064 data wait: not evaluated — {self.wait_records} data-wait "
+                f"record(s), needs {max(self.min_records, self.waits.maxlen or 0)} for the "
+                "run's own early level"
             )
         return out
 
