@@ -19,8 +19,11 @@ a rolling median or share so that single slow steps (R063's business) do not sta
   times, for ``sustain_s`` seconds of wall time (a neighbour's burst is minutes, not ten
   of them) → the rule's *warning*, saying it has not recovered so far;
 - still holding at the end of the stream, over at least ``sustain_share`` (a quarter)
-  of the log's records → the warning, "not recovered by the end of the log" (the change
-  persisted for the whole remaining run, and is not a burst that the log's end cut);
+  of the log's records and twice as long (in records and, when timed, in seconds) as
+  the longest episode of the same rule that recovered earlier in the log → the warning,
+  "not recovered by the end of the log" (the change persisted for the whole remaining
+  run, and is not one more of the dips the run has shown it recovers from, cut by the
+  log's end);
 - recovered after the warning → an info finding saying when it recovered.
 
 A dip that recovers before it is sustained therefore stays at info. A log too short for
@@ -216,6 +219,9 @@ class Episode:
     last_records: int = 0
     last_seconds: float = 0.0
     last_worst: float | None = None
+    #: The longest episode that ended (recovered), in records and in seconds.
+    longest_records: int = 0
+    longest_seconds: float = 0.0
 
     @property
     def ongoing(self) -> bool:
@@ -236,6 +242,8 @@ class Episode:
             event = "recovered" if self.warned else None
             self.last_start, self.last_records = self.start, self.records
             self.last_seconds, self.last_worst = self.seconds, self.worst
+            self.longest_records = max(self.longest_records, self.records)
+            self.longest_seconds = max(self.longest_seconds, self.seconds)
             self.start, self.records, self.seconds, self.timed = None, 0, 0.0, True
             self.onset = self.warned = False
             self.worst = None
@@ -632,9 +640,13 @@ class ThroughputDetector(RuleDetector):
             (THROUGHPUT_DEGRADING, self.slow_episode),
             (DATA_WAIT, self.wait_episode),
         ):
-            need = max(self.min_records, self.sustain_share * self.records_seen)
+            need = max(
+                self.min_records, self.sustain_share * self.records_seen, 2 * ep.longest_records
+            )
             if not ep.ongoing or ep.warned or ep.records < need:
                 continue
+            if ep.timed and ep.seconds < 2 * ep.longest_seconds:
+                continue  # not longer than the dips this run recovered from
             ep.warned = True
             what = {
                 THROUGHPUT_LOW.code: "throughput below the expected rate",
