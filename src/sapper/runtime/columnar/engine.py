@@ -53,7 +53,7 @@ FINGERPRINTS: dict[str, str] = {
     "LossDetector": "073511fae8e489f7",
     "GradNormDetector": "21f4743fbe99d976",
     "MemoryDetector": "6e5e12556ff8c509",
-    "ThroughputDetector": "98f764e8bf7c76cc",
+    "ThroughputDetector": "721d3c4fdf5c6557",
     "AccumulationDetector": "bb21f4088ef89188",
     "LRDetector": "89d2006a5b37e0ea",
 }

@@ -654,12 +654,18 @@ class ThroughputDetector(RuleDetector):
                 DATA_WAIT.code: "data wait above its early level",
             }[rule.code]
             worst = ep.worst
+            shown = fmt(worst)
+            if rule is DATA_WAIT and worst is not None and self.wait_base is not None:
+                shown = (
+                    f"{fmt(100 * worst)}% of the step time, against "
+                    f"{fmt(100 * self.wait_base)}% over the run's first steps"
+                )
             out += self._episode(
                 rule,
                 ep,
                 "final",
                 last,
-                f"{what} (worst {fmt(worst)})",
+                f"{what} (worst {shown})",
                 final=True,
                 value=worst if worst is not None else math.nan,
             )
