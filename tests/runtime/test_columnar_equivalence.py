@@ -113,6 +113,7 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
     present["loss_scale"] = rng.choice([0.0, 1.0])
     bad = rng.choice([0.0, 0.01, 0.1])  # share of non-finite values
     layers = rng.choice([0.0, 0.02, 0.5])  # share of records with per-layer norms
+    waits = rng.choice([0.0, 0.3, 1.0])  # share of records with a CPU wait (live monitor)
     records = []
     for i in range(n):
         rec = StepRecord(step=int(steps[i]))
@@ -134,6 +135,11 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
                 "b": 2.0,
                 "c": float(rng.random()),
             }
+        if rng.random() < waits:
+            t = rec.step_time_s if rec.step_time_s is not None else 0.2
+            rec.extra["cpu_wait_s"] = float(
+                rng.choice([0.0, 0.5 * t, 0.9 * t, t, 2 * t, -0.1, math.nan])
+            )
         if rng.random() < 0.05:
             rec.extra["grad_accum"] = 4
             rec.extra["loss_weight"] = float(rng.choice([0.25, 1.0]))
@@ -170,6 +176,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "skip_first": draw(st.integers(0, 20)),
             "saturate_window": draw(st.integers(1, 30)),
             "saturate_share": draw(st.sampled_from([0.0, 0.5, 0.8])),
+            "saturate_ratio": draw(st.sampled_from([0.0, 1.0, 2.0])),
             "tiny": draw(st.sampled_from([1e-3, 0.5, 2.0])),
             "tiny_window": draw(st.integers(1, 30)),
             "surge_window": draw(st.integers(1, 60)),
@@ -223,6 +230,7 @@ def options(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "sustain_s": draw(st.sampled_from([0.0, 1.0, 600.0])),
             "sustain_share": draw(st.sampled_from([0.0, 0.25])),
             "onset_records": draw(st.integers(1, 5)),
+            "loader_must_keep_up": draw(st.booleans()),
             "run_start_steps": draw(st.sampled_from([0, 100, 10_000])),
         },
     }
@@ -403,6 +411,22 @@ def test_analysis_through_columns(path: Path, monkeypatch: pytest.MonkeyPatch) -
     streaming = analyze_log(log, default_detectors())
     monkeypatch.setattr(engine, "MIN_RECORDS", 0)
     monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
+    columnar = analyze_log(log, default_detectors())
+    assert _analysis_key(columnar) == _analysis_key(streaming)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_analysis_through_columns_without_proven_twins(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A twin whose proof is stale (or an install without sources) leaves its detector to
+    the row-selecting fallback, which must give the streaming analysis too."""
+    log = read_log(path)
+    streaming = analyze_log(log, default_detectors())
+    monkeypatch.setattr(engine, "MIN_RECORDS", 0)
+    monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
+    monkeypatch.setattr(engine, "FINGERPRINTS", {})
+    monkeypatch.setattr(engine, "_checked", {})
     columnar = analyze_log(log, default_detectors())
     assert _analysis_key(columnar) == _analysis_key(streaming)
 

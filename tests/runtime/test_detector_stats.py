@@ -169,10 +169,11 @@ class NaiveGradNorm(GradNormDetector):
         if step - (self.first_step or 0) < max(self.skip_first, self.warmup_steps):
             return []
         self.clipped.append(gn > threshold)
+        self.clip_ratios.append(gn / threshold)
         if len(self.clipped) < self.saturate_window:
             return []
         share = sum(self.clipped) / len(self.clipped)
-        if share < self.saturate_share:
+        if share < self.saturate_share or statistics.median(self.clip_ratios) < self.saturate_ratio:
             return []
         return self.fire(self.rules[1], step, f"clipped {share}", value=share)
 
@@ -236,8 +237,8 @@ def stream(seed: int, n: int = 2500) -> list[StepRecord]:
         gn = abs(0.5 + rng.gauss(0, 0.1)) * (2e-3 if 900 < i < 1000 else 1.0)
         if rng.random() < 0.02:
             gn *= rng.choice([4.0, 30.0, 0.0])
-        if 1200 < i < 1500:
-            gn *= 3.0
+        if 1200 < i < 1500:  # clipping saturates: 90% of the norms above 2× the threshold
+            gn *= 5.0
             mem += rng.choice([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.0, -0.01])
         t = 0.2 + rng.random() * 0.01 + (i / 3000 if i > 1600 else 0.0)
         if rng.random() < 0.01:

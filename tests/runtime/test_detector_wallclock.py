@@ -109,3 +109,68 @@ def test_unevaluated_without_timing_fields() -> None:
     DetectorSet([det]).run(_timed(40, range(0), 1.0))
     codes = [line.split(" ")[0] for line in det.unevaluated()]
     assert codes == ["R060", "R061", "R062"]
+
+
+def _constant_wait(n: int = 300) -> list[StepRecord]:
+    # a toy dataset slow to build: 30% of every step, from the first to the last
+    return [
+        StepRecord(step=s, step_time_s=0.01, data_time_s=0.003, tokens=256) for s in range(n)
+    ]
+
+
+def test_a_constant_data_wait_is_reported_once_at_info() -> None:
+    found = DetectorSet([ThroughputDetector()]).run(_constant_wait())
+    assert _warnings(found) == []
+    constant = [f for f in found if f.code == "R064"]
+    assert len(constant) == 1 and constant[0].severity == Severity.INFO
+    assert "30% of the step time" in constant[0].message and "0.003 s" in constant[0].message
+
+
+def test_a_constant_data_wait_warns_when_the_plan_says_the_loader_keeps_up() -> None:
+    from sapper.plan.schema import Plan
+    from sapper.runtime.detectors import default_detectors
+
+    plan = Plan.model_validate({"data": {"loader_tokens_per_sec": 1e6}})
+    dets = [d for d in default_detectors(plan) if isinstance(d, ThroughputDetector)]
+    found = DetectorSet(dets).run(_constant_wait())
+    assert [f.code for f in found if f.severity == Severity.WARNING] == ["R062"]
+    assert "keep up" in next(f for f in found if f.code == "R062").message
+
+
+def test_a_data_wait_rising_above_its_early_level_warns() -> None:
+    records = _constant_wait(400)
+    for r in records[200:]:  # the loader slows down: 30% → 60% of the step
+        r.data_time_s, r.step_time_s = 0.0105, 0.0175
+    found = DetectorSet([ThroughputDetector()]).run(records)
+    warn = [f for f in found if f.code == "R062" and f.severity == Severity.WARNING]
+    assert len(warn) == 1 and 195 <= warn[0].data["episode_start"] <= 225
+    assert "against 30%" in warn[0].message
+
+
+def test_cpu_contention_measured_as_cpu_wait_is_not_a_slowdown() -> None:
+    # from step 300 on a neighbour takes half the CPU: every step twice as long, half of
+    # it waiting for a CPU (what the live monitor records as cpu_wait_s)
+    def stream(with_wait: bool) -> list[StepRecord]:
+        out = _timed(600, range(300, 600), 2.0, t=0.01)
+        for r in out[300:]:
+            if with_wait:
+                r.extra["cpu_wait_s"] = 0.01
+        return out
+
+    assert "R061" in _warnings(DetectorSet([ThroughputDetector()]).run(stream(False)))
+    assert _warnings(DetectorSet([ThroughputDetector()]).run(stream(True))) == []
+
+
+def test_an_end_no_longer_than_the_dips_it_recovered_from_is_info() -> None:
+    # a ×3 dip of 120 records that recovers, then another from step 560 to the end: over
+    # a quarter of the log, but not twice as long as the dip the run recovered from
+    def run(end_from: int) -> list[str]:
+        slow = set(range(200, 320)) | set(range(end_from, 800))
+        records = [
+            StepRecord(step=s, step_time_s=0.03 if s in slow else 0.01, tokens=256)
+            for s in range(800)
+        ]
+        return _warnings(DetectorSet([ThroughputDetector()]).run(records))
+
+    assert run(560) == []
+    assert run(450) == ["R061"]  # 350 records: longer than any dip, a persisting change

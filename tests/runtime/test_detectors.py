@@ -130,6 +130,11 @@ def _data_wait(r: StepRecord) -> None:
     r.step_time_s = 0.35
 
 
+def _constant_wait(r: StepRecord) -> None:
+    r.data_time_s = 0.1
+    r.step_time_s = 0.3
+
+
 def _outlier(r: StepRecord) -> None:
     if r.step == 150:
         r.step_time_s = 5.0
@@ -243,6 +248,7 @@ CASES: dict[str, tuple[Callable[[StepRecord], None], int]] = {
     "R061": (_degrade, 100),
     "R062": (_data_wait, 100),
     "R063": (_outlier, 0),
+    "R064": (_constant_wait, 0),
     "R080": (_ga_not_divided, 0),
     "R081": (_ga_uneven, 0),
     "R082": (_batch_changed, 100),

@@ -31,6 +31,7 @@ from torch import nn
 
 from sapper.distributed.bridge import MonitorBridge
 from sapper.monitor.collect import StepCollector, StepSlot
+from sapper.monitor.cpuwait import RunQueueClock
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
 from sapper.monitor.halt import HaltPolicy, SapperHalt
@@ -169,6 +170,9 @@ class Monitor:
         self._calls_since_event = 0
         self._call_based = optimizer is None or step_on_call
         self._last_event_t: float | None = None
+        # the training thread's run-queue delay at the last step boundary (cpuwait.py)
+        self._cpu_clock = RunQueueClock()
+        self._last_cpu_wait: float | None = None
         self._ready_t: float | None = None
         self._force_read = False
         self._localise_pending = False
@@ -296,6 +300,7 @@ class Monitor:
         for sink in self.sinks:
             self.guard("sinks", sink.close)
         self.memory.close()
+        self._cpu_clock.close()
         if self.dist is not None:  # sapper.distributed: remove its hooks
             self.dist.close()
         return self.findings
@@ -484,6 +489,10 @@ class Monitor:
         if self._last_event_t is not None:
             slot.step_time_s = now - self._last_event_t
         self._last_event_t = now
+        waited = self._cpu_clock.read()
+        if waited is not None and self._last_cpu_wait is not None and slot.step_time_s:
+            slot.extra["cpu_wait_s"] = min(slot.step_time_s, max(0.0, waited - self._last_cpu_wait))
+        self._last_cpu_wait = waited
         slot.time = time.time()
         if slot.step % self.memory_every == 0:
             slot.host.update(self.guard("memory", self.memory.read) or {})
@@ -572,11 +581,16 @@ class Monitor:
         # left out of the next step's time. The wait in the copy above is not: on an
         # accelerator it is queued training work catching up.
         started = time.perf_counter()
+        waited = self._cpu_clock.read() if self._last_cpu_wait is not None else None
         try:
             return self._process(records)
         finally:
             if self._last_event_t is not None:
                 self._last_event_t += time.perf_counter() - started
+            if waited is not None and self._last_cpu_wait is not None:
+                now_waited = self._cpu_clock.read()
+                if now_waited is not None:
+                    self._last_cpu_wait += now_waited - waited
 
     def _process(self, records: list[StepRecord]) -> list[Finding]:
         found: list[Finding] = []

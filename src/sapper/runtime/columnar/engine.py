@@ -51,9 +51,9 @@ TWINS: dict[type, Twin] = _twins()
 #: this digest is updated.
 FINGERPRINTS: dict[str, str] = {
     "LossDetector": "073511fae8e489f7",
-    "GradNormDetector": "a24132dafd50cdb2",
+    "GradNormDetector": "21f4743fbe99d976",
     "MemoryDetector": "6e5e12556ff8c509",
-    "ThroughputDetector": "22587af5267113c1",
+    "ThroughputDetector": "721d3c4fdf5c6557",
     "AccumulationDetector": "b7d57ea595e27c7b",
     "LRDetector": "89d2006a5b37e0ea",
 }

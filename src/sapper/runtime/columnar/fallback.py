@@ -117,7 +117,14 @@ def _data_rows(det: Detector, cols: Columns) -> np.ndarray:
 
 def _accumulation_rows(det: Detector, cols: Columns) -> np.ndarray:
     # The batch-size test needs a size and an LR on the same row; the rest are extras.
-    return _extras(cols) | ((cols.has("samples") | cols.has("tokens")) & cols.has("lr"))
+    # The first row with a size is fed even without an LR: it is what tells the detector
+    # that the log has batch sizes at all (its "not evaluated" line).
+    sized = cols.has("samples") | cols.has("tokens")
+    mask = _extras(cols) | (sized & cols.has("lr"))
+    first = np.flatnonzero(sized)
+    if len(first):
+        mask[first[0]] = True
+    return mask
 
 
 READS: dict[str, Reads] = {

@@ -2,9 +2,10 @@
 :class:`sapper.runtime.detectors.gradnorm.GradNormDetector`.
 
 Non-finite norms (outside skipped steps), clip saturation (a rolling share of clipped
-steps), tiny norms (a rolling count below the threshold, the median taken where at
-least half are) and surges (the log-norm against a rolling robust level, with the same
-snapshots as the streaming window). Logarithms are taken with :func:`math.log`, the
+steps and, where it is high enough, the rolling median of norm / threshold), tiny norms
+(a rolling count below the threshold, the median taken where at least half are) and
+surges (the log-norm against a rolling robust level, with the same snapshots as the
+streaming window). Logarithms are taken with :func:`math.log`, the
 function the streaming detector calls, so the numbers agree to the bit.
 """
 
@@ -34,6 +35,7 @@ from sapper.runtime.detectors.gradnorm import (
     GRAD_TINY,
     GradNormDetector,
     _largest_layer,
+    saturation_message,
 )
 from sapper.runtime.detectors.stats import median
 
@@ -46,6 +48,8 @@ _STATE = {
     "skip_first",
     "saturate_window",
     "saturate_share",
+    "saturate_ratio",
+    "clip_ratios",
     "tiny",
     "tiny_window",
     "surge_window",
@@ -183,22 +187,29 @@ def _saturation(
     count = rolling_sum(over, w)
     share = count / w
     cand = np.flatnonzero((np.arange(len(idx)) >= w - 1) & (share >= det.saturate_share))
+    if len(cand):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = g[idx] / thr[idx]
+        ratio = np.where(np.isnan(ratio), 0.0, ratio)
+        size = window_medians(ratio, cand + 1, w)
+        keep = size >= det.saturate_ratio
+        cand, size = cand[keep], size[keep]
     out = []
     for j in cooldown_pick(s[idx[cand]], _cooldown(det, CLIP_SATURATED.code)):
         c = int(cand[j])
         i = int(idx[c])
         t, v, sh, step = float(thr[i]), float(g[i]), float(share[c]), int(s[i])
+        m = float(size[j])
         out.append(
             finding(
                 CLIP_SATURATED,
-                f"the gradient norm exceeded the clipping threshold {fmt(t)} on "
-                f"{fmt(100 * sh)}% of the last {w} logged steps "
-                f"(now {fmt(v)}, {fmt(v / t)}× the threshold)",
+                saturation_message(det, sh, w, m, t, v),
                 step,
                 value=sh,
                 threshold=det.saturate_share,
                 grad_norm=v,
                 clip_threshold=t,
+                median_ratio=m,
             )
         )
     return out

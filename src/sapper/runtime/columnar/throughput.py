@@ -34,6 +34,8 @@ from sapper.runtime.detectors.throughput import (
     THROUGHPUT_DEGRADING,
     THROUGHPUT_LOW,
     ThroughputDetector,
+    cpu_wait,
+    own_rate,
 )
 
 __all__ = ["TWIN"]
@@ -77,6 +79,9 @@ _STATE = {
     "rate_unit",
     "run_start_steps",
     "first_rates",
+    "loader_must_keep_up",
+    "wait_base",
+    "wait_base_times",
 }
 _UNITS = ("tokens/s", "samples/s", "steps/s")
 
@@ -226,7 +231,13 @@ def _data_wait(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) ->
         if len(waits) < scratch.min_records:
             continue
         share = scratch.wait_sum / scratch.time_sum if scratch.time_sum > 0 else 0.0
-        bar = share_bar if not ep.ongoing else 0.8 * share_bar
+        base = scratch.wait_base
+        if base is None:
+            if len(waits) >= (waits.maxlen or 0):
+                scratch.seconds = seconds[row]
+                out += scratch._wait_baseline(int(steps[row]), share)
+            continue
+        bar = base + (share_bar if not ep.ongoing else 0.8 * share_bar)
         if share < bar and not ep.ongoing:
             continue
         step = int(steps[row])
@@ -240,9 +251,11 @@ def _data_wait(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) ->
             event,
             step,
             f"{fmt(100 * share)}% of the step time of the last {len(waits)} logged steps "
-            f"was spent waiting for data (threshold {fmt(100 * share_bar)}%)",
+            f"was spent waiting for data, up from {fmt(100 * base)}% over the run's first "
+            f"{len(waits)} (limit: {fmt(100 * share_bar)} points above it)",
             value=share,
-            threshold=share_bar,
+            threshold=base + share_bar,
+            early=base,
         )
     return out
 
@@ -270,6 +283,20 @@ def _rate_column(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
         unit[take] = u
         todo &= ~take
     return value, unit
+
+
+def _own_rates(cols: Columns, value: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """The valid rates over the CPU time their step got (``own_rate``, after the validity
+    test as in the streaming update); only records with extras carry a CPU wait."""
+    out = value
+    for row in cols.full:
+        if valid[row]:
+            rec = cols.record(row)
+            if cpu_wait(rec):
+                if out is value:
+                    out = value.copy()
+                out[row] = own_rate(float(value[row]), rec)
+    return out
 
 
 def _episodes(
@@ -315,6 +342,7 @@ def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> lis
     first = np.flatnonzero(valid)
     if not len(first):
         return []
+    value = _own_rates(cols, value, valid)
     u = int(unit[first[0]])
     rows = np.flatnonzero(valid & (unit == u))
     name = _UNITS[u]
@@ -418,6 +446,9 @@ def unevaluated(det: ThroughputDetector, cols: Columns, found: list[Finding]) ->
                 & np.isfinite(t)
             ).sum()
         )
+        full = scratch.waits.maxlen or 0
+        if full >= scratch.min_records and scratch.wait_records >= full:
+            scratch.wait_base = 0.0  # the early level was taken (its value is not read)
         value, unit = _rate_column(sub)
         valid = (unit >= 0) & np.isfinite(value) & (value > 0)
         first = np.flatnonzero(valid)

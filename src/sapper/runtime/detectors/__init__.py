@@ -102,6 +102,9 @@ def plan_options(plan: Plan) -> dict[str, dict[str, Any]]:
     if expected:
         # A cost model's estimate is rough: warn only below half of it.
         opts["throughput"] = {"expected_tokens_per_s": expected, "below": 0.5}
+    if plan.data.loader_tokens_per_sec or plan.data.loader_samples_per_sec:
+        # a declared loader rate: a data wait high from the start contradicts the plan
+        opts.setdefault("throughput", {})["loader_must_keep_up"] = True
     model = plan.model
     if model is not None:
         rope = model.position_encoding == PositionEncoding.ROPE

@@ -8,6 +8,20 @@ is what Megatron, DeepSpeed, the HF Trainer and Lightning log and what a correct
 GradScaler loop measures after ``scaler.unscale_``; a norm measured on scaled gradients
 is the scaler rules' business (R032/R033).
 
+Clipping saturation (R011) is decided on the clip *rate* over a window, the measure the
+literature uses (Zhang et al. 2020, "Why gradient clipping accelerates training": a
+clipped step is a normalised-gradient step; Pascanu et al. 2013), together with its
+*size*. Past ``max(skip_first, warmup_steps)`` and over the last ``saturate_window``
+norms: clipping engaged (norm > threshold, the clip coefficient threshold/norm below 1)
+on at least ``saturate_share`` (90%) of them *and* their median is at least
+``saturate_ratio`` (2×) the threshold. Why both: healthy runs clip on many steps early
+on and hover near the threshold (a coefficient of 0.95 scales the update by 5%, nothing
+an LR schedule would notice); saturation is the state where the coefficient is small on
+essentially every step, so the optimizer follows the gradient's direction only and the
+LR no longer sets the step. 90% leaves room for the odd unclipped step of a saturated
+run; 2× means every typical update at least halved, well below the 5–10× such runs
+usually show, so the warning comes early.
+
 Cold start: with fewer than ``surge_min_history`` norms the rolling median does not
 exist yet (a pasted excerpt of a few records); a norm at least ``cold_ratio`` (10×) the
 median of the few before still counts as a surge. A run's first steps are the
@@ -73,18 +87,23 @@ CLIP_SATURATED = register(
         name="clipping-saturated",
         check="gradnorm",
         severity=Severity.WARNING,
-        title="Gradient clipping engages on most steps",
+        title="Gradient clipping engages on nearly every step, and by a large factor",
         why="""\
-Clipping is a safety net for rare spikes. When the norm is above the threshold on most
-steps, every update is rescaled: the effective LR is no longer the one you set and the
-run is fighting an LR that is too high or bad data. Raising the threshold hides it.
+Clipping is a safety net for rare spikes. When it engages on nearly every step and cuts
+the norm by a large factor, every update is g·c/‖g‖: the optimizer runs as normalised
+SGD (sign-like under Adam), the LR you set is not the step you take, and a real spike
+is no longer told apart from an ordinary step. The run is fighting an LR that is too
+high or bad data; raising the threshold hides it. A norm just above the threshold
+(clip coefficient near 1) changes nothing and is common early in training: the rule
+needs both the rate and the size over a whole window past the warmup.
 
 Frameworks: any, on the norm before clipping as Megatron, DeepSpeed, the HF Trainer and
 Lightning log it (unscaled); a torch-amp loop that clips still-scaled gradients is
 R033's.""",
         signs="""\
-The pre-clip gradient norm sits above the threshold (often 5–10× a threshold of 1.0)
-step after step, past the first few dozen steps.""",
+Past the warmup, clipping engaged on at least 90% of the steps of a window (the pre-clip
+norm above the threshold) and the window's median norm at least 2× the threshold (every
+update scaled by ½ or less); runs that saturate usually sit at 5–10× a threshold of 1.0.""",
         fix="""\
 Lower the LR (or lengthen warmup) and inspect the data; keep the threshold near 1.0
 rather than raising it.""",
@@ -151,8 +170,9 @@ class GradNormDetector(RuleDetector):
         clip_threshold: float | None = None,
         warmup_steps: int = 0,
         skip_first: int = 10,
-        saturate_window: int = 20,
-        saturate_share: float = 0.8,
+        saturate_window: int = 50,
+        saturate_share: float = 0.9,
+        saturate_ratio: float = 2.0,
         tiny: float = 1e-3,
         tiny_window: int = 20,
         surge_window: int = 50,
@@ -172,6 +192,7 @@ class GradNormDetector(RuleDetector):
         self.skip_first = skip_first
         self.saturate_window = saturate_window
         self.saturate_share = saturate_share
+        self.saturate_ratio = saturate_ratio
         self.tiny = tiny
         self.tiny_window = tiny_window
         self.surge_window = surge_window
@@ -190,6 +211,8 @@ class GradNormDetector(RuleDetector):
         self.prev_gn: float | None = None
         self.saturation_seen = 0
         self.clipped: deque[bool] = deque(maxlen=saturate_window)
+        #: norm / threshold of the same records (0 where the threshold is NaN).
+        self.clip_ratios: deque[float] = deque(maxlen=saturate_window)
         self.log_norms = RollingRobust(surge_window)
         self.norms: deque[float] = deque(maxlen=tiny_window)
         # Running counts over the windows, so most records skip the window scans: the
@@ -243,21 +266,25 @@ class GradNormDetector(RuleDetector):
         over = gn > threshold
         clipped.append(over)
         self.clipped_count += over
+        ratio = gn / threshold
+        self.clip_ratios.append(0.0 if math.isnan(ratio) else ratio)
         if len(clipped) < self.saturate_window:
             return []
         share = self.clipped_count / len(clipped)
         if share < self.saturate_share:
             return []
+        size = median(self.clip_ratios)
+        if not size >= self.saturate_ratio:
+            return []
         return self.fire(
             CLIP_SATURATED,
             step,
-            f"the gradient norm exceeded the clipping threshold {fmt(threshold)} on "
-            f"{fmt(100 * share)}% of the last {len(self.clipped)} logged steps "
-            f"(now {fmt(gn)}, {fmt(gn / threshold)}× the threshold)",
+            saturation_message(self, share, len(clipped), size, threshold, gn),
             value=share,
             threshold=self.saturate_share,
             grad_norm=gn,
             clip_threshold=threshold,
+            median_ratio=size,
         )
 
     def _tiny(self, step: int) -> list[Finding]:
@@ -402,6 +429,19 @@ class GradNormDetector(RuleDetector):
                 f"cold-start check ran (a jump of ×{fmt(self._cold_ratio())})"
             )
         return out
+
+
+def saturation_message(
+    det: GradNormDetector, share: float, n: int, size: float, threshold: float, gn: float
+) -> str:
+    """R011's message: the clip rate, the median size and the limits they crossed."""
+    scaled = f"every update scaled by about {fmt(1 / size)}; " if size > 0 else ""
+    return (
+        f"clipping engaged on {fmt(100 * share)}% of the last {n} logged steps and the "
+        f"median pre-clip norm is {fmt(size)}× the threshold {fmt(threshold)} ({scaled}now "
+        f"{fmt(gn)}); limits: {fmt(100 * det.saturate_share)}% of the steps and "
+        f"{fmt(det.saturate_ratio)}×"
+    )
 
 
 def _layer_norms(record: StepRecord) -> dict[str, float]:

@@ -19,8 +19,11 @@ a rolling median or share so that single slow steps (R063's business) do not sta
   times, for ``sustain_s`` seconds of wall time (a neighbour's burst is minutes, not ten
   of them) → the rule's *warning*, saying it has not recovered so far;
 - still holding at the end of the stream, over at least ``sustain_share`` (a quarter)
-  of the log's records → the warning, "not recovered by the end of the log" (the change
-  persisted for the whole remaining run, and is not a burst that the log's end cut);
+  of the log's records and twice as long (in records and, when timed, in seconds) as
+  the longest episode of the same rule that recovered earlier in the log → the warning,
+  "not recovered by the end of the log" (the change persisted for the whole remaining
+  run, and is not one more of the dips the run has shown it recovers from, cut by the
+  log's end);
 - recovered after the warning → an info finding saying when it recovered.
 
 A dip that recovers before it is sustained therefore stays at info. A log too short for
@@ -33,6 +36,23 @@ only when the value is clearly back (hysteresis): the rate above halfway between
 threshold and the reference (0.85 × the early level for ``degrade`` = 0.7), the data
 wait below 0.8 × ``data_share``; a noisy machine's throughput otherwise crosses the
 threshold back and forth and a real slowdown never looks sustained.
+
+Data wait (R062, R064) is judged against the run's own early level: the share over the
+first ``window`` data-wait records past the warmup. A share that is high from the start
+(a toy dataset that is slow to build, a loader that was always the bottleneck) is no
+change: it is reported once as R064 (info) with its numbers, unless the detector is
+told the loader must keep up (``loader_must_keep_up``: a plan that declares a loader
+rate or an expected throughput, or an expected throughput given here), where it is
+R062's warning. R062's episodes need the share to rise ``data_share`` (25 points) above
+that early level. Under CPU contention the loop's data wait and its compute slow down
+together, so the share stays where it was; a loader that really slows down moves it.
+
+CPU contention (a neighbour's busy processes on the same cores) slows every step by
+the time the training thread spends waiting for a CPU. The live monitor measures that
+wait (``extra["cpu_wait_s"]``: the thread's run-queue delay over the step, from Linux
+``/proc/thread-self/schedstat``); R060/R061 judge the rate the run reaches on the CPU
+time it gets (the step time less that wait), so another process's load does not read
+as the run slowing down. Records without the field (logs) are taken as they are.
 """
 
 from __future__ import annotations
@@ -49,6 +69,7 @@ from sapper.runtime.records import StepRecord
 
 __all__ = [
     "DATA_WAIT",
+    "DATA_WAIT_CONSTANT",
     "STEP_OUTLIER",
     "THROUGHPUT_DEGRADING",
     "THROUGHPUT_LOW",
@@ -116,12 +137,39 @@ While the loop waits for the next batch the accelerator idles; the data pipeline
 the model, sets the speed (checklist item 7).
 
 Frameworks: any; needs the data-wait time (the live monitor measures it; some loggers
-write data_time). A burst that recovers stays at info.""",
+write data_time). Judged against the run's own early share: a rise that is sustained
+is a warning, a burst that recovers stays at info; a share that is high from the start
+is R064 (info), or this warning when the plan says the loader must keep up.""",
         signs="""\
-Data-wait time a large fraction of the step time; GPU utilisation dropping in bursts.""",
+Data-wait time a growing fraction of the step time; GPU utilisation dropping in bursts.""",
         fix="""\
 Raise DataLoader num_workers, use pin_memory and persistent_workers, prefetch, move
 tokenisation offline (pre-tokenised shards), read from local disk.""",
+        seed="§5.1, §5.2",
+    )
+)
+
+DATA_WAIT_CONSTANT = register(
+    Rule(
+        code="R064",
+        name="data-wait-constant",
+        check="throughput",
+        severity=Severity.INFO,
+        title="Waiting for data takes a large, constant share of every step",
+        why="""\
+A loader that is slower than the model from the first step on sets the run's speed:
+nothing changed and nothing breaks, the accelerator simply idles for that share of the
+time. Common and harmless on small or toy runs whose data is built on the fly; worth
+fixing on a paid run.
+
+Frameworks: any; needs the data-wait time. Info only: a plan that says the loader must
+keep up (a declared loader rate, an expected throughput) makes it R062's warning.""",
+        signs="""\
+The data-wait share of the first logged steps above the threshold (25%) and staying
+there; the step time does not change over the run.""",
+        fix="""\
+If the speed matters: more DataLoader workers, pin_memory, prefetching, pre-tokenised
+shards on local disk; measure the loader alone (sapper's data check) against the step.""",
         seed="§5.1, §5.2",
     )
 )
@@ -171,6 +219,9 @@ class Episode:
     last_records: int = 0
     last_seconds: float = 0.0
     last_worst: float | None = None
+    #: The longest episode that ended (recovered), in records and in seconds.
+    longest_records: int = 0
+    longest_seconds: float = 0.0
 
     @property
     def ongoing(self) -> bool:
@@ -191,6 +242,8 @@ class Episode:
             event = "recovered" if self.warned else None
             self.last_start, self.last_records = self.start, self.records
             self.last_seconds, self.last_worst = self.seconds, self.worst
+            self.longest_records = max(self.longest_records, self.records)
+            self.longest_seconds = max(self.longest_seconds, self.seconds)
             self.start, self.records, self.seconds, self.timed = None, 0, 0.0, True
             self.onset = self.warned = False
             self.worst = None
@@ -238,11 +291,33 @@ def _rate(record: StepRecord) -> tuple[float, str] | None:
     return None
 
 
+def cpu_wait(record: StepRecord) -> float | None:
+    """The record's CPU wait (``extra["cpu_wait_s"]``, see the module doc) when it is a
+    number inside the step time (0 ≤ wait < step time), else None."""
+    w = record.extra.get("cpu_wait_s") if record.extra else None
+    t = record.step_time_s
+    if w is None or isinstance(w, bool) or not isinstance(w, (int, float)) or t is None:
+        return None
+    if not (math.isfinite(w) and math.isfinite(t) and 0 <= w < t):
+        return None
+    return float(w)
+
+
+def own_rate(value: float, record: StepRecord) -> float:
+    """``value`` (a rate over the step time) over the CPU time the step got instead: the
+    step time less the CPU wait; unchanged without one."""
+    w = cpu_wait(record)
+    if not w:
+        return value
+    t = float(record.step_time_s or 0.0)
+    return value * (t / (t - w))
+
+
 class ThroughputDetector(RuleDetector):
-    """R060-R063 over step times, data-wait times and tokens/samples per second."""
+    """R060-R064 over step times, data-wait times and tokens/samples per second."""
 
     name = "throughput"
-    rules = (THROUGHPUT_LOW, THROUGHPUT_DEGRADING, DATA_WAIT, STEP_OUTLIER)
+    rules = (THROUGHPUT_LOW, THROUGHPUT_DEGRADING, DATA_WAIT, STEP_OUTLIER, DATA_WAIT_CONSTANT)
     cooldown = 500
 
     def __init__(
@@ -266,6 +341,7 @@ class ThroughputDetector(RuleDetector):
         sustain_s: float = 600.0,
         sustain_share: float = 0.25,
         onset_records: int = 3,
+        loader_must_keep_up: bool = False,
     ) -> None:
         super().__init__()
         self.expected = {"tokens/s": expected_tokens_per_s, "samples/s": expected_samples_per_s}
@@ -308,6 +384,11 @@ class ThroughputDetector(RuleDetector):
         self.rate_unit: str | None = None
         #: (rate, seconds) of the first degrade_window + smooth rates: a short log's R061
         self.first_rates: list[tuple[float, float | None]] = []
+        self.loader_must_keep_up = loader_must_keep_up
+        #: The data-wait share of the first full window (the run's own early level) and
+        #: that window's mean wait and step time.
+        self.wait_base: float | None = None
+        self.wait_base_times: tuple[float, float] | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
         if self.first_step is None:
@@ -325,6 +406,7 @@ class ThroughputDetector(RuleDetector):
         if rate is None or not math.isfinite(rate[0]) or rate[0] <= 0:
             return out
         value, unit = rate
+        value = own_rate(value, record)
         if self.early_unit is None:
             self.early_unit = unit
         if unit != self.early_unit:
@@ -424,8 +506,13 @@ class ThroughputDetector(RuleDetector):
         if len(waits) < self.min_records:
             return []
         share = self.wait_sum / self.time_sum if self.time_sum > 0 else 0.0
+        base = self.wait_base
+        if base is None:
+            if len(waits) < (waits.maxlen or 0):
+                return []
+            return self._wait_baseline(record.step, share)
         ep = self.wait_episode
-        bar = self.data_share if not ep.ongoing else 0.8 * self.data_share
+        bar = base + (self.data_share if not ep.ongoing else 0.8 * self.data_share)
         if share < bar and not ep.ongoing:
             return []
         event = ep.observe(share >= bar, record.step, self.seconds, share)
@@ -437,9 +524,51 @@ class ThroughputDetector(RuleDetector):
             event,
             record.step,
             f"{fmt(100 * share)}% of the step time of the last {len(self.waits)} logged steps "
-            f"was spent waiting for data (threshold {fmt(100 * self.data_share)}%)",
+            f"was spent waiting for data, up from {fmt(100 * base)}% over the run's first "
+            f"{len(self.waits)} (limit: {fmt(100 * self.data_share)} points above it)",
+            value=share,
+            threshold=base + self.data_share,
+            early=base,
+        )
+
+    def keeps_up(self) -> bool:
+        """Whether the loader must keep up: told so (a plan), or an expected rate."""
+        return self.loader_must_keep_up or any(self.expected.values())
+
+    def _wait_baseline(self, step: int, share: float) -> list[Finding]:
+        """The first full window fixes the run's own data-wait level; a level at or above
+        ``data_share`` is reported once (R064, or R062 when the loader must keep up)."""
+        n = len(self.waits)
+        self.wait_base = share
+        self.wait_base_times = (self.wait_sum / n, self.time_sum / n)
+        if share < self.data_share:
+            return []
+        wait, step_time = self.wait_base_times
+        what = (
+            f"{fmt(100 * share)}% of the step time of the first {n} logged steps was spent "
+            f"waiting for data (a mean wait of {fmt(wait)} s in a {fmt(step_time)} s step; "
+            f"threshold {fmt(100 * self.data_share)}%), from the start of the run"
+        )
+        if self.keeps_up():
+            return self.fire(
+                DATA_WAIT,
+                step,
+                f"{what}; the plan expects the loader to keep up (a declared loader rate "
+                "or an expected throughput), and it does not",
+                value=share,
+                threshold=self.data_share,
+                early=share,
+                constant=True,
+            )
+        return self.fire(
+            DATA_WAIT_CONSTANT,
+            step,
+            f"{what}: a constant share, not a change — the loader sets this run's speed "
+            "(R062 warns if it rises further)",
             value=share,
             threshold=self.data_share,
+            mean_wait_s=wait,
+            mean_step_s=step_time,
         )
 
     def _episode(
@@ -511,22 +640,32 @@ class ThroughputDetector(RuleDetector):
             (THROUGHPUT_DEGRADING, self.slow_episode),
             (DATA_WAIT, self.wait_episode),
         ):
-            need = max(self.min_records, self.sustain_share * self.records_seen)
+            need = max(
+                self.min_records, self.sustain_share * self.records_seen, 2 * ep.longest_records
+            )
             if not ep.ongoing or ep.warned or ep.records < need:
                 continue
+            if ep.timed and ep.seconds < 2 * ep.longest_seconds:
+                continue  # not longer than the dips this run recovered from
             ep.warned = True
             what = {
                 THROUGHPUT_LOW.code: "throughput below the expected rate",
                 THROUGHPUT_DEGRADING.code: "throughput below its early level",
-                DATA_WAIT.code: "data wait above its threshold",
+                DATA_WAIT.code: "data wait above its early level",
             }[rule.code]
             worst = ep.worst
+            shown = fmt(worst)
+            if rule is DATA_WAIT and worst is not None and self.wait_base is not None:
+                shown = (
+                    f"{fmt(100 * worst)}% of the step time, against "
+                    f"{fmt(100 * self.wait_base)}% over the run's first steps"
+                )
             out += self._episode(
                 rule,
                 ep,
                 "final",
                 last,
-                f"{what} (worst {fmt(worst)})",
+                f"{what} (worst {shown})",
                 final=True,
                 value=worst if worst is not None else math.nan,
             )
@@ -592,6 +731,12 @@ class ThroughputDetector(RuleDetector):
             out.append(
                 "R062 data-loader bottleneck: not evaluated — the log has no data-wait time "
                 "next to the step time"
+            )
+        elif self.wait_base is None:
+            out.append(
+                f"R062/R064 data wait: not evaluated — {self.wait_records} data-wait "
+                f"record(s), needs {max(self.min_records, self.waits.maxlen or 0)} for the "
+                "run's own early level"
             )
         return out
 
