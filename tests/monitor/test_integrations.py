@@ -57,7 +57,7 @@ def test_hf_trainer_callback_records_every_step(tmp_path: Path) -> None:
     mon = cb.monitor
     assert mon is not None
     steps = [r.step for r in mon.history]
-    assert steps == list(range(16))
+    assert steps == list(range(1, 17))
     rec = mon.history[5]
     assert rec.extra["grad_accum"] == 2 and rec.samples == 8
     assert rec.grad_norm is not None and rec.clip_threshold == 1.0 and rec.lr is not None
@@ -107,7 +107,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
     trainer.fit(Module(), loader)
     mon = cb.monitor
     assert mon is not None
-    assert [r.step for r in mon.history] == list(range(10))
+    assert [r.step for r in mon.history] == list(range(1, 11))
     rec = mon.history[4]
     assert rec.extra["grad_accum"] == 2 and rec.grad_norm is not None
     assert rec.loss is not None and rec.clip_threshold == 1.0
