@@ -100,7 +100,9 @@ def attach(mon: Monitor) -> Callable[[], None]:
         stop.set()
         atexit.unregister(at_exit)
         with _state:
-            _live.discard(mon)
+            m = ref()  # the monitor holds this function: a strong reference would cycle
+            if m is not None:
+                _live.discard(m)
             if not _live:
                 _uninstall()
 
