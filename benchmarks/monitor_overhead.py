@@ -216,8 +216,9 @@ def table(rows: dict[str, dict[str, float]], log_every: int) -> str:
         "the bare step; Δ cpu / Δ wall: paired median step-time difference to the bare loop."
     )
     lines.append(
-        f"\ndefault syncs/step: one read per {log_every} steps (one copy per device and "
-        "dtype), none on the other steps; all-on reads every step."
+        f"\ndefault syncs/step: one read per {log_every} steps or per 0.5 s, whichever "
+        "comes first (one copy per device and dtype), none on the other steps; all-on "
+        "reads every step. Slow CPU steps make the time cadence the one that counts."
     )
     return "\n".join(lines)
 

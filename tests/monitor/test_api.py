@@ -266,3 +266,19 @@ def test_a_disk_that_fills_mid_run_is_said_once(tmp_path: Path) -> None:
     (finding,) = _r191(mon)
     assert str(log) in finding.message and "No space left" in finding.message
     assert len(mon.history) == 14
+
+
+def test_the_example_runs_with_a_plan_loaded_in_python(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_train", EXAMPLES / "monitor/train.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    log = tmp_path / "run.jsonl"
+    findings = example.main(str(log))
+    run = read_runlog(log)
+    assert [r.step for r in run.steps] == list(range(120))
+    assert run.meta["plan"]["schedule"]["warmup_steps"] == 10
+    # The loop does what its plan says: nothing about LR, clipping or data is wrong.
+    assert not {f.code for f in findings} & {"R040", "R041", "R042", "R043", "R070", "R020"}
