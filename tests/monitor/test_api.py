@@ -282,3 +282,29 @@ def test_the_example_runs_with_a_plan_loaded_in_python(tmp_path: Path) -> None:
     assert run.meta["plan"]["schedule"]["warmup_steps"] == 10
     # The loop does what its plan says: nothing about LR, clipping or data is wrong.
     assert not {f.code for f in findings} & {"R040", "R041", "R042", "R043", "R070", "R020"}
+
+
+def test_a_signal_during_a_read_is_handled_once_the_read_is_over(tmp_path: Path) -> None:
+    """SIGINT arriving mid-read (here: sent by a detector) is held until the read and
+    its writes are done, then handed on: KeyboardInterrupt leaves mon.step(), nothing
+    half-written, no monitor part switched off."""
+    import signal
+
+    from sapper.runtime.detector import Detector
+
+    class Interrupts(Detector):
+        def update(self, record):
+            if record.step == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the Python handler runs here, inside the read
+            return []
+
+    model, opt = _regression()
+    log = tmp_path / "run.jsonl"
+    mon = Monitor(model, opt, run_log=log, console=False, log_every=1, detectors=[Interrupts()])
+    with pytest.raises(KeyboardInterrupt):
+        _steps(model, opt, mon, 10)
+    assert [r.step for r in read_runlog(log).steps] == list(range(5))
+    assert not mon._disabled and not [f for f in mon.findings if f.code == "R190"]
+    mon.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

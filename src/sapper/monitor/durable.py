@@ -63,8 +63,9 @@ _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if
 _live: weakref.WeakSet[Monitor] = weakref.WeakSet()
 #: Signal number -> the handler that was there before sapper's.
 _previous: dict[int, Any] = {}
-#: A signal held while a monitor was mid-read on the main thread: (signum, frame).
-_held: list[tuple[int, FrameType | None]] = []
+#: A signal held while a monitor was mid-read on the main thread: (signum, frame, the
+#: handler to chain to, kept in case the handlers are restored before it is handled).
+_held: list[tuple[int, FrameType | None, Any]] = []
 _state = threading.RLock()  # re-entrant: a signal may close a monitor mid-attach
 
 
@@ -151,25 +152,30 @@ def _uninstall() -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _handle(signum, frame, _previous.get(signum, signal.SIG_DFL))
+
+
+def _handle(signum: int, frame: FrameType | None, prev: Any) -> None:
     me = threading.get_ident()
-    prev = _previous.get(signum, signal.SIG_DFL)
     # The default SIGTERM ends the process now: close the monitors (final findings,
     # files closed). Any other handler may keep the run going: only write what is read.
     final = prev in (signal.SIG_DFL, None)
     for mon in list(_live):
         if mon._busy and mon._owner == me:  # interrupted mid-read: finish it first
-            _held.append((signum, frame))
+            _held.append((signum, frame, prev))
             return
     for mon in list(_live):
         mon._flush_for_exit(final=final)
     _chain(signum, frame, prev)
+    if _held:  # a second signal came during this one's flush
+        redeliver()
 
 
 def redeliver() -> None:
     """Handle a signal held during a read, now that the read is over."""
     while _held:
-        signum, frame = _held.pop(0)
-        _on_signal(signum, frame)
+        signum, frame, prev = _held.pop(0)
+        _handle(signum, frame, prev)
 
 
 def _chain(signum: int, frame: FrameType | None, prev: Any) -> None:

@@ -340,6 +340,8 @@ class Monitor:
                 found = self.guard("read", self._read) or []
             finally:
                 self._busy -= 1
+        if durable.pending():
+            durable.redeliver()
         self.halt.check(found)
         return found
 
@@ -350,9 +352,12 @@ class Monitor:
             self._busy += 1
             self._owner = threading.get_ident()
             try:
-                return self._close(read=True)
+                found = self._close(read=True)
             finally:
                 self._busy -= 1
+        if durable.pending():  # a signal that arrived during the final read
+            durable.redeliver()
+        return found
 
     def _close(self, *, read: bool) -> list[Finding]:
         if self._closed:
