@@ -57,16 +57,47 @@ def test_hf_trainer_callback_records_every_step(tmp_path: Path) -> None:
     mon = cb.monitor
     assert mon is not None
     steps = [r.step for r in mon.history]
-    assert steps == list(range(16))
+    assert steps == list(range(1, 17))
     rec = mon.history[5]
     assert rec.extra["grad_accum"] == 2 and rec.samples == 8
     assert rec.grad_norm is not None and rec.clip_threshold == 1.0 and rec.lr is not None
-    # The Trainer's own logged losses and the monitor's agree.
-    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    ours = [sum(r.loss for r in list(mon.history)[i : i + 4]) / 4 for i in range(0, 16, 4)]
-    assert logged == pytest.approx(ours, rel=0.05)
+    # Step numbers are the Trainer's global_step: its log_history entry at step s covers
+    # the records numbered s-3..s, and their losses agree.
+    by_step = {r.step: r for r in read_runlog(tmp_path / "run.jsonl").steps}
+    assert sorted(by_step) == list(range(1, 17))
+    logged = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+    assert sorted(logged) == [4, 8, 12, 16]
+    for step, loss in logged.items():
+        ours = sum(by_step[s].loss for s in range(step - 3, step + 1)) / 4
+        assert loss == pytest.approx(ours, rel=0.05), step
+    assert trainer.state.global_step == max(by_step)
     assert {f.code for f in mon.findings if f.severity.value != "info"} == set()
-    assert len(read_runlog(tmp_path / "run.jsonl").steps) == 16
+
+
+def test_hf_callback_numbers_a_resumed_run_from_the_trainers_step() -> None:
+    """After resume_from_checkpoint the Trainer's state starts at the saved global_step
+    (before on_train_begin); the first record carries global_step + 1."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from sapper.monitor.hf import SapperCallback
+
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    args = TrainingArguments(output_dir="unused", use_cpu=True, report_to=[])
+    state, control = TrainerState(global_step=100), TrainerControl()
+    cb = SapperCallback(console=False)
+    cb.on_train_begin(args, state, control, model=model, optimizer=opt)
+    data = Markov(batch=2, seq=16)
+    for _ in range(3):
+        x = next(data)
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state.global_step += 1  # the Trainer's order: count, then on_step_end
+        cb.on_step_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    assert cb.monitor is not None
+    assert [r.step for r in cb.monitor.history] == [101, 102, 103]
 
 
 def test_hf_trainer_callback_names_duplicated_data(tmp_path: Path) -> None:
@@ -90,8 +121,19 @@ def test_lightning_callback(tmp_path: Path) -> None:
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
+    class Steps(lightning.Callback):
+        """trainer.global_step after each optimizer step (every 2nd batch here)."""
+
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if (batch_idx + 1) % 2 == 0:
+                self.seen.append(trainer.global_step)
+
     loader = torch.utils.data.DataLoader(_Tokens(96), batch_size=4)
     cb = SapperCallback(console=False, detector_options=FAST, log_every=4)
+    steps = Steps()
     trainer = lightning.Trainer(
         max_steps=10,
         accumulate_grad_batches=2,
@@ -102,12 +144,13 @@ def test_lightning_callback(tmp_path: Path) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(tmp_path),
-        callbacks=[cb],
+        callbacks=[cb, steps],
     )
     trainer.fit(Module(), loader)
     mon = cb.monitor
     assert mon is not None
-    assert [r.step for r in mon.history] == list(range(10))
+    # Lightning's global_step, as the Trainer reports it once each step has run.
+    assert [r.step for r in mon.history] == steps.seen == list(range(1, 11))
     rec = mon.history[4]
     assert rec.extra["grad_accum"] == 2 and rec.grad_norm is not None
     assert rec.loss is not None and rec.clip_threshold == 1.0

@@ -50,7 +50,9 @@ def test_no_host_sync_between_reads() -> None:
     # SGD: torch's Adam reads its (CPU) step counters with .item(), which the counter
     # would count although it is no device sync.
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    mon = Monitor(model, opt, log_every=10, sample_every=7, console=False)
+    # flush_every_s=None: this checks the step cadence alone (a loaded machine could make
+    # 10 steps outlast the time cadence).
+    mon = Monitor(model, opt, log_every=10, sample_every=7, console=False, flush_every_s=None)
     counter = HostSyncCounter()
     per_step = []
     for _ in _loop(model, opt, mon, 30, Markov(), syncs=counter):

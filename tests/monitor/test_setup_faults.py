@@ -333,7 +333,8 @@ def test_hf_trainer_setups(tmp_path: Path) -> None:
     # The Trainer's optimizer comes wrapped by accelerate; built on a copy, it is named.
     model = gpt2()
     on_copy = torch.optim.AdamW(copy.deepcopy(model).parameters(), lr=1e-3)
-    assert _trainer_run(tmp_path, model, on_copy) == {"R120": 0}
+    # (At the Trainer's first step: global_step 1.)
+    assert _trainer_run(tmp_path, model, on_copy) == {"R120": 1}
     # Adapter-style freezing: the Trainer's own optimizer takes the trainable part.
     partly = gpt2()
     _lora_like(partly)

@@ -7,6 +7,11 @@ and scheduler when training begins, closes one step per ``on_step_end`` (the Tra
 it once per optimizer step, also when its loss scaler skipped the update), reads the
 device values at each ``on_log`` (the Trainer synchronises there anyway) and closes the
 monitor at the end. Requires ``transformers``.
+
+Step numbers are the Trainer's: the Trainer increments ``state.global_step`` before
+``on_step_end``, so the first optimizer step is step 1, and the record of each step
+carries the ``global_step`` that ``trainer_state.json``'s ``log_history`` logs for it
+(also after ``resume_from_checkpoint``). A run log and the Trainer's own logs line up.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from sapper.monitor.monitor import Monitor
-from sapper.plan.schema import Plan
+from sapper.monitor.plan_input import PlanLike, resolve_plan
 
 __all__ = ["SapperCallback"]
 
@@ -25,13 +30,15 @@ class SapperCallback(TrainerCallback):
     """Attach sapper's monitor to a ``transformers.Trainer``.
 
     Args:
-        plan: the declared job, for the detectors (schedule, clipping, GPU ...).
+        plan: the declared job, for the detectors (schedule, clipping, GPU ...): a Plan,
+            a LoadedPlan or a path (plan YAML, config.json, DeepSpeed JSON), as for
+            :class:`~sapper.monitor.Monitor`; a bad file raises here.
         **monitor_options: keyword arguments of :class:`~sapper.monitor.Monitor`
             (``run_log``, ``tensorboard``, ``halt_on``, ``log_every`` ...).
     """
 
-    def __init__(self, plan: Plan | None = None, **monitor_options: Any) -> None:
-        self.plan = plan
+    def __init__(self, plan: PlanLike = None, **monitor_options: Any) -> None:
+        self.plan = resolve_plan(plan)
         self.options = monitor_options
         self.monitor: Monitor | None = None
 
@@ -41,7 +48,8 @@ class SapperCallback(TrainerCallback):
             return
         options = dict(self.options)
         options.setdefault("framework", "hf-trainer")
-        options.setdefault("start_step", state.global_step)
+        # The step about to run is global_step + 1 once the Trainer has counted it.
+        options.setdefault("start_step", state.global_step + 1)
         if getattr(args, "world_size", 1) > 1:
             options.setdefault("rank", args.process_index)
         options.setdefault("console", args.process_index == 0)
@@ -62,6 +70,8 @@ class SapperCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:
+            # Already incremented for this step: number the record with it.
+            self.monitor.next_step = state.global_step
             skipped = getattr(self._optimizer, "step_was_skipped", None)
             self.monitor.step(skipped=skipped if isinstance(skipped, bool) else None)
 

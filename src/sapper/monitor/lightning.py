@@ -8,6 +8,10 @@ precision plugin's GradScaler; ``on_train_batch_end`` feeds it the batch loss (t
 monitor closes a step at each optimizer step, so gradient accumulation is handled);
 ``on_train_end`` closes it. Requires ``lightning`` (or ``pytorch_lightning``):
 ``pip install 'sapper[lightning]'``.
+
+Step numbers are Lightning's ``trainer.global_step`` (optimizer steps taken): the record
+of a step carries the ``global_step`` the Trainer reports once that step's optimizer
+step has run, so the first is step 1, as in its checkpoints and logged metrics.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
 from sapper.monitor.monitor import Monitor
-from sapper.plan.schema import Plan
+from sapper.monitor.plan_input import PlanLike, resolve_plan
 
 __all__ = ["SapperCallback"]
 
@@ -29,7 +33,8 @@ class SapperCallback(Callback):
     """Attach sapper's monitor to a Lightning ``Trainer``.
 
     Args:
-        plan: the declared job, for the detectors.
+        plan: the declared job, for the detectors: a Plan, a LoadedPlan or a path (plan
+            YAML, config.json, DeepSpeed JSON), as for :class:`~sapper.monitor.Monitor`.
         module: attribute of the LightningModule whose forward receives the batch
             (default: a child holding ≥ 90% of the parameters, e.g. ``self.model``, else
             the LightningModule itself).
@@ -37,10 +42,10 @@ class SapperCallback(Callback):
     """
 
     def __init__(
-        self, plan: Plan | None = None, module: str | None = None, **monitor_options: Any
+        self, plan: PlanLike = None, module: str | None = None, **monitor_options: Any
     ) -> None:
         super().__init__()
-        self.plan = plan
+        self.plan = resolve_plan(plan)
         self.module = module
         self.options = monitor_options
         self.monitor: Monitor | None = None
@@ -53,7 +58,8 @@ class SapperCallback(Callback):
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         options = dict(self.options)
         options.setdefault("framework", "lightning")
-        options.setdefault("start_step", trainer.global_step)
+        # global_step counts optimizer steps done: the first one to run is number + 1.
+        options.setdefault("start_step", trainer.global_step + 1)
         if getattr(trainer, "world_size", 1) > 1:
             options.setdefault("rank", trainer.global_rank)
         options.setdefault("console", trainer.is_global_zero)

@@ -8,19 +8,40 @@
 The model's forward hooks see each micro-batch (data wait, tokens, sample fingerprints,
 positions, the loss and, through a tensor hook, the weight it enters backward with); the
 optimizer's step pre-hook closes a step (gradient norm, LR, loss scale, call order of the
-scaler and clipping). Values stay on the device; every ``log_every`` steps
-:class:`~sapper.monitor.collect.StepCollector` copies them to the host in one transfer,
-the records go through the same detectors the offline analyzer uses, and findings go to
-the console, the run log and TensorBoard. ``Monitor.step`` never syncs otherwise.
+scaler and clipping). Values stay on the device; every ``log_every`` steps, or once
+``flush_every_s`` seconds have passed (so at most two host syncs a second, and the run
+log never further behind), :class:`~sapper.monitor.collect.StepCollector` copies them
+to the host in one transfer, the records go through the same detectors the offline
+analyzer uses, and findings go to the console, the run log and TensorBoard.
+``Monitor.step`` never syncs otherwise. Why a time cadence and not a read every step on
+a CPU (where a read is no sync): a read has a fixed cost (packing, building records);
+on the benchmark's smallest GPT-2 a read per step more than doubled the monitor's own
+time (210 → 480 µs a step), past the 2% budget, while bounding reads by time bounds both
+that cost and what a crash loses.
+
+Or, closed for you however the block ends:
+
+    with sapper.Monitor(model, optimizer, plan="plan.yaml", run_log="run.jsonl") as mon:
+        for batch in loader:
+            ...
+            mon.step(loss)
+
+Without ``close()`` or a ``with`` block, the monitor is closed at interpreter exit
+(atexit). What the run log keeps when the process ends badly (SIGTERM, ``kill -9``, a
+hang) is in :mod:`sapper.monitor.durable`: at most ``flush_every_s`` seconds of steps are
+lost on ``kill -9``, none on SIGTERM.
 
 The monitor's own failures are caught, reported once (R190) and switch the failing part
-off; only :class:`SapperHalt`, raised on purpose by the halt policy, reaches the loop.
+off; only :class:`SapperHalt`, raised on purpose by the halt policy, reaches the loop. A
+run log that cannot be written is a warning (R191) naming the path; training goes on.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,6 +51,7 @@ import torch
 from torch import nn
 
 from sapper.distributed.bridge import MonitorBridge
+from sapper.monitor import durable
 from sapper.monitor.collect import StepCollector, StepSlot
 from sapper.monitor.cpuwait import RunQueueClock
 from sapper.monitor.faults import GradStats, Localiser
@@ -37,6 +59,7 @@ from sapper.monitor.fingerprint import fingerprint_rows
 from sapper.monitor.halt import HaltPolicy, SapperHalt
 from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, read_batch
 from sapper.monitor.logits import find_logits, watch_logits
+from sapper.monitor.plan_input import PlanLike, resolve_plan
 from sapper.monitor.positions import PositionWatch
 from sapper.monitor.setup import SetupProbe
 from sapper.monitor.sinks import ConsoleSink, RunLogSink, Sink, TensorBoardSink
@@ -47,7 +70,7 @@ from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
 from sapper.runtime.detector import Detector, DetectorSet
 from sapper.runtime.detectors import default_detectors
-from sapper.runtime.detectors.internal import MONITOR_ERROR
+from sapper.runtime.detectors.internal import MONITOR_ERROR, OUTPUT_UNWRITABLE
 from sapper.runtime.detectors.position import POSITION_OVERFLOW
 from sapper.runtime.detectors.setup import NO_TRAINABLE
 from sapper.runtime.records import StepRecord
@@ -68,12 +91,23 @@ class Monitor:
             makes every :meth:`step` call one step.
         scaler: the ``torch.amp.GradScaler``, to check its use and read the scale.
         scheduler: the LR scheduler, to count its ``step()`` calls per optimizer step.
-        plan: the declared job (schedule, clipping, GPU, positions), for the detectors.
-        log_every: steps between reads of the device values (the only host syncs).
+        plan: the declared job (schedule, clipping, GPU, positions), for the detectors:
+            a :class:`~sapper.plan.Plan`, a :class:`~sapper.plan.LoadedPlan`
+            (``sapper.load_plan("plan.yaml")``), or any file ``sapper check`` reads: a
+            plan YAML, a Hugging Face ``config.json``, a DeepSpeed JSON, or a list of
+            them (:mod:`sapper.monitor.plan_input`). A bad file is an
+            :class:`~sapper.errors.InputError` naming it, raised here.
+        log_every: most steps between reads of the device values (the only host syncs).
+        flush_every_s: most seconds between reads, so the run log is never more than
+            this far behind (what a ``kill -9`` can lose). Each read is one host sync on
+            an accelerator: at most 1/``flush_every_s`` a second, whatever the step
+            time. ``None``: read every ``log_every`` steps only.
         sample_every: steps between per-parameter gradient statistics.
         localise_every: steps between forward/backward finiteness hooks on every
             module (they are also armed for one step after a fault).
-        run_log: path of the JSONL run log to append to.
+        run_log: path of the JSONL run log to append to (missing folders are
+            created); each read is written through at once. If it cannot be written,
+            a warning (R191) names the path and training goes on.
         tensorboard: a TensorBoard log directory for scalars and findings.
         console: print findings on stderr (rate-limited), or a ``rich`` Console.
         halt_on: severities ("error") and/or codes or prefixes ("R001", "R03") that raise
@@ -103,9 +137,10 @@ class Monitor:
         optimizer: Any = None,
         scaler: Any = None,
         scheduler: Any = None,
-        plan: Plan | None = None,
+        plan: PlanLike = None,
         *,
         log_every: int = 20,
+        flush_every_s: float | None = 0.5,
         sample_every: int = 50,
         localise_every: int = 500,
         run_log: str | Path | None = None,
@@ -137,6 +172,18 @@ class Monitor:
                     value=value,
                     expected="an integer ≥ 1",
                 )
+        if flush_every_s is not None and not (
+            isinstance(flush_every_s, (int, float)) and 0 < flush_every_s < math.inf
+        ):
+            from sapper.errors import InputError
+
+            raise InputError(
+                "must be a positive number of seconds",
+                field="flush_every_s",
+                value=flush_every_s,
+                expected="a number > 0, or None",
+            )
+        plan = resolve_plan(plan)
         self.model = model
         self.plan = plan
         self.log_every = log_every
@@ -154,6 +201,7 @@ class Monitor:
         self.history: deque[StepRecord] = deque(maxlen=10_000)
         self._failed_reported: set[str] = set()
         self.next_step = start_step
+        self._first_step = start_step
         self.collector = StepCollector()
         self.framework = framework or ("torch-amp" if scaler is not None else "torch")
         self.detectors = DetectorSet(
@@ -179,6 +227,19 @@ class Monitor:
         self._arm_reason = ""
         self._fault_arms = 0
         self._first_forward = True
+        # -- crash safety (sapper.monitor.durable): reads are also due by time; the lock
+        # serialises the training thread, the stall flusher and exit flushes.
+        self.flush_every_s = flush_every_s
+        self._lock = threading.RLock()
+        self._busy = 0
+        self._owner: int | None = None
+        self._last_read_t = time.monotonic()
+        self._last_call_t = self._last_read_t
+        self._held_found: list[Finding] = []
+        self._arm_later: list[tuple[StepRecord, list[Finding]]] = []
+        self._noted: set[str] = set()
+        self._attaching = True
+        self._undo_exit: Callable[[], None] | None = None
 
         params = [p for p in model.parameters()]
         first = next(iter(params), None)
@@ -235,14 +296,17 @@ class Monitor:
         if console and main:
             self.sinks.append(ConsoleSink(None if console is True else console))
         if run_log is not None and main:
-            self.sinks.append(RunLogSink(run_log, self._meta(log_every, sample_every)))
+            meta = self._meta(log_every, sample_every)
+            self.sinks.append(RunLogSink(run_log, meta, on_error=self._unwritable))
         if tensorboard is not None and main:
             tb = self.guard("tensorboard", TensorBoardSink, tensorboard)
             if tb is not None:
                 self.sinks.append(tb)
+        self._attaching = False
         if self.findings:  # problems met while attaching
             for sink in self.sinks:
                 self.guard("sinks", sink.findings, list(self.findings))
+        self._undo_exit = durable.attach(self)
 
     # ---- public API ---------------------------------------------------------------
     def step(
@@ -257,7 +321,18 @@ class Monitor:
         says so."""
         if self._closed:
             return []
-        found = self.guard("step", self._step, loss, batch, skipped) or []
+        with self._lock:
+            self._busy += 1
+            self._owner = threading.get_ident()
+            try:
+                found = self.guard("step", self._step, loss, batch, skipped) or []
+                if self._held_found or self._arm_later:
+                    found = self._take_background() + found
+            finally:
+                self._busy -= 1
+                self._last_call_t = time.monotonic()
+        if durable.pending():  # a signal arrived during the read above
+            durable.redeliver()
         self.halt.check(found)
         return found
 
@@ -277,16 +352,38 @@ class Monitor:
         """Read the pending device values now (a host sync) and run the detectors."""
         if self._closed:
             return []
-        found = self.guard("read", self._read) or []
+        with self._lock:
+            self._busy += 1
+            self._owner = threading.get_ident()
+            try:
+                found = self.guard("read", self._read) or []
+            finally:
+                self._busy -= 1
+        if durable.pending():
+            durable.redeliver()
         self.halt.check(found)
         return found
 
     def close(self) -> list[Finding]:
         """Read what is pending, finish the detectors, remove every hook; returns all
         findings of the run. Safe to call twice."""
+        with self._lock:
+            self._busy += 1
+            self._owner = threading.get_ident()
+            try:
+                found = self._close(read=True)
+            finally:
+                self._busy -= 1
+        if durable.pending():  # a signal that arrived during the final read
+            durable.redeliver()
+        return found
+
+    def _close(self, *, read: bool) -> list[Finding]:
         if self._closed:
             return self.findings
         self._closed = True
+        if self._undo_exit is not None:
+            self._undo_exit()
         for h in self._handles:
             h.remove()
         self.structure.disarm()
@@ -295,7 +392,8 @@ class Monitor:
         self.localiser.disarm()
         self.observer.close()
         self._seal_pending()
-        self.guard("read", self._read)
+        if read:
+            self.guard("read", self._read)
         self._dispatch(self.detectors.finish())
         for sink in self.sinks:
             self.guard("sinks", sink.close)
@@ -352,7 +450,7 @@ class Monitor:
             self._first_forward = False
             self.guard("setup", self._setup_facts, b, self.setup.forward_facts)
             self.guard("structure", self.structure.arm)
-        if not self.localiser.armed and self.next_step % self.localise_every == 0:
+        if not self.localiser.armed and self._run_step() % self.localise_every == 0:
             self.guard("localise", self.localiser.arm)
             self._arm_reason = "sampled"
         if self.localiser.armed:
@@ -411,7 +509,7 @@ class Monitor:
         if loss is None:
             # A loss computed outside the model: its weight is read at the logits
             # (sapper.monitor.logits), on the same steps as below.
-            logits = find_logits(output) if self._weighed(self.next_step) else None
+            logits = find_logits(output) if self._weighed() else None
             if logits is not None:
                 watch_logits(logits, self._on_logits_weight)
             return
@@ -419,11 +517,12 @@ class Monitor:
         # The weight each micro-batch loss enters backward with (GA normalisation) is
         # measured on the first steps and on sampled steps: a loop's normalisation does
         # not change from step to step.
-        if loss.requires_grad and self._weighed(self.next_step):
+        if loss.requires_grad and self._weighed():
             loss.register_hook(self._on_loss_grad)
 
-    def _weighed(self, step: int) -> bool:
-        return step < 8 or self._sampled(step)
+    def _weighed(self) -> bool:
+        """The loss weight is measured on the monitor's first steps and on sampled ones."""
+        return self._run_step() < 8 or self._sampled(self.next_step)
 
     def _on_loss_grad(self, grad: torch.Tensor) -> None:
         self.guard("accumulation", self._bucket.add_f, "loss_grad", grad)
@@ -526,8 +625,13 @@ class Monitor:
         slot.lrs = [float(lr) for lr in lrs if lr is not None]
 
     # ---- step / read ---------------------------------------------------------------
+    def _run_step(self) -> int:
+        """Steps since this monitor's first: sampling counts from the first step it sees
+        (0 in a plain loop, the Trainer's step 1, a resumed run's first step)."""
+        return self.next_step - self._first_step
+
     def _sampled(self, step: int) -> bool:
-        return step % self.sample_every == 0
+        return (step - self._first_step) % self.sample_every == 0
 
     def _step(self, loss: Any, batch: Any, skipped: bool | None) -> list[Finding]:
         self._calls_since_event += 1
@@ -539,10 +643,9 @@ class Monitor:
                 self._observe_batch(target, batch_from_user(batch))
         if loss is not None:
             target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
-            if isinstance(loss, torch.Tensor):
-                target.add_f("user_loss", loss.detach())
-            else:
-                target.add_f("user_loss", torch.tensor(float(loss)))
+            value = self._loss_value(loss)
+            if value is not None:
+                target.add_f("user_loss", value)
         if self._call_based:
             slot = self._seal(time.perf_counter())
             if not slot.lrs and "lr" not in slot.dev_f:
@@ -561,7 +664,17 @@ class Monitor:
         found: list[Finding] = []
         # sapper.distributed: every rank reads at the same step boundary to exchange.
         crossing = self.dist is not None and self.dist.due(self.next_step)
-        if self._force_read or crossing or len(self.collector) >= self.log_every:
+        pending = len(self.collector)
+        if (
+            self._force_read
+            or crossing
+            or pending >= self.log_every
+            or (
+                pending
+                and self.flush_every_s is not None
+                and time.monotonic() - self._last_read_t >= self.flush_every_s
+            )
+        ):
             found = self._read()
         self._ready_t = time.perf_counter()
         return found
@@ -572,9 +685,119 @@ class Monitor:
             self.collector.add(slot)
         self._sealed.clear()
 
-    def _read(self) -> list[Finding]:
+    def _loss_value(self, loss: Any) -> torch.Tensor | None:
+        """The step's loss as a device scalar, read from a tensor, a number, or what a
+        model returns (``ModelOutput.loss``, ``{"loss": ...}``, a tuple holding a 0-d
+        tensor) on every call, without a sync. Something else is one R190 note, and the
+        next call is read again: one odd value never switches loss reading off."""
+        value = loss if isinstance(loss, torch.Tensor) else find_loss(loss)
+        if value is None:
+            raw = loss.get("loss") if isinstance(loss, dict) else getattr(loss, "loss", loss)
+            if isinstance(raw, torch.Tensor):
+                value = raw
+            elif isinstance(raw, (int, float)) or hasattr(raw, "__float__"):
+                try:
+                    value = torch.tensor(float(raw))
+                except (TypeError, ValueError, OverflowError):
+                    value = None
+        if value is None or value.numel() == 0:
+            self._note(
+                "loss",
+                f"step(loss=...) got a {type(loss).__name__} without a readable loss; "
+                "pass a tensor, a number, or the model's output (.loss / 'loss')",
+            )
+            return None
+        value = value.detach()
+        if value.dim() == 0 and value.is_floating_point():
+            return value  # the usual case: no further op
+        if not value.is_floating_point():
+            value = value.float()
+        # A per-sample loss vector: its mean, what the backward pass usually reduces to.
+        return value.reshape(()) if value.numel() == 1 else value.mean()
+
+    def _note(self, key: str, message: str) -> None:
+        """One R190 note per ``key`` that switches nothing off."""
+        if key not in self._noted:
+            self._noted.add(key)
+            finding = MONITOR_ERROR.finding(message, step=self.next_step, rank=self.rank)
+            self._dispatch([finding], check_halt=False)
+
+    def _unwritable(self, message: str) -> None:
+        """The run log cannot be opened or written (R191): said once, loudly."""
+        if "runlog" in self._noted:
+            return
+        self._noted.add("runlog")
+        text = f"{message}; training goes on without its run log"
+        finding = OUTPUT_UNWRITABLE.finding(text, step=self.next_step, rank=self.rank)
+        if not any(isinstance(s, ConsoleSink) for s in self.sinks):
+            warnings.warn(f"sapper R191: {text}", RuntimeWarning, stacklevel=2)
+        if self._attaching:  # the sinks are not all built: replayed when they are
+            self.findings.append(finding)
+        else:
+            self._dispatch([finding], check_halt=False)
+
+    # ---- exit paths (sapper.monitor.durable) -----------------------------------------
+    def _flush_stalled(self, stall_s: float) -> None:
+        """From the flusher thread: write the complete records when ``step()`` has been
+        silent for ``stall_s`` (host values only; the flusher runs on CPU monitors)."""
+        if self._closed or not len(self.collector):
+            return
+        if time.monotonic() - self._last_call_t < stall_s:
+            return
+        if not self._lock.acquire(blocking=False):
+            return
+        self._busy += 1
+        self._owner = threading.get_ident()
+        try:
+            if not self._closed:
+                self._held_found.extend(self.guard("read", self._read, True) or [])
+        finally:
+            self._busy -= 1
+            self._lock.release()
+
+    def _flush_for_exit(self, *, final: bool) -> None:
+        """From a signal handler (main thread): write everything complete. ``final``: the
+        process ends now, so close too. Device values are read only if the device is
+        idle, so a hung accelerator cannot hold the exit."""
+        if self._closed or not self._lock.acquire(timeout=durable.EXIT_WAIT_S):
+            return
+        self._busy += 1
+        self._owner = threading.get_ident()
+        try:
+            if final:
+                self._seal_pending()
+            devices = {
+                t.device
+                for slot in self.collector.ready
+                for table in (slot.dev_f, slot.dev_i)
+                for ts in table.values()
+                for t in ts
+            }
+            idle = durable.device_idle(devices)
+            if final:
+                self._close(read=idle)
+            elif idle:
+                self._held_found.extend(self.guard("read", self._read, True) or [])
+        finally:
+            self._busy -= 1
+            self._lock.release()
+
+    def _take_background(self) -> list[Finding]:
+        """Findings of reads done off the training thread (they halt here), and the
+        localiser arming they asked for (hooks are only touched from this thread)."""
+        found, self._held_found = self._held_found, []
+        later, self._arm_later = self._arm_later, []
+        for rec, new in later:
+            self._maybe_arm(rec, new)
+        return found
+
+    def _read(self, background: bool = False) -> list[Finding]:
+        """Read and process the pending records. ``background``: off the training loop
+        (stall flusher, signal handler): no cross-rank exchange, no step-time credit, no
+        hooks touched."""
         self._force_read = False
         records = self.collector.read()  # note: this is a CPU-GPU sync point
+        self._last_read_t = time.monotonic()
         if not records:
             return []
         # The host work below (detectors, sinks) is the monitor's, not the step's: it is
@@ -583,18 +806,18 @@ class Monitor:
         started = time.perf_counter()
         waited = self._cpu_clock.read() if self._last_cpu_wait is not None else None
         try:
-            return self._process(records)
+            return self._process(records, background)
         finally:
-            if self._last_event_t is not None:
+            if self._last_event_t is not None and not background:
                 self._last_event_t += time.perf_counter() - started
             if waited is not None and self._last_cpu_wait is not None:
                 now_waited = self._cpu_clock.read()
                 if now_waited is not None:
                     self._last_cpu_wait += now_waited - waited
 
-    def _process(self, records: list[StepRecord]) -> list[Finding]:
+    def _process(self, records: list[StepRecord], background: bool = False) -> list[Finding]:
         found: list[Finding] = []
-        if self.dist is not None:  # sapper.distributed: the cross-rank exchange (seam)
+        if self.dist is not None and not background:  # sapper.distributed: the exchange
             found.extend(self.guard("distributed", self.dist.on_records, records,
                                     self.next_step) or [])
         for rec in records:
@@ -602,7 +825,10 @@ class Monitor:
             new = self.detectors.update(rec)
             found.extend(new)
             self.history.append(rec)
-            self._maybe_arm(rec, new)
+            if background:
+                self._arm_later.append((rec, new))
+            else:
+                self._maybe_arm(rec, new)
         for sink in self.sinks:
             self.guard("sinks", sink.records, records)
         for rec in records:

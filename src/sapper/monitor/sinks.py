@@ -7,6 +7,7 @@ an error into one R190 finding and switches that sink off.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +72,26 @@ class ConsoleSink(Sink):
 
 
 class RunLogSink(Sink):
-    """The JSONL run log (``sapper.runtime.runlog``)."""
+    """The JSONL run log (``sapper.runtime.runlog``), written through: each batch of
+    records read is one write, in the file when the call returns.
 
-    def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
-        self.writer = RunLogWriter(path, meta=meta)
+    ``on_error`` is told once, with the path and the reason, when the file cannot be
+    opened or a write fails (the monitor makes it an R191 warning); the sink is silent
+    from then on and never raises into training."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        meta: dict[str, Any],
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.writer = RunLogWriter(path, meta=meta, on_error=on_error)
 
     def records(self, records: list[StepRecord]) -> None:
         self.writer.write_steps(records)
 
     def findings(self, findings: list[Finding]) -> None:
-        for f in findings:
-            self.writer.write_finding(f)
+        self.writer.write_findings(findings)
 
     def close(self) -> None:
         self.writer.close()
