@@ -26,7 +26,7 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-def _hf_trainer(tmp_path: Path, dataset, **callback_options):
+def _hf_trainer(tmp_path: Path, dataset, eval_dataset=None, **callback_options):
     pytest.importorskip("accelerate")  # the Trainer needs it
     from transformers import Trainer, TrainingArguments
 
@@ -45,9 +45,17 @@ def _hf_trainer(tmp_path: Path, dataset, **callback_options):
         dataloader_num_workers=0,
         disable_tqdm=True,
         max_grad_norm=1.0,
+        eval_strategy="steps" if eval_dataset is not None else "no",
+        eval_steps=4,
     )
     cb = SapperCallback(console=False, detector_options=FAST, log_every=4, **callback_options)
-    trainer = Trainer(model=gpt2(), args=args, train_dataset=dataset, callbacks=[cb])
+    trainer = Trainer(
+        model=gpt2(),
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=eval_dataset,
+        callbacks=[cb],
+    )
     trainer.train()
     return trainer, cb
 
@@ -98,6 +106,30 @@ def test_hf_callback_numbers_a_resumed_run_from_the_trainers_step() -> None:
     cb.on_train_end(args, state, control)
     assert cb.monitor is not None
     assert [r.step for r in cb.monitor.history] == [101, 102, 103]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_hf_trainer_callback_hands_over_each_evaluation(tmp_path: Path, named: bool) -> None:
+    held_out = _Tokens(8)
+    evals = {"a": held_out, "b": _Tokens(8)} if named else held_out
+    trainer, _ = _hf_trainer(tmp_path, _Tokens(), evals, run_log=tmp_path / "run.jsonl")
+    logged = [h for h in trainer.state.log_history if any(k.endswith("_loss") for k in h)]
+    records = read_runlog(tmp_path / "run.jsonl").steps
+    if named:
+        got = [r.extra["eval_losses"] for r in records if "eval_losses" in r.extra]
+        by_step: dict[int, dict[str, float]] = {}  # the Trainer logs each set apart
+        for h in logged:
+            for name in ("a", "b"):
+                if f"eval_{name}_loss" in h:
+                    by_step.setdefault(h["step"], {})[name] = h[f"eval_{name}_loss"]
+        want = [by_step[s] for s in sorted(by_step)]
+    else:
+        got = [r.eval_loss for r in records if r.eval_loss is not None]
+        want = [h["eval_loss"] for h in logged if "eval_loss" in h]
+    # Every evaluation at steps 4, 8, 12, 16; the last, after the final step, on a record
+    # of its own.
+    assert len(want) == 4 and got == (want if named else pytest.approx(want))
+    assert records[-1].step == 17 and records[-1].loss is None
 
 
 def test_hf_trainer_callback_names_duplicated_data(tmp_path: Path) -> None:
@@ -155,3 +187,48 @@ def test_lightning_callback(tmp_path: Path) -> None:
     assert rec.extra["grad_accum"] == 2 and rec.grad_norm is not None
     assert rec.loss is not None and rec.clip_threshold == 1.0
     assert {f.code for f in mon.findings if f.severity.value != "info"} == set()
+
+
+def test_lightning_callback_hands_over_the_validation_loss(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+
+    from sapper.monitor.lightning import SapperCallback
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = gpt2()
+            self.seen: list[float] = []
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.model(**batch).loss)
+
+        def on_validation_epoch_end(self) -> None:
+            if not self.trainer.sanity_checking:
+                self.seen.append(float(self.trainer.callback_metrics["val_loss"]))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    train = torch.utils.data.DataLoader(_Tokens(96), batch_size=4)
+    val = torch.utils.data.DataLoader(_Tokens(8), batch_size=4)
+    cb = SapperCallback(console=False, detector_options=FAST, log_every=4)
+    trainer = lightning.Trainer(
+        max_steps=12,
+        val_check_interval=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[cb],
+    )
+    module = Module()
+    trainer.fit(module, train, val)
+    assert cb.monitor is not None
+    got = [r.eval_loss for r in cb.monitor.history if r.eval_loss is not None]
+    assert len(module.seen) == 3 and got == pytest.approx(module.seen)

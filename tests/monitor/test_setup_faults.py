@@ -113,26 +113,30 @@ def test_memorisation_of_the_cycle_strengthens_it(tmp_path: Path) -> None:
     data = Markov()
     few = [next(data) for _ in range(4)]
     held_out = data.sample(16, 32)
-    evals: dict[int, float] = {}
 
-    def evaluate(step: int, model: torch.nn.Module) -> None:
-        if step % 10 == 0:
-            with torch.no_grad():  # not a training forward: the monitor ignores it
-                evals[step] = float(model(input_ids=held_out, labels=held_out).loss)
+    def evaluate(step: int, model: torch.nn.Module) -> torch.Tensor | None:
+        if step % 10 != 9:
+            return None
+        with torch.no_grad():  # not a training forward: the monitor ignores it
+            return model(input_ids=held_out, labels=held_out).loss
 
     log = tmp_path / "run.jsonl"
-    train(
-        gpt2(), data=itertools.cycle(few), steps=61, lr=1e-2, clip=None, inject=evaluate,
+    run = train(
+        gpt2(), data=itertools.cycle(few), steps=61, lr=1e-2, clip=None, evaluate=evaluate,
         monitor={"run_log": log},
     )
-    records = read_runlog(log).steps
-    for rec in records:
-        rec.eval_loss = evals.get(rec.step)
-    found = [f for f in DetectorSet(default_detectors()).run(records) if f.code == "R072"]
+    found = [f for f in run.monitor.findings if f.code == "R072"]
     # The eval loss (same Markov chain, unseen samples) is lowest near step 40, then
     # rises while the training loss keeps falling.
     assert len(found) == 2 and found[0].step == 12 and 50 <= found[1].step <= 60
     assert found[1].message.startswith("memorisation confirmed: the eval loss rose from")
+    # Each evaluation rides on a record: the step's own while it is unread, else the next
+    # (records are read every 5 steps here, after steps 4, 9, 14 ...).
+    records = read_runlog(log).steps
+    assert [r.step for r in records if r.eval_loss is not None] == [10, 20, 30, 40, 50, 60]
+    # Offline, the run log gives the same finding.
+    offline = DetectorSet(default_detectors()).run(records)
+    assert [f.step for f in offline if f.code == "R072"] == [f.step for f in found]
 
 
 def test_real_epochs_stay_epochs() -> None:

@@ -207,6 +207,7 @@ def train(
     optimizer_on: nn.Module | None = None,
     backward: bool = True,
     position_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    evaluate: Callable[[int, nn.Module], Any] | None = None,
 ) -> Run:
     """One plain training loop, with ``Monitor`` attached by two lines.
 
@@ -215,7 +216,9 @@ def train(
     model before the optimizer is built, which then holds only the trainable
     parameters; ``optimizer_on`` builds the optimizer on another module's parameters;
     ``backward=False`` never calls backward; ``position_ids`` makes the loop pass the
-    position ids it computes from each batch (a script that wraps or clamps them)."""
+    position ids it computes from each batch (a script that wraps or clamps them);
+    ``evaluate`` runs after each step and what it returns (unless None) goes to
+    ``Monitor.eval_loss``."""
     data = data if data is not None else Markov()
     if freeze is not None:
         freeze(model)
@@ -278,6 +281,8 @@ def train(
                 kept.append(torch.ones(leak(step) // 4))  # a buffer kept across steps
             run.losses.append(float(raw.detach()))
             mon.step(raw)  # line 2
+            if evaluate is not None and (value := evaluate(step, model)) is not None:
+                mon.eval_loss(value)
     except Exception as exc:  # the test decides whether an error was expected
         run.error = exc
     mon.close()

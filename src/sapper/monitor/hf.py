@@ -5,8 +5,9 @@
 The callback builds a :class:`~sapper.monitor.Monitor` on the Trainer's model, optimizer
 and scheduler when training begins, closes one step per ``on_step_end`` (the Trainer calls
 it once per optimizer step, also when its loss scaler skipped the update), reads the
-device values at each ``on_log`` (the Trainer synchronises there anyway) and closes the
-monitor at the end. Requires ``transformers``.
+device values at each ``on_log`` (the Trainer synchronises there anyway), hands it each
+evaluation's loss (``on_evaluate``) and closes the monitor at the end. Requires
+``transformers``.
 
 Step numbers are the Trainer's: the Trainer increments ``state.global_step`` before
 ``on_step_end``, so the first optimizer step is step 1, and the record of each step
@@ -78,6 +79,18 @@ class SapperCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:
             self.monitor.flush()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # ``eval_loss``, or ``eval_<name>_loss`` per set when the Trainer evaluates a dict
+        # of datasets.
+        metrics = kwargs.get("metrics") or {}
+        if self.monitor is None or not isinstance(metrics, dict):
+            return
+        for key, value in metrics.items():
+            if key == "eval_loss":
+                self.monitor.eval_loss(value)
+            elif key.startswith("eval_") and key.endswith("_loss"):
+                self.monitor.eval_loss(value, name=key[len("eval_") : -len("_loss")])
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

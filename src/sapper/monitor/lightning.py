@@ -38,15 +38,23 @@ class SapperCallback(Callback):
         module: attribute of the LightningModule whose forward receives the batch
             (default: a child holding ≥ 90% of the parameters, e.g. ``self.model``, else
             the LightningModule itself).
+        eval_key: the metric the validation loss is logged under (default: the first of
+            ``val_loss``, ``val/loss``, ``validation_loss``, ``valid_loss``,
+            ``eval_loss`` found in ``trainer.callback_metrics``), for R110/R111.
         **monitor_options: keyword arguments of :class:`~sapper.monitor.Monitor`.
     """
 
     def __init__(
-        self, plan: PlanLike = None, module: str | None = None, **monitor_options: Any
+        self,
+        plan: PlanLike = None,
+        module: str | None = None,
+        eval_key: str | None = None,
+        **monitor_options: Any,
     ) -> None:
         super().__init__()
         self.plan = resolve_plan(plan)
         self.module = module
+        self.eval_key = eval_key
         self.options = monitor_options
         self.monitor: Monitor | None = None
 
@@ -87,9 +95,22 @@ class SapperCallback(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.monitor.step(loss, batch)
 
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.monitor is None or getattr(trainer, "sanity_checking", False):
+            return
+        metrics = getattr(trainer, "callback_metrics", None) or {}
+        keys = (self.eval_key,) if self.eval_key else _EVAL_KEYS
+        key = next((k for k in keys if k in metrics), None)
+        if key is not None:
+            self.monitor.eval_loss(metrics[key])
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None:
             self.monitor.close()
+
+
+#: Names LightningModules commonly log their validation loss under (``self.log(...)``).
+_EVAL_KEYS = ("val_loss", "val/loss", "validation_loss", "valid_loss", "eval_loss")
 
 
 def _watched(pl_module: Any, name: str | None) -> Any:

@@ -348,6 +348,33 @@ class Monitor:
             self._bucket.data_time_s += max(0.0, time.perf_counter() - self._ready_t)
             self._ready_t = None
 
+    def eval_loss(self, loss: Any, name: str | None = None) -> None:
+        """An evaluation's loss (a number, a tensor, or the model's output), for the
+        overfitting and plateau rules (R110/R111) and the memorisation evidence of a short
+        data cycle (R072). ``name`` tells one eval set of several apart. It is read now
+        (evaluations are rare: one sync is nothing beside them) and lands on the record
+        of the step just trained if that is not yet read, else on the next one."""
+        if self._closed:
+            return
+        with self._lock:
+            self.guard("eval", self._eval_loss, loss, name)
+
+    def _eval_loss(self, loss: Any, name: str | None) -> None:
+        value = self._loss_value(loss)
+        if value is None:
+            return
+        number = float(value)
+        if self.collector.ready:
+            slot = self.collector.ready[-1]
+        elif self._sealed:
+            slot = self._sealed[-1]
+        else:
+            slot = self._bucket
+        if name is None:
+            slot.host["eval_loss"] = number
+        else:
+            slot.extra.setdefault("eval_losses", {})[str(name)] = number
+
     def flush(self) -> list[Finding]:
         """Read the pending device values now (a host sync) and run the detectors."""
         if self._closed:
@@ -391,6 +418,7 @@ class Monitor:
             self.positions.close()
         self.localiser.disarm()
         self.observer.close()
+        self._seal_evaluation()
         self._seal_pending()
         if read:
             self.guard("read", self._read)
@@ -678,6 +706,19 @@ class Monitor:
             found = self._read()
         self._ready_t = time.perf_counter()
         return found
+
+    def _seal_evaluation(self) -> None:
+        """An evaluation after the last step trained (the usual final one) has no later
+        record to ride on: it becomes a record of its own, numbered after that step."""
+        b = self._bucket
+        if b.micro or not ("eval_loss" in b.host or "eval_losses" in b.extra):
+            return
+        slot = StepSlot(step=self.next_step, time=time.time())
+        slot.host["eval_loss"] = b.host.pop("eval_loss", None)
+        if "eval_losses" in b.extra:
+            slot.extra["eval_losses"] = b.extra.pop("eval_losses")
+        self.next_step += 1
+        self._sealed.append(slot)
 
     def _seal_pending(self) -> None:
         for slot in self._sealed:
