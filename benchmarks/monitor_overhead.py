@@ -12,6 +12,11 @@ the paired ratio of median step times, on the wall clock and on the process's CP
 is CPU work on the training thread, which CPU time isolates), and as the monitor's own
 time: every entry point of the monitor (hooks, ``step``) is timed, outermost calls only,
 which measures its cost directly rather than as a small difference of two noisy numbers.
+Self time and step times cover the same timed steps of each block (after ``--skip``
+untimed ones), so the two are printed side by side from one interleaved run; the
+monitor's time in the untimed first steps, work done once per run (setup probe,
+norm-placement trace) or every ``localise_every`` steps (the localiser, armed on the
+first step), is printed apart, in milliseconds.
 Host syncs are counted with
 :class:`sapper.monitor.syncs.HostSyncCounter` and given in excess of the bare loop's
 (torch's Adam reads its CPU step counters with .item()).
@@ -40,6 +45,9 @@ import torch
 import transformers
 
 from sapper.monitor import Monitor
+from sapper.monitor.faults import Localiser
+from sapper.monitor.positions import PositionWatch
+from sapper.monitor.structure import StructureProbe
 from sapper.monitor.syncs import HostSyncCounter
 from sapper.monitor.training import TrainingObserver
 from sapper.runtime.runlog import RunLogWriter
@@ -52,10 +60,27 @@ SIZES = {  # name: (layers, hidden, heads, seq, batch)
     "L": (6, 192, 4, 128, 8),
 }
 
-#: Where control enters the monitor during a step.
+#: Where control enters the monitor during a step: the model's hooks, the loss and logits
+#: tensor hooks, the optimizer's hooks, the clipping wrapper's calls, the position
+#: module's pre-hook, the localiser's module and gradient hooks and the first forward's
+#: norm-placement hooks (the residual trace itself runs inside the block's own forward
+#: and is not separable from it).
 _ENTRY_POINTS = (
-    (Monitor, ("_forward_pre", "_forward_post", "_on_loss_grad", "step", "on_optimizer_stepped")),
+    (
+        Monitor,
+        (
+            "_forward_pre",
+            "_forward_post",
+            "_on_loss_grad",
+            "_on_logits_weight",
+            "step",
+            "on_optimizer_stepped",
+        ),
+    ),
     (TrainingObserver, ("_pre_step", "_post_step", "before_clip", "after_clip")),
+    (PositionWatch, ("_pre_hook",)),
+    (Localiser, ("_record", "_grad")),
+    (StructureProbe, ("_stack_in", "_block_out", "_norm_out")),
 )
 
 
@@ -70,9 +95,12 @@ class SelfTimer:
     def __enter__(self) -> SelfTimer:
         for cls, names in _ENTRY_POINTS:
             for name in names:
-                original = getattr(cls, name)
+                original = cls.__dict__[name]
                 self._saved.append((cls, name, original))
-                setattr(cls, name, self._timed(original))
+                if isinstance(original, staticmethod):
+                    setattr(cls, name, staticmethod(self._timed(original.__func__)))
+                else:
+                    setattr(cls, name, self._timed(original))
         return self
 
     def _timed(self, fn: Any) -> Any:
@@ -124,9 +152,11 @@ def block(
     counter: HostSyncCounter,
     skip: int,
     run_log: Path | None = None,
-) -> tuple[list[float], list[float], float, float]:
+) -> tuple[list[float], list[float], float, float, float]:
     """Run one block of steps; per-step wall and CPU times (after ``skip``), syncs per
-    step and the monitor's own seconds per step."""
+    step, the monitor's own seconds per step over the same steps, and its own seconds
+    in the ``skip`` first steps (the once-per-run work: setup probe, norm-placement
+    trace, the localiser armed on the run's first step)."""
     timer = SelfTimer()
     with timer:
         mon = (
@@ -138,8 +168,11 @@ def block(
     times: list[float] = []
     cpu: list[float] = []
     counter.reset()
+    first = 0.0
     with counter, timer:
         for i, x in enumerate(batches):
+            if i == skip:
+                first, timer.seconds = timer.seconds, 0.0
             t0, c0 = time.perf_counter(), time.process_time()
             out = model(input_ids=x, labels=x)
             out.loss.backward()
@@ -152,10 +185,10 @@ def block(
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
     syncs = counter.total / len(batches)
-    own = timer.seconds / len(batches)
+    own = timer.seconds / max(1, len(batches) - skip)
     if mon is not None:
         mon.close()
-    return times, cpu, syncs, own
+    return times, cpu, syncs, own, first
 
 
 def measure(name: str, rounds: int, steps: int, skip: int) -> dict[str, float]:
@@ -175,14 +208,18 @@ def measure(name: str, rounds: int, steps: int, skip: int) -> dict[str, float]:
     cpu: dict[str, list[float]] = {c: [] for c in order}
     syncs: dict[str, list[float]] = {c: [] for c in order}
     own: dict[str, list[float]] = {c: [] for c in order}
+    first: dict[str, list[float]] = {c: [] for c in order}
     for r in range(rounds):
         for c in order[r % len(order) :] + order[: r % len(order)]:
             log = logs / f"{name}-{c}.jsonl"
-            times, cpus, s, mine = block(model, opt, batches(), CONFIGS[c], counter, skip, log)
+            times, cpus, s, mine, once = block(
+                model, opt, batches(), CONFIGS[c], counter, skip, log
+            )
             wall[c].append(statistics.median(times))
             cpu[c].append(statistics.median(cpus))
             syncs[c].append(s)
             own[c].append(mine)
+            first[c].append(once)
     out: dict[str, float] = {
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "bare_ms": 1e3 * statistics.median(wall["bare"]),
@@ -195,31 +232,43 @@ def measure(name: str, rounds: int, steps: int, skip: int) -> dict[str, float]:
         out[f"{c}_syncs"] = statistics.mean(syncs[c]) - statistics.mean(syncs["bare"])
         ratios = [m / b for m, b in zip(own[c], wall["bare"], strict=True)]
         out[f"{c}_self"] = 100 * statistics.median(ratios)
+        out[f"{c}_first_ms"] = 1e3 * statistics.median(first[c])
     return out
 
 
 def table(rows: dict[str, dict[str, float]], log_every: int) -> str:
     head = (
         "| size | params (M) | bare ms/step | default: self time | Δ cpu | Δ wall | syncs/step "
-        "| all-on: self time | Δ cpu | Δ wall | syncs/step |"
+        "| first steps ms | all-on: self time | Δ cpu | Δ wall | syncs/step |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for name, r in rows.items():
         lines.append(
             f"| {name} | {r['params_m']:.2f} | {r['bare_ms']:.2f} "
             f"| {r['default_self']:.2f}% | {r['default_cpu']:+.1f}% | {r['default_wall']:+.1f}% "
-            f"| {r['default_syncs']:.2f} | {r['all_self']:.2f}% | {r['all_cpu']:+.1f}% "
+            f"| {r['default_syncs']:.2f} | {r['default_first_ms']:.1f} "
+            f"| {r['all_self']:.2f}% | {r['all_cpu']:+.1f}% "
             f"| {r['all_wall']:+.1f}% | {r['all_syncs']:.2f} |"
         )
     lines.append(
         "\nself time: the monitor's own time per step (its hooks and step()) as a share of "
-        "the bare step; Δ cpu / Δ wall: paired median step-time difference to the bare loop."
+        "the bare step; Δ cpu / Δ wall: paired median step-time difference to the bare loop; "
+        "all three over the same timed steps of the same interleaved blocks. first steps "
+        "ms: the monitor's own time in each block's untimed first steps, once per run "
+        "(setup probe, norm-placement trace, the localiser armed on the first step and "
+        "again every localise_every steps)."
     )
     lines.append(
         f"\ndefault syncs/step: one read per {log_every} steps or per 0.5 s, whichever "
         "comes first (one copy per device and dtype), none on the other steps; all-on "
         "reads every step. Slow CPU steps make the time cadence the one that counts."
     )
+    for name, r in rows.items():
+        lines.append(
+            f"\n{name}, default monitor: self time {r['default_self']:.2f}% of the bare step "
+            f"| end-to-end step time Δ cpu {r['default_cpu']:+.2f}%, Δ wall "
+            f"{r['default_wall']:+.2f}%"
+        )
     return "\n".join(lines)
 
 

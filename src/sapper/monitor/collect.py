@@ -99,32 +99,50 @@ class StepCollector:
         if not slots:
             return []
         # Pack: (device, kind) -> one flat tensor, remembering where each value lands.
-        # Tensors are first concatenated per dtype (views, one cat each), then converted
-        # once per dtype: a handful of kernels per read, however many values.
-        parts: dict[tuple[str, str], dict[torch.dtype, list[torch.Tensor]]] = {}
-        sizes: dict[tuple[str, str, torch.dtype], int] = {}
-        where: list[tuple[int, str, str, tuple[str, str], torch.dtype, int, int]] = []
+        # Values are binned by device, kind and dtype; a bin's 0-d values (most of them:
+        # losses, norms, scales) are stacked in one op rather than flattened one by one,
+        # its vectors are concatenated after them, and each bin is converted once: a
+        # handful of kernels per read, however many values. The packed tensors are
+        # always fresh copies (a reduction may work on them in place).
+        bins: dict[tuple[torch.device, str, torch.dtype], tuple[list, list]] = {}
+        vec_size: dict[tuple[torch.device, str, torch.dtype], int] = {}
+        # (slot, kind, key, bin, scalar?, start, end); a vector's start is after the scalars
+        where: list[tuple[int, str, str, tuple[torch.device, str, torch.dtype], bool, int, int]]
+        where = []
         for i, slot in enumerate(slots):
             for kind, table in (("f", slot.dev_f), ("i", slot.dev_i)):
                 for key, tensors in table.items():
                     for t in tensors:
-                        group = (str(t.device), kind)
-                        flat = t.reshape(-1)
-                        start = sizes.get((*group, t.dtype), 0)
-                        parts.setdefault(group, {}).setdefault(t.dtype, []).append(flat)
-                        sizes[(*group, t.dtype)] = start + flat.numel()
-                        where.append((i, kind, key, group, t.dtype, start, start + flat.numel()))
-        packed: dict[tuple[str, str], torch.Tensor] = {}
-        base: dict[tuple[str, str, torch.dtype], int] = {}
-        for group, by_dtype in parts.items():
-            pieces, offset = [], 0
-            for dtype, ts in by_dtype.items():
-                device = ts[0].device
-                target = _float_dtype(device) if group[1] == "f" else torch.int64
-                pieces.append(torch.cat(ts).to(target))
-                base[(*group, dtype)] = offset
-                offset += pieces[-1].numel()
-            packed[group] = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+                        bk = (t.device, kind, t.dtype)
+                        held = bins.get(bk)
+                        if held is None:
+                            held = bins[bk] = ([], [])
+                        if t.dim() == 0:
+                            where.append((i, kind, key, bk, True, len(held[0]), 0))
+                            held[0].append(t)
+                            continue
+                        flat = t if t.dim() == 1 else t.reshape(-1)
+                        a = vec_size.get(bk, 0)
+                        vec_size[bk] = a + flat.numel()
+                        where.append((i, kind, key, bk, False, a, a + flat.numel()))
+                        held[1].append(flat)
+        grouped: dict[tuple[str, str], list[torch.Tensor]] = {}
+        #: where each bin starts in its group's packed tensor (vectors: after its scalars)
+        base: dict[tuple[torch.device, str, torch.dtype], tuple[tuple[str, str], int, int]] = {}
+        sizes: dict[tuple[str, str], int] = {}
+        for bk, (scalars, vectors) in bins.items():
+            device, kind, _ = bk
+            group = (str(device), kind)
+            parts = ([torch.stack(scalars)] if scalars else []) + vectors
+            flat = torch.cat(parts) if len(parts) > 1 or not scalars else parts[0]
+            target = _float_dtype(device) if kind == "f" else torch.int64
+            offset = sizes.get(group, 0)
+            base[bk] = (group, offset, offset + len(scalars))
+            sizes[group] = offset + flat.numel()
+            grouped.setdefault(group, []).append(flat.to(target))
+        packed: dict[tuple[str, str], torch.Tensor] = {
+            g: ts[0] if len(ts) == 1 else torch.cat(ts) for g, ts in grouped.items()
+        }
         packed = self.reduce(packed)
         host: dict[tuple[str, str], list[Any]] = {}
         for g, t in packed.items():
@@ -133,10 +151,13 @@ class StepCollector:
             self.transfers += 1
         floats: list[dict[str, list[float]]] = [{} for _ in slots]
         ints: list[dict[str, list[int]]] = [{} for _ in slots]
-        for i, kind, key, g, dtype, a, b in where:
+        for i, kind, key, bk, scalar, a, b in where:
             target = floats[i] if kind == "f" else ints[i]
-            off = base[(*g, dtype)]
-            target.setdefault(key, []).extend(host[g][off + a : off + b])
+            g, scalars_at, vectors_at = base[bk]
+            if scalar:
+                target.setdefault(key, []).append(host[g][scalars_at + a])
+            else:
+                target.setdefault(key, []).extend(host[g][vectors_at + a : vectors_at + b])
         return [self._record(s, floats[i], ints[i]) for i, s in enumerate(slots)]
 
     def _record(

@@ -48,7 +48,16 @@ def _as_int64(x: torch.Tensor) -> torch.Tensor:
 
 def fingerprint_rows(x: torch.Tensor) -> torch.Tensor:
     """One raw int64 fingerprint per sample (first dimension) of ``x``, on its device;
-    :func:`finish_fingerprint` completes it on the host."""
+    :func:`finish_fingerprint` completes it on the host.
+
+    This runs on every micro-batch, so the usual case, a 2-D int64 batch of token ids,
+    takes one kernel: an integer matrix-vector product on the CPU (the same wrapping
+    sum as multiply-then-sum, bit for bit; CUDA has no int64 matmul, so it keeps the
+    two kernels there). Integer tensors never carry autograd history: nothing to
+    detach."""
+    if x.dtype == torch.int64 and x.dim() == 2:
+        p = _multipliers(x.device, x.shape[1])
+        return torch.mv(x, p) if x.device.type == "cpu" else (x * p).sum(dim=1)
     with torch.no_grad():
         rows = x.detach().reshape(x.shape[0], -1) if x.dim() > 1 else x.detach().reshape(1, -1)
         v = _as_int64(rows)

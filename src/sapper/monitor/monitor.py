@@ -493,11 +493,12 @@ class Monitor:
         if view.normalised:
             b.extra["loss_normalised"] = True
         if self.hash_samples and view.ids is not None:
-            b.add_i("sample_hash", fingerprint_rows(view.ids))
-            rows = view.ids.shape[0] if view.ids.dim() > 1 else 1
-            b.host.setdefault("_hash_lengths", []).append(
-                (rows, view.ids[0].numel() if view.ids.dim() > 1 else view.ids.numel())
-            )
+            ids = view.ids
+            b.add_i("sample_hash", fingerprint_rows(ids))
+            # rows and each row's length from the shape (indexing a row is a torch op)
+            rows = ids.shape[0] if ids.dim() > 1 else 1
+            length = math.prod(ids.shape[1:]) if ids.dim() > 1 else ids.numel()
+            b.host.setdefault("_hash_lengths", []).append((rows, length))
         if self.positions is not None and view.seq_len:
             self.guard("positions", self.positions.on_inputs, b, view)
         if view.labels is not None and self._sampled(self.next_step):
