@@ -10,9 +10,11 @@ the step of the first finding with that code (``-`` when not named), how many st
 after the onset that is, other warnings of the faulty run, and the warnings the healthy
 twin raised.
 
-    python benchmarks/fault_detection.py [--fast]
+    python benchmarks/fault_detection.py [--fast] [--load idle|busy|bursts]
 
-``--fast`` uses the tests' short detector windows (``tinytrain.FAST``) instead.
+``--fast`` uses the tests' short detector windows (``tinytrain.FAST``) instead;
+``--load`` runs every case beside competing processes (one per core: spinning for the
+whole run, or in staggered bursts), where the healthy twins must stay quiet too.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "monitor"))
 
+from loadgen import competing_load
 from test_norm_placement import MHAPostLN
 from test_positions import Longer, _clamp, _wrap
 from test_setup_faults import Epochs, _four_batches
@@ -144,6 +147,7 @@ def _cases() -> list[Case]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast", action="store_true", help="the tests' short windows")
+    parser.add_argument("--load", default="idle", choices=("idle", "busy", "bursts"))
     args = parser.parse_args()
     options = dict(DEFAULTS)
     if args.fast:
@@ -151,11 +155,11 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     started = time.perf_counter()
-    for case in _cases():
-        run = case.run(dict(options))
+    with competing_load(args.load):
+        outcomes = [(c, c.run(dict(options)), c.healthy(dict(options))) for c in _cases()]
+    for case, run, healthy in outcomes:
         first = run.first_step(case.code)
         others = sorted(run.warnings() - {case.code})
-        healthy = case.healthy(dict(options))
         rows.append(
             (
                 case.fault,
@@ -178,7 +182,7 @@ def main() -> None:
     )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
-    print(f"settings: {'tests (FAST)' if args.fast else 'Monitor defaults'}")
+    print(f"settings: {'tests (FAST)' if args.fast else 'Monitor defaults'}; load: {args.load}")
     print(line)
     print("-" * len(line))
     for r in rows:
