@@ -152,6 +152,8 @@ def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The L2 norm of all ``tensors`` together as a 0-dim tensor in :func:`acc_dtype`
     (a finite total stays finite: 1e30 gradients give 1e30, not fp32's Inf). With
     DTensors it is global (a collective on their meshes); no host sync."""
+    if not any(is_dtensor(t) for t in tensors):  # the usual case: no mesh to reduce over
+        return _grouped_norms(tensors).square().sum().sqrt()
     shards = Shards(tensors, settle=True)
     squares = shards.norms().square()
     return shards.reduce(squares).sum().sqrt()
@@ -175,7 +177,7 @@ def _all_reduce(t: torch.Tensor, mesh: Any, op: Any) -> None:
 
 
 def _grouped_norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
-    """Per-tensor norms as one vector (fused per device and dtype)."""
+    """Per-tensor norms as one vector in :func:`acc_dtype` (fused per device and dtype)."""
     device = tensors[0].device
     dtype = acc_dtype(device)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
@@ -184,9 +186,34 @@ def _grouped_norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tenso
             groups.setdefault((t.device, t.dtype), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(tensors)
     for (dev, _), idx in groups.items():
-        kw = {"dtype": acc_dtype(dev)} if ord == 2.0 else {}
-        norms = torch._foreach_norm([tensors[i] for i in idx], ord, **kw)
+        norms = _norms([tensors[i] for i in idx], ord)
+        if len(idx) == len(tensors) and dev == device:
+            return norms  # one device and dtype, no empty shard
         for i, n in zip(idx, norms, strict=True):
             out[i] = n
     zero = torch.zeros((), device=device, dtype=dtype)
     return torch.stack([zero if n is None else n.to(device=device, dtype=dtype) for n in out])
+
+
+def _norms(tensors: list[torch.Tensor], ord: float) -> torch.Tensor:
+    """Norms (``ord`` 2 or ``inf``) of same-device, same-dtype, non-empty tensors as one
+    vector in :func:`acc_dtype`. L2 on an accelerator: one fused kernel accumulating in
+    float64.
+    On the CPU, where float64 accumulation doubles the cost and a look at a value is no
+    sync, the tensor's own dtype is used and only norms that overflowed are redone in
+    float64."""
+    device = tensors[0].device
+    dtype = acc_dtype(device)
+    if ord == math.inf and device.type == "cpu":  # 5x faster there than the inf norm
+        ends = [torch.aminmax(t) for t in tensors]
+        low = torch.stack([e.min for e in ends]).to(dtype)
+        high = torch.stack([e.max for e in ends]).to(dtype)
+        return torch.maximum(-low, high)  # NaN stays NaN
+    if ord != 2.0 or device.type != "cpu":
+        kw = {"dtype": dtype} if ord == 2.0 else {}
+        return torch.stack(torch._foreach_norm(tensors, ord, **kw)).to(dtype)
+    norms = torch.stack(torch._foreach_norm(tensors)).to(dtype)
+    if not bool(torch.isfinite(norms).all()):  # inf or nan: overflowed, or truly not finite
+        for i in torch.nonzero(~torch.isfinite(norms)).flatten().tolist():
+            norms[i] = torch.linalg.vector_norm(tensors[i], dtype=dtype)
+    return norms
