@@ -109,10 +109,14 @@ class GradStats:
         else:
             numel = sum(t.numel() for t, m in zip(grads.locals, zero_for, strict=True) if m)
         if values:
+            # Values are measured on armed steps, which a fault arms on one rank only:
+            # never a collective (sharded weights: this rank's shards, and it says so).
             weights = Shards([self.params[i].detach() for i in with_grad])
-            value_norms, value_max, _ = _stats(weights, None, collective)
+            value_norms, value_max, _ = _stats(weights, None, collective=False)
             slot.add_f("param_value_norm", value_norms)
             slot.add_f("param_value_max", value_max)
+            if weights.sharded:
+                slot.extra["param_stats_local"] = True
         slot.extra["grad_sampled"] = True
         if not reduced:
             slot.extra["grad_stats_local"] = True
