@@ -15,6 +15,9 @@ timings, and the exit code is the number of failed checks.
 4. DDP, one replica's weight changed at step 4: X003 names that rank.
 5. FSDP2 (``fully_shard``): sapper's global gradient norm equals the norm of the same
    step computed on one GPU with the whole batch.
+6. FSDP2 under the live Monitor: its gradient norm (reduced over the mesh on NCCL,
+   float64 sums in one fused kernel) is logged on every step and equals that single-GPU
+   norm; no R190.
 """
 
 from __future__ import annotations
@@ -170,12 +173,53 @@ def check_fsdp_norm(rank: int, world: int, device: torch.device) -> tuple[bool, 
     return ok, f"sapper {ours:.6g} vs single GPU {ref:.6g}"
 
 
+def check_fsdp_monitor(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sapper.monitor import Monitor
+
+    model = _model().to(device)
+    reference = copy.deepcopy(model)
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in model[1].layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the reference keeps the weights
+    mon = Monitor(model, opt, log_every=2, console=False, distributed={"timeout_s": 60})
+    refs = []
+    for step in range(4):
+        batch = _batch(rank, step, device)
+        batches = [torch.empty_like(batch) for _ in range(world)]
+        dist.all_gather(batches, batch)
+        reference.zero_grad(set_to_none=True)
+        (sum(_loss(reference, b) for b in batches) / world).backward()
+        refs.append(float(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.parameters()])
+        )))
+        loss = _loss(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mon.step(loss)
+    found = mon.close()
+    norms = [rec.grad_norm for rec in mon.history]
+    errors = [f.message for f in found if f.code == "R190"]
+    ok = not errors and len(norms) == len(refs) and all(
+        n is not None and abs(n - r) <= 1e-4 * max(r, 1e-12)
+        for n, r in zip(norms, refs, strict=True)
+    )
+    shown = ", ".join(f"{n:.6g}/{r:.6g}" for n, r in zip(norms, refs, strict=False))
+    return ok, "; ".join(errors) or f"monitor/single GPU {shown}"
+
+
 CHECKS = [
     ("DDP clean, no host sync per step", check_clean),
     ("DDP NaN on the last rank -> X001", check_nan),
     ("DDP slow loader on rank 1 -> X002", check_straggler),
     ("DDP replica knocked out of sync -> X003", check_desync),
     ("FSDP2 global grad norm = single GPU", check_fsdp_norm),
+    ("FSDP2 + Monitor grad norm every step", check_fsdp_monitor),
 ]
 
 

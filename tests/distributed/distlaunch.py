@@ -82,9 +82,11 @@ def run_job(
     *,
     timeout_s: float = 90.0,
     node_of: list[int] | None = None,
+    worker: Path = WORKER,
 ) -> Job:
-    """Start ``world`` worker processes, wait at most ``timeout_s``, kill the stragglers
-    (only the processes started here, by their own handles)."""
+    """Start ``world`` worker processes (``worker.py`` unless told), wait at most
+    ``timeout_s``, kill the stragglers (only the processes started here, by their own
+    handles)."""
     out = tmp / "out"
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -105,7 +107,7 @@ def run_job(
         files.append(log)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), "job", str(out), json.dumps(opts)],
+                [sys.executable, str(worker), "job", str(out), json.dumps(opts)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

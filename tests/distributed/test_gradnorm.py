@@ -66,3 +66,13 @@ def test_checksum_changes_with_one_weight_and_plain_params_have_no_mesh() -> Non
     assert float(ck.compute()) != before
     assert mesh_replica_groups(m.parameters()) is None
     assert ParamChecksum([]).compute() is None
+
+
+def test_finite_huge_gradients_have_a_finite_global_norm() -> None:
+    """fp32 squares of 1e30 overflow; the norm is summed in float64."""
+    m = nn.Linear(4, 4)
+    for p in m.parameters():
+        p.grad = torch.full_like(p, 1e30)
+    norm = global_grad_norm(m)
+    assert norm is not None and math.isfinite(float(norm))
+    assert float(norm) == pytest.approx(1e30 * math.sqrt(20), rel=1e-6)

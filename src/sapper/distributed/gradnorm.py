@@ -64,9 +64,11 @@ def _dtensor_types() -> tuple[type, ...]:
 
 
 def _local_power(tensors: list[torch.Tensor], p: float) -> torch.Tensor:
-    """Sum of |g|^p (or max |g| for p = inf) over plain tensors, in fp32."""
+    """Sum of |g|^p (or max |g| for p = inf) over plain tensors, in float64 (float32 on
+    MPS): finite 1e30 gradients have a finite norm, which fp32's squares would not."""
+    dtype = torch.float32 if tensors[0].device.type == "mps" else torch.float64
     norms = torch.stack(
-        [torch.linalg.vector_norm(t.detach(), p, dtype=torch.float32) for t in tensors]
+        [torch.linalg.vector_norm(t.detach(), p, dtype=dtype) for t in tensors]
     )
     return norms.max() if math.isinf(p) else norms.pow(p).sum()
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sapper.monitor.dtensor import local_value
 from sapper.monitor.fingerprint import finish_fingerprint
 from sapper.runtime.records import StepRecord
 
@@ -55,10 +56,11 @@ class StepSlot:
     decoders: list[Decoder] = field(default_factory=list)
 
     def add_f(self, key: str, value: torch.Tensor) -> None:
-        self.dev_f.setdefault(key, []).append(value.detach())
+        # local_value: a DTensor (FSDP2/TP) is stored as its local tensor, to pack and copy
+        self.dev_f.setdefault(key, []).append(local_value(value.detach()))
 
     def add_i(self, key: str, value: torch.Tensor) -> None:
-        self.dev_i.setdefault(key, []).append(value.detach())
+        self.dev_i.setdefault(key, []).append(local_value(value.detach()))
 
     def merge(self, other: StepSlot) -> None:
         """Fold a slot's device values and extras into this one (late arrivals)."""

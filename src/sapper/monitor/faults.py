@@ -22,24 +22,48 @@ import torch
 from torch import nn
 
 from sapper.monitor.collect import StepSlot
+from sapper.monitor.dtensor import Shards, shard_of
 from sapper.monitor.structure import first_tensor
 from sapper.runtime.records import StepRecord
 
-__all__ = ["GradStats", "Localiser"]
+__all__ = ["HUGE", "GradStats", "Localiser"]
 
 
-def _grouped_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Per-tensor L2 norms as one float32 vector (fused per device and dtype)."""
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i)
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    for idx in groups.values():
-        norms = torch._foreach_norm([tensors[i] for i in idx])
-        for i, n in zip(idx, norms, strict=True):
-            out[i] = n
-    device = tensors[0].device
-    return torch.stack([n.float().to(device) for n in out if n is not None])
+#: A finite magnitude this large in a weight or a gradient is already a fault: nothing in
+#: a healthy run comes near it, fp16 cannot hold it and its square overflows fp32.
+#: It is reported as huge-but-finite (``extra["huge_params"]``/``["huge_grads"]``), not
+#: as non-finite.
+HUGE = 1e10
+
+
+def _stats(
+    shards: Shards, zero_for: list[bool] | None, collective: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-tensor L2 norms (float64), largest magnitudes (NaN where any element is NaN or
+    Inf is there: finiteness is judged on the values, never on a norm that can overflow)
+    and, when ``zero_for`` is given, exactly-zero element counts of the marked tensors.
+    ``collective``: reduced across the mesh (one SUM and one MAX all-reduce per mesh), so
+    sharded tensors are described whole; else each rank's shards."""
+    squares = shards.norms().square()
+    largest = shards.norms(math.inf).to(squares.dtype)
+    rows = [squares]
+    if zero_for is not None:
+        zero = squares.new_zeros(())
+        rows.append(
+            torch.stack(
+                [
+                    (t == 0).sum().to(squares.dtype) if mark else zero
+                    for t, mark in zip(shards.locals, zero_for, strict=True)
+                ]
+            )
+        )
+    if collective and shards.sharded:
+        bad = (~torch.isfinite(largest)).to(squares.dtype)
+        summed = shards.reduce(torch.stack([*rows, bad]))
+        peak = shards.reduce(torch.where(bad > 0, 0.0, largest), "max")
+        largest = torch.where(summed[-1] > 0, math.nan, peak)
+        rows = list(summed[:-1])
+    return rows[0].sqrt(), largest, rows[1] if zero_for is not None else None
 
 
 class GradStats:
@@ -61,29 +85,41 @@ class GradStats:
         self.counted = [id(p) not in embed for p in params]
         self.block_prefix = block_prefix + "." if block_prefix else None
 
-    def measure(self, slot: StepSlot, values: bool = False) -> None:
+    def measure(self, slot: StepSlot, values: bool = False, collective: bool = False) -> None:
         """Queue the device statistics of the current gradients (and, when ``values``,
-        of the parameters themselves) into ``slot``."""
+        of the parameters themselves) into ``slot``. ``collective``: every rank measures
+        this step (chosen by its number), so sharded (DTensor) statistics are reduced
+        across the mesh; otherwise they are this rank's shards, and the record says so
+        (``extra["grad_stats_local"]``)."""
         with_grad = [
             i for i, p in enumerate(self.params) if p.grad is not None and not p.grad.is_sparse
         ]
         if not with_grad:
             return
-        grads = [self.params[i].grad for i in with_grad]
-        slot.add_f("param_grad_norm", _grouped_norms(grads))  # type: ignore[arg-type]
-        zero = [
-            (self.params[i].grad == 0).sum()  # type: ignore[union-attr]
-            for i in with_grad
-            if self.counted[i]
-        ]
-        if zero:
-            slot.add_f("grad_zero_count", torch.stack([z.float() for z in zero]).sum())
-        numel = sum(self.params[i].numel() for i in with_grad if self.counted[i])
+        grads = Shards([self.params[i].grad for i in with_grad], settle=collective)  # type: ignore[misc]
+        zero_for = [self.counted[i] for i in with_grad]
+        norms, largest, zeros = _stats(grads, zero_for if any(zero_for) else None, collective)
+        slot.add_f("param_grad_norm", norms)
+        slot.add_f("param_grad_max", largest)
+        if zeros is not None:
+            slot.add_f("grad_zero_count", zeros.sum())
+        reduced = collective or not grads.sharded
+        if reduced:
+            numel = sum(self.params[i].numel() for i in with_grad if self.counted[i])
+        else:
+            numel = sum(t.numel() for t, m in zip(grads.locals, zero_for, strict=True) if m)
         if values:
-            slot.add_f(
-                "param_value_norm", _grouped_norms([self.params[i].detach() for i in with_grad])
-            )
+            # Values are measured on armed steps, which a fault arms on one rank only:
+            # never a collective (sharded weights: this rank's shards, and it says so).
+            weights = Shards([self.params[i].detach() for i in with_grad])
+            value_norms, value_max, _ = _stats(weights, None, collective=False)
+            slot.add_f("param_value_norm", value_norms)
+            slot.add_f("param_value_max", value_max)
+            if weights.sharded:
+                slot.extra["param_stats_local"] = True
         slot.extra["grad_sampled"] = True
+        if not reduced:
+            slot.extra["grad_stats_local"] = True
         slot.decoders.append(self._decoder(with_grad, numel, values))
 
     def _decoder(self, idx: list[int], numel: int, values: bool) -> Callable[..., None]:
@@ -101,24 +137,32 @@ class GradStats:
             rec.extra["zero_grad_params"] = [
                 n for n, v in zip(names, norms, strict=True) if v == 0
             ] + missing
-            bad = [n for n, v in zip(names, norms, strict=True) if not math.isfinite(v)]
+            largest = f.get("param_grad_max", [])
+            bad = [n for n, v in zip(names, largest, strict=False) if not math.isfinite(v)]
             if bad and (values or not rec.skipped):
                 rec.extra["nonfinite_grads"] = bad
+            huge = _huge(names, largest)
+            if huge and (values or not rec.skipped):
+                rec.extra["huge_grads"] = huge
             if f.get("grad_zero_count") and numel:
                 rec.extra["grad_zero_share"] = f["grad_zero_count"][0] / numel
-            rec.extra["grad_norm_layers"] = self._layers(names, norms)
+            finite = [v if math.isfinite(v) else math.inf for v in norms]
+            rec.extra["grad_norm_layers"] = self._layers(names, finite)
             if max(self.groups, default=0) > 0:
                 sums: dict[int, float] = {}
-                for i, v in zip(idx, norms, strict=True):
+                for i, v in zip(idx, finite, strict=True):
                     sums[self.groups[i]] = sums.get(self.groups[i], 0.0) + v * v
                 rec.extra["grad_norm_groups"] = [
                     math.sqrt(sums.get(g, 0.0)) for g in range(max(self.groups) + 1)
                 ]
-            if values and f.get("param_value_norm"):
-                vals = f["param_value_norm"]
-                bad_vals = [n for n, v in zip(names, vals, strict=True) if not math.isfinite(v)]
+            if values and f.get("param_value_max"):
+                vals = f["param_value_max"]
+                bad_vals = [n for n, v in zip(names, vals, strict=False) if not math.isfinite(v)]
                 if bad_vals:
                     rec.extra["nonfinite_params"] = bad_vals
+                huge_vals = _huge(names, vals)
+                if huge_vals:
+                    rec.extra["huge_params"] = huge_vals
 
         return decode
 
@@ -133,6 +177,11 @@ class GradStats:
             key = self.block_prefix + index
             sums[key] = sums.get(key, 0.0) + v * v
         return {k: math.sqrt(v) for k, v in sums.items()}
+
+
+def _huge(names: list[str], largest: list[float]) -> dict[str, float]:
+    """Parameters whose largest finite magnitude reaches :data:`HUGE` (name -> it)."""
+    return {n: v for n, v in zip(names, largest, strict=False) if math.isfinite(v) and v >= HUGE}
 
 
 class Localiser:
@@ -179,11 +228,13 @@ class Localiser:
         return hook
 
     def _record(self, name: str, args: Any, output: Any) -> None:
-        out = first_tensor(output)
+        raw = first_tensor(output)
         slot = self.slot
-        if out is None or slot is None:
+        if raw is None or slot is None:
             return
+        out = shard_of(raw)  # a DTensor: this rank's part (no collective)
         inp = first_tensor(args)
+        inp = shard_of(inp) if inp is not None else None
         with torch.no_grad():
             slot.add_f("mod_out_bad", (~torch.isfinite(out.detach())).any().float())
             if inp is not None:
@@ -192,9 +243,9 @@ class Localiser:
                 bad_in = out.new_zeros((), dtype=torch.float32)
             slot.add_f("mod_in_bad", bad_in)
         self.names.append(name)
-        if out.requires_grad:
+        if raw.requires_grad:
             grad_names = self.grad_names
-            out.register_hook(
+            raw.register_hook(
                 lambda g: self.guard("localise", self._grad, slot, grad_names, name, g)
             )
 
@@ -202,7 +253,8 @@ class Localiser:
     def _grad(slot: StepSlot, names: list[str], name: str, grad: torch.Tensor) -> None:
         """Backward reaches ``name``'s output: is the gradient there still finite?"""
         with torch.no_grad():
-            slot.add_f("mod_grad_bad", (~torch.isfinite(grad.detach())).any().float())
+            grad = shard_of(grad.detach())
+            slot.add_f("mod_grad_bad", (~torch.isfinite(grad)).any().float())
         names.append(name)
 
     @staticmethod

@@ -54,6 +54,7 @@ from sapper.distributed.bridge import MonitorBridge
 from sapper.monitor import durable
 from sapper.monitor.collect import StepCollector, StepSlot
 from sapper.monitor.cpuwait import RunQueueClock
+from sapper.monitor.dtensor import global_norm
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
 from sapper.monitor.halt import HaltPolicy, SapperHalt
@@ -589,8 +590,9 @@ class Monitor:
         self._lrs(slot, obs.lrs())
         armed = self.localiser.armed
         number = slot.step if slot.step >= 0 else self.next_step
-        if armed or (self._sampled(number) and not skipped):
-            self.guard("gradstats", self.grad_stats.measure, slot, armed)
+        sampled = self._sampled(number) and not skipped  # the same step on every rank
+        if armed or sampled:
+            self.guard("gradstats", self.grad_stats.measure, slot, armed, sampled)
         obs.reset()
         if not self._call_based:
             self._sealed.append(slot)
@@ -630,21 +632,8 @@ class Monitor:
 
     def _grad_norm(self, slot: StepSlot) -> None:
         grads = [p.grad for p in self._opt_params if p.grad is not None and not p.grad.is_sparse]
-        if not grads:
-            return
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for g in grads:
-            by_device.setdefault(g.device, []).append(g)
-        totals = []
-        for gs in by_device.values():
-            norms = torch._foreach_norm(gs)
-            totals.append(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
-        total = (
-            totals[0]
-            if len(totals) == 1
-            else torch.linalg.vector_norm(torch.stack([t.to(self.device) for t in totals]))
-        )
-        slot.add_f("grad_norm", total)
+        if grads:  # global under FSDP2/TP (sapper.monitor.dtensor), in float64
+            slot.add_f("grad_norm", global_norm(grads).to(self.device))
 
     def _lrs(self, slot: StepSlot, lrs: list[Any]) -> None:
         if any(isinstance(lr, torch.Tensor) and lr.device.type != "cpu" for lr in lrs):

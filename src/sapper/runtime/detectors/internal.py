@@ -12,12 +12,14 @@ MONITOR_ERROR = register(
         code="R190",
         name="monitor-internal-error",
         check="monitor",
-        severity=Severity.INFO,
+        severity=Severity.WARNING,
         title="A part of the sapper monitor failed and was switched off",
         why="""\
 The monitor must never stop the run it watches: when one of its parts raises (an
 unexpected model output, an unusual optimizer), that part is disabled, the error is
-reported once and training goes on, with less coverage.
+reported once and training goes on, with less coverage. It is a warning, not a note:
+a switched-off part is a blind spot (no gradient norm, no cross-rank checks), and a run
+that looks healthy may only look so because nothing is measured any more.
 
 Frameworks: any (sapper's own monitor).""",
         signs="""\

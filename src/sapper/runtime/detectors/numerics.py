@@ -48,7 +48,9 @@ Frameworks: any PyTorch model the live monitor watches (its hooks); not readable
 log.""",
         signs="""\
 A module whose inputs are finite and whose output is not; parameters whose values or
-gradients hold NaN/Inf.""",
+gradients hold NaN/Inf. Finiteness is judged on the values themselves: a weight of 1e30
+is finite (its fp32 norm is not); such finite-but-huge values (|x| ≥ 1e10) are a warning
+of this rule, naming the parameter and its largest magnitude, before they overflow.""",
         fix="""\
 Keep the named module's computation in fp32 (autocast(enabled=False) around it) or use
 bf16; lower the LR; check its init and inputs; restore a checkpoint from before the fault.""",
@@ -131,6 +133,7 @@ class NumericsDetector(RuleDetector):
         self.zero_runs: dict[str, int] = {}
         self.high_share = 0
         self.localised = False
+        self.huge_reported = False
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
@@ -138,7 +141,7 @@ class NumericsDetector(RuleDetector):
             for key in ("grad_sampled", "grad_norm_layers", "grad_zero_share"):
                 if key in extra:
                     self.seen_fields.add(key)
-            if any(k.startswith("nonfinite_") for k in extra):
+            if any(k.startswith(("nonfinite_", "huge_")) for k in extra):
                 self.seen_fields.add("nonfinite")
         return (
             self._origin(record)
@@ -153,8 +156,9 @@ class NumericsDetector(RuleDetector):
         grad_module = extra.get("nonfinite_grad_module")
         params = extra.get("nonfinite_params") or []
         grads = extra.get("nonfinite_grads") or []
+        huge = _huge(extra.get("huge_params")), _huge(extra.get("huge_grads"))
         if not module and not grad_module and not params and not grads:
-            return []
+            return self._huge_only(record.step, *huge) if any(huge) else []
         if (module or grad_module) and not self.localised:
             # A module name is new information even after a parameters-only report.
             self.localised = True
@@ -173,6 +177,7 @@ class NumericsDetector(RuleDetector):
             parts.append(f"{len(params)} parameter(s) hold non-finite values (first: {params[0]})")
         if grads:
             parts.append(f"{len(grads)} parameter(s) got non-finite gradients (first: {grads[0]})")
+        parts.extend(_huge_parts(*huge))
         since = extra.get("nonfinite_first_step")
         when = f" (non-finite since step {since})" if isinstance(since, int) else ""
         return self.fire(
@@ -183,6 +188,27 @@ class NumericsDetector(RuleDetector):
             params=params[:20],
             grads=grads[:20],
         )
+
+    def _huge_only(
+        self, step: int, values: dict[str, float], grads: dict[str, float]
+    ) -> list[Finding]:
+        """Finite but huge weights or gradients, nothing non-finite yet: a warning, once
+        per run, that leaves R020 free to fire when a value does go non-finite."""
+        if self.huge_reported:
+            return []
+        self.huge_reported = True
+        found = self.fire(
+            NONFINITE_ORIGIN,
+            step,
+            "; ".join(_huge_parts(values, grads))
+            + " (not non-finite yet; the next matmul in fp16, or a square in fp32, overflows)",
+            severity=Severity.WARNING,
+            params=sorted(values, key=values.__getitem__, reverse=True)[:20],
+            grads=sorted(grads, key=grads.__getitem__, reverse=True)[:20],
+        )
+        if found:
+            self.fired.pop(NONFINITE_ORIGIN.code, None)
+        return found
 
     def _dead(self, record: StepRecord) -> list[Finding]:
         if not record.extra.get("grad_sampled"):
@@ -280,3 +306,27 @@ class NumericsDetector(RuleDetector):
             value=share,
             threshold=self.zero_share,
         )
+
+
+def _huge(raw: object) -> dict[str, float]:
+    """``extra["huge_params"]``/``["huge_grads"]``: parameter name -> largest |value|."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in raw.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _huge_parts(values: dict[str, float], grads: dict[str, float]) -> list[str]:
+    parts = []
+    for what, table in (("values", values), ("gradients", grads)):
+        if table:
+            name = max(table, key=table.__getitem__)
+            symbol = "w" if what == "values" else "g"
+            parts.append(
+                f"{len(table)} parameter(s) hold finite but huge {what} "
+                f"(max |{symbol}| = {table[name]:.3g} in {name})"
+            )
+    return parts
