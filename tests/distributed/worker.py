@@ -160,6 +160,8 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     opt = None if engine else torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     plan = Plan.model_validate(opts["plan"]) if opts.get("plan") else None
     dist_opts = {"timeout_s": opts.get("timeout_s", 20.0), "checksum": opts.get("checksum", True)}
+    if "detail_ranks" in opts:  # 0: the reduced exchange only, as above 64 ranks
+        dist_opts["detail_ranks"] = opts["detail_ranks"]
     if opts.get("monitor"):
         return _with_monitor(wrapped, opt, plan, opts, dist_opts, rank, world)
     tracker = RankTracker(wrapped, plan=plan, every=opts.get("every", 5), **dist_opts)
