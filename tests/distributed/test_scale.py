@@ -3,6 +3,7 @@ as the all-gather where both apply, bounded waits, and stragglers that are real.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -76,3 +77,27 @@ def test_a_rank_slower_by_half_a_step_every_step_is_named(job) -> None:
     [f] = j.rank(0)["findings"]
     assert (f["code"], f["rank"]) == ("X002", 1) and f["data"]["windows"] == 3
     assert f["data"]["metric"] == "forward_time_s"
+
+
+def test_per_rank_run_logs_give_the_cross_rank_findings_offline(job, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from sapper.cli.app import _register_commands, app
+
+    _register_commands()
+
+    j = job(2, {"steps": 9, "every": 3, "monitor": True, "nan_rank": 1, "nan_step": 4,
+                "per_rank_log": True})
+    assert j.returncodes == [0, 0], j.explain()
+    logs = tmp_path / "out" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    res = CliRunner().invoke(app, ["analyze", str(logs), "--format", "json"])
+    assert res.exit_code == 1, res.output
+    findings = json.loads(res.output)["findings"]
+    offline = [f for f in findings if f["source"].endswith("rank*.jsonl (2 ranks)")]
+    x001 = [f for f in offline if f["code"] == "X001"]
+    assert [(f["rank"], f["step"]) for f in x001] == [(1, 4)], offline
+    # the live finding is in rank 0's log too; the per-rank findings stay with each rank
+    live = [f for f in findings if f["code"] == "X001" and f not in offline]
+    assert [(f["rank"], f["step"]) for f in live] == [(1, 4)]
+    assert "rank 1: loss became non-finite at step 4" in x001[0]["message"]

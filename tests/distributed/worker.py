@@ -231,7 +231,9 @@ def _with_monitor(model: Any, opt: Any, plan: Plan | None, opts: dict[str, Any],
     from sapper.runtime.runlog import read_runlog
 
     run_log = Path(opts["out"]) / f"run-rank{rank}.jsonl"
-    mon = Monitor(model, opt, plan=plan, log_every=opts.get("every", 5), run_log=run_log,
+    pattern = Path(opts["out"]) / "logs" / "rank{rank}.jsonl"  # every rank writes its own
+    mon = Monitor(model, opt, plan=plan, log_every=opts.get("every", 5),
+                  run_log=str(pattern) if opts.get("per_rank_log") else run_log,
                   console=False, distributed=dist_opts)
     for step, batch in enumerate(_loader(opts, rank, world)):
         if step >= opts.get("steps", 15):

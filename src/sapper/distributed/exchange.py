@@ -119,20 +119,26 @@ def reduce_window(
         if ck == float(gmin[g]):
             g_b[g, 2], g_b[g, 3] = r, -r
     min_b = torch.cat([min_b, g_b.reshape(-1)])
-    sum_b = torch.stack([at_hi.double(), at_lo.double()], 1).reshape(-1)
-    got = channel.all_reduce([(min_b, dist.ReduceOp.MIN), (sum_b, dist.ReduceOp.SUM)], step)
+    got = channel.all_reduce([(min_b, dist.ReduceOp.MIN)], step)
     if got is None:
         return None
-    min_b, sum_b = (t.cpu() for t in got)
-    stats = _assemble(names, sum_a, max_a, min_b, sum_b, world, n_groups, buckets)
+    min_b = got[0].cpu()
+    counts = torch.zeros(2 * n, dtype=torch.float64)  # filled by round C
+    stats = _assemble(names, sum_a, max_a, min_b, counts, world, n_groups, buckets)
     named = named_ranks(stats, max_named)
+    # round C: the named ranks' rows, and how many ranks hold each extreme (one SUM)
     rows = torch.zeros((len(named), n + 1), dtype=torch.float64)
     if rank in named:
         rows[named.index(rank)] = row[: n + 1]
-    got = channel.all_reduce([(rows, dist.ReduceOp.SUM)], step)
+    tail = torch.stack([at_hi.double(), at_lo.double()], 1).reshape(-1)
+    got = channel.all_reduce([(torch.cat([rows.reshape(-1), tail]), dist.ReduceOp.SUM)], step)
     if got is None:
         return None
-    fetched = got[0].cpu().tolist()
+    flat = got[0].cpu()
+    fetched = flat[: rows.numel()].reshape(rows.shape).tolist()
+    held = flat[rows.numel() :].reshape(n, 2).tolist()
+    for i, name in enumerate(names):
+        stats.columns[name].n_max, stats.columns[name].n_min = int(held[i][0]), int(held[i][1])
     return stats, {r_: fetched[i] for i, r_ in enumerate(named)}
 
 

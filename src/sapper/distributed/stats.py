@@ -13,9 +13,9 @@ fixed-size all-reduces (O(log world) latency on a tree, O(1) bytes per rank):
   contributing rank.
 * round B, MIN: per column the lowest rank holding the max, the min, a non-finite value;
   per replica group the lowest and (as -rank) highest rank holding its max and its min.
-  SUM (with it): per column how many ranks hold exactly the max, the min.
 * round C, SUM: the full rows of the ranks round B named (at most ``max_named``): every
-  rank writes its row into its slot, the others write zeros.
+  rank writes its row into its slot, the others write zeros; and per column how many
+  ranks hold exactly the max, the min.
 
 Argmax without precision games: round B compares each rank's own value with the reduced
 max (``value == max``, exact in float64, both sides the same bits) and reduces the rank
@@ -42,8 +42,6 @@ __all__ = [
     "stats_from_rows",
 ]
 
-#: Statistics kept per column in round A (SUM) / A (MAX) / B (MIN) / B (SUM).
-_SUM_A, _MAX_A, _MIN_B, _SUM_B = 4, 2, 3, 2
 _NONE = -1
 
 
