@@ -38,6 +38,7 @@ __all__ = [
     "JobStats",
     "SampleBuckets",
     "absent_below_zero",
+    "default_buckets",
     "named_ranks",
     "stats_from_rows",
 ]
@@ -156,6 +157,15 @@ class JobStats:
 
 
 # ---- sample buckets (X004 under a reduce) ---------------------------------------------
+def default_buckets(world: int) -> int:
+    """64 buckets per rank (a power of two, 1,024 to 65,536): at the 1/8 load the stride
+    keeps, each rank still contributes about 8 samples a window up to 1,024 ranks and
+    half a sample at 16,384 (a job-wide duplication is then seen within two windows).
+    65,536 buckets are 2.5 MiB per exchange: a reduce's bandwidth term, not latency."""
+    want = 64 * max(world, 1)
+    return min(1 << 16, max(1024, 1 << (want - 1).bit_length()))
+
+
 class SampleBuckets:
     """A fixed-size sum sketch of the window's distinct sample hashes.
 
@@ -215,19 +225,22 @@ class SampleBuckets:
         return {k: v.tolist() for k, v in out.items()}
 
     @staticmethod
-    def duplicates(buckets: dict[str, list[float]]) -> tuple[list[int], int]:
+    def pure(buckets: dict[str, list[float]]) -> torch.Tensor:
+        """Mask of occupied buckets that hold one sample (on one or several ranks)."""
+        c = torch.tensor(buckets["count"], dtype=torch.float64)
+        s = torch.tensor(buckets["g"], dtype=torch.float64)
+        s2 = torch.tensor(buckets["g2"], dtype=torch.float64)
+        spread = (c * s2 - s * s).abs()
+        return (c >= 1) & (spread <= 1e-9 * (c * s2).clamp(min=1e-30))
+
+    @classmethod
+    def duplicates(cls, buckets: dict[str, list[float]]) -> tuple[list[int], int]:
         """Indices of pure buckets holding one sample on ≥ 2 ranks, and the number of
         pure buckets (single or shared)."""
-        dup, pure = [], 0
-        for i, (c, s, s2) in enumerate(
-            zip(buckets["count"], buckets["g"], buckets["g2"], strict=True)
-        ):
-            if c < 1 or abs(c * s2 - s * s) > 1e-9 * max(c * s2, 1e-30):
-                continue
-            pure += 1
-            if c >= 2:
-                dup.append(i)
-        return dup, pure
+        pure = cls.pure(buckets)
+        c = torch.tensor(buckets["count"], dtype=torch.float64)
+        dup = torch.nonzero(pure & (c >= 2)).reshape(-1).tolist()
+        return dup, int(pure.sum())
 
 
 # ---- from a full table (detail mode, offline) -----------------------------------------

@@ -34,7 +34,7 @@ from sapper.distributed.exchange import reduce_buckets, reduce_window
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
 from sapper.distributed.reduce import ChannelLost, SideChannel
 from sapper.distributed.sampling import BottomKSketch, sample_hashes
-from sapper.distributed.stats import JobStats, SampleBuckets
+from sapper.distributed.stats import JobStats, SampleBuckets, default_buckets
 from sapper.distributed.table import COLUMNS, DIST_KEY, RankTable, pack_row
 from sapper.distributed.timing import ForwardTimer, unwrap_module
 from sapper.plan.schema import Plan
@@ -79,7 +79,7 @@ class RankTracker:
         aggregate: bool = True,
         max_ranks_logged: int = 256,
         detail_ranks: int = 64,
-        buckets: int = 1024,
+        buckets: int | None = None,
         max_named: int = 32,
         backend: str | None = None,
     ) -> None:
@@ -97,9 +97,9 @@ class RankTracker:
         #: needs host tensors), beyond it the job's own ("auto": NCCL on GPUs, whose
         #: tree/ring keeps a few peers per rank where gloo connects every pair).
         self.backend = backend
-        self._buckets = SampleBuckets(buckets)
         self.plan = plan
         self.ctx: DistContext = discover(plan, group)
+        self._buckets = SampleBuckets(buckets or default_buckets(self.ctx.world_size))
         self._engine = model if is_deepspeed_engine(model) else None
         module = unwrap_module(model) if model is not None else None
         params = list(module.parameters()) if module is not None else []

@@ -10,6 +10,8 @@ when the count says so), so the payload and the work stay fixed as the world gro
 
 from __future__ import annotations
 
+import torch
+
 from sapper.distributed.detectors._common import fmt_ranks, table_of, window_text
 from sapper.distributed.rules import DUPLICATE_SAMPLES_ACROSS_RANKS
 from sapper.distributed.stats import SampleBuckets
@@ -44,9 +46,8 @@ class DuplicateSamplesDetector(Detector):
                 group_of[r] = g
         dup, _ = SampleBuckets.duplicates(buckets)
         lo, hi, count = buckets["lo_rank"], buckets["hi_rank"], buckets["count"]
-        pure = [
-            (int(lo[i]), int(hi[i])) for i, c in enumerate(count) if c >= 1 and _pure(buckets, i)
-        ]
+        where = torch.nonzero(SampleBuckets.pure(buckets)).reshape(-1).tolist()
+        pure = [(int(lo[i]), int(hi[i])) for i in where]
         parent: dict[int, int] = {}
         shared: dict[int, int] = {}  # root -> shared samples
         widest: dict[int, float] = {}
@@ -98,11 +99,6 @@ class DuplicateSamplesDetector(Detector):
                 )
             )
         return out
-
-
-def _pure(b: dict[str, list[float]], i: int) -> bool:
-    c, s, s2 = b["count"][i], b["g"][i], b["g2"][i]
-    return abs(c * s2 - s * s) <= 1e-9 * max(c * s2, 1e-30)
 
 
 def _root(parent: dict[int, int], r: int) -> int:
