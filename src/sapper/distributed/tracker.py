@@ -1,12 +1,14 @@
 """The per-rank side of the distributed monitor: cheap per step, one exchange every N.
 
-Every rank runs a :class:`RankTracker`. Per step it only updates device accumulators
-(non-finite flags, the loss, the sample sketch) and host timers: no sync, no collective.
-Every ``every`` steps :meth:`RankTracker.exchange` packs the window into one vector,
-all-gathers it over sapper's bounded side channel, and on rank 0 runs the cross-rank
-detectors on the gathered table, attaches the table to the step record (the main run
-log keeps the per-rank numbers) and replaces the record's rank-local numbers with the
-job's (mean loss, slowest step, largest memory, summed throughput). Other ranks return
+Every rank runs a :class:`RankTracker`. Per step it only keeps device values (the loss,
+the gradient norm, the batch's sample hashes) and host timers: no sync, no collective.
+Every ``every`` steps :meth:`RankTracker.exchange` packs the window into one vector and
+reduces it over sapper's bounded side channel (per-column statistics, the extreme ranks
+and their rows: fixed-size all-reduces, see :mod:`sapper.distributed.stats`; up to
+``detail_ranks`` ranks every row is all-gathered as well). Rank 0 runs the cross-rank
+detectors on the resulting table, attaches it to the step record and replaces the
+record's rank-local numbers with the job's (mean loss, slowest step, largest memory,
+summed throughput) unless ``aggregate=False``. Other ranks return
 no findings and write nothing; a lost rank is reported by the lowest surviving rank.
 
 Usable alone (``step()``) or from the live monitor, which calls :meth:`observe` per step
@@ -33,7 +35,7 @@ from sapper.distributed.detectors import (
 from sapper.distributed.exchange import reduce_buckets, reduce_window
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
 from sapper.distributed.reduce import ChannelLost, SideChannel
-from sapper.distributed.sampling import BottomKSketch, sample_hashes
+from sapper.distributed.sampling import sample_hashes
 from sapper.distributed.stats import JobStats, SampleBuckets, default_buckets
 from sapper.distributed.table import COLUMNS, DIST_KEY, RankTable, pack_row
 from sapper.distributed.timing import ForwardTimer, unwrap_module
@@ -72,7 +74,6 @@ class RankTracker:
         plan: Plan | None = None,
         every: int = 10,
         timeout_s: float = 300.0,
-        sketch_size: int = 16,
         checksum: bool = True,
         detectors: Iterable[Detector] | None = None,
         group: dist.ProcessGroup | None = None,
@@ -106,8 +107,9 @@ class RankTracker:
         self._timer = ForwardTimer(module) if module is not None else None
         self._checksum = ParamChecksum(params) if checksum and params else None
         self.layout = self._replica_layout(params)
-        self._sketch = BottomKSketch(sketch_size)  # counts the window's samples
+        #: The window's sample hashes (device side) and how many (from shapes: no sync).
         self._window_hashes: torch.Tensor | None = None
+        self._hashed = 0
         self.detectors = DetectorSet(
             default_distributed_detectors() if detectors is None else detectors
         )
@@ -295,7 +297,7 @@ class RankTracker:
         if self._hashes:
             dev = self._hashes[0].device
             self._window_hashes = torch.cat([h.to(dev) for h in self._hashes])
-            self._sketch.count += int(self._window_hashes.numel())
+            self._hashed += int(self._window_hashes.numel())
         return out
 
     def due(self) -> bool:
@@ -342,7 +344,7 @@ class RankTracker:
         v["nonfinite_steps"] = folded.get("nonfinite_steps", 0.0)
         if self._checksum is not None and self.layout.param_groups:
             v["checksum"] = self._checksum.compute()
-        v["samples_hashed"] = self._sketch.count
+        v["samples_hashed"] = self._hashed
         return v
 
     def exchange(self, record: StepRecord | None = None) -> list[Finding]:
@@ -355,7 +357,7 @@ class RankTracker:
         step = record.step if record is not None else self._last_step
         if not self.active:
             self._reset_window()
-            self._sketch.take()
+            self._window_hashes, self._hashed = None, 0
             out, self._pending = self._pending, []
             return out
         t0 = time.perf_counter()
@@ -366,8 +368,7 @@ class RankTracker:
             self.errors.append(f"{type(exc).__name__}: {exc}")
             values = {"step": step, "steps": self._steps}
         head = pack_row(values, torch.zeros(0, dtype=torch.float64))
-        hashes, self._window_hashes = self._window_hashes, None
-        self._sketch.take()
+        hashes, self._window_hashes, self._hashed = self._window_hashes, None, 0
         self._reset_window()
         assert self.channel is not None
         t1 = time.perf_counter()
