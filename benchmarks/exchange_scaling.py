@@ -50,7 +50,7 @@ def _worker(exchanges: int) -> None:
     from sapper.distributed.exchange import reduce_window
     from sapper.distributed.reduce import SideChannel
     from sapper.distributed.sampling import sample_hashes
-    from sapper.distributed.stats import SampleBuckets
+    from sapper.distributed.stats import SampleBuckets, default_buckets
     from sapper.distributed.table import COLUMNS, DIST_KEY, pack_row
     from sapper.runtime.detector import DetectorSet
     from sapper.runtime.records import StepRecord
@@ -68,7 +68,8 @@ def _worker(exchanges: int) -> None:
         setup = time.perf_counter() - t0
         sockets = _sockets() - base
         detectors = DetectorSet(default_distributed_detectors())
-        sketcher = SampleBuckets(1024)
+        sketcher = SampleBuckets(default_buckets(world))
+        nb = sketcher.size
         times: list[float] = []
         received = 0
         for i in range(exchanges):
@@ -96,11 +97,8 @@ def _worker(exchanges: int) -> None:
                 stats, rows = res
                 n = len(COLUMNS)
                 received = 8 * (
-                    (4 * n + 3 * 1024)
-                    + (2 * n + 2 + 2 * 1024)
-                    + (3 * n + 4)
-                    + 2 * n
-                    + len(rows) * (n + 1)
+                    (4 * n + 3 * nb) + (2 * n + 2 + 2 * nb) + (3 * n + 4)
+                    + len(rows) * (n + 1) + 2 * n
                 )
                 table = RankTable.from_rows(
                     rows, world, stats, data_groups=groups, param_groups=groups
