@@ -2,11 +2,13 @@
 
     torchrun --standalone --nproc-per-node=NUM_GPUS benchmarks/gpu_distributed_check.py
     torchrun --standalone --nproc-per-node=2 benchmarks/gpu_distributed_check.py --cpu
+    torchrun --standalone --nproc-per-node=NUM_GPUS benchmarks/gpu_distributed_check.py --reduced
 
 Needs 2+ CUDA GPUs. Training runs on NCCL; sapper's exchange runs on its own gloo side
-group beside it. Each check trains a small model for a few steps and compares what
-sapper reports with what was injected; rank 0 prints one line per check and the
-timings, and the exit code is the number of failed checks.
+group beside it, or with ``--reduced`` as above 64 ranks: fixed-size all-reduces on an
+NCCL side group of its own, on the GPU. Each check trains a small model for a few
+steps and compares what sapper reports with what was injected; rank 0 prints one line
+per check and the timings, and the exit code is the number of failed checks.
 
 1. DDP, clean: no finding; the per-step calls never synchronize with the GPU
    (``torch.cuda.set_sync_debug_mode("error")`` around them).
@@ -60,6 +62,10 @@ def _loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 
 
+#: ``--reduced``: the exchange sapper uses above 64 ranks (all-reduces only, on a side
+#: group with the job's backend: NCCL on GPUs), at any world size.
+TRACKER_OPTS: dict[str, Any] = {}
+
 Fault = Callable[[int, nn.Module, torch.Tensor], torch.Tensor]
 AfterStep = Callable[[int, nn.Module], None]
 
@@ -79,7 +85,7 @@ def _ddp_run(
     ids = [device.index] if device.type == "cuda" else None
     model = DistributedDataParallel(_model().to(device), device_ids=ids)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tracker = RankTracker(model, every=every, timeout_s=60)
+    tracker = RankTracker(model, every=every, timeout_s=60, **TRACKER_OPTS)
     findings: list[Any] = []
     for step in range(steps):
         if data_delay:
@@ -226,6 +232,8 @@ CHECKS = [
 def main() -> int:
     global VOCAB, SEQ, WIDTH
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if "--reduced" in sys.argv:
+        TRACKER_OPTS["detail_ranks"] = 0
     if "--cpu" in sys.argv:  # a dry run of the script itself: gloo, a smaller model
         VOCAB, SEQ, WIDTH = 64, 33, 32
         torch.set_num_threads(1)

@@ -18,6 +18,8 @@ from sapper.distributed.detectors import (
     lost_rank_finding,
 )
 from sapper.distributed.reduce import ChannelLost
+from sapper.distributed.sampling import sample_hashes
+from sapper.distributed.stats import SampleBuckets
 from sapper.distributed.table import COLUMNS
 from sapper.runtime.detector import DetectorSet
 from sapper.runtime.records import StepRecord
@@ -25,6 +27,7 @@ from sapper.runtime.records import StepRecord
 
 def table(at: int, world: int = 4, prev: int | None = None, sketches: Any = None,
           groups: Any = None, **cols: list[float | None]) -> RankTable:
+    """A full table; ``sketches``: each rank's sample ids (hashed into the buckets)."""
     step = at
     base: dict[str, list[float | None]] = {name: [None] * world for name in COLUMNS}
     base["step"] = [float(step)] * world
@@ -33,9 +36,13 @@ def table(at: int, world: int = 4, prev: int | None = None, sketches: Any = None
     base["nonfinite_grad_step"] = [-1.0] * world
     base.update(cols)
     everyone = [list(range(world))]
-    return RankTable(step=step, columns=base, sketches=sketches or [[-1.0] * 4] * world,
-                     data_groups=groups or everyone, param_groups=groups or everyone,
-                     prev_step=step - 5 if prev is None else prev)
+    t = RankTable(step=step, columns=base, data_groups=groups or everyone,
+                  param_groups=groups or everyone, prev_step=step - 5 if prev is None else prev)
+    if sketches is not None:
+        group_of = [next(g for g, rs in enumerate(t.data_groups) if r in rs) for r in range(world)]
+        ids = [sample_hashes([int(v) for v in s]) for s in sketches]
+        t.job().buckets = SampleBuckets().summed(ids, group_of)
+    return t
 
 
 def rec(t: RankTable) -> StepRecord:
@@ -66,9 +73,21 @@ def test_straggler_needs_persistence_and_a_real_excess() -> None:
     assert (f.code, f.rank, f.step) == ("X002", 1, 14)
     assert f.data["metric"] == "data_time_s" and f.value is not None and f.value > 30
     assert "steps 0–14" in f.message and "50% of each 0.1 s step" in f.message
+    assert f.data["mean_others_s"] == pytest.approx(0.004 / 3)
     assert det.update(rec(table(19, **slow))) == []  # reported once
     tiny = StragglerDetector(persist=1)  # 3× slower but 0.2 ms: noise, not a straggler
     assert tiny.update(rec(table(4, data_time_s=[0.0001, 0.0003, 0.0001, 0.0001]))) == []
+    # 2.4× on a 2 ms forward of a 0.1 s step: a loaded machine's jitter, not a straggler
+    noisy = StragglerDetector(persist=1)
+    assert noisy.update(rec(table(4, forward_time_s=[0.002, 0.0048, 0.002, 0.002]))) == []
+
+
+def test_straggler_must_be_the_same_rank_in_a_row() -> None:
+    det = StragglerDetector(persist=3)
+    for at, slow in ((4, 1), (9, 2), (14, 1), (19, 3), (24, 2)):  # the slowest moves
+        times = [0.01] * 4
+        times[slow] = 0.08
+        assert det.update(rec(table(at, data_time_s=times))) == []
 
 
 def test_straggler_in_step_time_when_ranks_are_not_lockstep() -> None:

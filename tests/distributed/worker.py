@@ -160,6 +160,8 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     opt = None if engine else torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     plan = Plan.model_validate(opts["plan"]) if opts.get("plan") else None
     dist_opts = {"timeout_s": opts.get("timeout_s", 20.0), "checksum": opts.get("checksum", True)}
+    if "detail_ranks" in opts:  # 0: the reduced exchange only, as above 64 ranks
+        dist_opts["detail_ranks"] = opts["detail_ranks"]
     if opts.get("monitor"):
         return _with_monitor(wrapped, opt, plan, opts, dist_opts, rank, world)
     tracker = RankTracker(wrapped, plan=plan, every=opts.get("every", 5), **dist_opts)
@@ -229,7 +231,9 @@ def _with_monitor(model: Any, opt: Any, plan: Plan | None, opts: dict[str, Any],
     from sapper.runtime.runlog import read_runlog
 
     run_log = Path(opts["out"]) / f"run-rank{rank}.jsonl"
-    mon = Monitor(model, opt, plan=plan, log_every=opts.get("every", 5), run_log=run_log,
+    pattern = Path(opts["out"]) / "logs" / "rank{rank}.jsonl"  # every rank writes its own
+    mon = Monitor(model, opt, plan=plan, log_every=opts.get("every", 5),
+                  run_log=str(pattern) if opts.get("per_rank_log") else run_log,
                   console=False, distributed=dist_opts)
     for step, batch in enumerate(_loader(opts, rank, world)):
         if step >= opts.get("steps", 15):

@@ -273,6 +273,29 @@ def analyze_logs(
     ]
 
 
+def cross_rank_analysis(
+    logs: list[LogData], select: list[str], ignore: list[str]
+) -> Analysis | None:
+    """Per-rank run logs of one folder (``rank<N>.jsonl``): the cross-rank detectors
+    over their records lined up by step, as one more analysis; None otherwise."""
+    from sapper.distributed.detectors import default_distributed_detectors
+    from sapper.distributed.offline import cross_rank_records, ranked_logs
+    from sapper.logs import LogData
+    from sapper.logs.analysis import analyze_log
+
+    index = ranked_logs([log.path for log in logs])
+    if index is None:
+        return None
+    records = cross_rank_records({r: logs[i].records for r, i in index.items()})
+    folder = Path(logs[next(iter(index.values()))].path).parent
+    joined = LogData(
+        path=f"{folder}/rank*.jsonl ({len(index)} ranks)",
+        format="sapper-ranks",
+        records=records,
+    )
+    return analyze_log(joined, default_distributed_detectors(), select, ignore)
+
+
 #: Inputs at least this large take over a second: a progress bar on a terminal.
 PROGRESS_BYTES = 32 << 20
 
@@ -451,6 +474,12 @@ def analyze(
             analyses = analyze_logs(
                 loaded, plan, split_codes(select), split_codes(ignore, "--ignore"), progress=tick
             )
+            if not merge:
+                cross = cross_rank_analysis(
+                    loaded, split_codes(select), split_codes(ignore, "--ignore")
+                )
+                if cross is not None:
+                    analyses.append(cross)
         for exc in failed:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if fmt == OutputFormat.json:

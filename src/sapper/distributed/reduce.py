@@ -49,15 +49,29 @@ class SideChannel:
     Collective on construction: every rank of ``group`` must create it, at the same point.
     """
 
-    def __init__(self, timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        group: dist.ProcessGroup | None = None,
+        backend: str = "gloo",
+    ) -> None:
         global _instances
         _instances += 1
         self.timeout_s = float(timeout_s)
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         ranks = None if group is None else dist.get_process_group_ranks(group)
+        if backend == "auto":  # the job's own backend: NCCL's tree/ring on GPUs
+            backend = str(dist.get_backend(group))
+        self.backend = backend
+        #: Where the collectives' tensors live: the current GPU under NCCL, else the host.
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
         self.group = dist.new_group(
-            ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s)
+            ranks=ranks, backend=backend, timeout=timedelta(seconds=self.timeout_s)
         )
         # keys of an earlier attempt (torchrun restarts keep the agent's store) never match
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -65,6 +79,7 @@ class SideChannel:
         self._lost_key = f"sapper/{attempt}/{_instances}/lost"
         self._store = _default_store()
         self.lost: ChannelLost | None = None
+        self._beat: int | None = None
 
     @property
     def open(self) -> bool:
@@ -92,6 +107,34 @@ class SideChannel:
             return None
         return torch.stack(out)
 
+    def all_reduce(
+        self, parts: list[tuple[torch.Tensor, Any]], step: int
+    ) -> list[torch.Tensor] | None:
+        """All-reduce each ``(tensor, op)`` in place on the channel's device, all started
+        before any is waited on (they pipeline), bounded like :meth:`all_gather`; None
+        once the channel is lost."""
+        if self.lost is not None:
+            return None
+        self._heartbeat(step)
+        tensors = [t.detach().to(self.device, torch.float64).contiguous() for t, _ in parts]
+        start = time.monotonic()
+        try:
+            works = [
+                dist.all_reduce(t, op=op, group=self.group, async_op=True)
+                for t, (_, op) in zip(tensors, parts, strict=True)
+            ]
+            for work in works:
+                assert work is not None
+                told = self._wait(work, start)
+                if told is not None:
+                    self.lost = told
+                    return None
+                work.wait()
+        except Exception as exc:
+            self._lose(step, exc, time.monotonic() - start)
+            return None
+        return tensors
+
     #: Seconds of waiting after which the store is asked whether a peer was lost.
     ASK_AFTER_S = 0.05
 
@@ -99,7 +142,7 @@ class SideChannel:
         """Wait for ``work`` with backoff polling, bounded by the timeout. A rank next to
         a crashed peer fails at once, but in a ring the others may wait for peers that
         gave up: once the wait is long, ask the store whether a loss was announced."""
-        delay = 0.0001
+        delay = 0.00002  # a small collective answers in well under a millisecond
         while not work.is_completed():
             waited = time.monotonic() - start
             if waited > self.timeout_s:
@@ -110,7 +153,7 @@ class SideChannel:
                     told.waited_s = waited
                     return told
             time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 1.5, 0.002 if waited < self.ASK_AFTER_S else 0.05)
         return None
 
     def _announced(self) -> ChannelLost | None:
@@ -146,8 +189,9 @@ class SideChannel:
 
     # ---- liveness ------------------------------------------------------------------
     def _heartbeat(self, step: int) -> None:
-        if self._store is None:
+        if self._store is None or step == self._beat:  # one write per exchange
             return
+        self._beat = step
         try:
             self._store.set(self._prefix + str(self.rank), str(step))
         except Exception:  # the store's host is gone; missing ranks will read "unknown"

@@ -10,12 +10,15 @@ rank 0) and offline (from a run log).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
-__all__ = ["COLUMNS", "DIST_KEY", "RankTable", "pack_row"]
+from sapper.distributed.stats import JobStats, stats_from_rows
+
+__all__ = ["COLUMNS", "DIST_KEY", "RankTable", "SparseColumn", "pack_row"]
 
 #: Key of the table in ``StepRecord.extra``.
 DIST_KEY = "dist"
@@ -75,12 +78,46 @@ def pack_row(values: dict[str, Any], sketch: torch.Tensor) -> torch.Tensor:
     return torch.cat([head, sketch.cpu()])
 
 
+class SparseColumn(Sequence[float | None]):
+    """A world-long column that holds values only for some ranks (the reduced exchange
+    fetches the rows of the ranks the statistics name): None elsewhere, O(named) memory."""
+
+    def __init__(self, world: int, values: dict[int, float | None]) -> None:
+        self.world = world
+        self.values = values
+
+    def __len__(self) -> int:
+        return self.world
+
+    @overload
+    def __getitem__(self, r: int) -> float | None: ...
+    @overload
+    def __getitem__(self, r: slice) -> list[float | None]: ...
+    def __getitem__(self, r: int | slice) -> float | list[float | None] | None:
+        if isinstance(r, slice):
+            return [self.values.get(i) for i in range(*r.indices(self.world))]
+        if r < 0:
+            r += self.world
+        if not 0 <= r < self.world:
+            raise IndexError(r)
+        return self.values.get(r)
+
+    def __iter__(self) -> Iterator[float | None]:
+        return (self.values.get(i) for i in range(self.world))
+
+    def items(self) -> list[tuple[int, float | None]]:
+        return sorted(self.values.items())
+
+
 @dataclass
 class RankTable:
-    """Per-rank columns of one exchange (None where a rank did not know the value)."""
+    """Per-rank columns of one exchange (None where a rank did not know the value), and
+    the job's statistics over them (:class:`JobStats`). Under the reduced exchange the
+    columns are :class:`SparseColumn` s holding the named ranks only; :attr:`stats`
+    always covers every rank."""
 
     step: int
-    columns: dict[str, list[float | None]]
+    columns: dict[str, Sequence[float | None]]
     sketches: list[list[float]] = field(default_factory=list)
     #: Ranks that must see different samples / hold identical parameters.
     data_groups: list[list[int]] = field(default_factory=list)
@@ -88,13 +125,60 @@ class RankTable:
     layout_source: str = ""
     #: The previous exchange's step (None for the first): the window is (prev, step].
     prev_step: int | None = None
+    stats: JobStats | None = None
 
     @property
     def world_size(self) -> int:
         return len(self.columns["step"])
 
-    def col(self, name: str) -> list[float | None]:
+    @property
+    def sparse(self) -> bool:
+        return isinstance(self.columns.get("step"), SparseColumn)
+
+    def col(self, name: str) -> Sequence[float | None]:
         return self.columns.get(name) or [None] * self.world_size
+
+    def known(self, name: str) -> list[tuple[int, float]]:
+        """(rank, value) for the ranks whose value this table holds."""
+        c = self.columns.get(name)
+        if isinstance(c, SparseColumn):
+            return [(r, v) for r, v in c.items() if v is not None]
+        return [(r, v) for r, v in enumerate(c or []) if v is not None]
+
+    def job(self) -> JobStats:
+        """The job's statistics (computed from the rows of a full table when absent)."""
+        if self.stats is None:
+            group_of = [-1] * self.world_size
+            for g, ranks in enumerate(self.param_groups):
+                for r in ranks:
+                    if r < self.world_size:
+                        group_of[r] = g
+            self.stats = stats_from_rows(
+                self.columns, self.world_size, group_of, len(self.param_groups)
+            )
+        return self.stats
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: dict[int, list[float]],
+        world: int,
+        stats: JobStats,
+        **kw: Any,
+    ) -> RankTable:
+        """The reduced exchange's table: packed rows (columns + mask) of named ranks."""
+        cols: dict[str, dict[int, float | None]] = {name: {} for name in COLUMNS}
+        for r, row in rows.items():
+            mask = int(row[_MASK])
+            for i, name in enumerate(COLUMNS):
+                cols[name][r] = row[i] if mask >> i & 1 else None
+        step = stats.col("step")
+        return cls(
+            step=int(step.max) if step.finite else -1,
+            columns={k: SparseColumn(world, v) for k, v in cols.items()},
+            stats=stats,
+            **kw,
+        )
 
     @classmethod
     def from_tensor(
@@ -105,6 +189,7 @@ class RankTable:
         param_groups: list[list[int]],
         layout_source: str = "",
         prev_step: int | None = None,
+        stats: JobStats | None = None,
     ) -> RankTable:
         rows = table.tolist()
         cols: dict[str, list[float | None]] = {name: [] for name in COLUMNS}
@@ -123,6 +208,7 @@ class RankTable:
             param_groups=param_groups,
             layout_source=layout_source,
             prev_step=prev_step,
+            stats=stats,
         )
 
     # ---- run-log form ---------------------------------------------------------------
@@ -132,37 +218,66 @@ class RankTable:
         out: dict[str, Any] = {"step": self.step, "world_size": self.world_size}
         if self.prev_step is not None:
             out["prev_step"] = self.prev_step
-        if self.world_size <= max_ranks:
+        if self.stats is not None:
+            out["stats"] = self.stats.to_json()
+        if self.sparse:
+            named: dict[str, dict[str, float | None]] = {}
+            for name, c in self.columns.items():
+                assert isinstance(c, SparseColumn)
+                for r, v in c.items():
+                    if v is not None:
+                        named.setdefault(str(r), {})[name] = v
+            out["named"] = named
+        elif self.world_size <= max_ranks:
             out["ranks"] = {k: v for k, v in self.columns.items() if any(x is not None for x in v)}
             out["sketches"] = [[v for v in s if v >= 0] for s in self.sketches]
+        else:
+            out["summary"] = {k: _summary(list(v)) for k, v in self.columns.items()}
+        if self.world_size <= max_ranks:
             out["data_groups"] = self.data_groups
             out["param_groups"] = self.param_groups
-        else:
-            out["summary"] = {k: _summary(v) for k, v in self.columns.items()}
         out["layout"] = self.layout_source
         return out
 
     @classmethod
     def from_extra(cls, data: dict[str, Any]) -> RankTable | None:
         """The table from a logged record (None when only a summary was logged)."""
+        stats = JobStats.from_json(data["stats"]) if isinstance(data.get("stats"), dict) else None
+        named = data.get("named")
+        if isinstance(named, dict) and stats is not None:
+            world = int(data.get("world_size", stats.world_size))
+            cols: dict[str, dict[int, float | None]] = {name: {} for name in COLUMNS}
+            for r, row in named.items():
+                for name, v in row.items():
+                    cols.setdefault(name, {})[int(r)] = _num(v)
+            return cls(
+                step=int(data.get("step", -1)),
+                columns={k: SparseColumn(world, v) for k, v in cols.items()},
+                data_groups=[list(g) for g in data.get("data_groups") or []],
+                param_groups=[list(g) for g in data.get("param_groups") or []],
+                layout_source=str(data.get("layout", "")),
+                prev_step=data.get("prev_step"),
+                stats=stats,
+            )
         ranks = data.get("ranks")
         if not isinstance(ranks, dict) or "step" not in ranks:
             return None
         n = len(ranks["step"])
-        cols: dict[str, list[float | None]] = {}
+        full: dict[str, Sequence[float | None]] = {}
         for name in COLUMNS:
             vals = ranks.get(name) or [None] * n
-            cols[name] = [_num(v) for v in vals]
+            full[name] = [_num(v) for v in vals]
         k = max((len(s) for s in data.get("sketches") or []), default=0)
         sketches = [list(s) + [-1.0] * (k - len(s)) for s in data.get("sketches") or []]
         return cls(
             step=int(data.get("step", -1)),
-            columns=cols,
+            columns=full,
             sketches=sketches,
             data_groups=[list(g) for g in data.get("data_groups") or []],
             param_groups=[list(g) for g in data.get("param_groups") or []],
             layout_source=str(data.get("layout", "")),
             prev_step=data.get("prev_step"),
+            stats=stats,
         )
 
 

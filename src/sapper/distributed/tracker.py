@@ -1,12 +1,14 @@
 """The per-rank side of the distributed monitor: cheap per step, one exchange every N.
 
-Every rank runs a :class:`RankTracker`. Per step it only updates device accumulators
-(non-finite flags, the loss, the sample sketch) and host timers: no sync, no collective.
-Every ``every`` steps :meth:`RankTracker.exchange` packs the window into one vector,
-all-gathers it over sapper's bounded side channel, and on rank 0 runs the cross-rank
-detectors on the gathered table, attaches the table to the step record (the main run
-log keeps the per-rank numbers) and replaces the record's rank-local numbers with the
-job's (mean loss, slowest step, largest memory, summed throughput). Other ranks return
+Every rank runs a :class:`RankTracker`. Per step it only keeps device values (the loss,
+the gradient norm, the batch's sample hashes) and host timers: no sync, no collective.
+Every ``every`` steps :meth:`RankTracker.exchange` packs the window into one vector and
+reduces it over sapper's bounded side channel (per-column statistics, the extreme ranks
+and their rows: fixed-size all-reduces, see :mod:`sapper.distributed.stats`; up to
+``detail_ranks`` ranks every row is all-gathered as well). Rank 0 runs the cross-rank
+detectors on the resulting table, attaches it to the step record and replaces the
+record's rank-local numbers with the job's (mean loss, slowest step, largest memory,
+summed throughput) unless ``aggregate=False``. Other ranks return
 no findings and write nothing; a lost rank is reported by the lowest surviving rank.
 
 Usable alone (``step()``) or from the live monitor, which calls :meth:`observe` per step
@@ -30,10 +32,12 @@ from sapper.distributed.detectors import (
     default_distributed_detectors,
     lost_rank_finding,
 )
+from sapper.distributed.exchange import reduce_buckets, reduce_window
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
 from sapper.distributed.reduce import ChannelLost, SideChannel
-from sapper.distributed.sampling import BottomKSketch, sample_hashes
-from sapper.distributed.table import DIST_KEY, RankTable, pack_row
+from sapper.distributed.sampling import sample_hashes
+from sapper.distributed.stats import JobStats, SampleBuckets, default_buckets
+from sapper.distributed.table import COLUMNS, DIST_KEY, RankTable, pack_row
 from sapper.distributed.timing import ForwardTimer, unwrap_module
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding
@@ -70,12 +74,15 @@ class RankTracker:
         plan: Plan | None = None,
         every: int = 10,
         timeout_s: float = 300.0,
-        sketch_size: int = 16,
         checksum: bool = True,
         detectors: Iterable[Detector] | None = None,
         group: dist.ProcessGroup | None = None,
         aggregate: bool = True,
         max_ranks_logged: int = 256,
+        detail_ranks: int = 64,
+        buckets: int | None = None,
+        max_named: int = 32,
+        backend: str | None = None,
     ) -> None:
         if every < 1:
             raise ValueError("every must be >= 1")
@@ -83,15 +90,26 @@ class RankTracker:
         self.timeout_s = float(timeout_s)
         self.aggregate = aggregate
         self.max_ranks_logged = max_ranks_logged
+        #: Up to this world size every rank's row is also all-gathered (the run log keeps
+        #: them); above it only the reduced statistics and the named ranks' rows travel.
+        self.detail_ranks = int(detail_ranks)
+        self.max_named = int(max_named)
+        #: The side group's backend. None: gloo up to ``detail_ranks`` (the all-gather
+        #: needs host tensors), beyond it the job's own ("auto": NCCL on GPUs, whose
+        #: tree/ring keeps a few peers per rank where gloo connects every pair).
+        self.backend = backend
         self.plan = plan
         self.ctx: DistContext = discover(plan, group)
+        self._buckets = SampleBuckets(buckets or default_buckets(self.ctx.world_size))
         self._engine = model if is_deepspeed_engine(model) else None
         module = unwrap_module(model) if model is not None else None
         params = list(module.parameters()) if module is not None else []
         self._timer = ForwardTimer(module) if module is not None else None
         self._checksum = ParamChecksum(params) if checksum and params else None
         self.layout = self._replica_layout(params)
-        self._sketch = BottomKSketch(sketch_size)
+        #: The window's sample hashes (device side) and how many (from shapes: no sync).
+        self._window_hashes: torch.Tensor | None = None
+        self._hashed = 0
         self.detectors = DetectorSet(
             default_distributed_detectors() if detectors is None else detectors
         )
@@ -130,7 +148,10 @@ class RankTracker:
 
     def _connect(self, group: dist.ProcessGroup | None) -> None:
         try:
-            self.channel = SideChannel(self.timeout_s, group)
+            backend = self.backend or (
+                "gloo" if self.ctx.world_size <= self.detail_ranks else "auto"
+            )
+            self.channel = SideChannel(self.timeout_s, group, backend=backend)
         except Exception as exc:  # the side group could not be formed in time
             self.lost = ChannelLost(step=-1, reason=" ".join(str(exc).split())[:300])
             self._pending.append(lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s))
@@ -275,7 +296,8 @@ class RankTracker:
             out["nonfinite_steps"] = bad_steps.sum().to(torch.float64)
         if self._hashes:
             dev = self._hashes[0].device
-            self._sketch.add(torch.cat([h.to(dev) for h in self._hashes]))
+            self._window_hashes = torch.cat([h.to(dev) for h in self._hashes])
+            self._hashed += int(self._window_hashes.numel())
         return out
 
     def due(self) -> bool:
@@ -322,7 +344,7 @@ class RankTracker:
         v["nonfinite_steps"] = folded.get("nonfinite_steps", 0.0)
         if self._checksum is not None and self.layout.param_groups:
             v["checksum"] = self._checksum.compute()
-        v["samples_hashed"] = self._sketch.count
+        v["samples_hashed"] = self._hashed
         return v
 
     def exchange(self, record: StepRecord | None = None) -> list[Finding]:
@@ -335,58 +357,100 @@ class RankTracker:
         step = record.step if record is not None else self._last_step
         if not self.active:
             self._reset_window()
-            self._sketch.take()
+            self._window_hashes, self._hashed = None, 0
             out, self._pending = self._pending, []
             return out
         t0 = time.perf_counter()
         first = self._window_first if self._steps else step
         try:
             values = self._window_values(record, step)
-            sketch = self._sketch.take()
         except Exception as exc:  # still take part, or every other rank would wait
             self.errors.append(f"{type(exc).__name__}: {exc}")
-            values, sketch = {"step": step, "steps": self._steps}, self._sketch.take()
-        row = pack_row(values, sketch)
+            values = {"step": step, "steps": self._steps}
+        head = pack_row(values, torch.zeros(0, dtype=torch.float64))
+        hashes, self._window_hashes, self._hashed = self._window_hashes, None, 0
         self._reset_window()
         assert self.channel is not None
         t1 = time.perf_counter()
-        gathered = self.channel.all_gather(row, step)
+        table = self._exchange(head, hashes, step)
         self.last_gather_s = time.perf_counter() - t1
         self.exchanges += 1
         self.last_exchange_s = time.perf_counter() - t0
-        if gathered is None:
+        if table is None:
             return self._lose()
-        table = RankTable.from_tensor(
-            gathered,
-            data_groups=self.layout.data_groups,
-            param_groups=self.layout.param_groups,
-            layout_source=self.layout.source,
-            prev_step=self._prev_step if self._prev_step is not None else first - 1,
-        )
+        table.prev_step = self._prev_step if self._prev_step is not None else first - 1
         self._prev_step = step
         self.last_table = table
         if not self.ctx.is_main:
             return []
-        rec = record if record is not None else self._record_from(table)
+        rec = record if record is not None else self._record_from(values, table)
         rec.extra[DIST_KEY] = table
         findings = self._pending + self.detectors.update(rec)
         self._pending = []
         if self.aggregate:
-            _aggregate(rec, table)
+            _aggregate(rec, table.job(), table.data_groups)
         rec.extra[DIST_KEY] = table.to_extra(self.max_ranks_logged)
         self.last_record = rec
         return findings
 
-    def _record_from(self, table: RankTable) -> StepRecord:
-        r = self.rank
-        get = {
-            name: table.col(name)[r]
-            for name in ("loss", "grad_norm", "step_time_s", "data_time_s", "memory_peak_gib")
+    def _group_index(self, groups: list[list[int]]) -> int:
+        for g, ranks in enumerate(groups):
+            if self.rank in ranks:
+                return g
+        return -1
+
+    def _exchange(
+        self, head: torch.Tensor, hashes: torch.Tensor | None, step: int
+    ) -> RankTable | None:
+        """The reduced rounds (every world size), then, up to :attr:`detail_ranks`, the
+        all-gather of every row; None when the channel was lost."""
+        assert self.channel is not None
+        world = self.ctx.world_size
+        buckets = self._buckets.local(
+            hashes, self._group_index(self.layout.data_groups), self.rank, world
+        )
+        kw: dict[str, Any] = {
+            "data_groups": self.layout.data_groups,
+            "param_groups": self.layout.param_groups,
+            "layout_source": self.layout.source,
         }
-        tokens, samples = table.col("tokens")[r], table.col("samples")[r]
+        if world <= self.detail_ranks:  # every row, and the statistics computed from them
+            gathered = self.channel.all_gather(head, step)
+            summed = reduce_buckets(self.channel, buckets, step) if gathered is not None else None
+            if gathered is None or summed is None:
+                return None
+            table = RankTable.from_tensor(gathered, **kw)
+            table.job().buckets = summed
+            return table
+        got = reduce_window(
+            self.channel,
+            COLUMNS,
+            head,
+            buckets,
+            step=step,
+            param_group=self._group_index(self.layout.param_groups),
+            n_groups=len(self.layout.param_groups),
+            max_named=self.max_named,
+        )
+        if got is None:
+            return None
+        stats, rows = got
+        return RankTable.from_rows(rows, world, stats, **kw)
+
+    def _record_from(self, values: dict[str, Any], table: RankTable) -> StepRecord:
+        """Standalone use: a record of this rank's own window (rank 0's)."""
+
+        def num(name: str) -> float | None:
+            v = values.get(name)
+            return float(v) if v is not None else None
+
+        tokens, samples = num("tokens"), num("samples")
         return StepRecord(
             step=table.step,
-            **get,
+            **{
+                name: num(name)
+                for name in ("loss", "grad_norm", "step_time_s", "data_time_s", "memory_peak_gib")
+            },
             tokens=int(tokens) if tokens is not None else None,
             samples=int(samples) if samples is not None else None,
             time=time.time(),
@@ -442,34 +506,29 @@ def _scalar(value: Any) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float64)
 
 
-def _aggregate(rec: StepRecord, table: RankTable) -> None:
+def _aggregate(rec: StepRecord, stats: JobStats, data_groups: list[list[int]]) -> None:
     """The job's numbers on the main record: mean loss, slowest times, largest memory,
-    throughput summed over one rank per data-parallel replica."""
-
-    def known(name: str) -> list[float]:
-        return [v for v in table.col(name) if v is not None]
-
-    losses = known("loss")
-    if losses:
-        rec.loss = sum(losses) / len(losses)
+    throughput summed over one data-parallel replica's worth of ranks (the world's sum
+    scaled by the replica's share: exact when model-parallel peers count the same)."""
+    loss = stats.col("loss")
+    if loss.count:
+        rec.loss = loss.mean if loss.nonfinite == 0 and loss.mean is not None else math.nan
     for name in ("step_time_s", "data_time_s", "memory_peak_gib", "memory_reserved_gib"):
-        vals = [v for v in known(name) if not math.isnan(v)]
-        if vals:
-            setattr(rec, name, max(vals))
+        c = stats.col(name)
+        if c.finite:
+            setattr(rec, name, c.max)
     if rec.grad_norm is None:
-        norms = known("grad_norm")
-        if norms:
-            rec.grad_norm = norms[0]
-    replicas = table.data_groups[0] if table.data_groups else None
-    if replicas:
+        g = stats.col("grad_norm")
+        if g.count:
+            rec.grad_norm = g.mean if g.nonfinite == 0 and g.mean is not None else math.nan
+    if data_groups and data_groups[0]:
+        share = len(data_groups[0]) / max(stats.world_size, 1)
         for name in ("tokens", "samples"):
-            col = table.col(name)
-            vals = [col[r] for r in replicas if col[r] is not None]
-            if vals:
-                setattr(rec, name, int(sum(vals)))
+            c = stats.col(name)
+            if c.finite:
+                setattr(rec, name, round(c.sum * share))
         for name in ("tokens_per_s", "samples_per_s"):
-            col = table.col(name)
-            vals = [col[r] for r in replicas if col[r] is not None]
-            if vals:
-                setattr(rec, name, sum(vals))
-    rec.extra["world_size"] = table.world_size
+            c = stats.col(name)
+            if c.finite:
+                setattr(rec, name, c.sum * share)
+    rec.extra["world_size"] = stats.world_size

@@ -108,7 +108,10 @@ class Monitor:
             module (they are also armed for one step after a fault).
         run_log: path of the JSONL run log to append to (missing folders are
             created); each read is written through at once. If it cannot be written,
-            a warning (R191) names the path and training goes on.
+            a warning (R191) names the path and training goes on. Under
+            torch.distributed a path with ``{rank}`` ("logs/rank{rank}.jsonl") is
+            written by every rank with its own numbers, for ``sapper analyze logs/``
+            to run the cross-rank checks offline; otherwise rank 0 writes it.
         tensorboard: a TensorBoard log directory for scalars and findings.
         console: print findings on stderr (rate-limited), or a ``rich`` Console.
         halt_on: severities ("error") and/or codes or prefixes ("R001", "R03") that raise
@@ -289,15 +292,21 @@ class Monitor:
             model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
         # -- sapper.distributed: the cross-rank half (None on one process); rank 0 reports.
+        # A run log named with "{rank}" is written by every rank, each with its own numbers.
+        per_rank = run_log is not None and "{rank}" in str(run_log)
+        dist_opts = distributed if isinstance(distributed, dict) else None
+        if per_rank:
+            dist_opts = {"aggregate": False, **(dist_opts or {})}
         self.dist = MonitorBridge.attach(
-            model, plan, every=log_every, start_step=start_step,
-            options=distributed if isinstance(distributed, dict) else None,
+            model, plan, every=log_every, start_step=start_step, options=dist_opts,
         ) if distributed is not False else None
         main = self.dist is None or self.dist.is_main
         if console and main:
             self.sinks.append(ConsoleSink(None if console is True else console))
-        if run_log is not None and main:
+        if run_log is not None and (main or per_rank):
             meta = self._meta(log_every, sample_every)
+            if per_rank:
+                run_log = str(run_log).format(rank=self.dist.rank if self.dist else 0)
             self.sinks.append(RunLogSink(run_log, meta, on_error=self._unwritable))
         if tensorboard is not None and main:
             tb = self.guard("tensorboard", TensorBoardSink, tensorboard)
