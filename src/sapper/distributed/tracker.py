@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -27,6 +27,7 @@ from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
 from sapper.distributed.context import DistContext, discover, local_node_info
 from sapper.distributed.detectors import (
     check_process_groups,
+    check_world_size,
     default_distributed_detectors,
     lost_rank_finding,
 )
@@ -76,6 +77,8 @@ class RankTracker:
         group: dist.ProcessGroup | None = None,
         aggregate: bool = True,
         max_ranks_logged: int = 256,
+        start_step: int = 0,
+        on_finding: Callable[[list[Finding]], None] | None = None,
     ) -> None:
         if every < 1:
             raise ValueError("every must be >= 1")
@@ -113,6 +116,12 @@ class RankTracker:
         self._reset_window()
         self._last_end = time.perf_counter()
         self._last_step = -1
+        #: Where findings go the moment they are made (the monitor's sinks), instead of
+        #: waiting for the next exchange; may be called from sapper's watcher thread.
+        self.on_finding = on_finding
+        if self.ctx.is_main and self.ctx.distributed:  # X006 needs no peer: say it now
+            self.startup_findings = check_world_size(self.ctx, plan, start_step)
+            self.say_now(self.startup_findings)
         if self.ctx.distributed:
             self._connect(group)
 
@@ -141,8 +150,25 @@ class RankTracker:
             return
         self.ctx = self.ctx.with_nodes(nodes)
         if self.ctx.is_main:
-            self.startup_findings = check_process_groups(self.ctx, self.plan)
-            self._pending.extend(self.startup_findings)
+            found = check_process_groups(self.ctx, self.plan, world=False)
+            self.startup_findings = [*self.startup_findings, *found]
+            self.say_now(found)
+
+    def say_now(self, findings: list[Finding]) -> None:
+        """Report ``findings`` at once through :attr:`on_finding`, or keep them for the
+        next exchange's return value when nobody listens."""
+        if not findings:
+            return
+        if self.on_finding is None:
+            self._pending.extend(findings)
+            return
+        self.on_finding(list(findings))
+
+    def listen(self, on_finding: Callable[[list[Finding]], None]) -> None:
+        """Send findings to ``on_finding`` from now on, starting with those kept so far."""
+        self.on_finding = on_finding
+        kept, self._pending = self._pending, []
+        self.say_now(kept)
 
     @property
     def rank(self) -> int:
