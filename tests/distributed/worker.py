@@ -190,6 +190,10 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         if rank == opts.get("desync_rank") and step == opts.get("desync_step"):
             with torch.no_grad():  # a weight changed on one replica only
                 next(wrapped.parameters()).add_(1e-3)
+        if rank == opts.get("flip_rank") and step == opts.get("flip_step"):
+            with torch.no_grad():  # one bit of one element on one replica: a memory fault
+                p = dict(model.named_parameters())[opts["flip_param"]]
+                p.view(-1).view(torch.int32)[opts.get("flip_index", 0)] ^= 1
         if rank == opts.get("die_rank") and step == opts.get("die_step"):
             sys.stdout.flush()
             os._exit(17)  # a crashed rank: no cleanup, no goodbye

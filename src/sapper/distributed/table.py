@@ -88,6 +88,9 @@ class RankTable:
     layout_source: str = ""
     #: The previous exchange's step (None for the first): the window is (prev, step].
     prev_step: int | None = None
+    #: Per-rank detail fetched after the exchange for the ranks a detector will name
+    #: (``replica_params``: rank -> the parameters that differ from its replicas).
+    detail: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -140,6 +143,8 @@ class RankTable:
         else:
             out["summary"] = {k: _summary(v) for k, v in self.columns.items()}
         out["layout"] = self.layout_source
+        if self.detail:
+            out["detail"] = self.detail
         return out
 
     @classmethod
@@ -163,6 +168,7 @@ class RankTable:
             param_groups=[list(g) for g in data.get("param_groups") or []],
             layout_source=str(data.get("layout", "")),
             prev_step=data.get("prev_step"),
+            detail=dict(data.get("detail") or {}),
         )
 
 

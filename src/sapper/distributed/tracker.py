@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -90,9 +91,11 @@ class RankTracker:
         self.ctx: DistContext = discover(plan, group)
         self._engine = model if is_deepspeed_engine(model) else None
         module = unwrap_module(model) if model is not None else None
-        params = list(module.parameters()) if module is not None else []
+        named = list(module.named_parameters()) if module is not None else []
+        params = [p for _, p in named]
         self._timer = ForwardTimer(module) if module is not None else None
-        self._checksum = ParamChecksum(params) if checksum and params else None
+        self._checksum = ParamChecksum(named) if checksum and params else None
+        self._drilled = False
         self.layout = self._replica_layout(params)
         self._sketch = BottomKSketch(sketch_size)
         self.detectors = DetectorSet(
@@ -391,6 +394,7 @@ class RankTracker:
         )
         self._prev_step = step
         self.last_table = table
+        self._replica_detail(table, step)
         if not self.ctx.is_main:
             return []
         rec = record if record is not None else self._record_from(table)
@@ -402,6 +406,24 @@ class RankTracker:
         rec.extra[DIST_KEY] = table.to_extra(self.max_ranks_logged)
         self.last_record = rec
         return findings
+
+    def _replica_detail(self, table: RankTable, step: int) -> None:
+        """The first time replicas disagree, name the parameters: every rank sees the same
+        gathered checksums and so takes this second, bounded gather at the same exchange
+        (one float per parameter tensor, once per run)."""
+        if self._checksum is None or self._drilled or not _replicas_disagree(table):
+            return
+        self._drilled = True
+        try:
+            per = self._checksum.per_param()
+            mine = per.cpu().tolist() if per is not None else []
+        except Exception as exc:  # still take part in the gather
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            mine = []
+        assert self.channel is not None
+        got = self.channel.gather_objects(mine, step)
+        if got is not None:
+            table.detail["replica_params"] = _differing_params(table, got, self._checksum.names)
 
     def _record_from(self, table: RankTable) -> StepRecord:
         r = self.rank
@@ -437,6 +459,35 @@ class RankTracker:
         """Remove the forward hooks (the side group goes with the process group)."""
         if self._timer is not None:
             self._timer.remove()
+
+
+def _replicas_disagree(table: RankTable) -> bool:
+    sums, steps = table.col("checksum"), table.col("step")
+    for group in table.param_groups:
+        vals = {sums[r] for r in group if sums[r] is not None and steps[r] == table.step}
+        if len(vals) > 1:
+            return True
+    return False
+
+
+def _differing_params(
+    table: RankTable, per_rank: list[Any], names: list[str], limit: int = 8
+) -> dict[str, list[str]]:
+    """rank -> the parameters whose checksum differs from the group's majority (from its
+    lowest rank when there is none), at most ``limit`` names each."""
+    out: dict[str, list[str]] = {}
+    for group in table.param_groups:
+        ranks = [r for r in group if r < len(per_rank) and len(per_rank[r] or []) == len(names)]
+        if len(ranks) < 2:
+            continue
+        for i, name in enumerate(names):
+            counts = Counter(per_rank[r][i] for r in ranks)
+            top, n_top = counts.most_common(1)[0]
+            ref = top if n_top * 2 > len(ranks) else per_rank[ranks[0]][i]
+            for r in ranks:
+                if per_rank[r][i] != ref and len(out.setdefault(str(r), [])) < limit:
+                    out[str(r)].append(name)
+    return out
 
 
 def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
