@@ -177,7 +177,14 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
             engine.step()
             norm = None
         else:
+            poison = None
+            if rank == opts.get("nan_input_rank") and step == opts.get("nan_step"):
+                poison = model.emb.register_forward_hook(lambda m, a, out: out * float("nan"))
             loss = _loss(wrapped, batch)
+            if poison is not None:  # a NaN in this rank's input activations, this step only
+                poison.remove()
+            if rank == opts.get("scale_rank") and step == opts.get("scale_step"):
+                loss = loss * opts["scale"]  # this rank's batch blows up: a huge, finite loss
             if rank == opts.get("nan_rank") and step == opts.get("nan_step"):
                 loss = loss * float("nan")  # an overflow on this rank only
             loss.backward()

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["COLUMNS", "DIST_KEY", "RankTable", "pack_row"]
+__all__ = ["COLUMNS", "DIST_KEY", "EVIDENCE_COLUMNS", "RankTable", "pack_row"]
 
 #: Key of the table in ``StepRecord.extra``.
 DIST_KEY = "dist"
@@ -42,6 +42,17 @@ COLUMNS: tuple[str, ...] = (
     "samples_hashed",
     "time",  # wall clock when the rank entered the exchange (Unix seconds)
 )
+
+#: X001's per-rank evidence, measured before the gradient all-reduce mixes the ranks
+#: (sapper.distributed.evidence); appended so the columns above keep their places.
+EVIDENCE_COLUMNS: tuple[str, ...] = (
+    "loss_peak",  # largest finite |loss| in the window
+    "output_absmax",  # largest |model output| of the window's forwards, until non-finite
+    "output_nonfinite_step",  # first step the output was non-finite (-1: never)
+    "local_grad_norm",  # largest local gradient norm before the all-reduce (DDP), ditto
+    "local_grad_nonfinite_step",  # first step that local norm was non-finite (-1: never)
+)
+COLUMNS = COLUMNS + EVIDENCE_COLUMNS
 _MASK = len(COLUMNS)  # presence bits, then the sketch
 
 

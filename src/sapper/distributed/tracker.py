@@ -32,6 +32,7 @@ from sapper.distributed.detectors import (
     default_distributed_detectors,
     lost_rank_finding,
 )
+from sapper.distributed.evidence import LocalGradNorm, OutputMax
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
 from sapper.distributed.reduce import ChannelLost, SideChannel
 from sapper.distributed.sampling import BottomKSketch, sample_hashes
@@ -80,6 +81,7 @@ class RankTracker:
         max_ranks_logged: int = 256,
         start_step: int = 0,
         on_finding: Callable[[list[Finding]], None] | None = None,
+        evidence: bool = True,
     ) -> None:
         if every < 1:
             raise ValueError("every must be >= 1")
@@ -96,6 +98,9 @@ class RankTracker:
         self._timer = ForwardTimer(module) if module is not None else None
         self._checksum = ParamChecksum(named) if checksum and params else None
         self._drilled = False
+        # X001's per-rank evidence, before the gradient all-reduce mixes the ranks
+        self._output_max = OutputMax(module) if evidence and module is not None else None
+        self._local_norm = LocalGradNorm.attach(model) if evidence else None
         self.layout = self._replica_layout(params)
         self._sketch = BottomKSketch(sketch_size)
         self.detectors = DetectorSet(
@@ -293,6 +298,7 @@ class RankTracker:
             first = torch.where(fin, math.inf, steps).min()
             out[f"nonfinite_{name}_step"] = torch.where(torch.isinf(first), -1.0, first)
             if name == "loss":
+                out["loss_peak"] = torch.where(fin, vals.abs(), 0.0).max()
                 n = fin.sum()
                 total = torch.where(fin, vals, 0.0).sum()
                 out["loss"] = torch.where(n > 0, total / n.clamp(min=1), math.nan)
@@ -352,7 +358,23 @@ class RankTracker:
         if self._checksum is not None and self.layout.param_groups:
             v["checksum"] = self._checksum.compute()
         v["samples_hashed"] = self._sketch.count
+        v.update(self._evidence(folded))
         return v
+
+    def _evidence(self, folded: dict[str, Any]) -> dict[str, Any]:
+        """X001's per-rank columns (device scalars, read with the row): the window's peak
+        loss, max |output|, and the local gradient norm before the all-reduce."""
+        out: dict[str, Any] = {}
+        if "loss_peak" in folded:
+            out["loss_peak"] = folded["loss_peak"]
+        for prefix, peak in (("output", self._output_max), ("local_grad", self._local_norm)):
+            if peak is None:
+                continue
+            got = peak.take(self._window_first, self._steps)
+            if got:
+                out["output_absmax" if prefix == "output" else "local_grad_norm"] = got["peak"]
+                out[f"{prefix}_nonfinite_step"] = got["nonfinite_step"]
+        return out
 
     def exchange(self, record: StepRecord | None = None) -> list[Finding]:
         """Gather the window from every rank (one bounded collective) and run the
@@ -459,6 +481,8 @@ class RankTracker:
         """Remove the forward hooks (the side group goes with the process group)."""
         if self._timer is not None:
             self._timer.remove()
+        if self._output_max is not None:
+            self._output_max.remove()
 
 
 def _replicas_disagree(table: RankTable) -> bool:
