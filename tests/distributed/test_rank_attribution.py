@@ -4,7 +4,10 @@ heartbeat watcher wherever the survivors are blocked, X006 at construction."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
+from typing import Any
 
 import torch
 from test_multiprocess import only
@@ -104,3 +107,63 @@ def test_evidence_breaks_the_tie_the_all_reduce_made() -> None:
     # nothing stands out: every tied rank is named, as before
     [h] = NonFiniteRankDetector().update(rec(table(9, loss_peak=[1.0] * 4, **tied)))
     assert h.data["origin"] == [0, 1, 2, 3] and "first" not in h.message
+
+
+# ---- a lost rank, wherever the survivors are blocked (plain torchrun defaults) ----------
+BEAT = {"monitor": True, "steps": 9, "every": 3, "heartbeat_s": 0.5, "lost_after_s": 3.0,
+        "hang_after_s": 3.0, "timeout_s": 20.0}
+
+
+def _lost_in_run_log(tmp_path: Path, **fault: Any) -> tuple[list[dict], list[str], Any]:
+    """Run under torchrun; rank 0's run log: its X005 findings, and the order of lines."""
+    from distlaunch import run_torchrun
+
+    job = run_torchrun(tmp_path, 2, {**BEAT, **fault}, timeout_s=90)
+    log = tmp_path / "out" / "run-rank0.jsonl"
+    assert log.exists(), job.explain()
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    order = [x.get("code") or f"step {x.get('step')}" for x in lines if x.get("kind") != "meta"]
+    lost = [x for x in lines if x.get("code") == "X005"]
+    return lost, order, job
+
+
+def test_crash_in_the_forward_is_on_disk_before_torchrun_tears_down(tmp_path: Path) -> None:
+    # rank 0 waits in DDP's all-reduce; torchrun SIGTERMs it right after rank 1 dies
+    lost, _, job = _lost_in_run_log(
+        tmp_path, forward_fault_rank=1, forward_fault_step=4, forward_fault="die"
+    )
+    assert job.returncodes != [0], job.explain()
+    [f] = lost
+    assert f["rank"] == 1 and f["data"]["kind"] == "crash"
+    assert f["message"].startswith("rank 1 stopped: its heartbeat ended")
+    # rank 0's all-reduce fails at once ("connection reset"): named before it exits
+    assert "rank 0 in the backward (or DDP's gradient all-reduce) of step 4" in f["message"]
+
+
+def test_crash_before_the_exchange_is_named(tmp_path: Path) -> None:
+    lost, _, job = _lost_in_run_log(tmp_path, die_rank=1, die_step=5)
+    assert job.returncodes != [0], job.explain()
+    assert lost and lost[0]["rank"] == 1, lost
+
+
+def test_hang_in_the_forward_is_named_while_the_others_wait_in_the_all_reduce(
+    tmp_path: Path,
+) -> None:
+    lost, order, job = _lost_in_run_log(
+        tmp_path, forward_fault_rank=1, forward_fault_step=4, forward_fault="hang", hang_s=9.0
+    )
+    assert job.returncodes == [0], job.explain()
+    [f] = lost
+    assert f["rank"] == 1 and f["data"]["kind"] == "hang" and f["data"]["phase"] == "forward"
+    assert 3.0 <= f["value"] < 8.0  # named after T, while rank 1 still hangs
+    assert "rank 0 in the backward (or DDP's gradient all-reduce) of step 4" in f["message"]
+    assert order.index("X005") < order.index("step 5")  # written while rank 0 was blocked
+
+
+def test_hang_before_the_exchange_is_named_with_where_it_is(tmp_path: Path) -> None:
+    lost, order, job = _lost_in_run_log(tmp_path, hang_rank=1, hang_step=5, hang_s=9.0)
+    assert job.returncodes == [0], job.explain()
+    [f] = lost
+    assert f["rank"] == 1 and f["data"]["kind"] == "hang" and f["data"]["phase"] == "data"
+    assert "rank 0 in sapper's exchange" in f["message"]
+    assert order.index("X005") < order.index("step 5")

@@ -16,6 +16,7 @@ and :meth:`exchange` at the point where it turns its accumulators into a record.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -34,6 +35,7 @@ from sapper.distributed.detectors import (
 )
 from sapper.distributed.evidence import LocalGradNorm, OutputMax
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
+from sapper.distributed.heartbeat import Heartbeat, job_store
 from sapper.distributed.reduce import ChannelLost, SideChannel
 from sapper.distributed.sampling import BottomKSketch, sample_hashes
 from sapper.distributed.table import DIST_KEY, RankTable, pack_row
@@ -82,6 +84,10 @@ class RankTracker:
         start_step: int = 0,
         on_finding: Callable[[list[Finding]], None] | None = None,
         evidence: bool = True,
+        heartbeat: bool = True,
+        heartbeat_s: float | None = None,
+        lost_after_s: float = 30.0,
+        hang_after_s: float = 300.0,
     ) -> None:
         if every < 1:
             raise ValueError("every must be >= 1")
@@ -127,6 +133,14 @@ class RankTracker:
         #: Where findings go the moment they are made (the monitor's sinks), instead of
         #: waiting for the next exchange; may be called from sapper's watcher thread.
         self.on_finding = on_finding
+        self.heartbeat: Heartbeat | None = None
+        self._beat_opts = {
+            "interval_s": heartbeat_s,
+            "lost_after_s": lost_after_s,
+            "hang_after_s": hang_after_s,
+            "start_step": start_step,
+        }
+        self._module = module if heartbeat else None
         if self.ctx.is_main and self.ctx.distributed:  # X006 needs no peer: say it now
             self.startup_findings = check_world_size(self.ctx, plan, start_step)
             self.say_now(self.startup_findings)
@@ -152,6 +166,8 @@ class RankTracker:
             self.lost = ChannelLost(step=-1, reason=" ".join(str(exc).split())[:300])
             self._pending.append(lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s))
             return
+        if self._module is not None:
+            self._start_heartbeat()  # before the gather: every beat key exists after it
         nodes = self.channel.gather_objects(local_node_info(), step=-1)
         if nodes is None:
             self._lose()
@@ -161,6 +177,33 @@ class RankTracker:
             found = check_process_groups(self.ctx, self.plan, world=False)
             self.startup_findings = [*self.startup_findings, *found]
             self.say_now(found)
+
+    def _start_heartbeat(self) -> None:
+        """The lost-rank watcher (sapper.distributed.heartbeat): a daemon thread per rank."""
+        try:
+            store, hosted = job_store(self.timeout_s)
+            hb = Heartbeat(
+                store,
+                self.rank,
+                self.ctx.world_size,
+                self._heartbeat_found,
+                store_hosted_by_rank0=hosted,
+                **self._beat_opts,
+            )
+            hb.hook_module(self._module)
+            hb.start()
+        except Exception as exc:  # no store to beat through: the exchange still bounds
+            self.errors.append(f"heartbeat: {type(exc).__name__}: {exc}")
+            return
+        self.heartbeat = hb
+
+    def _heartbeat_found(self, findings: list[Finding]) -> None:
+        """From the watcher thread: report now (host work only)."""
+        if not self.ctx.is_main:  # rank 0 is gone; no run log here, say it on stderr
+            for f in findings:
+                print(f"sapper [rank {self.rank}] {f.code}: {f.message}", file=sys.stderr,
+                      flush=True)
+        self.say_now(findings)
 
     def say_now(self, findings: list[Finding]) -> None:
         """Report ``findings`` at once through :attr:`on_finding`, or keep them for the
@@ -390,6 +433,8 @@ class RankTracker:
             out, self._pending = self._pending, []
             return out
         t0 = time.perf_counter()
+        if self.heartbeat is not None:
+            self.heartbeat.mark("exchange")
         first = self._window_first if self._steps else step
         try:
             values = self._window_values(record, step)
@@ -405,6 +450,8 @@ class RankTracker:
         self.last_gather_s = time.perf_counter() - t1
         self.exchanges += 1
         self.last_exchange_s = time.perf_counter() - t0
+        if self.heartbeat is not None:
+            self.heartbeat.mark("data")
         if gathered is None:
             return self._lose()
         table = RankTable.from_tensor(
@@ -466,6 +513,10 @@ class RankTracker:
         assert self.channel is not None and self.channel.lost is not None
         self.lost = self.channel.lost
         finding = lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s)
+        named = self.heartbeat.named if self.heartbeat is not None else set()
+        if self.lost.missing and set(self.lost.missing) <= named:
+            out, self._pending = self._pending, []  # the watcher said it already
+            return out if self.ctx.is_main else []
         alive = sorted(set(range(self.ctx.world_size)) - set(self.lost.missing))
         reporters = {alive[0] if alive else self.rank}
         if not self.lost.last_seen:
@@ -483,6 +534,8 @@ class RankTracker:
             self._timer.remove()
         if self._output_max is not None:
             self._output_max.remove()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
 
 def _replicas_disagree(table: RankTable) -> bool:
