@@ -167,3 +167,83 @@ def test_hang_before_the_exchange_is_named_with_where_it_is(tmp_path: Path) -> N
     assert f["rank"] == 1 and f["data"]["kind"] == "hang" and f["data"]["phase"] == "data"
     assert "rank 0 in sapper's exchange" in f["message"]
     assert order.index("X005") < order.index("step 5")
+
+
+def _beats(world: int = 2, **kw: Any) -> tuple[list[Any], list[Any], Any]:
+    import torch.distributed as dist
+    from distlaunch import free_port
+
+    from sapper.distributed.heartbeat import Heartbeat
+
+    store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False)
+    found: list[Any] = []
+    opts = {"interval_s": 0.1, "lost_after_s": 0.6, "hang_after_s": 0.6, **kw}
+    hbs = [Heartbeat(store, r, world, found.extend, **opts) for r in range(world)]
+    for hb in hbs:
+        hb.prefix = "test/beat/"  # one job: the same keys on every "rank"
+        hb.start()
+    return hbs, found, store
+
+
+def _until(cond: Any, seconds: float) -> float:
+    import time
+
+    t0 = time.monotonic()
+    while not cond() and time.monotonic() - t0 < seconds:
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def test_watcher_tells_a_crash_from_a_hang_and_stays_quiet_when_healthy() -> None:
+    import time
+
+    hbs, found, _ = _beats()
+    try:
+        for _ in range(10):  # healthy: both move
+            for hb in hbs:
+                hb.mark("forward")
+            time.sleep(0.1)
+        assert found == []
+        hbs[1]._stop.set()  # rank 1's beats stop (a process gone), no "done"
+        waited = _until(lambda: found, 5.0)
+        [f] = found
+        assert f.code == "X005" and f.rank == 1 and f.data["kind"] == "crash"
+        assert 0.5 <= waited < 3.0
+    finally:
+        for hb in hbs:
+            hb.stop()
+
+
+def test_watcher_names_the_rank_stuck_behind_the_others() -> None:
+    hbs, found, _ = _beats()
+    try:
+        hbs[1].mark("forward")  # rank 1 stays in the forward of step 0
+        hbs[0].step_done()
+        hbs[0].mark("backward")  # rank 0 is on, in step 1's all-reduce
+        _until(lambda: found, 5.0)
+        [f] = found
+        assert (f.rank, f.data["kind"], f.data["phase"], f.step) == (1, "hang", "forward", 0)
+        assert "rank 0 in the backward (or DDP's gradient all-reduce) of step 1" in f.message
+    finally:
+        for hb in hbs:
+            hb.stop()
+
+
+def test_ranks_that_finish_are_not_lost() -> None:
+    import time
+
+    hbs, found, _ = _beats()
+    hbs[1].stop()  # a clean end writes "done"
+    time.sleep(1.0)
+    hbs[0].stop()
+    assert found == []
+
+
+def test_world_size_against_the_plan_is_logged_before_the_first_step(job, tmp_path: Path) -> None:
+    j = job(2, {"steps": 3, "every": 3, "monitor": True, "plan": {"parallel": {"tp": 2, "dp": 2}}})
+    assert j.returncodes == [0, 0], j.explain()
+    [f] = [f for f in j.rank(0)["findings"] if f["code"] == "X006"]
+    assert f["message"] == "world 2 ≠ tp 2 × pp 1 × cp 1 × dp 2 = 4 (step 0)"
+    log = [json.loads(x) for x in (tmp_path / "out" / "run-rank0.jsonl").read_text().splitlines()]
+    kinds = [x.get("code") or x["kind"] for x in log if x["kind"] != "meta"]
+    assert kinds.index("X006") < kinds.index("step")  # at construction, not at an exchange
