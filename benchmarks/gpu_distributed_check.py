@@ -15,6 +15,11 @@ timings, and the exit code is the number of failed checks.
 4. DDP, one replica's weight changed at step 4: X003 names that rank.
 5. FSDP2 (``fully_shard``): sapper's global gradient norm equals the norm of the same
    step computed on one GPU with the whole batch.
+6. DDP, the last rank's loss blown up to ~1e29 (finite) at step 6: every rank's norm is
+   Inf after the NCCL all-reduce; X001 names that rank first, from its local gradient
+   norm taken in sapper's communication hook before the all-reduce.
+7. DDP, one bit of one element flipped in the last rank's weights at step 4: X003
+   within one exchange, naming the parameter (full-tensor checksum on the GPU).
 """
 
 from __future__ import annotations
@@ -145,6 +150,37 @@ def check_desync(rank: int, world: int, device: torch.device) -> tuple[bool, str
     return ok, "; ".join(f.message for f in x3) or "no X003"
 
 
+def check_blowup(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    bad = world - 1
+
+    def blow(step: int, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        return loss * 2.5e28 if (rank, step) == (bad, 6) else loss
+
+    found, _ = _ddp_run(rank, device, fault=blow)
+    x1 = [f for f in found if f.code == "X001"]
+    ok = rank != 0 or (
+        len(x1) == 1 and (x1[0].rank, x1[0].step) == (bad, 6) and "first" in x1[0].message
+    )
+    return ok, "; ".join(f.message for f in x1) or "no X001"
+
+
+def check_bitflip(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    bad = world - 1
+    name = ""
+
+    def flip(step: int, model: nn.Module) -> None:
+        nonlocal name
+        if (rank, step) == (bad, 4):
+            with torch.no_grad():  # one bit of one element: a memory fault on one replica
+                name, p = list(model.module.named_parameters())[-1]
+                p.view(-1).view(torch.int32)[p.numel() // 2] ^= 1
+
+    found, _ = _ddp_run(rank, device, after_step=flip)
+    x3 = [f for f in found if f.code == "X003"]
+    ok = rank != 0 or (len(x3) == 1 and x3[0].step == 7 and str(bad) in x3[0].data["params"])
+    return ok, "; ".join(f.message for f in x3) or "no X003"
+
+
 def check_fsdp_norm(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -176,6 +212,8 @@ CHECKS = [
     ("DDP slow loader on rank 1 -> X002", check_straggler),
     ("DDP replica knocked out of sync -> X003", check_desync),
     ("FSDP2 global grad norm = single GPU", check_fsdp_norm),
+    ("DDP huge finite loss on the last rank -> X001 first", check_blowup),
+    ("DDP one flipped bit in one replica -> X003 + parameter", check_bitflip),
 ]
 
 

@@ -57,7 +57,7 @@ class WindowPeak:
 
     def add(self, v: torch.Tensor) -> None:
         v = v.detach().float().reshape(())
-        k = torch.tensor(float(self.events), device=v.device)
+        k = float(self.events)  # a scalar argument: no host-to-device copy, no sync
         bad = ~torch.isfinite(v)
         if self.peak is None or self.first_bad is None:
             self.first_bad = torch.where(bad, k, -1.0)
