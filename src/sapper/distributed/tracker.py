@@ -517,6 +517,8 @@ class RankTracker:
         if self.lost.missing and set(self.lost.missing) <= named:
             out, self._pending = self._pending, []  # the watcher said it already
             return out if self.ctx.is_main else []
+        if self.heartbeat is not None:  # the watcher need not say it again
+            self.heartbeat.named.update(self.lost.missing)
         alive = sorted(set(range(self.ctx.world_size)) - set(self.lost.missing))
         reporters = {alive[0] if alive else self.rank}
         if not self.lost.last_seen:
