@@ -20,6 +20,11 @@ per check and the timings, and the exit code is the number of failed checks.
 6. FSDP2 under the live Monitor: its gradient norm (reduced over the mesh on NCCL,
    float64 sums in one fused kernel) is logged on every step and equals that single-GPU
    norm; no R190.
+7. DDP, the last rank's loss blown up to ~1e29 (finite) at step 6: every rank's norm is
+   Inf after the NCCL all-reduce; X001 names that rank first, from its local gradient
+   norm taken in sapper's communication hook before the all-reduce.
+8. DDP, one bit of one element flipped in the last rank's weights at step 4: X003
+   within one exchange, naming the parameter (full-tensor checksum on the GPU).
 """
 
 from __future__ import annotations
@@ -154,6 +159,37 @@ def check_desync(rank: int, world: int, device: torch.device) -> tuple[bool, str
     return ok, "; ".join(f.message for f in x3) or "no X003"
 
 
+def check_blowup(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    bad = world - 1
+
+    def blow(step: int, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        return loss * 2.5e28 if (rank, step) == (bad, 6) else loss
+
+    found, _ = _ddp_run(rank, device, fault=blow)
+    x1 = [f for f in found if f.code == "X001"]
+    ok = rank != 0 or (
+        len(x1) == 1 and (x1[0].rank, x1[0].step) == (bad, 6) and "first" in x1[0].message
+    )
+    return ok, "; ".join(f.message for f in x1) or "no X001"
+
+
+def check_bitflip(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    bad = world - 1
+    name = ""
+
+    def flip(step: int, model: nn.Module) -> None:
+        nonlocal name
+        if (rank, step) == (bad, 4):
+            with torch.no_grad():  # one bit of one element: a memory fault on one replica
+                name, p = list(model.module.named_parameters())[-1]
+                p.view(-1).view(torch.int32)[p.numel() // 2] ^= 1
+
+    found, _ = _ddp_run(rank, device, after_step=flip)
+    x3 = [f for f in found if f.code == "X003"]
+    ok = rank != 0 or (len(x3) == 1 and x3[0].step == 7 and str(bad) in x3[0].data["params"])
+    return ok, "; ".join(f.message for f in x3) or "no X003"
+
+
 def check_fsdp_norm(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -226,6 +262,8 @@ CHECKS = [
     ("DDP replica knocked out of sync -> X003", check_desync),
     ("FSDP2 global grad norm = single GPU", check_fsdp_norm),
     ("FSDP2 + Monitor grad norm every step", check_fsdp_monitor),
+    ("DDP huge finite loss on the last rank -> X001 first", check_blowup),
+    ("DDP one flipped bit in one replica -> X003 + parameter", check_bitflip),
 ]
 
 

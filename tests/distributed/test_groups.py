@@ -30,7 +30,10 @@ def test_world_size_vs_plan_shows_the_arithmetic() -> None:
     p = Plan.model_validate({"parallel": {"tp": 2, "dp": 4}})
     found = check_process_groups(ctx_for(4, [0, 0, 0, 0], p), p)
     assert codes(found) == ["X006"]
-    assert found[0].message == "TP(2) · CP(1) · DP(4) · PP(1) = 8 but 4 ranks were launched"
+    assert found[0].message == "world 4 ≠ tp 2 × pp 1 × cp 1 × dp 4 = 8 (step 0)"
+    assert found[0].step == 0
+    later = check_process_groups(ctx_for(4, [0, 0, 0, 0], p), p, step=120)
+    assert later[0].message.endswith("(step 120)") and later[0].step == 120
     ok = Plan.model_validate({"parallel": {"tp": 2, "dp": 2}})
     assert check_process_groups(ctx_for(4, [0, 0, 0, 0], ok), ok) == []
 
@@ -38,10 +41,14 @@ def test_world_size_vs_plan_shows_the_arithmetic() -> None:
 def test_inferred_dp_that_does_not_divide_or_differs_from_the_plan() -> None:
     p = Plan.model_validate({"parallel": {"tp": 4}})
     found = check_process_groups(ctx_for(6, [0] * 6, p), p)
-    assert codes(found) == ["X006"] and "does not divide the 6 launched ranks" in found[0].message
+    assert codes(found) == ["X006"]
+    assert "world 6 is not a multiple of tp 4 × pp 1 × cp 1 = 4" in found[0].message
     q = Plan.model_validate({"parallel": {"tp": 2}, "hardware": {"num_gpus": 64}})
     found = check_process_groups(ctx_for(8, [0] * 8, q), q)
-    assert codes(found) == ["X006"] and "the plan is for 64 GPUs" in found[0].message
+    assert codes(found) == ["X006"] and (
+        "world 8 ≠ the plan's 64 GPUs: tp 2 × pp 1 × cp 1 × dp 4 = 8 launched, "
+        "tp 2 × pp 1 × cp 1 × dp 32 = 64 planned (step 0)"
+    ) == found[0].message
 
 
 def test_uneven_nodes_and_wrong_gpus_per_node() -> None:

@@ -46,10 +46,18 @@ class TinyLM(nn.Module):
         )
         self.head = nn.Linear(width, VOCAB)
         self.delay = 0.0  # seconds of extra "compute" per forward (a slow GPU)
+        self.fault: tuple[str, float] | None = None  # ("die" | "hang", seconds), once
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.delay:
             time.sleep(self.delay)
+        if self.fault is not None:  # a crash or a hang in the middle of the forward
+            what, seconds = self.fault
+            self.fault = None
+            if what == "die":
+                sys.stdout.flush()
+                os._exit(17)
+            time.sleep(seconds)
         h = self.emb(ids)
         for block in self.blocks:
             h = h + block(h)
@@ -162,6 +170,9 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     dist_opts = {"timeout_s": opts.get("timeout_s", 20.0), "checksum": opts.get("checksum", True)}
     if "detail_ranks" in opts:  # 0: the reduced exchange only, as above 64 ranks
         dist_opts["detail_ranks"] = opts["detail_ranks"]
+    for name in ("heartbeat_s", "lost_after_s", "hang_after_s"):
+        if name in opts:
+            dist_opts[name] = opts[name]
     if opts.get("monitor"):
         return _with_monitor(wrapped, opt, plan, opts, dist_opts, rank, world)
     tracker = RankTracker(wrapped, plan=plan, every=opts.get("every", 5), **dist_opts)
@@ -179,7 +190,15 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
             engine.step()
             norm = None
         else:
+            _arm_forward_fault(model, opts, rank, step)
+            poison = None
+            if rank == opts.get("nan_input_rank") and step == opts.get("nan_step"):
+                poison = model.emb.register_forward_hook(lambda m, a, out: out * float("nan"))
             loss = _loss(wrapped, batch)
+            if poison is not None:  # a NaN in this rank's input activations, this step only
+                poison.remove()
+            if rank == opts.get("scale_rank") and step == opts.get("scale_step"):
+                loss = loss * opts["scale"]  # this rank's batch blows up: a huge, finite loss
             if rank == opts.get("nan_rank") and step == opts.get("nan_step"):
                 loss = loss * float("nan")  # an overflow on this rank only
             loss.backward()
@@ -192,6 +211,10 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         if rank == opts.get("desync_rank") and step == opts.get("desync_step"):
             with torch.no_grad():  # a weight changed on one replica only
                 next(wrapped.parameters()).add_(1e-3)
+        if rank == opts.get("flip_rank") and step == opts.get("flip_step"):
+            with torch.no_grad():  # one bit of one element on one replica: a memory fault
+                p = dict(model.named_parameters())[opts["flip_param"]]
+                p.view(-1).view(torch.int32)[opts.get("flip_index", 0)] ^= 1
         if rank == opts.get("die_rank") and step == opts.get("die_step"):
             sys.stdout.flush()
             os._exit(17)  # a crashed rank: no cleanup, no goodbye
@@ -238,12 +261,18 @@ def _with_monitor(model: Any, opt: Any, plan: Plan | None, opts: dict[str, Any],
     for step, batch in enumerate(_loader(opts, rank, world)):
         if step >= opts.get("steps", 15):
             break
+        _arm_forward_fault(getattr(model, "module", model), opts, rank, step)
         loss = _loss(model, batch)
         if rank == opts.get("nan_rank") and step == opts.get("nan_step"):
             loss = loss * float("nan")
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if rank == opts.get("die_rank") and step == opts.get("die_step"):
+            sys.stdout.flush()
+            os._exit(17)  # a crashed rank, just before the monitor's exchange
+        if rank == opts.get("hang_rank") and step == opts.get("hang_step"):
+            time.sleep(opts["hang_s"])
         mon.step(loss)
     findings = mon.close()
     records = []
@@ -252,6 +281,11 @@ def _with_monitor(model: Any, opt: Any, plan: Plan | None, opts: dict[str, Any],
     return {"rank": rank, "findings": [f.to_json() for f in findings], "records": records,
             "norms": [], "exchange_s": [], "active": mon.dist is not None and
             mon.dist.tracker.active, "layout": {}, "run_log": run_log.exists()}
+
+
+def _arm_forward_fault(model: Any, opts: dict[str, Any], rank: int, step: int) -> None:
+    if rank == opts.get("forward_fault_rank") and step == opts.get("forward_fault_step"):
+        model.fault = (opts["forward_fault"], opts.get("hang_s", 0.0))
 
 
 def _compare_norms(

@@ -12,7 +12,7 @@ rank 0's last record carries the per-rank table and the job's numbers).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -49,6 +49,7 @@ class MonitorBridge:
             return None
         opts = dict(options or {})
         every = int(opts.pop("every", every))
+        opts.setdefault("start_step", start_step)
         tracker = RankTracker(model, plan=plan, every=every, **opts)
         return cls(tracker, every, start_step)
 
@@ -78,6 +79,11 @@ class MonitorBridge:
             for f in found:
                 print(f"sapper [rank {self.rank}] {f.code}: {f.message}", file=sys.stderr)
         return found
+
+    def listen(self, on_finding: Callable[[list[Finding]], None]) -> None:
+        """Findings made outside the exchange (at start, or by the lost-rank watcher
+        thread) go to ``on_finding`` at once: host work only, safe from any thread."""
+        self.tracker.listen(on_finding)
 
     def close(self) -> None:
         self.tracker.close()

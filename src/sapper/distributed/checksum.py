@@ -1,17 +1,31 @@
-"""A cheap parameter fingerprint to compare data-parallel replicas.
+"""A full-tensor parameter checksum to compare data-parallel replicas bit for bit.
 
 DP replicas must stay bit-identical: same initial weights (DDP broadcasts them), same
 averaged gradient, same update. They drift apart silently when one rank loads a
-checkpoint the others did not, skips an update the others made, or changes a weight
-outside the optimizer (an EMA, a rank-0-only edit). A fixed set of a few elements per
-parameter tensor (evenly spaced, the same on every rank), weighted and summed in fp64 on
-the parameters' device, changes when any of them drifts — at the cost of a few small
-kernels every N steps rather than a pass over all the weights.
+checkpoint the others did not, skips an update the others made, changes a weight outside
+the optimizer (an EMA, a rank-0-only edit) or suffers a flipped bit in memory. Sampling a
+few elements per tensor misses a single changed element forever, so every element counts.
 
-Sharded parameters (FSDP2 DTensors, ZeRO-3) are fingerprinted by their local shard, and
-the replica groups follow the device mesh: ranks that differ only along mesh dimensions
-where every parameter is replicated (HSDP's replicate dimension) must agree; a fully
-sharded mesh has no replicas to compare.
+The checksum is integer arithmetic on the parameters' bits, on their device, with no host
+sync until the exchange reads it: each tensor is viewed as 32-bit words (16-bit for bf16 and
+fp16, 8-bit for fp8; an fp64 element is two words), cut into rows of :data:`ROW` words; the
+rows are summed in int64 (one read pass, no full-size temporary), and the row sums are mixed
+with per-row even weights::
+
+    c = Σ_j r_j · (1 + w_j)        (w_j even, wrapping modulo 2**64)
+    C = Σ_t c_t · p_t              (p_t odd, one per tensor)
+
+A single element changed by a word difference ``δ`` (0 < |δ| < 2**32) moves ``C`` by ``δ``
+times an odd number, which is never 0 modulo 2**52 — the 52 bits that travel exactly in the
+float64 exchange. So any one-element difference between replicas is caught, whatever its
+size, and integer sums (unlike float ones) do not depend on the reduction order. Rows make it
+position-dependent: elements moved between rows change it too (a swap within one row of
+1024 words does not).
+
+Sharded parameters (FSDP2 DTensors, ZeRO-3) are summed over their local shard, and the
+replica groups follow the device mesh: ranks that differ only along mesh dimensions where
+every parameter is replicated (HSDP's replicate dimension) must agree; a fully sharded mesh
+has no replicas to compare. Measured cost: ``benchmarks/replica_checksum.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +35,24 @@ from typing import Any
 
 import torch
 
-__all__ = ["ParamChecksum", "mesh_replica_groups"]
+__all__ = ["MASK52", "ROW", "ParamChecksum", "mesh_replica_groups", "tensor_checksum"]
+
+#: Words per row (the position mix works between rows).
+ROW = 1024
+#: The checksum's bits that survive the float64 exchange exactly.
+MASK52 = (1 << 52) - 1
+_WORD = {1: torch.int8, 2: torch.int16}
+
+
+def _s64(x: int) -> int:
+    """``x`` modulo 2**64 as a signed int64 (what wrapping tensor arithmetic holds)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >> 63 else x
+
+
+_ROW_EVEN = _s64(2 * 0x9E3779B97F4A7C15)  # even row weights w_j = j · this
+_TENSOR_ODD = _s64(0xC2B2AE3D27D4EB4F)
+_TENSOR_EVEN = _s64(2 * 0xC2B2AE3D27D4EB4F)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -29,41 +60,91 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else p
 
 
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as a flat integer tensor of words (a view when contiguous)."""
+    t = t.detach()
+    if t.dtype == torch.bool:
+        return t.reshape(-1).to(torch.int8)
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    flat = t.reshape(-1)
+    size = flat.element_size()
+    if size in _WORD:
+        return flat.view(_WORD[size])
+    return flat.view(torch.int32)  # 4-byte elements as one word, 8-byte ones as two
+
+
+def _row_weights(rows: int, device: torch.device) -> torch.Tensor:
+    """1 + w_j with w_j even: an odd multiplier per row (wrapping int64 arithmetic)."""
+    j = torch.arange(1, rows + 1, dtype=torch.int64, device=device)
+    return j * _ROW_EVEN + 1
+
+
+def tensor_checksum(t: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``c`` for one tensor: a 0-dim int64 on its device (no host sync)."""
+    w = _words(t)
+    n = w.numel()
+    full = n - n % ROW
+    rows = full // ROW
+    total = torch.zeros((), dtype=torch.int64, device=w.device)
+    if rows:
+        sums = w[:full].view(rows, ROW).sum(dim=1, dtype=torch.int64)
+        if weights is None or weights.numel() != rows:
+            weights = _row_weights(rows, w.device)
+        total = (sums * weights).sum()
+    if full < n:  # the tail is row number rows + 1
+        tail = w[full:].sum(dtype=torch.int64)
+        total = total + tail * _s64((rows + 1) * _ROW_EVEN + 1)
+    return total
+
+
 class ParamChecksum:
-    """``compute()`` -> a 0-dim fp64 tensor on the parameters' device (no host sync)."""
+    """``compute()`` -> a 0-dim float64 tensor on the parameters' device (no host sync):
+    the 52-bit full-tensor checksum of every parameter; ``per_param()`` -> one per tensor,
+    to name the parameter that differs."""
 
-    def __init__(self, params: Iterable[torch.Tensor], per_tensor: int = 8) -> None:
-        self.params = [p for p in params if isinstance(p, torch.Tensor)]
-        self.per_tensor = int(per_tensor)
-        self._index: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    def __init__(
+        self, params: Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
+        named: list[tuple[str, torch.Tensor]] = []
+        for i, item in enumerate(params):
+            name, p = item if isinstance(item, tuple) else (f"parameter {i}", item)
+            if isinstance(p, torch.Tensor):
+                named.append((name, p))
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self._weights: dict[int, torch.Tensor] = {}
 
-    def _build(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        out = []
-        gen = torch.Generator().manual_seed(0xC0FFEE)
-        for p in self.params:
-            local = _local(p)
-            n = local.numel()
-            if n == 0:
-                continue
-            k = min(self.per_tensor, n)
-            idx = torch.linspace(0, n - 1, k).long().to(local.device)
-            w = (torch.rand(k, generator=gen, dtype=torch.float64) + 0.5).to(local.device)
-            out.append((p, idx, w))
-        return out
-
-    def compute(self) -> torch.Tensor | None:
-        if not self.params:
-            return None
-        if self._index is None:
-            self._index = self._build()
+    def _sums(self) -> torch.Tensor | None:
         terms = []
         with torch.no_grad():
-            for p, idx, w in self._index:
-                flat = _local(p).detach().reshape(-1)
-                terms.append((flat[idx].to(torch.float64) * w).sum())
+            for i, p in enumerate(self.params):
+                local = _local(p)
+                if local.numel() == 0:
+                    terms.append(torch.zeros((), dtype=torch.int64))
+                    continue
+                rows = _words(local).numel() // ROW
+                w = self._weights.get(i)
+                if rows and (w is None or w.device != local.device):
+                    w = self._weights[i] = _row_weights(rows, local.device)
+                terms.append(tensor_checksum(local, w))
         if not terms:
             return None
-        return torch.stack([t.to(terms[0].device) for t in terms]).sum()
+        dev = next((t.device for t in terms if t.device.type != "cpu"), terms[0].device)
+        return torch.stack([t.to(dev) for t in terms])
+
+    def per_param(self) -> torch.Tensor | None:
+        """Each tensor's ``c`` cut to 52 bits, as float64 (exact)."""
+        sums = self._sums()
+        return None if sums is None else (sums & MASK52).to(torch.float64)
+
+    def compute(self) -> torch.Tensor | None:
+        sums = self._sums()
+        if sums is None:
+            return None
+        t = torch.arange(len(sums), dtype=torch.int64, device=sums.device)
+        mixed = (sums * (t * _TENSOR_EVEN + _TENSOR_ODD)).sum()  # odd p_t per tensor
+        return (mixed & MASK52).to(torch.float64)
 
 
 def mesh_replica_groups(params: Iterable[Any]) -> list[list[int]] | None:

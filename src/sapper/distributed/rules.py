@@ -83,13 +83,13 @@ REPLICAS_DIVERGED = register(
 Data parallelism assumes every replica holds the same weights: each applies the same
 averaged gradient to the same parameters. Once one replica differs — a checkpoint loaded
 on rank 0 only, a weight edited outside the optimizer, an update skipped on one rank, a
-buffer that is not synchronized — the replicas compute gradients for different models,
-the average belongs to none of them, and the saved checkpoint (usually rank 0's) is not
-the model that was trained.""",
+buffer that is not synchronized, a bit flipped in one GPU's memory — the replicas compute
+gradients for different models, the average belongs to none of them, and the saved
+checkpoint (usually rank 0's) is not the model that was trained.""",
         signs="""\
-Parameter fingerprints differ across data-parallel ranks; evaluation of checkpoints saved
-from different ranks disagrees; loss curves of ranks drift apart although they see data
-from the same distribution.""",
+Full-tensor parameter checksums differ across data-parallel ranks; evaluation of
+checkpoints saved from different ranks disagrees; loss curves of ranks drift apart
+although they see data from the same distribution.""",
         fix="""\
 Load checkpoints on every rank (or broadcast from rank 0 after loading); change weights
 only through the optimizer step on all ranks; wrap the model in DDP/FSDP before training

@@ -18,7 +18,14 @@ import torch
 
 from sapper.distributed.stats import JobStats, stats_from_rows
 
-__all__ = ["COLUMNS", "DIST_KEY", "RankTable", "SparseColumn", "pack_row"]
+__all__ = [
+    "COLUMNS",
+    "DIST_KEY",
+    "EVIDENCE_COLUMNS",
+    "RankTable",
+    "SparseColumn",
+    "pack_row",
+]
 
 #: Key of the table in ``StepRecord.extra``.
 DIST_KEY = "dist"
@@ -45,6 +52,17 @@ COLUMNS: tuple[str, ...] = (
     "samples_hashed",
     "time",  # wall clock when the rank entered the exchange (Unix seconds)
 )
+
+#: X001's per-rank evidence, measured before the gradient all-reduce mixes the ranks
+#: (sapper.distributed.evidence); appended so the columns above keep their places.
+EVIDENCE_COLUMNS: tuple[str, ...] = (
+    "loss_peak",  # largest finite |loss| in the window
+    "output_absmax",  # largest |model output| of the window's forwards, until non-finite
+    "output_nonfinite_step",  # first step the output was non-finite (-1: never)
+    "local_grad_norm",  # largest local gradient norm before the all-reduce (DDP), ditto
+    "local_grad_nonfinite_step",  # first step that local norm was non-finite (-1: never)
+)
+COLUMNS = COLUMNS + EVIDENCE_COLUMNS
 _MASK = len(COLUMNS)  # presence bits, then the sketch
 
 
@@ -126,6 +144,9 @@ class RankTable:
     #: The previous exchange's step (None for the first): the window is (prev, step].
     prev_step: int | None = None
     stats: JobStats | None = None
+    #: Per-rank detail fetched after the exchange for the ranks a detector will name
+    #: (``replica_params``: rank -> the parameters that differ from its replicas).
+    detail: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -237,6 +258,8 @@ class RankTable:
             out["data_groups"] = self.data_groups
             out["param_groups"] = self.param_groups
         out["layout"] = self.layout_source
+        if self.detail:
+            out["detail"] = self.detail
         return out
 
     @classmethod
@@ -278,6 +301,7 @@ class RankTable:
             layout_source=str(data.get("layout", "")),
             prev_step=data.get("prev_step"),
             stats=stats,
+            detail=dict(data.get("detail") or {}),
         )
 
 

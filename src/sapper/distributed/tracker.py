@@ -18,8 +18,10 @@ and :meth:`exchange` at the point where it turns its accumulators into a record.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -29,11 +31,14 @@ from sapper.distributed.checksum import ParamChecksum, mesh_replica_groups
 from sapper.distributed.context import DistContext, discover, local_node_info
 from sapper.distributed.detectors import (
     check_process_groups,
+    check_world_size,
     default_distributed_detectors,
     lost_rank_finding,
 )
+from sapper.distributed.evidence import LocalGradNorm, OutputMax
 from sapper.distributed.exchange import reduce_buckets, reduce_window
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
+from sapper.distributed.heartbeat import Heartbeat, job_store
 from sapper.distributed.reduce import ChannelLost, SideChannel
 from sapper.distributed.sampling import sample_hashes
 from sapper.distributed.stats import JobStats, SampleBuckets, default_buckets
@@ -83,6 +88,13 @@ class RankTracker:
         buckets: int | None = None,
         max_named: int = 32,
         backend: str | None = None,
+        start_step: int = 0,
+        on_finding: Callable[[list[Finding]], None] | None = None,
+        evidence: bool = True,
+        heartbeat: bool = True,
+        heartbeat_s: float | None = None,
+        lost_after_s: float = 30.0,
+        hang_after_s: float = 300.0,
     ) -> None:
         if every < 1:
             raise ValueError("every must be >= 1")
@@ -103,9 +115,14 @@ class RankTracker:
         self._buckets = SampleBuckets(buckets or default_buckets(self.ctx.world_size))
         self._engine = model if is_deepspeed_engine(model) else None
         module = unwrap_module(model) if model is not None else None
-        params = list(module.parameters()) if module is not None else []
+        named = list(module.named_parameters()) if module is not None else []
+        params = [p for _, p in named]
         self._timer = ForwardTimer(module) if module is not None else None
-        self._checksum = ParamChecksum(params) if checksum and params else None
+        self._checksum = ParamChecksum(named) if checksum and params else None
+        self._drilled = False
+        # X001's per-rank evidence, before the gradient all-reduce mixes the ranks
+        self._output_max = OutputMax(module) if evidence and module is not None else None
+        self._local_norm = LocalGradNorm.attach(model) if evidence else None
         self.layout = self._replica_layout(params)
         #: The window's sample hashes (device side) and how many (from shapes: no sync).
         self._window_hashes: torch.Tensor | None = None
@@ -131,6 +148,20 @@ class RankTracker:
         self._reset_window()
         self._last_end = time.perf_counter()
         self._last_step = -1
+        #: Where findings go the moment they are made (the monitor's sinks), instead of
+        #: waiting for the next exchange; may be called from sapper's watcher thread.
+        self.on_finding = on_finding
+        self.heartbeat: Heartbeat | None = None
+        self._beat_opts = {
+            "interval_s": heartbeat_s,
+            "lost_after_s": lost_after_s,
+            "hang_after_s": hang_after_s,
+            "start_step": start_step,
+        }
+        self._module = module if heartbeat else None
+        if self.ctx.is_main and self.ctx.distributed:  # X006 needs no peer: say it now
+            self.startup_findings = check_world_size(self.ctx, plan, start_step)
+            self.say_now(self.startup_findings)
         if self.ctx.distributed:
             self._connect(group)
 
@@ -156,14 +187,60 @@ class RankTracker:
             self.lost = ChannelLost(step=-1, reason=" ".join(str(exc).split())[:300])
             self._pending.append(lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s))
             return
+        if self._module is not None:
+            self._start_heartbeat()  # before the gather: every beat key exists after it
         nodes = self.channel.gather_objects(local_node_info(), step=-1)
         if nodes is None:
             self._lose()
             return
         self.ctx = self.ctx.with_nodes(nodes)
         if self.ctx.is_main:
-            self.startup_findings = check_process_groups(self.ctx, self.plan)
-            self._pending.extend(self.startup_findings)
+            found = check_process_groups(self.ctx, self.plan, world=False)
+            self.startup_findings = [*self.startup_findings, *found]
+            self.say_now(found)
+
+    def _start_heartbeat(self) -> None:
+        """The lost-rank watcher (sapper.distributed.heartbeat): a daemon thread per rank."""
+        try:
+            store, hosted = job_store(self.timeout_s)
+            hb = Heartbeat(
+                store,
+                self.rank,
+                self.ctx.world_size,
+                self._heartbeat_found,
+                store_hosted_by_rank0=hosted,
+                **self._beat_opts,
+            )
+            hb.hook_module(self._module)
+            hb.start()
+        except Exception as exc:  # no store to beat through: the exchange still bounds
+            self.errors.append(f"heartbeat: {type(exc).__name__}: {exc}")
+            return
+        self.heartbeat = hb
+
+    def _heartbeat_found(self, findings: list[Finding]) -> None:
+        """From the watcher thread: report now (host work only)."""
+        if not self.ctx.is_main:  # rank 0 is gone; no run log here, say it on stderr
+            for f in findings:
+                print(f"sapper [rank {self.rank}] {f.code}: {f.message}", file=sys.stderr,
+                      flush=True)
+        self.say_now(findings)
+
+    def say_now(self, findings: list[Finding]) -> None:
+        """Report ``findings`` at once through :attr:`on_finding`, or keep them for the
+        next exchange's return value when nobody listens."""
+        if not findings:
+            return
+        if self.on_finding is None:
+            self._pending.extend(findings)
+            return
+        self.on_finding(list(findings))
+
+    def listen(self, on_finding: Callable[[list[Finding]], None]) -> None:
+        """Send findings to ``on_finding`` from now on, starting with those kept so far."""
+        self.on_finding = on_finding
+        kept, self._pending = self._pending, []
+        self.say_now(kept)
 
     @property
     def rank(self) -> int:
@@ -285,6 +362,7 @@ class RankTracker:
             first = torch.where(fin, math.inf, steps).min()
             out[f"nonfinite_{name}_step"] = torch.where(torch.isinf(first), -1.0, first)
             if name == "loss":
+                out["loss_peak"] = torch.where(fin, vals.abs(), 0.0).max()
                 n = fin.sum()
                 total = torch.where(fin, vals, 0.0).sum()
                 out["loss"] = torch.where(n > 0, total / n.clamp(min=1), math.nan)
@@ -345,7 +423,23 @@ class RankTracker:
         if self._checksum is not None and self.layout.param_groups:
             v["checksum"] = self._checksum.compute()
         v["samples_hashed"] = self._hashed
+        v.update(self._evidence(folded))
         return v
+
+    def _evidence(self, folded: dict[str, Any]) -> dict[str, Any]:
+        """X001's per-rank columns (device scalars, read with the row): the window's peak
+        loss, max |output|, and the local gradient norm before the all-reduce."""
+        out: dict[str, Any] = {}
+        if "loss_peak" in folded:
+            out["loss_peak"] = folded["loss_peak"]
+        for prefix, peak in (("output", self._output_max), ("local_grad", self._local_norm)):
+            if peak is None:
+                continue
+            got = peak.take(self._window_first, self._steps)
+            if got:
+                out["output_absmax" if prefix == "output" else "local_grad_norm"] = got["peak"]
+                out[f"{prefix}_nonfinite_step"] = got["nonfinite_step"]
+        return out
 
     def exchange(self, record: StepRecord | None = None) -> list[Finding]:
         """Gather the window from every rank (one bounded collective) and run the
@@ -361,6 +455,8 @@ class RankTracker:
             out, self._pending = self._pending, []
             return out
         t0 = time.perf_counter()
+        if self.heartbeat is not None:
+            self.heartbeat.mark("exchange")
         first = self._window_first if self._steps else step
         try:
             values = self._window_values(record, step)
@@ -376,11 +472,14 @@ class RankTracker:
         self.last_gather_s = time.perf_counter() - t1
         self.exchanges += 1
         self.last_exchange_s = time.perf_counter() - t0
+        if self.heartbeat is not None:
+            self.heartbeat.mark("data")
         if table is None:
             return self._lose()
         table.prev_step = self._prev_step if self._prev_step is not None else first - 1
         self._prev_step = step
         self.last_table = table
+        self._replica_detail(table, step)
         if not self.ctx.is_main:
             return []
         rec = record if record is not None else self._record_from(values, table)
@@ -392,6 +491,24 @@ class RankTracker:
         rec.extra[DIST_KEY] = table.to_extra(self.max_ranks_logged)
         self.last_record = rec
         return findings
+
+    def _replica_detail(self, table: RankTable, step: int) -> None:
+        """The first time replicas disagree, name the parameters: every rank sees the same
+        gathered checksums and so takes this second, bounded gather at the same exchange
+        (one float per parameter tensor, once per run)."""
+        if self._checksum is None or self._drilled or not _replicas_disagree(table):
+            return
+        self._drilled = True
+        try:
+            per = self._checksum.per_param()
+            mine = per.cpu().tolist() if per is not None else []
+        except Exception as exc:  # still take part in the gather
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            mine = []
+        assert self.channel is not None
+        got = self.channel.gather_objects(mine, step)
+        if got is not None:
+            table.detail["replica_params"] = _differing_params(table, got, self._checksum.names)
 
     def _group_index(self, groups: list[list[int]]) -> int:
         for g, ranks in enumerate(groups):
@@ -460,6 +577,12 @@ class RankTracker:
         assert self.channel is not None and self.channel.lost is not None
         self.lost = self.channel.lost
         finding = lost_rank_finding(self.lost, self.ctx.world_size, self.timeout_s)
+        named = self.heartbeat.named if self.heartbeat is not None else set()
+        if self.lost.missing and set(self.lost.missing) <= named:
+            out, self._pending = self._pending, []  # the watcher said it already
+            return out if self.ctx.is_main else []
+        if self.heartbeat is not None:  # the watcher need not say it again
+            self.heartbeat.named.update(self.lost.missing)
         alive = sorted(set(range(self.ctx.world_size)) - set(self.lost.missing))
         reporters = {alive[0] if alive else self.rank}
         if not self.lost.last_seen:
@@ -475,6 +598,37 @@ class RankTracker:
         """Remove the forward hooks (the side group goes with the process group)."""
         if self._timer is not None:
             self._timer.remove()
+        if self._output_max is not None:
+            self._output_max.remove()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+
+def _replicas_disagree(table: RankTable) -> bool:
+    """Some replica group's checksums differ, from the reduced statistics every rank
+    holds alike (the gathered rows or the all-reduced groups): every rank decides the
+    same, so the drill-down gather that follows is taken by all or none."""
+    return any(g and g["max"] != g["min"] for g in table.job().groups)
+
+
+def _differing_params(
+    table: RankTable, per_rank: list[Any], names: list[str], limit: int = 8
+) -> dict[str, list[str]]:
+    """rank -> the parameters whose checksum differs from the group's majority (from its
+    lowest rank when there is none), at most ``limit`` names each."""
+    out: dict[str, list[str]] = {}
+    for group in table.param_groups:
+        ranks = [r for r in group if r < len(per_rank) and len(per_rank[r] or []) == len(names)]
+        if len(ranks) < 2:
+            continue
+        for i, name in enumerate(names):
+            counts = Counter(per_rank[r][i] for r in ranks)
+            top, n_top = counts.most_common(1)[0]
+            ref = top if n_top * 2 > len(ranks) else per_rank[ranks[0]][i]
+            for r in ranks:
+                if per_rank[r][i] != ref and len(out.setdefault(str(r), [])) < limit:
+                    out[str(r)].append(name)
+    return out
 
 
 def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:

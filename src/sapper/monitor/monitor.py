@@ -316,6 +316,8 @@ class Monitor:
         if self.findings:  # problems met while attaching
             for sink in self.sinks:
                 self.guard("sinks", sink.findings, list(self.findings))
+        if self.dist is not None:  # sapper.distributed: findings made between reads
+            self.dist.listen(self._dispatch_now)
         self._undo_exit = durable.attach(self)
 
     # ---- public API ---------------------------------------------------------------
@@ -913,6 +915,14 @@ class Monitor:
             self.guard("localise", self.localiser.arm)
         self._arm_reason = "fault"
         self._bucket.extra.setdefault("nonfinite_first_step", rec.step)
+
+    def _dispatch_now(self, findings: list[Finding]) -> None:
+        """sapper.distributed's findings made outside a read (X006 at start, X005 from the
+        lost-rank watcher thread): written through the sinks at once, so they are on disk
+        before a launcher tears the job down. Host work only; never raises."""
+        if self._closed:
+            return
+        self._dispatch(findings, check_halt=False)
 
     def _dispatch(self, findings: list[Finding], *, check_halt: bool = True) -> None:
         if not findings:

@@ -7,6 +7,7 @@ from sapper.distributed.detectors.groups import (
     TP_ACROSS_NODES,
     WORLD_SIZE_MISMATCH,
     check_process_groups,
+    check_world_size,
 )
 from sapper.distributed.detectors.lost import RANK_LOST, lost_rank_finding
 from sapper.distributed.detectors.nonfinite import NONFINITE_ON_RANK, NonFiniteRankDetector
@@ -35,6 +36,7 @@ __all__ = [
     "StepSkewDetector",
     "StragglerDetector",
     "check_process_groups",
+    "check_world_size",
     "default_distributed_detectors",
     "lost_rank_finding",
 ]

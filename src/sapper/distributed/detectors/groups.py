@@ -8,6 +8,7 @@ activations in every layer — sits inside one node, given the rank order.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from sapper.distributed.context import DistContext
 from sapper.distributed.detectors._common import fmt_ranks
@@ -21,38 +22,57 @@ __all__ = [
     "TP_ACROSS_NODES",
     "WORLD_SIZE_MISMATCH",
     "check_process_groups",
+    "check_world_size",
 ]
 
 
-def _world_size(ctx: DistContext, plan: Plan) -> list[Finding]:
+def _degrees(p: Any, dp: int | str) -> str:
+    return f"tp {p.tp} × pp {p.pp} × cp {p.cp} × dp {dp}"
+
+
+def _world_size(ctx: DistContext, plan: Plan, step: int = 0) -> list[Finding]:
+    """The launched world against the plan's degrees, with the arithmetic and the step
+    it was seen at (construction: nothing has trained on the wrong groups yet)."""
     p = plan.parallel
     mp = p.tp * p.cp * p.pp
     world = ctx.world_size
+    at = f" (step {step})"
     if p.dp == -1:
         if world % mp:
             msg = (
-                f"TP({p.tp}) · CP({p.cp}) · PP({p.pp}) = {mp} does not divide the "
-                f"{world} launched ranks, so DP cannot be inferred"
+                f"world {world} is not a multiple of tp {p.tp} × pp {p.pp} × cp {p.cp} = {mp}, "
+                f"so dp cannot be inferred{at}"
             )
-            return [WORLD_SIZE_MISMATCH.finding(msg, value=float(world), threshold=float(mp))]
+            return [
+                WORLD_SIZE_MISMATCH.finding(
+                    msg, step=step, value=float(world), threshold=float(mp)
+                )
+            ]
         planned_gpus = plan.hardware.total_gpus
         if planned_gpus is not None and planned_gpus != world:
             msg = (
-                f"the plan is for {planned_gpus} GPUs (DP would be {planned_gpus // mp}) "
-                f"but {world} ranks were launched (DP is {world // mp})"
+                f"world {world} ≠ the plan's {planned_gpus} GPUs: "
+                f"{_degrees(p, world // mp)} = {world} launched, "
+                f"{_degrees(p, planned_gpus // mp)} = {planned_gpus} planned{at}"
             )
             return [
-                WORLD_SIZE_MISMATCH.finding(msg, value=float(world), threshold=float(planned_gpus))
+                WORLD_SIZE_MISMATCH.finding(
+                    msg, step=step, value=float(world), threshold=float(planned_gpus)
+                )
             ]
         return []
     planned = mp * p.dp
     if planned == world:
         return []
-    msg = (
-        f"TP({p.tp}) · CP({p.cp}) · DP({p.dp}) · PP({p.pp}) = {planned} "
-        f"but {world} ranks were launched"
-    )
-    return [WORLD_SIZE_MISMATCH.finding(msg, value=float(world), threshold=float(planned))]
+    msg = f"world {world} ≠ {_degrees(p, p.dp)} = {planned}{at}"
+    return [
+        WORLD_SIZE_MISMATCH.finding(msg, step=step, value=float(world), threshold=float(planned))
+    ]
+
+
+def check_world_size(ctx: DistContext, plan: Plan | None, step: int = 0) -> list[Finding]:
+    """X006 alone: needs no node information, so it runs when the tracker is built."""
+    return _world_size(ctx, plan, step) if plan is not None else []
 
 
 def _ranks_per_node(ctx: DistContext, plan: Plan | None) -> list[Finding]:
@@ -121,11 +141,14 @@ def _tp_groups(ctx: DistContext, grid: RankGrid | None) -> list[Finding]:
     ]
 
 
-def check_process_groups(ctx: DistContext, plan: Plan | None = None) -> list[Finding]:
-    """The start-of-run checks over the launched process group (world > 1)."""
+def check_process_groups(
+    ctx: DistContext, plan: Plan | None = None, *, world: bool = True, step: int = 0
+) -> list[Finding]:
+    """The start-of-run checks over the launched process group (world > 1); ``world=False``
+    leaves out X006 when :func:`check_world_size` already ran."""
     out: list[Finding] = []
-    if plan is not None:
-        out.extend(_world_size(ctx, plan))
+    if plan is not None and world:
+        out.extend(_world_size(ctx, plan, step))
     out.extend(_ranks_per_node(ctx, plan))
     out.extend(_tp_groups(ctx, ctx.grid))
     return out

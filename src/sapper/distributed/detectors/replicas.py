@@ -61,7 +61,8 @@ class ReplicaDivergenceDetector(Detector):
             if not new:
                 continue
             self.reported.extend(new)
-            out.append(self._finding(table.step, group, odd, vals, ref, majority))
+            params = table.detail.get("replica_params") or {}
+            out.append(self._finding(table.step, group, odd, vals, ref, majority, params))
         if all_agree:
             self.last_agreed = table.step
         return out
@@ -74,27 +75,36 @@ class ReplicaDivergenceDetector(Detector):
         vals: dict[int, float],
         ref: float,
         majority: bool,
+        params: dict[str, list[str]],
     ) -> Finding:
-        rel = max((abs(vals[r] - ref) / max(abs(ref), 1e-30) for r in odd), default=0.0)
         since = f" (they agreed at step {self.last_agreed})" if self.last_agreed is not None else ""
         if majority:
             msg = (
                 f"{fmt_ranks(odd)} diverged from the other replicas of "
-                f"{fmt_ranks(group)} by step {step}{since}: parameter fingerprint off by "
-                f"a relative {rel:.3g}"
+                f"{fmt_ranks(group)} by step {step}{since}: their full-tensor parameter "
+                f"checksums differ (any one changed bit shows)"
             )
         else:
             msg = (
                 f"replicas {fmt_ranks(odd)} hold different parameters at step {step}"
-                f"{since}, with no majority to say which is right: fingerprints differ by "
-                f"a relative {rel:.3g}"
+                f"{since}, with no majority to say which is right: their full-tensor "
+                f"parameter checksums differ"
+            )
+        named = {str(r): params[str(r)] for r in odd if params.get(str(r))}
+        if named:
+            against = "the majority" if majority else f"rank {odd[0]}"
+            msg += f"; parameters that differ from {against}: " + "; ".join(
+                f"rank {r}: {', '.join(ps[:3])}"
+                + (f" (+{len(ps) - 3} more)" if len(ps) > 3 else "")
+                for r, ps in named.items()
             )
         return REPLICAS_DIVERGED.finding(
             msg,
             step=step,
             rank=odd[0] if majority else None,
-            value=rel if math.isfinite(rel) else None,
+            value=float(len(odd)),
             ranks=odd,
             group=group,
             last_agreed_step=self.last_agreed,
+            params=named,
         )
