@@ -30,36 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from worker import VOCAB, TinyLM  # the same miniature language model (this folder)
 
 from sapper.monitor import Monitor
 from sapper.plan.schema import Plan
 from sapper.runtime.runlog import read_runlog
 
-VOCAB, SEQ, WIDTH, PER_RANK = 64, 9, 32, 4
-
-
-class TinyLM(nn.Module):
-    """Embedding, two residual MLP blocks, a head (the MLPs are what TP splits)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(
-                nn.LayerNorm(WIDTH),
-                nn.Linear(WIDTH, 2 * WIDTH),
-                nn.GELU(),
-                nn.Linear(2 * WIDTH, WIDTH),
-            )
-            for _ in range(2)
-        )
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.emb(ids)
-        for block in self.blocks:
-            h = h + block(h)
-        return self.head(h)
+SEQ, WIDTH, PER_RANK = 9, 32, 4
 
 
 def _loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -116,7 +93,7 @@ def _reference(ref: nn.Module, model: nn.Module, batch: torch.Tensor) -> dict[st
 
 def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)  # the same initial weights on every rank
-    model = TinyLM()
+    model = TinyLM(WIDTH)
     ref = copy.deepcopy(model)
     model, dp_rank, dp = _shard(model, opts["layout"], world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
