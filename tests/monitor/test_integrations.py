@@ -137,10 +137,8 @@ def test_hf_trainer_callback_names_duplicated_data(tmp_path: Path) -> None:
     assert cb.monitor is not None and "R070" in {f.code for f in cb.monitor.findings}
 
 
-def test_lightning_callback(tmp_path: Path) -> None:
-    lightning = pytest.importorskip("lightning")
-
-    from sapper.monitor.lightning import SapperCallback
+def _lightning_module(lightning):  # type: ignore[no-untyped-def]
+    """A LightningModule training a tiny GPT-2 (lightning is optional: built on demand)."""
 
     class Module(lightning.LightningModule):
         def __init__(self) -> None:
@@ -152,6 +150,16 @@ def test_lightning_callback(tmp_path: Path) -> None:
 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return Module
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+
+    from sapper.monitor.lightning import SapperCallback
+
+    Module = _lightning_module(lightning)
 
     class Steps(lightning.Callback):
         """trainer.global_step after each optimizer step (every 2nd batch here)."""
@@ -194,14 +202,10 @@ def test_lightning_callback_hands_over_the_validation_loss(tmp_path: Path) -> No
 
     from sapper.monitor.lightning import SapperCallback
 
-    class Module(lightning.LightningModule):
+    class Module(_lightning_module(lightning)):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
-            self.model = gpt2()
             self.seen: list[float] = []
-
-        def training_step(self, batch, batch_idx):
-            return self.model(**batch).loss
 
         def validation_step(self, batch, batch_idx):
             self.log("val_loss", self.model(**batch).loss)
@@ -209,9 +213,6 @@ def test_lightning_callback_hands_over_the_validation_loss(tmp_path: Path) -> No
         def on_validation_epoch_end(self) -> None:
             if not self.trainer.sanity_checking:
                 self.seen.append(float(self.trainer.callback_metrics["val_loss"]))
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     train = torch.utils.data.DataLoader(_Tokens(96), batch_size=4)
     val = torch.utils.data.DataLoader(_Tokens(8), batch_size=4)
