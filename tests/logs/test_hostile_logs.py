@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -226,9 +227,12 @@ def test_line_longer_than_the_limit_is_skipped(tmp_path: Path, monkeypatch) -> N
 
 # ---- not regular files ------------------------------------------------------------------
 def _refused_fast(*args: str) -> None:
+    handler = signal.getsignal(signal.SIGINT)
     begin = time.monotonic()
     assert run_cli(*args) == 2
     assert time.monotonic() - begin < FAST_S
+    # A refused input leaves the process as it found it: Ctrl-C is still the caller's.
+    assert signal.getsignal(signal.SIGINT) is handler
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

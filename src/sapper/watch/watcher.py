@@ -219,23 +219,23 @@ class Watcher:
             sink.start(self)
         reason = "stopped"
         previous = self._catch_sigint()
-        try:
-            while True:
-                wait = self.tick()
-                why = "interrupted" if self._interrupted else self.stop_reason()
-                if why is not None:
-                    reason = why
-                    break
-                self._sleeping = True
-                try:
-                    if stop.wait(wait):
+        try:  # the handler is restored however the watch ends (an input refused too)
+            try:
+                while True:
+                    wait = self.tick()
+                    why = "interrupted" if self._interrupted else self.stop_reason()
+                    if why is not None:
+                        reason = why
                         break
-                finally:
-                    self._sleeping = False
-        except KeyboardInterrupt:
-            reason = "interrupted"
-            self._interrupted = True  # a second Ctrl-C stops the closing too
-        try:
+                    self._sleeping = True
+                    try:
+                        if stop.wait(wait):
+                            break
+                    finally:
+                        self._sleeping = False
+            except KeyboardInterrupt:
+                reason = "interrupted"
+                self._interrupted = True  # a second Ctrl-C stops the closing too
             return self.close(reason)
         finally:
             if previous is not None:
