@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import cache
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["engine_grad_norm", "global_grad_norm", "is_deepspeed_engine", "to_global"]
+__all__ = [
+    "engine_grad_norm",
+    "global_grad_norm",
+    "is_deepspeed_engine",
+    "is_dtensor",
+    "settle",
+    "to_global",
+]
 
 
 def is_deepspeed_engine(obj: Any) -> bool:
@@ -52,15 +60,24 @@ def to_global(norm: Any) -> torch.Tensor:
     return torch.tensor(float(norm))
 
 
-def _dtensor_types() -> tuple[type, ...]:
+@cache
+def _dtensor() -> type | None:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.4 keeps it private
         try:
             from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
         except ImportError:
-            return ()
-    return (DTensor,)
+            return None
+    return DTensor
+
+
+def is_dtensor(t: Any) -> bool:
+    """``t`` is a DTensor (cheap for plain tensors: an exact type check first)."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return False
+    kind = _dtensor()
+    return kind is not None and isinstance(t, kind)
 
 
 def _local_power(tensors: list[torch.Tensor], p: float) -> torch.Tensor:
@@ -86,12 +103,11 @@ def global_grad_norm(source: Any, norm_type: float = 2.0) -> torch.Tensor | None
     if not grads:
         return None
     p = float(norm_type)
-    dtypes = _dtensor_types()
-    plain = [g for g in grads if not (dtypes and isinstance(g, dtypes))]
+    plain = [g for g in grads if not is_dtensor(g)]
     sharded: dict[tuple[Any, tuple[int, ...]], list[torch.Tensor]] = {}
     for g in grads:
-        if dtypes and isinstance(g, dtypes):
-            g = _settle(g)
+        if is_dtensor(g):
+            g = settle(g)
             dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
             sharded.setdefault((g.device_mesh, dims), []).append(g.to_local())
     parts: list[torch.Tensor] = []
@@ -110,8 +126,9 @@ def global_grad_norm(source: Any, norm_type: float = 2.0) -> torch.Tensor | None
     return total.sum().pow(1.0 / p)
 
 
-def _settle(g: Any) -> Any:
-    """Pending (Partial) reductions must happen before a norm means anything."""
+def settle(g: Any) -> Any:
+    """A DTensor still pending a sum (``Partial``) is reduced first (a collective): a
+    norm of pending partial sums means nothing."""
     if any(pl.is_partial() for pl in g.placements):
         from torch.distributed.tensor import Replicate
 

@@ -29,27 +29,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sapper.distributed import gradnorm
+from sapper.distributed.gradnorm import is_dtensor
+
 __all__ = ["Shards", "acc_dtype", "global_norm", "is_dtensor", "local_value", "shard_of"]
-
-
-@cache
-def _dtensor() -> type | None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch < 2.4 keeps it private
-        try:
-            from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
-        except ImportError:
-            return None
-    return DTensor
-
-
-def is_dtensor(t: Any) -> bool:
-    """``t`` is a DTensor (cheap for plain tensors: an exact type check first)."""
-    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
-        return False
-    kind = _dtensor()
-    return kind is not None and isinstance(t, kind)
 
 
 def local_value(t: torch.Tensor) -> torch.Tensor:
@@ -75,16 +58,6 @@ def acc_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def _settle(t: Any) -> Any:
-    """A gradient still pending a sum (``Partial``) is reduced first (a collective)."""
-    if any(p.is_partial() for p in t.placements):
-        from torch.distributed.tensor import Replicate
-
-        placements = [Replicate() if p.is_partial() else p for p in t.placements]
-        return t.redistribute(t.device_mesh, placements)
-    return t
-
-
 class Shards:
     """The local parts of a list of tensors, each with its mesh (None: a plain tensor,
     the whole value on this rank) and its replica count, to reduce per-tensor statistics.
@@ -106,7 +79,7 @@ class Shards:
                 self.copies.append(1)
                 continue
             if settle:
-                t = _settle(t)
+                t = gradnorm.settle(t)
             mesh = t.device_mesh  # type: ignore[attr-defined]
             try:
                 index = self.meshes.index(mesh)
