@@ -190,7 +190,9 @@ def check_bitflip(rank: int, world: int, device: torch.device) -> tuple[bool, st
     return ok, "; ".join(f.message for f in x3) or "no X003"
 
 
-def check_fsdp_norm(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+def _fsdp_pair(world: int, device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """The model sharded with FSDP2 (each layer, then the whole) and an unsharded copy of
+    its starting weights, the single-GPU reference."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -200,33 +202,35 @@ def check_fsdp_norm(rank: int, world: int, device: torch.device) -> tuple[bool, 
     for layer in model[1].layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model, reference
+
+
+def _norm_of(model: nn.Module) -> float:
+    """The global gradient norm of an unsharded model (one host read)."""
+    return float(
+        torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])
+        )
+    )
+
+
+def check_fsdp_norm(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    model, reference = _fsdp_pair(world, device)
     batch = _batch(rank, 0, device)
     _loss(model, batch).backward()
     ours = float(global_grad_norm(model))
     batches = [torch.empty_like(batch) for _ in range(world)]
     dist.all_gather(batches, batch)
     (sum(_loss(reference, b) for b in batches) / world).backward()
-    ref = float(
-        torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.parameters()])
-        )
-    )
+    ref = _norm_of(reference)
     ok = abs(ours - ref) <= 1e-4 * max(ref, 1e-12)
     return ok, f"sapper {ours:.6g} vs single GPU {ref:.6g}"
 
 
 def check_fsdp_monitor(rank: int, world: int, device: torch.device) -> tuple[bool, str]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     from sapper.monitor import Monitor
 
-    model = _model().to(device)
-    reference = copy.deepcopy(model)
-    mesh = init_device_mesh(device.type, (world,))
-    for layer in model[1].layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model, reference = _fsdp_pair(world, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the reference keeps the weights
     mon = Monitor(model, opt, log_every=2, console=False, distributed={"timeout_s": 60})
     refs = []
@@ -236,9 +240,7 @@ def check_fsdp_monitor(rank: int, world: int, device: torch.device) -> tuple[boo
         dist.all_gather(batches, batch)
         reference.zero_grad(set_to_none=True)
         (sum(_loss(reference, b) for b in batches) / world).backward()
-        refs.append(float(torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.parameters()])
-        )))
+        refs.append(_norm_of(reference))
         loss = _loss(model, batch)
         loss.backward()
         opt.step()
