@@ -36,7 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "monitor"))
 
 from loadgen import SlowMarkov, competing_load
-from tinytrain import FAST, Markov, Run, gpt2, llama, post_ln, train
+from test_integrations import _hf_trainer as hf_trainer_run
+from test_integrations import _Tokens
+from tinytrain import FAST, Run, gpt2, llama, post_ln, train
 
 from sapper.rules.model import Finding, Severity
 
@@ -57,43 +59,16 @@ def _warmup(steps: int) -> Callable[[int], float]:
     return lambda s: min(1.0, (s + 1) / steps)
 
 
-class _Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int = 128) -> None:
-        self.rows = Markov(batch=n, seq=32, seed=5).sample(n, 32)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.rows[i], "labels": self.rows[i]}
-
-
 def _hf_trainer(options: dict[str, Any]) -> list[Finding]:
-    from transformers import Trainer, TrainingArguments
-
-    from sapper.monitor.hf import SapperCallback
-
-    with tempfile.TemporaryDirectory() as tmp:
-        args = TrainingArguments(
-            output_dir=tmp,
-            max_steps=40,
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=2,
-            learning_rate=1e-3,
-            logging_steps=10,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
-            max_grad_norm=1.0,
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        contextlib.redirect_stdout(io.StringIO()),  # the Trainer prints its logs
+    ):
+        _, cb = hf_trainer_run(
+            Path(tmp), _Tokens(128), max_steps=40, logging_steps=10, detector_options=options
         )
-        cb = SapperCallback(console=False, detector_options=options, log_every=4)
-        trainer = Trainer(model=gpt2(), args=args, train_dataset=_Tokens(), callbacks=[cb])
-        with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its logs
-            trainer.train()
-        assert cb.monitor is not None
-        return list(cb.monitor.findings)
+    assert cb.monitor is not None
+    return list(cb.monitor.findings)
 
 
 def runs() -> dict[str, Maker]:

@@ -26,7 +26,17 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-def _hf_trainer(tmp_path: Path, dataset, eval_dataset=None, **callback_options):
+def _hf_trainer(
+    tmp_path: Path,
+    dataset,
+    eval_dataset=None,
+    *,
+    max_steps: int = 16,
+    logging_steps: int = 4,
+    **callback_options,
+):
+    """A real Trainer run with SapperCallback (the tests' short detector windows unless
+    ``detector_options`` is given); the healthy-under-load benchmark runs it too."""
     pytest.importorskip("accelerate")  # the Trainer needs it
     from transformers import Trainer, TrainingArguments
 
@@ -34,11 +44,11 @@ def _hf_trainer(tmp_path: Path, dataset, eval_dataset=None, **callback_options):
 
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
-        max_steps=16,
+        max_steps=max_steps,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         learning_rate=1e-3,
-        logging_steps=4,
+        logging_steps=logging_steps,
         save_strategy="no",
         report_to=[],
         use_cpu=True,
@@ -48,7 +58,8 @@ def _hf_trainer(tmp_path: Path, dataset, eval_dataset=None, **callback_options):
         eval_strategy="steps" if eval_dataset is not None else "no",
         eval_steps=4,
     )
-    cb = SapperCallback(console=False, detector_options=FAST, log_every=4, **callback_options)
+    callback_options.setdefault("detector_options", FAST)
+    cb = SapperCallback(console=False, log_every=4, **callback_options)
     trainer = Trainer(
         model=gpt2(),
         args=args,
