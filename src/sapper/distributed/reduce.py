@@ -211,7 +211,10 @@ class SideChannel:
 
     def _lose(self, step: int, exc: BaseException, waited: float) -> None:
         text = _short(str(exc))
-        timed_out = isinstance(exc, TimeoutError) or "timed out" in text.lower()
+        # gloo words its own timeout as "Timed out waiting ...ms" or, when the wait ends
+        # the pair first, "Application timeout caused pair closure": both are no answer.
+        lower = text.lower()
+        timed_out = isinstance(exc, TimeoutError) or "timed out" in lower or "timeout" in lower
         # A crash is seen at once; give live ranks that are a little behind a moment to
         # announce this step, so only the really missing ones are named.
         grace = max(0.0, min(self.timeout_s, 5.0) - (waited if timed_out else 0.0))
