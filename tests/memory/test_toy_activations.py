@@ -17,7 +17,7 @@ import pytest
 
 from sapper.memory import MemoryOptions, estimate
 from sapper.memory.traced import StepConfig, trace_hf_config
-from sapper.plan.hf_config import read_hf_config
+from sapper.plan.readers.hf_config import read_hf_config
 from sapper.plan.load import build_plan
 from sapper.plan.schema import Plan
 from sapper.plan.sources import PlanSource

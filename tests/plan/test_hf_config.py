@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sapper.errors import InputError
-from sapper.plan.hf_config import SUPPORTED_FAMILIES, read_hf_config
-from sapper.plan.hf_families import quiet_transformers
+from sapper.plan.readers.hf_config import SUPPORTED_FAMILIES, read_hf_config
+from sapper.plan.readers.hf_families import quiet_transformers
 from sapper.plan.load import load_plan
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "hf"
@@ -25,7 +25,7 @@ CONFIGS = sorted(FIXTURES.glob("*.json"))
 
 def _built_count(path: Path) -> int:
     """Parameters of the model transformers builds from the same file."""
-    from sapper.plan.hf_config import _normalize, _parse
+    from sapper.plan.readers.hf_config import _normalize, _parse
 
     raw = json.loads(path.read_text())
     model_type, kwargs = _normalize(raw, str(path))
@@ -242,7 +242,7 @@ def test_hidden_act_is_the_activation_transformers_builds(name: str) -> None:
     path = FIXTURES / f"{name}.json"
     act = _model(path)["hidden_act"]
     raw = json.loads(path.read_text())
-    from sapper.plan.hf_config import _normalize, _parse
+    from sapper.plan.readers.hf_config import _normalize, _parse
 
     model_type, kwargs = _normalize(raw, str(path))
     cfg = _parse(model_type, kwargs, raw, str(path))

@@ -1,7 +1,7 @@
 """The transformers-free reading of known families gives what transformers gives.
 
 ``sapper check --model config.json`` resolves the families sapper counts itself without
-importing transformers (sapper.plan.hf_fast). Each case here reads one config both ways,
+importing transformers (sapper.plan.readers.hf_fast). Each case here reads one config both ways,
 through the fast path and through transformers' own config class, and compares the whole
 model section and its origins: every real config of tests/fixtures/hf and examples/hf,
 each of them with each key removed (so every class default is exercised), and the edits
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from sapper.errors import InputError
-from sapper.plan import hf_config
-from sapper.plan.hf_families import FAMILIES
-from sapper.plan.hf_fast import FAST_FAMILIES, fast_config
+from sapper.plan.readers import hf_config
+from sapper.plan.readers.hf_families import FAMILIES
+from sapper.plan.readers.hf_fast import FAST_FAMILIES, fast_config
 
 ROOT = Path(__file__).parent.parent.parent
 CONFIGS = sorted((ROOT / "tests" / "fixtures" / "hf").glob("*.json")) + sorted(
@@ -150,7 +150,7 @@ def test_class_defaults_agree(
 
 def _attributes_agree(model_type: str, kwargs: dict[str, Any]) -> None:
     """Every attribute the fast path mirrors equals the transformers config's."""
-    from sapper.plan.hf_fast import _SPECS
+    from sapper.plan.readers.hf_fast import _SPECS
 
     fast = fast_config(model_type, dict(kwargs))
     assert fast is not None

@@ -44,11 +44,11 @@ from sapper.checks.engine import run_checklist
 from sapper.cli.app import _register_commands, app
 from sapper.errors import SapperError
 from sapper.memory.verdict import verdict
-from sapper.plan.deepspeed import read_deepspeed_config
-from sapper.plan.deepspeed_keys import SECTIONS
+from sapper.plan.readers.deepspeed import read_deepspeed_config
+from sapper.plan.readers.deepspeed_keys import SECTIONS
 from sapper.plan.hardware import GPUS
-from sapper.plan.hf_config import _ORIGIN, _POSITIVE_INTS, read_hf_config
-from sapper.plan.hf_families import FAMILIES
+from sapper.plan.readers.hf_config import _ORIGIN, _POSITIVE_INTS, read_hf_config
+from sapper.plan.readers.hf_families import FAMILIES
 from sapper.plan.load import load_plan
 from sapper.plan.schema import Plan
 

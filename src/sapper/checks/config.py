@@ -1,7 +1,8 @@
-"""C0xx: what loading the user's own files finds (DeepSpeed JSON, HF ``config.json``).
+"""C0xx: what loading the user's own files finds (DeepSpeed JSON, HF ``config.json``, the
+launch configs of Megatron-LM, NeMo, torchtitan, accelerate, Axolotl and the HF Trainer).
 
 These rules fire while a source is read, not over the merged Plan: the loaders in
-:mod:`sapper.plan.deepspeed` attach their findings to ``PlanSource.findings`` and the
+:mod:`sapper.plan.readers.deepspeed` attach their findings to ``PlanSource.findings`` and the
 checklist reports them with the rest. They are registered here so ``sapper rules`` and
 ``sapper explain`` list them like every other rule.
 
@@ -15,7 +16,14 @@ from __future__ import annotations
 from sapper.rules.model import Rule, Severity
 from sapper.rules.registry import register
 
-__all__ = ["BOTH_FP16_BF16", "DEPRECATED_KEY", "UNKNOWN_KEY", "UNRESOLVED_AUTO"]
+__all__ = [
+    "BOTH_FP16_BF16",
+    "DEPRECATED_KEY",
+    "UNKNOWN_CONFIG_KEY",
+    "UNKNOWN_KEY",
+    "UNRESOLVED_AUTO",
+    "UNRESOLVED_VALUE",
+]
 
 UNKNOWN_KEY = register(
     Rule(
@@ -104,5 +112,53 @@ Deprecation warnings in the launch log; after a DeepSpeed upgrade, more memory p
         fix="""\
 Replace the key with the one DeepSpeed's documentation names (sapper shows it).""",
         seed="§3.4",
+    )
+)
+
+UNKNOWN_CONFIG_KEY = register(
+    Rule(
+        code="C005",
+        name="unknown-launch-config-key",
+        check="config",
+        severity=Severity.WARNING,
+        title="A launch-config key its framework does not know (likely a typo)",
+        why="""\
+Launch configs are read leniently in most places: a YAML or TOML key a trainer never looks
+up, an accelerate or Axolotl option spelled differently from its documentation, is dropped
+and the default applies. "gradient_acumulation_steps: 8" trains with no accumulation and an
+eighth of the intended batch; "max_grad_nrom" trains without the intended clipping. Where a
+framework is strict (Megatron's argparse, torchtitan's job config, the Trainer's
+HfArgumentParser), the same typo stops the job only after it has waited in the queue.""",
+        signs="""\
+Nothing at launch on lenient readers; later, the behaviour the key should have changed is
+missing (batch, clipping, warmup, precision as the defaults, not as written). On strict ones,
+an "unrecognized arguments" or "unexpected keyword" error at start.""",
+        fix="""\
+Rename the key to the spelling sapper suggests (the framework's documented name) or delete
+it.""",
+        seed="§5.1",
+    )
+)
+
+UNRESOLVED_VALUE = register(
+    Rule(
+        code="C006",
+        name="unresolved-launch-value",
+        check="config",
+        severity=Severity.INFO,
+        title="A launch-config value sapper cannot know from the file: left unknown",
+        why="""\
+Launch scripts and configs take values from outside the file: a shell variable set by the
+scheduler, a Hydra interpolation into another file, a model named by its hub id whose
+config.json is not on this machine. sapper never guesses them and never downloads: the field
+stays unknown and every check that needs it says so instead of passing.""",
+        signs="""\
+Checks report "not evaluated" for the items that need the value (model shape, batch,
+layout), naming the field.""",
+        fix="""\
+Give the value another way: --model config.json for a model named by its hub id, the plan
+options (--gpus, --micro-batch, --tp ...) for values set by the environment, or set the
+variable in the script.""",
+        seed="§5.1",
     )
 )

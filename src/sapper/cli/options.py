@@ -30,9 +30,17 @@ class PlanInputs:
     """The parsed plan options of one command invocation."""
 
     def __init__(
-        self, plan: Path | None, model: Path | None, deepspeed: Path | None, values: dict[str, Any]
+        self,
+        plan: Path | None,
+        model: Path | None,
+        deepspeed: Path | None,
+        values: dict[str, Any],
+        configs: list[Path] | None = None,
+        config_format: str | None = None,
     ) -> None:
         self.plan, self.model, self.deepspeed, self.values = plan, model, deepspeed, values
+        self.configs = configs or []
+        self.config_format = config_format
 
 
 def _loss_scaling(text: str) -> dict[str, Any]:
@@ -72,12 +80,40 @@ def load_from_options(inputs: PlanInputs) -> LoadedPlan:
         else:
             overrides.set(OPTION_FIELDS[key], value, origin=origin)
     return load_plan(
-        inputs.plan, hf_config=inputs.model, deepspeed=inputs.deepspeed, overrides=overrides
+        inputs.plan,
+        configs=inputs.configs,
+        hf_config=inputs.model,
+        deepspeed=inputs.deepspeed,
+        overrides=overrides,
+        config_format=inputs.config_format,
     )
 
 
 PlanArg = Annotated[
-    Path | None, typer.Argument(help="A sapper plan file (YAML).", show_default=False)
+    Path | None,
+    typer.Argument(
+        help="A config file in any format sapper reads (as --config).", show_default=False
+    ),
+]
+ConfigOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="A launch config, its format read from its content: a sapper plan, a Megatron-LM "
+        "script or argument dump, a NeMo, accelerate or Axolotl YAML, a torchtitan TOML, HF "
+        "TrainingArguments (JSON or command line), a DeepSpeed JSON or an HF config.json. "
+        "Repeatable; later files win.",
+        show_default=False,
+    ),
+]
+ConfigFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--config-format",
+        help="Read every --config file as this format instead of detecting it.",
+        show_default=False,
+    ),
 ]
 ModelOpt = Annotated[
     Path | None,
@@ -159,6 +195,8 @@ DatasetOpt = Annotated[
 
 _PLAN_PARAMS: dict[str, Any] = {
     "plan": PlanArg,
+    "config": ConfigOpt,
+    "config_format": ConfigFormatOpt,
     "model": ModelOpt,
     "deepspeed": DeepSpeedOpt,
     "gpus": GpusOpt,
@@ -206,7 +244,12 @@ def with_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(**kwargs: Any) -> Any:
         values = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTION_FIELDS}
         inputs = PlanInputs(
-            kwargs.pop("plan"), kwargs.pop("model"), kwargs.pop("deepspeed"), values
+            kwargs.pop("plan"),
+            kwargs.pop("model"),
+            kwargs.pop("deepspeed"),
+            values,
+            configs=kwargs.pop("config"),
+            config_format=kwargs.pop("config_format"),
         )
         return fn(inputs=inputs, **kwargs)
 

@@ -20,9 +20,11 @@ from sapper.rules.model import Finding
 __all__ = ["deepspeed_batch", "resolve"]
 
 #: Frameworks whose fp16 path scales the loss dynamically by default (DeepSpeed
-#: ``fp16.loss_scale: 0``, Megatron-LM without ``--loss-scale``, the Trainer's
-#: GradScaler). A plain torch loop scales only if the script creates a GradScaler.
-_DYNAMIC_FP16 = ("deepspeed", "megatron", "transformers")
+#: ``fp16.loss_scale: 0``, Megatron-LM without ``--loss-scale``, NeMo's and Lightning's
+#: ``16-mixed`` GradScaler, the Trainer's and accelerate's GradScaler). A plain torch loop
+#: (torchtitan included: it has no fp16 loss scaling) scales only if the script creates a
+#: GradScaler.
+_DYNAMIC_FP16 = ("deepspeed", "megatron", "nemo", "transformers", "accelerate", "lightning")
 
 
 def deepspeed_batch(

@@ -151,38 +151,56 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     return LoadedPlan(plan, findings, [s.name for s in sources])
 
 
+#: A reference a config makes (``refs`` key) -> the format that reads it.
+_REF_FORMATS = {"hf_config": "hf", "deepspeed": "deepspeed"}
+
+
 def load_plan(
     plan_file: str | Path | None = None,
     *,
+    configs: Sequence[str | Path] = (),
     hf_config: str | Path | None = None,
     deepspeed: str | Path | None = None,
     overrides: PlanSource | None = None,
+    config_format: str | None = None,
 ) -> LoadedPlan:
-    """Load a plan from any combination of a YAML plan, an HF ``config.json``, a
-    DeepSpeed JSON and command-line overrides."""
-    from sapper.plan.yaml_plan import read_plan_file
+    """Load a plan from any combination of config files of any format sapper reads (a
+    sapper plan, a Megatron launch script, a NeMo or Axolotl YAML, ...; the format is
+    read from the content unless ``config_format`` names it), an HF ``config.json``, a
+    DeepSpeed JSON and command-line overrides.
+
+    Later sources win: ``hf_config`` < ``deepspeed`` < each config file in order < the
+    command line. A file a config references (a plan's ``hf_config``, a Trainer's
+    ``deepspeed``) is read just before it, so the config's own keys win over it, unless
+    the same kind of file was given explicitly."""
+    from sapper.plan.readers.registry import read_config
 
     sources: list[PlanSource] = []
-    yaml_source: PlanSource | None = None
-    if plan_file is not None:
-        yaml_source, refs = read_plan_file(plan_file)
-        hf_config = hf_config or refs.get("hf_config")
-        deepspeed = deepspeed or refs.get("deepspeed")
-    if hf_config is not None:
-        from sapper.plan.hf_config import read_hf_config
+    given = {"hf_config": hf_config, "deepspeed": deepspeed}
+    read: set[Path] = set()
 
-        sources.append(read_hf_config(hf_config))
-    if deepspeed is not None:
-        from sapper.plan.deepspeed import read_deepspeed_config
+    def add(path: str | Path, fmt: str | None) -> PlanSource:
+        src = read_config(path, fmt)
+        for kind, ref in src.refs.items():
+            if given.get(kind) is None and ref.resolve() not in read:
+                read.add(ref.resolve())
+                sources.append(read_config(ref, _REF_FORMATS.get(kind)))
+        sources.append(src)
+        return src
 
-        sources.append(read_deepspeed_config(deepspeed))
-    if yaml_source is not None:
-        sources.append(yaml_source)
+    for kind, path in given.items():
+        if path is not None:
+            read.add(Path(path).resolve())
+            add(path, _REF_FORMATS[kind])
+    files = [plan_file] if plan_file is not None else []
+    for path in [*files, *configs]:
+        add(path, config_format)
     if overrides is not None and overrides.data:
         sources.append(overrides)
     if not sources:
         raise InputError(
             "nothing to check",
-            expected="a plan file, --model config.json, --deepspeed ds.json or plan options",
+            expected="a config file (--config), --model config.json, --deepspeed ds.json "
+            "or plan options",
         )
     return build_plan(sources)

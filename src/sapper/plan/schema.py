@@ -650,11 +650,18 @@ class Plan(_Spec):
     """A training job before it starts."""
 
     name: str | None = Field(default=None, description="A label for reports.")
-    framework: Literal["deepspeed", "megatron", "transformers", "torch"] | None = Field(
+    framework: (
+        Literal[
+            "deepspeed", "megatron", "nemo", "transformers", "accelerate", "lightning",
+            "torchtitan", "torch",
+        ]
+        | None
+    ) = Field(
         default=None,
         description="What runs the training step; it decides what the plan leaves unsaid "
         "(DeepSpeed fills in the batch triple and defaults fp16 to dynamic loss scaling). "
-        "The DeepSpeed reader sets it; null: not known.",
+        "Each launch-config reader sets it (transformers: the HF Trainer, Axolotl; torch: "
+        "a hand-written loop); null: not known.",
     )
     model: ModelSpec | None = None
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)

@@ -36,8 +36,12 @@ __all__ = [
     "MAX_NESTING",
     "MAX_VALUES",
     "PlanSource",
+    "parse_json_text",
+    "parse_toml_text",
+    "parse_yaml_text",
     "read_json_file",
     "read_json_object",
+    "read_text_file",
     "read_yaml_file",
     "set_path",
     "special_kind",
@@ -68,6 +72,12 @@ class PlanSource:
     unresolved: list[str] = field(default_factory=list)
     #: Plan field path -> the key in the source file that supplied it (for messages).
     origin: dict[str, str] = field(default_factory=dict)
+    #: Files this one points at, to be read before it (its own keys win over theirs):
+    #: ``hf_config`` -> a model's config.json, ``deepspeed`` -> a DeepSpeed JSON. Paths are
+    #: already resolved against the referencing file's folder.
+    refs: dict[str, Path] = field(default_factory=dict)
+    #: The framework whose launch config this is (``megatron``, ``nemo`` ...), for messages.
+    format: str | None = None
 
     def set(self, path: str, value: Any, origin: str | None = None) -> None:
         """Set a dotted Plan field path (``precision.loss_scaling.mode``)."""
@@ -123,7 +133,7 @@ def _too_big(size: int | None, name: str) -> InputError:
     )
 
 
-def _read_text(path: str | Path) -> str:
+def read_text_file(path: str | Path) -> str:
     """The file's text, read only if it is a regular file of at most MAX_CONFIG_BYTES.
 
     ``os.stat`` comes first so a FIFO or a device is refused before anything opens it
@@ -289,9 +299,13 @@ def _children(node: Node) -> list[Node]:
 
 
 def read_yaml_file(path: str | Path) -> Any:
-    """Safe-load YAML within the limits of :class:`_BoundedLoader`; syntax errors name the
-    line and column."""
-    text = _read_text(path)
+    """Safe-load a YAML file within the limits of :class:`_BoundedLoader`."""
+    return parse_yaml_text(read_text_file(path), str(path))
+
+
+def parse_yaml_text(text: str, name: str) -> Any:
+    """Safe-load YAML text within the limits of :class:`_BoundedLoader`; syntax errors
+    name the line and column of file ``name``."""
     loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()
@@ -300,9 +314,28 @@ def read_yaml_file(path: str | Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
         problem = getattr(exc, "problem", None) or str(exc)
         what = "YAML beyond sapper's limits" if isinstance(exc, _OverLimit) else "malformed YAML"
-        raise InputError(f"{what} at {where}: {problem}", file=str(path)) from None
+        raise InputError(f"{what} at {where}: {problem}", file=name) from None
     finally:
         loader.dispose()
+
+
+def parse_toml_text(text: str, name: str) -> dict[str, Any]:
+    """A TOML document (torchtitan's job configs) as a dict, within the same limits as
+    JSON: tomllib bounds integer literals itself (Python's 4300-digit limit), deep inline
+    nesting is caught as the RecursionError it raises, and the tree is then checked for
+    size, depth and non-finite numbers (TOML allows ``inf`` and ``nan``)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"malformed TOML: {clip(str(exc))}", file=name) from None
+    except (RecursionError, ValueError) as exc:
+        raise InputError(f"TOML beyond sapper's limits ({clip(str(exc))})", file=name) from None
+    _check_tree(data, name)
+    return data
 
 
 class _LongInteger(ValueError):
@@ -322,8 +355,11 @@ def read_json_file(path: str | Path) -> Any:
     JSON itself does not allow and no config means; they are refused with their key path,
     and so is nesting deeper than MAX_NESTING or more than MAX_VALUES values.
     """
-    file = str(path)
-    text = _read_text(path)
+    return parse_json_text(read_text_file(path), str(path))
+
+
+def parse_json_text(text: str, file: str) -> Any:
+    """JSON text within the limits of :func:`read_json_file`."""
     try:
         data = json.loads(text, parse_int=_json_int)
     except json.JSONDecodeError as exc:

@@ -207,8 +207,8 @@ def measure_step(
 def toy_plan(ctx: SmokeContext, batch: Batch) -> Any:
     """The Plan of the toy: its HF config read like any config.json, plus the smoke batch,
     fp32 and the optimizer the check runs. None for a user factory (no config to read)."""
-    from sapper.plan.hf_config import read_hf_config
     from sapper.plan.load import build_plan
+    from sapper.plan.readers.hf_config import read_hf_config
     from sapper.plan.sources import PlanSource
 
     if ctx.factory.hf_config is None:

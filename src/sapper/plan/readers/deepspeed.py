@@ -11,7 +11,7 @@ What the file does not decide is not guessed. ``"auto"`` (as the Hugging Face Tr
 writes it) leaves the field unresolved and says so (C002). Defaults are filled in only
 where DeepSpeed's are the same in every version (fp16 loss_scale_window 1000, hysteresis
 2; warmup_num_steps 1000). Every key is checked against DeepSpeed's documented keys
-(:mod:`sapper.plan.deepspeed_keys`); unknown ones become C001 with the likely intended key.
+(:mod:`sapper.plan.readers.deepspeed_keys`); unknown ones become C001 with the likely intended key.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import Any
 
 from sapper.checks.config import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
 from sapper.errors import InputError, clip
-from sapper.plan.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
+from sapper.plan.readers.base import ConfigFormat, Sniff
+from sapper.plan.readers.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
 from sapper.plan.sources import PlanSource, read_json_object
 
-__all__ = ["read_deepspeed_config"]
+__all__ = ["FORMAT", "read_deepspeed_config"]
 
 _MISSING = object()
 _AUTO = "auto"
@@ -505,3 +506,25 @@ def _overlap(r: _Reader) -> None:
               "gradients after backward)")
     elif r.get(key) != _AUTO:
         r.set("parallel.overlap_dp_comm", stage == 3, f"{key} (DeepSpeed default)")
+
+
+def _recognise(sniff: Sniff) -> float:
+    """A JSON object most of whose top-level keys DeepSpeed documents. A Trainer's
+    training_args.json shares a few of them (fp16, bf16, gradient_accumulation_steps)
+    among a hundred others, so the share counts, not one hit."""
+    doc = sniff.json
+    if not isinstance(doc, dict) or not doc:
+        return 0.0
+    known = SECTIONS[""] or frozenset()
+    share = sum(k in known for k in doc) / len(doc)
+    return 0.3 + 0.65 * share if share else 0.0
+
+
+FORMAT = ConfigFormat(
+    name="deepspeed",
+    title="a DeepSpeed JSON config",
+    looks_for="a JSON object with DeepSpeed keys such as train_batch_size, "
+    "zero_optimization, bf16, fp16",
+    recognise=_recognise,
+    read=lambda sniff: read_deepspeed_config(sniff.path),
+)

@@ -12,15 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.plan.sources import PlanSource, read_yaml_file
+from sapper.plan.readers.base import ConfigFormat, Sniff
+from sapper.plan.sources import PlanSource
 
-__all__ = ["read_plan_file"]
+__all__ = ["FORMAT", "read_plan_file"]
 
 
-def read_plan_file(path: str | Path) -> tuple[PlanSource, dict[str, Path]]:
-    """Read a YAML plan. Returns the source and the referenced files
-    (``hf_config``/``deepspeed``), so the caller can load those first."""
-    data = read_yaml_file(path)
+def read_plan_file(path: str | Path) -> PlanSource:
+    """Read a YAML plan; the files it references are in ``refs``, for the caller to load
+    first."""
+    return _read(Sniff.of(path))
+
+
+def _read(sniff: Sniff) -> PlanSource:
+    path = sniff.path
+    data = sniff.yaml
+    if data is None and "yaml" in sniff.errors:
+        raise sniff.errors["yaml"]
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -30,7 +38,7 @@ def read_plan_file(path: str | Path) -> tuple[PlanSource, dict[str, Path]]:
             value=type(data).__name__,
             expected="keys such as model, precision, batch, parallel, hardware",
         )
-    base = Path(path).parent
+    base = path.parent
     refs: dict[str, Path] = {}
     model = data.get("model")
     if isinstance(model, dict) and "hf_config" in model:
@@ -47,7 +55,7 @@ def read_plan_file(path: str | Path) -> tuple[PlanSource, dict[str, Path]]:
         # Like hf_config and deepspeed, a dataset path is relative to the plan file.
         resolved = os.path.normpath(base / Path(dataset["path"]).expanduser())
         data = {**data, "data": {**dataset, "path": resolved}}
-    return PlanSource(name=str(path), data=_plain(data)), refs
+    return PlanSource(name=str(path), data=_plain(data), refs=refs)
 
 
 def _plain(value: Any) -> Any:
@@ -56,3 +64,33 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+#: A plan's own top-level keys, besides the Plan's fields.
+_EXTRA_KEYS = frozenset({"deepspeed"})
+
+
+def _recognise(sniff: Sniff) -> float:
+    """A YAML mapping whose top-level keys are the Plan's sections. A plan with a typo in
+    one section is still a plan (so its error names the typo); a mapping with no Plan
+    section at all is not. An empty document is an (empty) plan."""
+    doc = sniff.yaml
+    if sniff.suffix in (".yaml", ".yml") and doc is None and "yaml" not in sniff.errors:
+        return 0.5  # an empty document (or ``null``): an empty plan, which says so
+    if not isinstance(doc, dict) or not doc:
+        return 0.0
+    from sapper.plan.schema import Plan
+
+    known = set(Plan.model_fields) | _EXTRA_KEYS
+    share = sum(str(k) in known for k in doc) / len(doc)
+    return 0.3 + 0.6 * share if share else 0.0
+
+
+FORMAT = ConfigFormat(
+    name="sapper",
+    title="a sapper plan (YAML)",
+    looks_for="top-level sections such as model, precision, batch, parallel, hardware "
+    "(docs/plan.md)",
+    recognise=_recognise,
+    read=_read,
+)

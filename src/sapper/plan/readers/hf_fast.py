@@ -2,7 +2,7 @@
 
 Importing transformers (and the torch it imports) takes seconds: many times what the rest
 of ``sapper check --model config.json`` takes. For the families of
-:data:`sapper.plan.hf_families.FAMILIES`, sapper reads a few dozen attributes of the
+:data:`sapper.plan.readers.hf_families.FAMILIES`, sapper reads a few dozen attributes of the
 parsed config, so this module resolves those attributes the way transformers' config
 classes do: the class defaults, the ``attribute_map`` aliases (GPT-2's ``hidden_size``
 is ``n_embd``), the ``__post_init__`` derivations (``head_dim``, ``num_key_value_heads``,
@@ -368,7 +368,7 @@ _SPECS: dict[str, _Spec] = {
     ),
 }
 
-#: Families read without transformers (all of :data:`sapper.plan.hf_families.FAMILIES`).
+#: Families read without transformers (all of :data:`sapper.plan.readers.hf_families.FAMILIES`).
 FAST_FAMILIES: tuple[str, ...] = tuple(_SPECS)
 
 #: RoPE scalings resolved here: the keys transformers requires for each (besides

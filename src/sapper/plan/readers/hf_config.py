@@ -7,7 +7,7 @@ itself no longer reads: the original Falcon ``RefinedWebModel``/``RefinedWeb`` c
 (``n_head``, ``n_layer``, ``n_head_kv``), and configs that name only their architecture.
 
 The architecture (norm type and placement, position encoding, gating, biases, tied head)
-and the exact parameter count come from :mod:`sapper.plan.hf_families`. What the file does
+and the exact parameter count come from :mod:`sapper.plan.readers.hf_families`. What the file does
 not state is left unset rather than guessed: the context length of a RoPE/ALiBi model whose
 config omits ``max_position_embeddings`` stays unknown, and so does an activation sapper
 has no name for. The checkpoint's ``torch_dtype`` is not read: it says how the weights were
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.plan.hf_families import (
+from sapper.plan.readers.base import ConfigFormat, Sniff
+from sapper.plan.readers.hf_families import (
     FAMILIES,
     Family,
     activation,
@@ -33,7 +34,7 @@ from sapper.plan.hf_families import (
     generic,
     quiet_transformers,
 )
-from sapper.plan.hf_fast import fast_config
+from sapper.plan.readers.hf_fast import fast_config
 from sapper.plan.schema import (
     MAX_EXPERTS,
     MAX_HEADS,
@@ -46,7 +47,7 @@ from sapper.plan.schema import (
 )
 from sapper.plan.sources import PlanSource, read_json_object
 
-__all__ = ["SUPPORTED_FAMILIES", "read_hf_config"]
+__all__ = ["FORMAT", "SUPPORTED_FAMILIES", "read_hf_config"]
 
 #: Families whose parameter count sapper derives without building the model.
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
@@ -399,3 +400,29 @@ def _origin(field: str, raw: dict[str, Any]) -> str:
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
+
+
+_NAMES = frozenset({"model_type", "architectures"})
+_WIDTHS = frozenset({"hidden_size", "n_embd", "d_model"})
+_DEPTHS = frozenset({"num_hidden_layers", "n_layer", "num_layers"})
+
+
+def _recognise(sniff: Sniff) -> float:
+    """A config.json is always JSON (Axolotl's YAML also has a ``model_type``)."""
+    doc = sniff.json
+    if not isinstance(doc, dict):
+        return 0.0
+    keys = set(doc)
+    if keys & _NAMES:
+        return 0.95
+    return 0.8 if keys & _WIDTHS and keys & _DEPTHS else 0.0
+
+
+FORMAT = ConfigFormat(
+    name="hf",
+    title="a Hugging Face config.json",
+    looks_for='a JSON object with "model_type" or "architectures", or a width and a depth '
+    "such as hidden_size and num_hidden_layers",
+    recognise=_recognise,
+    read=lambda sniff: read_hf_config(sniff.path),
+)

@@ -1,0 +1,77 @@
+"""Which reader a config file needs, decided by its content.
+
+Every reader module listed in :data:`READERS` exposes ``FORMAT`` (see
+:mod:`sapper.plan.readers.base`). A file is read once, each reader scores it, and the most
+confident reader above :data:`MIN_CONFIDENCE` reads it. A file no reader recognises is
+refused with what each reader looked for, or with its syntax error when its name or first
+byte promised JSON, YAML or TOML. Adding a format is one module and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from pathlib import Path
+
+from sapper.errors import InputError
+from sapper.plan.readers.base import ConfigFormat, Sniff
+from sapper.plan.sources import PlanSource
+
+__all__ = ["MIN_CONFIDENCE", "READERS", "detect_config", "formats", "read_config"]
+
+#: Reader modules, each with a ``FORMAT``. Order breaks ties in confidence.
+READERS: tuple[str, ...] = (
+    "sapper.plan.readers.hf_config",
+    "sapper.plan.readers.deepspeed",
+    "sapper.plan.readers.yaml_plan",
+)
+
+#: Below this, a reader's "maybe" is not enough to read a file as its format.
+MIN_CONFIDENCE = 0.3
+
+
+@cache
+def formats() -> tuple[ConfigFormat, ...]:
+    """Every registered format (imported on first use: ``--help`` never pays for them)."""
+    return tuple(importlib.import_module(name).FORMAT for name in READERS)
+
+
+def find_format(name: str) -> ConfigFormat:
+    for fmt in formats():
+        if fmt.name == name:
+            return fmt
+    raise InputError(
+        "unknown config format",
+        field="--config-format",
+        value=name,
+        expected=" / ".join(f.name for f in formats()),
+    )
+
+
+def detect_config(sniff: Sniff) -> ConfigFormat:
+    """The format of ``sniff``'s file; :class:`InputError` when none is confident."""
+    scored = [(fmt.recognise(sniff), -i, fmt) for i, fmt in enumerate(formats())]
+    best, _, fmt = max(scored, key=lambda t: (t[0], t[1]))
+    if best >= MIN_CONFIDENCE:
+        return fmt
+    syntax = sniff.error()
+    if syntax is not None:
+        raise syntax
+    first = next((line.strip() for line in sniff.text.splitlines() if line.strip()), "")
+    looked = "; ".join(f"{f.title} ({f.looks_for})" for f in formats())
+    raise InputError(
+        f"not a config sapper can read (first line: {first[:60]!r})"
+        if first
+        else "the file is empty",
+        file=sniff.name,
+        expected=looked,
+    )
+
+
+def read_config(path: str | Path, fmt: str | None = None) -> PlanSource:
+    """One config file as a Plan source, in the format its content shows (or ``fmt``)."""
+    sniff = Sniff.of(path)
+    reader = find_format(fmt) if fmt else detect_config(sniff)
+    src = reader.read(sniff)
+    src.format = src.format or reader.name
+    return src
