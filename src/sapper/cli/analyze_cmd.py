@@ -112,7 +112,7 @@ def with_log_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def has_plan_inputs(inputs: PlanInputs) -> bool:
     given = [inputs.plan, inputs.model, inputs.deepspeed, *inputs.values.values()]
-    return any(v is not None for v in given)
+    return bool(inputs.configs) or any(v is not None for v in given)
 
 
 def plan_for(inputs: PlanInputs, logs: list[LogData]) -> Plan | None:

@@ -100,6 +100,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="A launch config, its format read from its content: a sapper plan, a Megatron-LM "
         "script or argument dump, a NeMo, accelerate or Axolotl YAML, a torchtitan TOML, HF "
         "TrainingArguments (JSON or command line), a DeepSpeed JSON or an HF config.json. "
@@ -111,6 +112,7 @@ ConfigFormatOpt = Annotated[
     str | None,
     typer.Option(
         "--config-format",
+        metavar="FORMAT",
         help="Read every --config file as this format instead of detecting it.",
         show_default=False,
     ),
