@@ -330,6 +330,18 @@ def _model(r: _Reader) -> None:
         for f in field:
             r.src.set(f, default if value is None else value, origin)
     r.take(f"{m}.init_method_std", "init.std", "number", minimum=0)
+    # Megatron's scaled init (std / sqrt(2 L) on the output projections), on by default
+    # (megatron_base_model.py: cfg.get('use_scaled_init_method', True)).
+    scaled = r.value(f"{m}.use_scaled_init_method", "init.residual_scaling", "bool")
+    r.src.set("init.residual_scaling", "none" if scaled is False else "depth",
+              f"{m}.use_scaled_init_method" + ("" if scaled is not None else " (NeMo default)"))
+    # megatron_gpt_pretraining.py: restore_from_path loads weights, restore_from_ckpt
+    # weights and optimizer states; either means the init never runs.
+    for key in (f"{m}.restore_from_path", f"{m}.restore_from_ckpt", "restore_from_path"):
+        path = r.raw(key)
+        if isinstance(path, str) and path.strip():
+            r.src.set("init.from_pretrained", True, key)
+            break
 
 
 def _defaulted(r: _Reader, key: str, field: str, table: dict[str, str], default: str) -> str:

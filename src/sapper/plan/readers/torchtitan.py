@@ -59,6 +59,10 @@ def read_torchtitan_config(sniff: Sniff) -> PlanSource:
     _schedule(r)
     _checkpointing(r)
     _model(r)
+    # A checkpoint to start from (initial_load_path) means the init never runs.
+    path = r.raw("checkpoint.initial_load_path")
+    if isinstance(path, str) and path.strip():
+        r.src.set("init.from_pretrained", True, "checkpoint.initial_load_path")
     return r.src
 
 
@@ -320,6 +324,10 @@ def _model(r: _Reader) -> None:
     m.set("model.position_encoding", "rope", origin)
     m.set("model.rope_theta", float(args.get("rope_theta") or 10000), origin)
     m.set("model.tied_embeddings", False, origin)
+    # Transformer.init_weights (models/llama3/model/model.py): std 0.02, the output
+    # projections of block l at 0.02 / sqrt(2 (l + 1)) (depth_init, the default).
+    m.set("init.std", 0.02, origin)
+    m.set("init.residual_scaling", "depth", f"{origin} (depth_init)")
     # TransformerModelArgs.update_from_config: max_seq_len = training.seq_len.
     m.set("model.max_position_embeddings", r.src.data["batch"]["seq_len"], "training.seq_len")
 
