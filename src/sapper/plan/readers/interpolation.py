@@ -11,8 +11,8 @@ string), with the two resolvers NeMo itself registers, ``multiply`` and ``sum``
 Anything that needs the world outside the file is :class:`Unresolved` with the reason,
 never guessed: ``${oc.env:VAR}`` and other resolvers, a key the file does not have (a
 launcher's ``${data_dir}``, a value composed from another file), OmegaConf's mandatory
-``???``. A hostile file cannot hang the resolver: references are followed at most
-:data:`MAX_DEPTH` deep, a cycle is reported as one, every path is resolved once
+``???``. A hostile file cannot hang the resolver: references and nesting are followed at
+most :data:`MAX_DEPTH` levels deep, a cycle is reported as one, every path is resolved once
 (memoized) and results are bounded in length.
 """
 
@@ -27,8 +27,9 @@ from sapper.errors import clip
 
 __all__ = ["MAX_DEPTH", "MISSING", "Resolver", "Unresolved"]
 
-#: References followed from one value (NeMo's deepest chains are 2-3).
-MAX_DEPTH = 16
+#: Levels of references and nested ``${`` followed from one value, together (NeMo's
+#: deepest chains are 3-4 levels).
+MAX_DEPTH = 64
 #: Longest string an interpolation may build (real ones are paths, well under this).
 MAX_RESULT_CHARS = 4096
 #: Interpolations evaluated per file, memoized per path; bounds pathological files.
@@ -106,7 +107,7 @@ class Resolver:
             raise _Stop(f"the interpolations around {'.'.join(path)} refer to each other "
                         "in a cycle")
         if depth > MAX_DEPTH:
-            raise _Stop(f"interpolations nested deeper than {MAX_DEPTH} references")
+            raise _Stop(f"interpolations nested deeper than {MAX_DEPTH} levels")
         self._open.add(path)
         try:
             result = self._text(value, path[:-1], depth + 1)
@@ -120,8 +121,8 @@ class Resolver:
         """A string holding interpolations: one alone keeps its type, text around them
         makes a string (OmegaConf's string interpolation)."""
         self._steps += 1
-        if depth > 4 * MAX_DEPTH:
-            raise _Stop(f"interpolations nested deeper than {4 * MAX_DEPTH} levels")
+        if depth > MAX_DEPTH:
+            raise _Stop(f"interpolations nested deeper than {MAX_DEPTH} levels")
         if self._steps > MAX_STEPS:
             raise _Stop(f"more than {MAX_STEPS} interpolations to evaluate")
         pieces: list[Any] = []
