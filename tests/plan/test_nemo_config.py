@@ -5,6 +5,7 @@ and bad values (exit 2 naming file and key), and mutated examples never crashing
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -118,6 +119,39 @@ def test_launcher_gpt3_175b_interleaved_pipeline() -> None:
     assert d["parallel"]["pipeline_schedule"] == "interleaved"
     assert d["parallel"]["sequence_parallel"] is True
     assert d["model"]["hidden_size"] == 12288 and d["model"]["num_layers"] == 96
+
+
+def test_launcher_mixtral_moe() -> None:
+    src = read_config(EXAMPLES / "launcher_mixtral_8x7b.yaml")
+    m = src.data["model"]
+    assert (m["num_experts"], m["experts_top_k"], m["num_kv_heads"]) == (8, 2, 8)
+    assert m["rope_theta"] == 1e6 and src.data["parallel"]["pp"] == 4
+    (finding,) = src.findings
+    # The tokenizer is a hub id: the fix names the config.json to pass.
+    assert "mistralai/Mixtral-8x7B-v0.1" in finding.message
+    assert "--model config.json" in (finding.fix or "")
+
+
+def test_finetuning_config_restores_weights_in_fp16() -> None:
+    src = read_config(EXAMPLES / "megatron_gpt_finetuning_config.yaml")
+    assert src.data["init"] == {"from_pretrained": True}  # restore_from_path: ???
+    assert src.data["precision"]["dtype"] == "fp16"
+    assert src.data["precision"]["loss_scaling"]["initial_scale"] == 2.0**32
+    assert "model" not in src.data and src.findings == []
+
+
+def test_local_hf_tokenizer_folder_brings_the_vocabulary(tmp_path: Path) -> None:
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text((HF / "llama-2-7b.json").read_text())
+    text = (EXAMPLES / "launcher_llama_llama2_7b.yaml").read_text()
+    text = re.sub(r"  tokenizer:\n(    .*\n)+", "  tokenizer:\n    library: huggingface\n"
+                  "    type: ./llama\n", text)
+    path = write(tmp_path, text, "llama.yaml")
+    src = read_config(path)
+    assert src.refs == {"hf_config": tmp_path / "llama" / "config.json"}
+    assert "model.vocab_size" not in src.unresolved
+    model = load_plan(configs=[path]).plan.model
+    assert model is not None and model.vocab_size == 32000 and model.ffn_hidden_size == 11008
 
 
 def test_launcher_multiply_resolver() -> None:

@@ -17,11 +17,14 @@ nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py, and Lightni
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from sapper.errors import clip
 from sapper.plan.readers.base import (
     ConfigFormat,
     Sniff,
+    local_model_config,
     unknown_key_findings,
     unresolved_finding,
 )
@@ -86,6 +89,7 @@ def read_nemo_config(sniff: Sniff) -> PlanSource:
         raise bad_value(sniff.name, "(the whole file)", type(doc).__name__,
                         "a mapping with trainer: and model: sections")
     r = _Reader(doc, PlanSource(name=sniff.name))
+    r.base = sniff.path.parent
     r.src.set("framework", "nemo", "(a NeMo config)")
     r.check_keys()
     _hardware(r)
@@ -96,6 +100,7 @@ def read_nemo_config(sniff: Sniff) -> PlanSource:
     _optimizer(r)
     _schedule(r)
     _checkpointing(r)
+    _restored(r)
     return r.src
 
 
@@ -106,6 +111,7 @@ class _Reader:
     def __init__(self, doc: dict[str, Any], src: PlanSource) -> None:
         self.doc, self.src, self.file = doc, src, src.name
         self.resolver = Resolver(doc)
+        self.base = Path(".")
 
     def raw(self, key: str) -> Any:
         """The resolved value, MISSING, or an Unresolved."""
@@ -172,7 +178,10 @@ def _hardware(r: _Reader) -> None:
                            "give --gpus-per-node (or --gpus)")
     else:
         r.take("trainer.devices", "hardware.gpus_per_node", "int", minimum=1)
-    r.take("trainer.num_nodes", "hardware.nodes", "int", minimum=1)
+    if r.given("trainer.num_nodes"):
+        r.take("trainer.num_nodes", "hardware.nodes", "int", minimum=1)
+    else:  # Trainer(num_nodes=1)
+        r.src.set("hardware.nodes", 1, "trainer.num_nodes (Lightning default)")
 
 
 def _precision(r: _Reader) -> None:
@@ -292,13 +301,7 @@ def _model(r: _Reader) -> None:
     if r.given(f"{m}.override_vocab_size"):
         r.take(f"{m}.override_vocab_size", "model.vocab_size", "int", minimum=1)
     else:
-        kind = r.raw(f"{m}.tokenizer.type")
-        what = f" ({kind})" if isinstance(kind, str) else ""
-        unresolved_finding(
-            r.src, f"{m}.tokenizer", "model.vocab_size",
-            f"the vocabulary size is the tokenizer's{what}, not in this file",
-            _VOCAB_FIX,
-        )
+        _vocab_from_tokenizer(r)
     r.src.set("model.implementation", "megatron", "(NeMo runs Megatron's kernels)")
     r.take(f"{m}.ffn_hidden_size", "model.ffn_hidden_size", "int", minimum=1)
     r.take(f"{m}.num_query_groups", "model.num_kv_heads", "int", minimum=1)
@@ -335,13 +338,40 @@ def _model(r: _Reader) -> None:
     scaled = r.value(f"{m}.use_scaled_init_method", "init.residual_scaling", "bool")
     r.src.set("init.residual_scaling", "none" if scaled is False else "depth",
               f"{m}.use_scaled_init_method" + ("" if scaled is not None else " (NeMo default)"))
+
+
+def _restored(r: _Reader) -> None:
+    """Weights loaded from a checkpoint: the init scheme never runs."""
+    m = "model"
     # megatron_gpt_pretraining.py: restore_from_path loads weights, restore_from_ckpt
     # weights and optimizer states; either means the init never runs.
+    # A ``???`` there is a path the job cannot start without (OmegaConf's mandatory
+    # value), as in NeMo's fine-tuning configs.
     for key in (f"{m}.restore_from_path", f"{m}.restore_from_ckpt", "restore_from_path"):
         path = r.raw(key)
-        if isinstance(path, str) and path.strip():
+        if isinstance(path, Unresolved) or (isinstance(path, str) and path.strip()):
             r.src.set("init.from_pretrained", True, key)
             break
+
+
+def _vocab_from_tokenizer(r: _Reader) -> None:
+    """A Hugging Face tokenizer named by a local model folder (``library: huggingface``,
+    ``type: /models/llama``) brings that folder's config.json, read before this file; a
+    hub id or a tokenizer file leaves the vocabulary unresolved (C006)."""
+    t = "model.tokenizer"
+    library, kind = r.raw(f"{t}.library"), r.raw(f"{t}.type")
+    if library == "huggingface" and isinstance(kind, str):
+        local = local_model_config(kind, r.base)
+        if local is not None:
+            r.src.refs["hf_config"] = local
+            return
+    what = f" ({clip(kind, 80)})" if isinstance(kind, str) else ""
+    fix = _VOCAB_FIX
+    if library == "huggingface" and isinstance(kind, str) and "/" in kind:
+        fix = f"pass --model config.json ({clip(kind, 80)}'s config.json; sapper never " \
+              "downloads it)"
+    unresolved_finding(r.src, t, "model.vocab_size",
+                       f"the vocabulary size is the tokenizer's{what}, not in this file", fix)
 
 
 def _defaulted(r: _Reader, key: str, field: str, table: dict[str, str], default: str) -> str:
