@@ -394,3 +394,10 @@ def test_mutated_examples_never_crash(tmp_path_factory: pytest.TempPathFactory,
     library_case("nemo", lambda: load_plan(configs=[target]))
     if which == 0:
         cli_case(["check", "--config", str(target), "--gpu", "H100"])
+
+
+@pytest.mark.parametrize(("devices", "count"), [("[0, 1, 2, 3]", 4), ('"0,1"', 2), ('"4"', 4)])
+def test_devices_as_lightning_reads_them(tmp_path: Path, devices: str, count: int) -> None:
+    src = read_config(write(tmp_path, MINIMAL.format(precision="bf16", extra="").replace(
+        "devices: 8", f"devices: {devices}")))
+    assert src.data["hardware"]["gpus_per_node"] == count

@@ -303,3 +303,19 @@ def test_mutated_examples_never_crash(tmp_path_factory: pytest.TempPathFactory,
     library_case("torchtitan", lambda: load_plan(configs=[target]))
     if which == 0:
         cli_case(["check", "--config", str(target), "--gpu", "H100", "--gpus", "16"])
+
+
+def test_pipeline_runs_the_local_batch_as_microbatches(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE.format(replicate=1, shard=-1, tp=1).replace(
+        "local_batch_size = 2", "local_batch_size = 8") + textwrap.dedent("""\
+        pipeline_parallel_degree = 4
+        pipeline_parallel_schedule = "Interleaved1F1B"
+        pipeline_parallel_microbatch_size = 2
+    """))
+    d = read_config(path).data
+    assert d["batch"]["micro_batch_size"] == 2 and d["batch"]["gradient_accumulation_steps"] == 4
+    assert d["parallel"]["pp"] == 4 and d["parallel"]["pipeline_schedule"] == "interleaved"
+    bad = write(tmp_path, path.read_text().replace("microbatch_size = 2", "microbatch_size = 3"),
+                "bad.toml")
+    with pytest.raises(InputError, match="pipeline_parallel_microbatch_size"):
+        read_config(bad)

@@ -112,6 +112,7 @@ class _Reader:
         self.doc, self.src, self.file = doc, src, src.name
         self.resolver = Resolver(doc)
         self.base = Path(".")
+        self.reported: set[str] = set()
 
     def raw(self, key: str) -> Any:
         """The resolved value, MISSING, or an Unresolved."""
@@ -122,7 +123,9 @@ class _Reader:
         """The checked value of ``key``; None when absent, null or unresolved (C006)."""
         value = self.raw(key)
         if isinstance(value, Unresolved):
-            unresolved_finding(self.src, key, field, value.why, _FIX)
+            if key not in self.reported:  # a key read for two fields is reported once
+                self.reported.add(key)
+                unresolved_finding(self.src, key, field, value.why, _FIX)
             return None
         if value is MISSING or value is None:
             return None
@@ -169,15 +172,30 @@ class _Reader:
 
 # ---- sections --------------------------------------------------------------------------
 def _hardware(r: _Reader) -> None:
-    devices = r.raw("trainer.devices")
-    if isinstance(devices, (int, str)) and not isinstance(devices, bool) and (
-        devices == -1 or str(devices).strip() == "auto"
-    ):
-        unresolved_finding(r.src, "trainer.devices", "hardware.gpus_per_node",
+    """GPUs per node as Lightning reads ``devices``: a count, a list of device ids, a
+    string of either ("4", "0,1"), or -1 / "auto" for every GPU the machine has."""
+    key, field = "trainer.devices", "hardware.gpus_per_node"
+    devices = r.raw(key)
+    if isinstance(devices, Unresolved):
+        unresolved_finding(r.src, key, field, devices.why, _FIX)
+    elif devices == -1 or (isinstance(devices, str) and devices.strip() in ("-1", "auto")):
+        unresolved_finding(r.src, key, field,
                            f"{devices!r} means every GPU the machine has, known at launch",
                            "give --gpus-per-node (or --gpus)")
-    else:
-        r.take("trainer.devices", "hardware.gpus_per_node", "int", minimum=1)
+    elif isinstance(devices, list) and devices:
+        r.src.set(field, len(devices), key)
+    elif isinstance(devices, str) and "," in devices:
+        ids = [d for d in devices.split(",") if d.strip()]
+        if not ids or not all(d.strip().isdigit() for d in ids):
+            raise bad_value(r.file, key, devices, 'a GPU count, "auto" or device ids "0,1"')
+        r.src.set(field, len(ids), key)
+    elif isinstance(devices, str) and devices.strip().isdigit() and len(devices) < 8:
+        count = int(devices)
+        if count < 1:
+            raise bad_value(r.file, key, devices, "a positive GPU count")
+        r.src.set(field, count, key)
+    elif devices is not MISSING and devices is not None:
+        r.take(key, field, "int", minimum=1)
     if r.given("trainer.num_nodes"):
         r.take("trainer.num_nodes", "hardware.nodes", "int", minimum=1)
     else:  # Trainer(num_nodes=1)

@@ -197,6 +197,35 @@ def _parallel(r: _Reader) -> None:
                                "set parallel.pipeline_schedule in a sapper plan")
         else:
             r.src.set("parallel.pipeline_schedule", mapped, origin)
+        _pipeline_microbatches(r)
+
+
+def _pipeline_microbatches(r: _Reader) -> None:
+    """Under PP the local batch runs as micro-batches through the stages
+    (distributed/pipeline_parallel.py: n_microbatches = local_batch_size //
+    pipeline_parallel_microbatch_size, default size 1; older versions gave the count,
+    ``pipeline_parallel_microbatches``, default the PP degree)."""
+    batch = r.src.data["batch"]
+    local, local_origin = batch["micro_batch_size"], r.src.origin["batch.micro_batch_size"]
+    count_key = r.first("parallelism.pipeline_parallel_microbatches",
+                        "experimental.pipeline_parallel_microbatches")
+    if r.raw("parallelism.pipeline_parallel_microbatch_size") is _MISSING and (
+        r.raw(count_key) is not _MISSING
+    ):
+        count, origin = r.value(count_key, "int", minimum=1)
+        if local % count:
+            raise bad_value(r.file, count_key, count, f"a divisor of the local batch {local}")
+        size = local // count
+    else:
+        size, origin = r.value("parallelism.pipeline_parallel_microbatch_size", "int", 1,
+                               minimum=1)
+        if local % size:
+            raise bad_value(r.file, "parallelism.pipeline_parallel_microbatch_size", size,
+                            f"a divisor of {local_origin.split(' ')[0]} ({local})")
+    r.src.set("batch.micro_batch_size", size, origin)
+    if "global_batch_size" not in batch:
+        r.src.set("batch.gradient_accumulation_steps", local // size,
+                  f"{local_origin} / {origin}")
 
 
 def _fsdp(r: _Reader) -> bool:
