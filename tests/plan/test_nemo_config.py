@@ -401,3 +401,20 @@ def test_devices_as_lightning_reads_them(tmp_path: Path, devices: str, count: in
     src = read_config(write(tmp_path, MINIMAL.format(precision="bf16", extra="").replace(
         "devices: 8", f"devices: {devices}")))
     assert src.data["hardware"]["gpus_per_node"] == count
+
+
+_PIECES = st.sampled_from(["${", "}", ".", "..", ":", ",", "a", "b", "model", "x", "multiply",
+                           "sum", "oc.env", "1", "-2", "2.5", "'", '"', "[0]", "\\", "$", " "])
+_INTERP = st.lists(_PIECES, max_size=40).map("".join)
+
+
+@stable_settings(2000)
+@given(st.dictionaries(st.sampled_from(["a", "b", "x"]), _INTERP, min_size=1),
+       st.dictionaries(st.sampled_from(["a", "b", "x"]), _INTERP))
+def test_any_interpolation_text_resolves_or_is_unresolved(top: dict[str, str],
+                                                         inner: dict[str, str]) -> None:
+    """Whatever ``${...}`` text a file holds, the resolver returns a value or says why it
+    cannot, never raises, and stays within the time limit."""
+    resolver = Resolver({**top, "model": dict(inner)})
+    for key in [*top, *(f"model.{k}" for k in inner)]:
+        library_case("interpolation", lambda key=key: resolver.get(key))
