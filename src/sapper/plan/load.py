@@ -96,6 +96,10 @@ def _expected(err: dict[str, Any]) -> str:
     )
 
 
+#: Model fields without which the Plan has no model.
+_MODEL_REQUIRED = ("hidden_size", "num_layers", "num_heads", "vocab_size")
+
+
 def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     merged: dict[str, Any] = {}
     owners: dict[str, PlanSource] = {}
@@ -111,6 +115,14 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
     if unresolved:
         merged["unresolved"] = unresolved
+    model = merged.get("model")
+    if isinstance(model, dict) and any(
+        f"model.{name}" in unresolved and name not in model for name in _MODEL_REQUIRED
+    ):
+        # A launch config gives the shape but not, say, the vocabulary (a NeMo YAML, a
+        # Megatron script): the model is unknown, not an error, unless a later source
+        # (--model config.json) completed it.
+        merged.pop("model")
     try:
         plan = Plan.model_validate(merged)
     except ValidationError as exc:

@@ -24,6 +24,8 @@ READERS: tuple[str, ...] = (
     "sapper.plan.readers.hf_config",
     "sapper.plan.readers.deepspeed",
     "sapper.plan.readers.yaml_plan",
+    "sapper.plan.readers.nemo",
+    "sapper.plan.readers.torchtitan",
 )
 
 #: Below this, a reader's "maybe" is not enough to read a file as its format.
