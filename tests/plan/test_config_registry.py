@@ -128,3 +128,13 @@ def test_closest_key_folds_case_and_dashes() -> None:
     assert closest("gradient_acumulation_steps", known) == "gradient_accumulation_steps"
     assert closest("Learning-Rate", known) == "learning_rate"
     assert closest("completely_else", known) is None
+
+
+def test_a_value_from_any_source_resolves_the_field() -> None:
+    # The NeMo YAML cannot know the vocabulary (C006); the config.json read first gives it.
+    nemo = EXAMPLES / "nemo" / "launcher_llama_llama2_7b.yaml"
+    alone = load_plan(configs=[nemo])
+    assert "model.vocab_size" in alone.plan.unresolved and alone.plan.model is None
+    both = load_plan(configs=[nemo], hf_config=EXAMPLES / "hf" / "llama-2-7b.json")
+    assert both.plan.model is not None and both.plan.model.vocab_size == 32000
+    assert "model.vocab_size" not in both.plan.unresolved

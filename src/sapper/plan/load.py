@@ -113,6 +113,10 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         # A later source that sets the field resolves it (e.g. --micro-batch over "auto").
         unresolved = [u for u in unresolved if u not in _leaves(src.data)]
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
+    # A value any source gives resolves the field, whatever the order: a launch config
+    # that cannot know the vocabulary is completed by the --model config.json read first.
+    known = _leaves(merged)
+    unresolved = [u for u in unresolved if u not in known]
     if unresolved:
         merged["unresolved"] = unresolved
     model = merged.get("model")
