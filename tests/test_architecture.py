@@ -64,6 +64,14 @@ def test_layers_cover_every_top_level_module() -> None:
     assert named - present == set()
 
 
+def test_every_source_folder_is_a_package() -> None:
+    """import-linter sees regular packages only: a folder of modules without
+    ``__init__.py`` (a namespace package) would drop out of every contract unnoticed."""
+    folders = {p.parent for p in SRC.rglob("*.py") if "__pycache__" not in p.parts}
+    namespaces = [f for f in folders if not (f / "__init__.py").exists()]
+    assert sorted(str(f.relative_to(ROOT)) for f in namespaces) == []
+
+
 def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     """``lint-imports`` with ``root``'s pyproject.toml over ``root``/src."""
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which(
@@ -83,8 +91,8 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_import_contracts_hold() -> None:
-    """``lint-imports`` over the source tree: the layers, live/offline and no-cycle
-    contracts. The failure output names each broken import."""
+    """``lint-imports`` over the source tree: the layers, live/offline, light rule-listing
+    and no-cycle contracts. The failure output names each broken import."""
     proc = _lint_imports(ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert re.search(r"Contracts: \d+ kept, 0 broken", proc.stdout), proc.stdout[-2000:]
