@@ -15,19 +15,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sapper.cli.app import (
+from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.cli.output import (
     FormatOpt,
     IgnoreOpt,
     OutputFormat,
     SelectOpt,
-    app,
     console,
     emit_json,
     err_console,
     run_guarded,
     split_codes,
 )
-from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
 from sapper.errors import InputError
 
 # Readers, detectors, pydantic and the renderers are imported where they are used:
@@ -432,7 +431,6 @@ def analyses_json(analyses: list[Analysis], failed: list[InputError]) -> dict[st
     }
 
 
-@app.command("analyze")
 @with_log_plan_options
 def analyze(
     inputs: PlanInputs,

@@ -270,12 +270,12 @@ def stop_on_layout_errors(loaded: LoadedPlan, as_json: bool) -> bool:
     if not errors:
         return False
     if as_json:
-        from sapper.cli.app import emit_json
+        from sapper.cli.output import emit_json
 
         emit_json({"findings": [f.to_json() for f in errors],
                    "summary": {"errors": len(errors), "stopped": "layout errors"}})
     else:
-        from sapper.cli.app import console
+        from sapper.cli.output import console
         from sapper.report.terminal import render_findings
 
         console.print("the layout cannot start (as `sapper check` reports):")
