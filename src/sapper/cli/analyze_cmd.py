@@ -227,8 +227,9 @@ def load_logs(
 
     logs: list[LogData] = []
     errors: list[InputError] = []
+    skipped: list[str] = []
     try:
-        expanded = expand_paths(list(paths))
+        expanded = expand_paths(list(paths), skipped)
     except InputError as exc:
         return [], [exc]
     for path, detected in expanded:
@@ -250,6 +251,9 @@ def load_logs(
             logs.append(read_log(path, fmt=fmt, mapping=mapping))
         except InputError as exc:
             errors.append(exc)
+    if skipped and logs:
+        # A folder's files that are no log: said on its first log, where notes are read.
+        logs[0].notes.extend(skipped)
     return logs, errors
 
 

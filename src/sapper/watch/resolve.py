@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sapper.errors import InputError
-from sapper.logs import FORMATS, LogParser
+from sapper.logs import LogParser
 from sapper.logs.detect import decode_head, detect_text
 from sapper.logs.fields import FieldMap
 from sapper.logs.limits import refuse_special
+from sapper.logs.registry import find_log_format
 from sapper.runtime.records import StepRecord
 from sapper.watch.events import EVENTS_MARK, EventsFollower, is_event_header
 from sapper.watch.follow import DETECT_LIMIT, FileFollower, Follower, StreamFollower
@@ -35,11 +36,9 @@ def open_follower(
     stdin: BinaryIO | None = None,
 ) -> Follower:
     """The follower for ``path`` (``-`` is standard input); ``fmt`` skips detection."""
-    if fmt is not None and fmt not in FORMATS:
-        raise InputError("unknown log format", field="--log-format", value=fmt,
-                         expected=" / ".join(FORMATS))
+    kind = find_log_format(fmt) if fmt is not None else None
     if str(path) == "-":
-        if fmt in ("tensorboard", "trainer_state"):
+        if kind is not None and kind.read_mode != "lines":
             raise InputError(
                 f"a {fmt} log cannot be read from a pipe",
                 field="--log-format",
