@@ -68,6 +68,8 @@ LOG_FORMATS: tuple[str, ...] = (
     "csv",
     "jsonl",
     "megatron",
+    "hf_console",
+    "keyvalue",
 )
 
 LogFormatOpt = Annotated[

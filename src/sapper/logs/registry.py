@@ -40,6 +40,8 @@ LOG_READERS: tuple[str, ...] = (
     "sapper.logs.tensorboard",
     "sapper.logs.table",
     "sapper.logs.megatron",
+    "sapper.logs.console",
+    "sapper.logs.keyvalue",
 )
 
 #: Below this, a recogniser's "maybe" is not enough to read a file as its format.
