@@ -99,7 +99,10 @@ def _console_seeds(folder: str, bar: bool) -> list[list[str]]:
 
 MEGATRON_SEEDS = _megatron_seeds()
 HF_CONSOLE_SEEDS = _console_seeds("hf_console", bar=False) + _console_seeds("hf_console", bar=True)
-KEYVALUE_SEEDS = _console_seeds("nanogpt", bar=False) + _console_seeds("torchtitan", bar=False)
+KEYVALUE_SEEDS = [
+    *_console_seeds("nanogpt", bar=False), *_console_seeds("torchtitan", bar=False),
+    *_console_seeds("lightning", bar=False),
+]
 STATE_SEEDS = _state_seeds()
 RUNLOG = (LOGS / "sapper-gpt2-healthy.jsonl").read_text().splitlines()
 WANDB = (LOGS / "wandb-history-lr-stuck.csv").read_text().splitlines()
@@ -234,7 +237,7 @@ def test_hf_console_logs(work: Path, rng: random.Random) -> None:
 @fast_settings(EXAMPLES)
 @given(rng=st.randoms(use_true_random=False))
 def test_keyvalue_logs(work: Path, rng: random.Random) -> None:
-    """nanoGPT and torchtitan console lines (logger prefixes, units, thousands)."""
+    """nanoGPT, torchtitan and Lightning console lines (prefixes, units, bars)."""
     lines = window(rng, rng.choice(KEYVALUE_SEEDS), LINES + 1)
     _text_case(work, rng, "keyvalue", "train.txt", lines, keep=1, json_like=False)
 

@@ -115,3 +115,27 @@ def test_specific_formats_keep_their_logs() -> None:
     assert detect_text(megatron) == "megatron"
     assert detect_text("step,loss,lr\n1,2.0,1e-4\n2,1.9,1e-4\n") == "csv"
     assert detect_text("step: 1  loss: 2.0\nstep: 2  loss: 1.9\n") == "keyvalue"
+
+
+def test_lightning_progress_bar_postfix() -> None:
+    """Lightning-AI/pytorch-lightning#4225: each batch drawn twice, the second time with
+    its loss; bars without metrics (``Training: 0it``) are passed over."""
+    path = FIXTURES / "lightning" / "lightning-4225-progress-bar-epoch-0.txt"
+    assert detect_format(path) == "keyvalue"
+    log = read_log(path)
+    assert [(r.step, r.loss) for r in log.records] == [
+        (1, 10.473), (2, 10.224), (3, 10.047), (4, 9.926), (5, 9.847)
+    ]
+    assert "v_num" not in log.records[0].extra  # the logger's version, no metric
+    assert any("progress bars" in n for n in log.notes)
+
+
+def test_progress_bar_steps_count_over_epochs() -> None:
+    """Epoch 2 of a 100-batch epoch, redrawn after carriage returns on one line."""
+    parser = KeyValueParser()
+    line = "\r".join(
+        f"Epoch 2:  {n}%|####      | {n}/100 [00:10<00:12,  4.50it/s, train_loss={3 - n / 100}]"
+        for n in (40, 41)
+    )
+    records = parser.feed([line]) + parser.finish()
+    assert [(r.step, r.loss) for r in records] == [(240, 2.6), (241, 2.59)]

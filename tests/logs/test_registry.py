@@ -81,13 +81,15 @@ class _ToyParser(LogParser):
     def __init__(self, path: Path, mapping=None) -> None:
         super().__init__(str(path), mapping)
         self.file = path / "metrics.toy" if path.is_dir() else path
-        self.polls = 0
+        self.done = 1  # lines read so far (the first is the TOY1 mark)
 
     def poll(self) -> list[StepRecord]:
-        self.polls += 1
-        for line in self.file.read_text().splitlines()[1:]:
+        """Only the lines added since the last call, as a real poll reader does."""
+        lines = self.file.read_text().splitlines()
+        for line in lines[self.done:]:
             step, loss = line.split()
             self.merger.put(int(step), {"loss": float(loss)})
+        self.done = max(self.done, len(lines))
         return self.merger.ready()
 
 

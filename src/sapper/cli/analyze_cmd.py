@@ -1,6 +1,7 @@
 """``sapper analyze LOG...``: the live monitor's detectors over logs that already exist.
 
-Reads each log (sapper run log, ``trainer_state.json``, TensorBoard, CSV/JSONL, Megatron),
+Reads each log (sapper run log, ``trainer_state.json``, TensorBoard, CSV/JSONL, Megatron,
+console output; every format in :mod:`sapper.logs.registry`),
 feeds its records to the same detector objects the monitor runs in the training loop,
 and reports the findings like ``sapper check``: text or ``--format json``, exit 1 on
 errors (or warnings under ``--strict``), 2 when an input cannot be read. A log that can
@@ -446,7 +447,8 @@ def analyze(
         list[Path],
         typer.Argument(
             help="Logs: sapper run log (.jsonl), trainer_state.json or a HF output folder, "
-            "TensorBoard event files or run folders, CSV/JSONL tables, Megatron text logs.",
+            "TensorBoard event files or run folders, CSV/JSONL tables, Megatron text logs, "
+            "HF Trainer console output, 'step N | loss X' console logs (nanoGPT, torchtitan).",
             show_default=False,
         ),
     ],

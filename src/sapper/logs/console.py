@@ -53,7 +53,7 @@ _DICT = re.compile(r"\{\s*'[^'\n]{1,200}'\s*:[^{}\n]{0,20000}\}")
 # tqdm's bar: ``n/total [elapsed<remaining, rate]``.
 _BAR = re.compile(r"(?<![\d/])(\d{1,18})/(\d{1,18}) \[\d")
 _SCALAR = re.compile(r"^[A-Za-z_][\w.]*\(\s*([^,()]*)")
-_TOTAL_STEPS = re.compile(r"Total optimization steps = ([\d,]{1,30})")
+_TOTAL_STEPS = re.compile(r"Total optimization steps = (\d{1,3}(?:,\d{3}){1,5}|\d{1,18})\b")
 #: Keys of the run's closing summary (``Trainer.train`` logs it once, at the end).
 _SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
 #: Keys that make a printed dict a training or eval log, as the recogniser asks.
@@ -112,12 +112,15 @@ class ConsoleParser(LogParser):
                     if pairs is not None:
                         self._log(pairs)
                 elif "Total optimization steps" in part:
-                    match = _TOTAL_STEPS.search(part)
-                    total = to_count(int(match.group(1).replace(",", ""))) if match and len(
-                        match.group(1)) <= MAX_INT_DIGITS + 6 else None
-                    if total is not None:
-                        self.meta.setdefault("max_steps", total)
+                    self._max_steps(part)
         return self.merger.ready()
+
+    def _max_steps(self, part: str) -> None:
+        """The Trainer's ``Total optimization steps = 1,000`` (logged before training)."""
+        match = _TOTAL_STEPS.search(part)
+        total = to_count(int(match.group(1).replace(",", ""))) if match else None
+        if total is not None:
+            self.meta.setdefault("max_steps", total)
 
     def _bar(self, part: str) -> None:
         """Keep the training bar's position: the bar with the largest total (an eval bar

@@ -51,6 +51,12 @@ _PAIR = re.compile(
     rf"(?P<unit>{_UNIT})?(?![\w.])(?:\([^()\n]{{0,40}}\))?"
 )
 _DIGIT = re.compile(r"\d")
+# A tqdm bar: an optional ``Epoch N`` description, the percentage, the bar (absent in a
+# notebook's copy), ``n/total`` and what the brackets hold.
+_BAR = re.compile(
+    r"(?:Epoch\s+(?P<epoch>\d{1,9})(?:/\d{1,9})?\b)?[^|\r\n]{0,80}?(?<!\d)\d{1,3}%"
+    r"(?:\|[^|\n]{0,400}\|)?\s*(?P<n>\d{1,12})/(?P<total>\d{1,12})\s*\[(?P<inside>[^\]\n]{0,4000})\]"
+)
 _RANK = re.compile(r"^\s*\[(?:rank|default)(\d{1,6})\]:")
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
 _STEP_KEYS = {normalize_name(n): i for i, n in enumerate(STEP_NAMES) if n != "_step"}
@@ -73,6 +79,8 @@ _OWN: dict[str, str] = {
     "elapsed_time_per_step": "step_time_s",
     "iter_time": "step_time_s",
 }
+#: Numbers on a progress line that are no metric: Lightning's logger version, a rank.
+_NOT_METRICS = frozenset({"v_num", "rank"})
 #: Pairs read from one line at most (a hostile line of a million pairs costs this much).
 MAX_PAIRS = 64
 #: Unmapped names kept in ``StepRecord.extra`` over the log.
@@ -137,7 +145,39 @@ def _scaled(fm: FieldMap, value: float, unit: str | None) -> float | None:
     return None if factor is None else value * factor
 
 
-def read_line(line: str) -> tuple[int, dict[str, Any], dict[str, Any], int | None] | None:
+Pair = tuple[list[str], str, str | None]
+
+
+def _metrics(pairs: list[Pair]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Record fields and ``extra`` values of ``(key words, number, unit)`` pairs."""
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for words, text, unit in pairs:
+        value = to_float(text.replace(",", ""))
+        if value is None:
+            continue
+        fm, key = _target(words, unit, value)
+        if fm is None or fm.field in ("step", "ignore"):
+            if key not in _NOT_METRICS:
+                extra.setdefault(key, value)
+            continue
+        scaled = _scaled(fm, value, unit)
+        if scaled is None:
+            extra.setdefault(key, value)
+            continue
+        if fm.field == "mfu" and scaled < 0:
+            continue  # nanoGPT prints -100% until it has measured (running_mfu = -1.0)
+        if fm.key:  # a named eval set's loss, one layer's norm (factor 1)
+            put_mapped(fm, scaled, values, extra)
+        elif fm.field not in values:
+            values[fm.field] = coerce(fm.field, scaled)
+    return values, extra
+
+
+Read = tuple[int, dict[str, Any], dict[str, Any], int | None]
+
+
+def read_line(line: str) -> Read | None:
     """``(step, fields, extra, total)`` of a line with a step and a metric, else None."""
     pairs = pairs_of(line)
     if len(pairs) < 2:
@@ -155,29 +195,29 @@ def read_line(line: str) -> tuple[int, dict[str, Any], dict[str, Any], int | Non
         rest.append((words, text, unit))
     if best is None:
         return None
-    values: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for words, text, unit in rest:
-        value = to_float(text.replace(",", ""))
-        if value is None:
-            continue
-        fm, key = _target(words, unit, value)
-        if fm is None or fm.field in ("step", "ignore"):
-            extra.setdefault(key, value)
-            continue
-        scaled = _scaled(fm, value, unit)
-        if scaled is None:
-            extra.setdefault(key, value)
-            continue
-        if fm.field == "mfu" and scaled < 0:
-            continue  # nanoGPT prints -100% until it has measured (running_mfu = -1.0)
-        if fm.key:  # a named eval set's loss, one layer's norm (factor 1)
-            put_mapped(fm, scaled, values, extra)
-        elif fm.field not in values:
-            values[fm.field] = coerce(fm.field, scaled)
+    values, extra = _metrics(rest)
+    return (best[1], values, extra, total) if values else None
+
+
+def read_bar(part: str) -> Read | None:
+    """A tqdm progress bar with metrics after its rate (Lightning's ``Epoch 2:  45%|####
+    | 45/100 [00:10<00:12, 4.50it/s, loss=0.123, v_num=1]``): the step is the bar's
+    position, counted over the epochs the description names (epoch × total + n)."""
+    match = _BAR.search(part)
+    if match is None:
+        return None
+    pieces = match["inside"].split(",", 2)
+    if len(pieces) < 3:
+        return None  # no metrics after the time and the rate
+    values, extra = _metrics([(w, t, u) for w, t, _, u in pairs_of(pieces[2])])
     if not values:
         return None
-    return best[1], values, extra, total
+    n, total = to_count(int(match["n"])), to_count(int(match["total"]))
+    epoch = to_count(int(match["epoch"])) if match["epoch"] else 0
+    if n is None or total is None or epoch is None:
+        return None
+    step = to_count(epoch * total + n)
+    return None if step is None else (step, values, extra, None)
 
 
 class KeyValueParser(LogParser):
@@ -193,13 +233,15 @@ class KeyValueParser(LogParser):
         self._other_ranks = 0
         self._extra_names: set[str] = set()
         self._extra_dropped = 0
-        self._lines = 0
+        self._bars = False  # steps read from progress bars
+        # ``skipped=N`` (DeepSpeed's progress line) is a running total in some loops and a
+        # per-line count in others: read from its values (see sapper.logs.counters).
+        self.merger.counters.configure_skipped("skipped", "auto")
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         for line in lines:
             if _DIGIT.search(line) is None:
                 continue
-            line = _last_part(line)
             rank = _RANK.match(line)
             if rank is not None:
                 if self._rank is None:
@@ -207,28 +249,39 @@ class KeyValueParser(LogParser):
                 elif rank.group(1) != self._rank:
                     self._other_ranks += 1
                     continue
+            bars = False
+            if "%" in line and "[" in line:
+                for part in line.split("\r"):  # each redraw of a bar is one state
+                    read = read_bar(part) if "%" in part else None
+                    if read is not None:
+                        bars = self._bars = True
+                        self._put(read, part)
+            if bars:
+                continue
+            line = _last_part(line)
             if self.mapping:
                 self._mapped(line)
                 continue
             read = read_line(line)
-            if read is None:
-                continue
-            step, values, extra, total = read
-            self._lines += 1
-            if total is not None:
-                self.meta.setdefault("max_steps", total)
-            kept = {}
-            for key, value in extra.items():
-                if key in self._extra_names or len(self._extra_names) < MAX_EXTRA_NAMES:
-                    self._extra_names.add(key)
-                    kept[key] = value
-                else:
-                    self._extra_dropped += 1
-            stamp = _STAMP.search(line, 0, 80)
-            if stamp is not None and "time" not in values:
-                values["time"] = _unix(stamp.group(1), stamp.group(2))
-            self.merger.put(step, values, kept)
+            if read is not None:
+                self._put(read, line)
         return self.merger.ready()
+
+    def _put(self, read: Read, line: str) -> None:
+        step, values, extra, total = read
+        if total is not None:
+            self.meta.setdefault("max_steps", total)
+        kept = {}
+        for key, value in extra.items():
+            if key in self._extra_names or len(self._extra_names) < MAX_EXTRA_NAMES:
+                self._extra_names.add(key)
+                kept[key] = value
+            else:
+                self._extra_dropped += 1
+        stamp = _STAMP.search(line, 0, 80)
+        if stamp is not None and "time" not in values:
+            values["time"] = _unix(stamp.group(1), stamp.group(2))
+        self.merger.put(step, values, kept)
 
     def _mapped(self, line: str) -> None:
         """A line read under ``--map``: each mapped key where the map says, the rest as
@@ -254,6 +307,12 @@ class KeyValueParser(LogParser):
             self.merger.put(step, values, extra)
 
     def finish(self) -> list[StepRecord]:
+        if self._bars:
+            self.notes.append(
+                "steps read from progress bars: the bar's position, counted over the epochs "
+                "(epoch × batches per epoch + batch); with gradient accumulation an "
+                "optimizer step is several of them"
+            )
         if self._other_ranks:
             self.notes.append(
                 f"read rank {self._rank}'s lines; {self._other_ranks} line(s) of other ranks "
@@ -291,7 +350,7 @@ def _recognise(text: str, path: Path) -> float:
         if _DIGIT.search(line) is None:
             continue
         checked += 1
-        if read_line(_last_part(line)[:8192]):
+        if read_line(_last_part(line)[:8192]) or ("%" in line and read_bar(line[-8192:])):
             found += 1
             if found >= 3:
                 return 0.5

@@ -20,10 +20,11 @@ from sapper.logs import LogParser
 from sapper.logs.detect import decode_head, detect_text
 from sapper.logs.fields import FieldMap
 from sapper.logs.limits import refuse_special
-from sapper.logs.registry import find_log_format
+from sapper.logs.registry import find_log_format, recognise_bytes, recognise_dir
 from sapper.runtime.records import StepRecord
 from sapper.watch.events import EVENTS_MARK, EventsFollower, is_event_header
 from sapper.watch.follow import DETECT_LIMIT, FileFollower, Follower, StreamFollower
+from sapper.watch.poll import PollFollower
 from sapper.watch.snapshot import STATE_FILE, SnapshotFollower, newest_state
 
 __all__ = ["AutoFollower", "open_follower"]
@@ -51,6 +52,8 @@ def open_follower(
         return EventsFollower(path, mapping)
     if fmt == "trainer_state":
         return SnapshotFollower(path, mapping)
+    if kind is not None and kind.read_mode == "poll":
+        return PollFollower(path, kind, mapping)
     if fmt is not None:
         return FileFollower(path, fmt, mapping)
     return AutoFollower(path, mapping)
@@ -112,6 +115,9 @@ class AutoFollower(Follower):
                 has_events = False
             if has_events:
                 return EventsFollower(path, self.mapping)
+            kind = recognise_dir(path)  # another reader's run folder (W&B, MLflow ...)
+            if kind is not None and kind.read_mode == "poll" and kind.name != "tensorboard":
+                return PollFollower(path, kind, self.mapping)
             runs = sorted({p.parent for p in path.glob(f"*/*{EVENTS_MARK}*") if p.is_file()})
             if len(runs) == 1:  # e.g. the Trainer's output_dir/runs/<date_host>
                 self.events.append(f"following the TensorBoard run {runs[0]}")
@@ -141,6 +147,9 @@ class AutoFollower(Follower):
     def _from_head(self, path: Path, head: bytes) -> Follower | None:
         if is_event_header(head):
             return EventsFollower(path, self.mapping)
+        kind = recognise_bytes(head, path) if len(head) >= 12 else None
+        if kind is not None and kind.read_mode == "poll" and kind.name != "tensorboard":
+            return PollFollower(path, kind, self.mapping)
         text = decode_head(head, path)  # in its encoding, NUL blocks left out
         if "\n" not in text:
             self.waiting = f"{path.name} has no complete line yet"
