@@ -164,3 +164,10 @@ def test_one_unreadable_file_does_not_stop_the_rest(tmp_path: Path) -> None:
     expanded = expand_paths([tmp_path], skipped)
     assert [p.name for p, _ in expanded] == ["a.log", "c.jsonl"]
     assert len(skipped) == 1 and "b.pipe" in skipped[0] and "FIFO" in skipped[0].upper()
+
+
+def test_a_parent_of_runs_inside_a_folder_of_logs(toy, tmp_path: Path) -> None:
+    """``out/train.log`` next to ``out/wandb/run-*``: the log and each run."""
+    (tmp_path / "train.log").write_text("step: 1  loss: 2.0\nstep: 2  loss: 1.9\n")
+    a = _toy_run(tmp_path / "wandb" / "run-a", [2.0, 1.5])
+    assert expand_paths([tmp_path]) == [(tmp_path / "train.log", "keyvalue"), (a, "toy")]

@@ -12,9 +12,12 @@ and what each format looks for.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sapper.errors import InputError
+
+if TYPE_CHECKING:
+    from sapper.logs.formats import LogFormat
 
 __all__ = [
     "FORMATS",
@@ -156,12 +159,14 @@ def expand_paths(
     return out
 
 
-def _runs(fmt: Any, folder: Path) -> list[tuple[Path, str | None]]:
+def _runs(fmt: LogFormat, folder: Path) -> list[tuple[Path, str | None]]:
     runs = fmt.runs_in(folder) if fmt.runs_in is not None else []
     return [(run, fmt.name) for run in runs] or [(folder, fmt.name)]
 
 
-def _expand_dir(folder: Path, skipped: list[str] | None) -> list[tuple[Path, str | None]]:
+def _run_entries(folder: Path) -> list[tuple[Path, str | None]]:
+    """The folder as one run a format recognises, else the runs a format lists in it
+    (formats asked in registry order), else nothing."""
     from sapper.logs.registry import log_formats, recognise_dir
 
     fmt = recognise_dir(folder)
@@ -172,6 +177,13 @@ def _expand_dir(folder: Path, skipped: list[str] | None) -> list[tuple[Path, str
             runs = fmt.runs_in(folder)
             if runs:
                 return [(run, fmt.name) for run in runs]
+    return []
+
+
+def _expand_dir(folder: Path, skipped: list[str] | None) -> list[tuple[Path, str | None]]:
+    runs = _run_entries(folder)
+    if runs:
+        return runs
     logs, passed = _logs_in(folder)
     if not logs:
         raise _no_log(folder)
@@ -183,11 +195,10 @@ def _expand_dir(folder: Path, skipped: list[str] | None) -> list[tuple[Path, str
 
 
 def _logs_in(folder: Path) -> tuple[list[tuple[Path, str | None]], list[str]]:
-    """A plain folder of logs: every file in it that is a log, and sub-folders that a
-    format takes for a run; and, one line each, the files passed over (scripts, READMEs,
-    unreadable files) with the reason. One bad file does not stop the rest."""
-    from sapper.logs.registry import recognise_dir
-
+    """A plain folder of logs: every file in it that is a log, and the runs in its
+    sub-folders (a run folder, or a parent of runs such as ``wandb/``); and, one line
+    each, the files passed over (scripts, READMEs, unreadable files) with the reason.
+    One bad file does not stop the rest."""
     found: list[tuple[Path, str | None]] = []
     passed: list[str] = []
     try:
@@ -197,9 +208,7 @@ def _logs_in(folder: Path) -> tuple[list[tuple[Path, str | None]], list[str]]:
     for entry in entries:
         try:
             if entry.is_dir():
-                fmt = recognise_dir(entry)
-                if fmt is not None:
-                    found.extend(_runs(fmt, entry))
+                found.extend(_run_entries(entry))
                 continue
             found.append((entry, detect_format(entry)))
         except InputError as exc:
