@@ -13,9 +13,11 @@ the formats the registry lists (:mod:`sapper.logs.registry`; one module per form
 from typing import Any
 
 from sapper.logs.base import LogData, LogParser, StepMerger
+from sapper.logs.console import ConsoleParser
 from sapper.logs.detect import detect_format, expand_paths
 from sapper.logs.fields import FieldMap, canonical, parse_mapping
 from sapper.logs.formats import LogFormat
+from sapper.logs.keyvalue import KeyValueParser
 from sapper.logs.megatron import MegatronParser
 from sapper.logs.registry import find_log_format, log_formats
 from sapper.logs.runlog import RunLogParser
@@ -40,7 +42,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "FORMATS",
+    "ConsoleParser",
     "FieldMap",
+    "KeyValueParser",
     "LogData",
     "LogFormat",
     "LogParser",

@@ -22,6 +22,7 @@ first rank seen.
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 import time
 from collections.abc import Iterable
@@ -103,16 +104,29 @@ def _step_of(words: list[str], value: str, unit: str | None) -> tuple[int, int] 
     """(rank of the step name, step) when the pair is a step counter."""
     if unit is not None or not value.isdigit() or len(value) > MAX_INT_DIGITS:
         return None
-    rank = _STEP_KEYS.get(normalize_name(words[-1]))
+    rank = _step_rank(words[-1])
     if rank is None:
         return None
     step = to_count(int(value))
     return None if step is None else (rank, step)
 
 
+@functools.lru_cache(maxsize=1024)
+def _step_rank(word: str) -> int | None:
+    return _STEP_KEYS.get(normalize_name(word))
+
+
 def _target(words: list[str], unit: str | None, value: float) -> tuple[FieldMap | None, str]:
     """The field a pair's key means (trying ``train loss`` before ``loss``), with the
-    normalized name for ``extra`` when none."""
+    normalized name for ``extra`` when none. A log repeats its keys on every line: the
+    answer is cached per key, unit and whether the number is a time stamp."""
+    return _target_of(tuple(words), unit, value >= 1e8)
+
+
+@functools.lru_cache(maxsize=4096)
+def _target_of(
+    words: tuple[str, ...], unit: str | None, stamp: bool
+) -> tuple[FieldMap | None, str]:
     for i in range(len(words)):
         name = " ".join(words[i:])
         key = normalize_name(name)
@@ -121,7 +135,7 @@ def _target(words: list[str], unit: str | None, value: float) -> tuple[FieldMap 
         if own is not None and (fm is None or fm.field == "time"):
             if own != "step_time_s":
                 fm = FieldMap(own) if unit in _BYTES else fm
-            elif unit in _DURATION or (unit is None and value < 1e8):
+            elif unit in _DURATION or (unit is None and not stamp):
                 fm = FieldMap("step_time_s")  # a number past 1e8 is a Unix time stamp
         if fm is not None:
             if fm.field == "time" and unit in _DURATION:
