@@ -170,7 +170,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from sapper.cli.analyze_cmd import detectors_for, load_logs
-    from sapper.runtime.columnar.engine import run_columns, twin_for
+    from sapper.logs.columnar.twins.engine import run_columns, twin_for
 
     work = Path(tempfile.mkdtemp(prefix="sapper-bench-"))
     try:

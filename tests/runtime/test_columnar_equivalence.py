@@ -1,4 +1,4 @@
-"""The vectorised detectors (``sapper.runtime.columnar``) against the streaming ones:
+"""The vectorised detectors (``sapper.logs.columnar.twins``) against the streaming ones:
 identical findings on random streams (NaNs, gaps, missing fields, spikes, plateaus,
 odd options) and on every example log. Also the columnar run-log reader against the
 streaming reader, record for record."""
@@ -20,8 +20,8 @@ from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.logs.columnar import columns_from_records, read_columnar, runlog
 from sapper.logs.detect import detect_format
-from sapper.runtime.columnar import engine
-from sapper.runtime.columnar.engine import TWINS, run_columns, twin_for
+from sapper.logs.columnar.twins import engine
+from sapper.logs.columnar.twins.engine import TWINS, run_columns, twin_for
 from sapper.runtime.detector import FRAMEWORKS, DetectorSet
 from sapper.runtime.detectors import default_detectors
 from sapper.runtime.records import StepRecord

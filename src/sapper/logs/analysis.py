@@ -216,11 +216,11 @@ def analyze_log(
     a run resumed at step 1,100 is not at its start, and a spike right after the resume is
     measured against the run's level, as it would have been without the restart.
 
-    A long attempt runs through columns (``sapper.runtime.columnar``: vectorised twins
+    A long attempt runs through columns (``sapper.logs.columnar.twins``: vectorised twins
     proven to give the same findings, the other detectors fed only the rows they read);
     ``progress(n)`` is told as detectors finish there.
     """
-    from sapper.runtime.columnar.engine import run_attempt
+    from sapper.logs.columnar.twins.engine import run_attempt
 
     templates = list(detectors)
     attempts = attempts_of(log)

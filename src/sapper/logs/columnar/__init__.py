@@ -3,7 +3,7 @@
 :func:`read_columnar` reads a sapper run log with polars when it pays (a large file
 whose steps ascend), else returns ``None`` and the streaming readers take over;
 :func:`columns_from_records` turns any reader's records into the same columns, so the
-vectorised detectors (``sapper.runtime.columnar``) serve every format.
+vectorised detectors (``sapper.logs.columnar.twins``) serve every format.
 """
 
 from __future__ import annotations

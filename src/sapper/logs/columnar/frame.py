@@ -3,7 +3,7 @@ that carry more than numbers.
 
 ``sapper analyze`` on a million-step log spends its time in Python objects: one
 StepRecord per step, one ``update`` call per detector per record. Held as columns, the
-detectors that have a vectorised twin (``sapper.runtime.columnar``) read whole arrays,
+detectors that have a vectorised twin (``sapper.logs.columnar.twins``) read whole arrays,
 and the others are fed records built only for the rows that hold what they read.
 :class:`LazyRecords` keeps ``LogData.records`` a sequence of StepRecords for everything
 else (the report, ``--merge``), building each record when it is asked for.

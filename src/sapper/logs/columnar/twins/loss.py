@@ -20,8 +20,8 @@ import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding, state_is
-from sapper.runtime.columnar.rolling import (
+from sapper.logs.columnar.twins.base import Twin, finding, state_is
+from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
     cooldown_pick,
     rolling_sum,

@@ -18,7 +18,7 @@ import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, state_is
+from sapper.logs.columnar.twins.base import Twin, state_is
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.lr import LR_OVERRUN, LR_WARMUP_SHORT, LRDetector
 

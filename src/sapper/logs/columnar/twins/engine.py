@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from sapper.logs.base import Attempt, LogData
 from sapper.logs.columnar.frame import Columns, columns_from_records, strictly_ascending
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, fingerprint
-from sapper.runtime.columnar.fallback import run_streaming
+from sapper.logs.columnar.twins.base import Twin, fingerprint
+from sapper.logs.columnar.twins.fallback import run_streaming
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 
@@ -31,7 +31,7 @@ __all__ = [
 
 
 def _twins() -> dict[type, Twin]:
-    from sapper.runtime.columnar import accumulation, gradnorm, loss, lr, memory, throughput
+    from sapper.logs.columnar.twins import accumulation, gradnorm, loss, lr, memory, throughput
 
     twins = (
         loss.TWIN,

@@ -15,8 +15,8 @@ import numpy as np
 
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding
-from sapper.runtime.columnar.base import Twin, finding, state_is
-from sapper.runtime.columnar.rolling import cooldown_pick, rolling_sum
+from sapper.logs.columnar.twins.base import Twin, finding, state_is
+from sapper.logs.columnar.twins.rolling import cooldown_pick, rolling_sum
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.memory import MEMORY_GROWTH, MEMORY_NEAR_LIMIT, MemoryDetector
 
