@@ -30,7 +30,9 @@ __all__ = [
 ]
 
 #: Format names accepted by ``--log-format`` and returned by :func:`detect_format`.
-FORMATS: tuple[str, ...] = ("sapper", "trainer_state", "tensorboard", "csv", "jsonl", "megatron")
+FORMATS: tuple[str, ...] = (
+    "sapper", "trainer_state", "tensorboard", "csv", "jsonl", "megatron", "wandb", "mlflow"
+)
 SUPPORTED = (
     "a sapper run log (JSONL), a Hugging Face trainer_state.json, a TensorBoard event file "
     "or run folder, a CSV/JSON-lines metrics table (e.g. a W&B export) or a Megatron-LM log"
@@ -90,6 +92,10 @@ def detect_format(path: str | Path) -> str:
         raise InputError(f"cannot read it ({exc.strerror})", file=str(path)) from None
     if not head.strip():
         raise InputError("the file is empty", file=str(path), expected=SUPPORTED)
+    from sapper.logs.wandb import HEADER as WANDB_HEADER
+
+    if head.startswith(WANDB_HEADER):  # until the registry asks LogFormat.recognise_bytes
+        return "wandb"
     if _is_event_file(head):
         return "tensorboard"
     if _EVENTS in path.name:
@@ -162,6 +168,11 @@ def _detect_dir(path: Path) -> str:
         return "trainer_state"
     if any(_EVENTS in p.name for p in path.iterdir() if p.is_file()):
         return "tensorboard"
+    from sapper.logs import mlflow, wandb
+
+    for fmt in (wandb.FORMAT, mlflow.FORMAT):  # until the registry asks recognise_dir
+        if fmt.recognise_dir is not None and fmt.recognise_dir(path) >= 0.9:
+            return fmt.name
     raise InputError(
         "no log found in this folder",
         file=str(path),
@@ -191,6 +202,14 @@ def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
         )
         if checkpoints:
             out.append((checkpoints[-1][1] / "trainer_state.json", "trainer_state"))
+            continue
+        from sapper.logs import mlflow, wandb
+
+        polled = [(run, "wandb") for run in wandb.runs_in(path)] or [
+            (run, "mlflow") for run in mlflow.runs_in(path)
+        ]  # until the registry lists runs through LogFormat.runs_in
+        if polled:
+            out.extend(polled)
             continue
         runs = sorted({p.parent for p in path.rglob(f"*{_EVENTS}*") if p.is_file()})
         if runs:

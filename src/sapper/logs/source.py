@@ -27,15 +27,21 @@ from sapper.logs.limits import (
     too_big,
 )
 from sapper.logs.megatron import MegatronParser
+from sapper.logs.mlflow import FORMAT as MLFLOW_FORMAT
+from sapper.logs.mlflow import MlflowParser
 from sapper.logs.runlog import RunLogParser
 from sapper.logs.table import TableParser
 from sapper.logs.tensorboard import TensorBoardParser
 from sapper.logs.trainer_state import TrainerStateParser
+from sapper.logs.wandb import FORMAT as WANDB_FORMAT
+from sapper.logs.wandb import WandbParser
 from sapper.runtime.records import StepRecord
 
 __all__ = ["LogSource", "decode_text", "make_parser", "read_log"]
 
 _CHUNK = 8 << 20
+#: Folder formats whose parser reads its own files (LogFormat.read_mode "poll").
+_POLLED_FORMATS = {f.name: f for f in (WANDB_FORMAT, MLFLOW_FORMAT)}
 
 
 def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> Any:
@@ -52,6 +58,8 @@ def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None 
         return TableParser(fmt, mapping, delimiter=delimiter, source=source)
     if fmt == "tensorboard":
         return TensorBoardParser(path, mapping)
+    if fmt in _POLLED_FORMATS:  # until the registry dispatches on LogFormat.read_mode
+        return _POLLED_FORMATS[fmt].parser(Path(path), mapping)
     raise InputError("unknown log format", field="--log-format", value=fmt,
                      expected=" / ".join(FORMATS))
 
@@ -69,6 +77,9 @@ def decode_text(data: bytes) -> str:
     return text.replace("\x00", "") if "\x00" in text else text
 
 
+_POLLED = (TensorBoardParser, WandbParser, MlflowParser)
+
+
 class LogSource:
     """One log file or TensorBoard run, read incrementally."""
 
@@ -79,7 +90,7 @@ class LogSource:
         mapping: dict[str, FieldMap] | None = None,
     ) -> None:
         self.path = Path(path)
-        if self.path.is_dir() and fmt != "tensorboard":
+        if self.path.is_dir() and fmt not in ("tensorboard", *_POLLED_FORMATS):
             inner = self.path / "trainer_state.json"
             if fmt in (None, "trainer_state") and inner.is_file():
                 self.path = inner
@@ -106,7 +117,7 @@ class LogSource:
 
     def poll(self) -> list[StepRecord]:
         """Steps completed by what was written since the last call."""
-        if isinstance(self.parser, TensorBoardParser):
+        if isinstance(self.parser, _POLLED):
             return self.parser.poll()
         if isinstance(self.parser, TrainerStateParser):
             return self._poll_snapshot(self.parser)
@@ -147,7 +158,7 @@ class LogSource:
             self.parser.note_unused_mapping()
             return []
         out: list[StepRecord] = []
-        if not isinstance(self.parser, TensorBoardParser):
+        if not isinstance(self.parser, _POLLED):
             tail = self._decoder.decode(b"", final=True) if self._decoder is not None else ""
             rest = self._lines.push(tail) + self._lines.rest()
             out.extend(self.parser.feed(rest))
