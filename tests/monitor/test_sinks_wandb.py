@@ -1,0 +1,183 @@
+"""The W&B sink against the real ``wandb`` package in offline mode: a tiny monitored
+training run with a planted fault writes its findings to the run, and sapper's own W&B
+reader (:mod:`sapper.logs.wandb`) finds them in the ``.wandb`` file afterwards. Offline
+runs write only local files (``WANDB_MODE=offline``): nothing here reaches a network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tinytrain import gpt2, train
+
+from sapper.errors import InputError
+from sapper.logs import read_log
+from sapper.logs.wandb import runs_in
+from sapper.monitor import Monitor
+from sapper.monitor.trackers import WandbSink
+from sapper.rules.model import Severity
+
+wandb = pytest.importorskip("wandb")
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _poison(step: int, model: torch.nn.Module) -> None:
+    if step == 10:  # every weight of layer 1's MLP becomes inf: the loss is NaN from here
+        with torch.no_grad():
+            model.transformer.h[1].mlp.c_fc.weight.fill_(float("inf"))
+
+
+def _logging_loop(run: Any) -> Any:
+    """The user's own wandb.log per step, as a training script does."""
+
+    def evaluate(step: int, model: torch.nn.Module) -> None:
+        run.log({"train/global_step": step, "train/loss": 1.0 / (step + 1)})
+
+    return evaluate
+
+
+def test_finding_reaches_the_run_and_reads_back(offline: Path) -> None:
+    run = wandb.init(project="sapper-test", dir=str(offline), config={"lr": 1e-3})
+    try:
+        result = train(gpt2(), inject=_poison, steps=20, evaluate=_logging_loop(run))
+        codes = {f.code for f in result.monitor.findings}
+        assert any(isinstance(s, WandbSink) for s in result.monitor.sinks)  # auto: run active
+    finally:
+        run.finish()
+    assert "R001" in codes
+    (folder,) = runs_in(offline)
+    log = read_log(folder)
+    assert log.format == "wandb"
+    read = {f.code for f in log.findings}
+    assert "R001" in read and read <= codes
+    r001 = next(f for f in log.findings if f.code == "R001")
+    assert r001.step is not None and r001.step >= 10
+    assert "sapper:R001" in log.meta["wandb"]["tags"]
+    titles = [a["title"] for a in log.meta["wandb"].get("alerts", [])]
+    assert any(t.startswith("sapper R001") for t in titles)
+    assert log.meta["summary"]["sapper/errors"] >= 1
+    # the user's own metrics are the records; the sink moved no step of theirs
+    assert [r.step for r in log.records] == list(range(20))
+    assert log.records[3].loss == pytest.approx(0.25)
+
+
+def test_opt_in_sink_waits_for_the_run(offline: Path) -> None:
+    """sinks=["wandb"] before wandb.init: findings are held and sent once a run exists."""
+    sink = WandbSink()
+    found = []
+    sink.on_error = found.append
+    from sapper.runtime.detectors.internal import MONITOR_ERROR
+
+    sink.findings([MONITOR_ERROR.finding("held while no run", step=1)])
+    run = wandb.init(project="sapper-test", dir=str(offline))
+    try:
+        run.log({"loss": 1.0})
+        sink.close()
+    finally:
+        run.finish()
+    assert found == []
+    (folder,) = runs_in(offline)
+    assert [f.message for f in read_log(folder).findings] == ["held while no run"]
+
+
+def test_no_run_at_close_is_said_once(offline: Path) -> None:
+    from sapper.runtime.detectors.internal import MONITOR_ERROR
+
+    said: list[str] = []
+    sink = WandbSink(on_error=said.append)
+    sink.findings([MONITOR_ERROR.finding("x", step=1)])
+    sink.close()
+    sink.close()
+    assert len(said) == 1 and "no wandb run was active" in said[0]
+
+
+class _BrokenRun:
+    """A run whose every call fails, as a tracker of another version might."""
+
+    tags: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> Any:
+        raise RuntimeError("summary is gone")
+
+    def alert(self, **kwargs: Any) -> None:
+        raise RuntimeError("no alerts offline")
+
+
+def test_a_failing_tracker_never_breaks_training(offline: Path) -> None:
+    result = train(
+        gpt2(), inject=_poison, steps=15, monitor={"sinks": [WandbSink(_BrokenRun())]}
+    )
+    assert result.error is None
+    messages = [f.message for f in result.monitor.findings if f.code == "R190"]
+    assert len(messages) == 1 and "wandb sink failed" in messages[0]
+    assert "R001" in {f.code for f in result.monitor.findings}
+
+
+class _NoAlerts:
+    """A run that keeps the summary and tags but refuses alerts (an offline server)."""
+
+    def __init__(self) -> None:
+        self.summary: dict[str, Any] = {}
+        self.tags: tuple[str, ...] = ()
+
+    def alert(self, **kwargs: Any) -> None:
+        raise ConnectionError("offline")
+
+
+def test_failed_alerts_fall_back_to_the_summary(offline: Path) -> None:
+    from sapper.runtime.detectors.internal import MONITOR_ERROR
+
+    run = _NoAlerts()
+    said: list[str] = []
+    sink = WandbSink(run, on_error=said.append)
+    error = MONITOR_ERROR.finding("first", step=1).model_copy(update={"severity": Severity.ERROR})
+    sink.findings([error])
+    sink.findings([error.model_copy(update={"code": "R002"})])
+    assert len(said) == 1 and "alerts could not be sent" in said[0]
+    assert [f["code"] for f in run.summary["sapper/findings"]] == ["R190", "R002"]
+    assert set(run.tags) == {"sapper:R190", "sapper:R002"}
+
+
+class _Recorded(_NoAlerts):
+    """A run that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[dict[str, Any]] = []
+
+    def alert(self, **kwargs: Any) -> None:
+        self.sent.append(kwargs)
+
+
+def test_alerts_are_rate_limited(offline: Path) -> None:
+    from sapper.runtime.detectors.internal import MONITOR_ERROR
+
+    run = _Recorded()
+    sent = run.sent
+    sink = WandbSink(run, max_alerts=3)
+    error = MONITOR_ERROR.finding("again", step=1).model_copy(update={"severity": Severity.ERROR})
+    for i in range(10):
+        sink.findings([error.model_copy(update={"step": i})])
+    assert len(sent) == 1  # one per code per alert_every_s
+    for code in ("R002", "R003", "R004", "R005"):
+        sink.findings([error.model_copy(update={"code": code})])
+    assert len(sent) == 3  # max_alerts in all
+    assert len(run.summary["sapper/findings"]) == 14
+    assert run.summary["sapper/errors"] == 14
+
+
+def test_unknown_sink_name_is_refused() -> None:
+    with pytest.raises(InputError, match="unknown sink"):
+        Monitor(gpt2(), None, sinks=["wandbb"], console=False)
