@@ -5,6 +5,7 @@ runs write only local files (``WANDB_MODE=offline``): nothing here reaches a net
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from tinytrain import gpt2, train
 
 from sapper.errors import InputError
 from sapper.logs import read_log
-from sapper.logs.wandb import runs_in
+from sapper.logs.wandb import WandbParser, runs_in
 from sapper.monitor import Monitor
 from sapper.monitor.trackers import WandbSink
 from sapper.rules.model import Severity
@@ -30,6 +31,22 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path
+
+
+def finished_run(root: Path, timeout_s: float = 20.0) -> Path:
+    """The one run folder under ``root``, once its ``.wandb`` file holds the exit record.
+    wandb-core writes the file from its own process: ``run.finish()`` can return before
+    the last bytes are on disk (seen with 0.31: a 7-byte file, read at once)."""
+    (folder,) = runs_in(root)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        parser = WandbParser(folder)
+        parser.poll()
+        parser.finish()
+        if "exit_code" in parser.meta["wandb"]:
+            break
+        time.sleep(0.1)
+    return folder
 
 
 def _poison(step: int, model: torch.nn.Module) -> None:
@@ -56,8 +73,7 @@ def test_finding_reaches_the_run_and_reads_back(offline: Path) -> None:
     finally:
         run.finish()
     assert "R001" in codes
-    (folder,) = runs_in(offline)
-    log = read_log(folder)
+    log = read_log(finished_run(offline))
     assert log.format == "wandb"
     read = {f.code for f in log.findings}
     assert "R001" in read and read <= codes
@@ -87,8 +103,7 @@ def test_opt_in_sink_waits_for_the_run(offline: Path) -> None:
     finally:
         run.finish()
     assert found == []
-    (folder,) = runs_in(offline)
-    assert [f.message for f in read_log(folder).findings] == ["held while no run"]
+    assert [f.message for f in read_log(finished_run(offline)).findings] == ["held while no run"]
 
 
 def test_no_run_at_close_is_said_once(offline: Path) -> None:
