@@ -341,6 +341,12 @@ class WandbParser(TableParser):
             self.meta["summary"] = dict(self._summary)
         return out + super().finish()
 
+    def _put(self, row: dict[str, Any]) -> None:
+        """One history row, without the SDK's own bookkeeping columns."""
+        if any(k.startswith(_SKIP_KEYS) for k in row):
+            row = {k: v for k, v in row.items() if not k.startswith(_SKIP_KEYS)}
+        super()._put(row)
+
     # ---- the record log -----------------------------------------------------------
     def _take_records(self, payloads: list[bytes]) -> None:
         cls = self._record_cls
