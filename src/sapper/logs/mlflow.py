@@ -31,7 +31,14 @@ from sapper.logs.base import LineBuffer, LogData, LogParser, gc_paused, put_mapp
 from sapper.logs.counters import FLAG_NAMES
 from sapper.logs.fields import FieldMap, normalize_name, resolve
 from sapper.logs.formats import LogFormat
-from sapper.logs.limits import MAX_LOG_BYTES, MAX_NESTING, check_regular, open_log, to_count
+from sapper.logs.limits import (
+    MAX_LOG_BYTES,
+    MAX_NESTING,
+    check_regular,
+    open_log,
+    read_json_document,
+    to_count,
+)
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -259,10 +266,8 @@ class MlflowParser(LogParser):
         path = self.run / "artifacts" / FINDINGS_ARTIFACT
         if not path.is_file():
             return
-        from sapper.plan.sources import read_json_file
-
         try:
-            doc = read_json_file(path)
+            doc = read_json_document(path)
         except InputError as exc:
             self.notes.append(f"{FINDINGS_ARTIFACT} skipped: {exc}")
             return

@@ -46,6 +46,7 @@ from sapper.logs.limits import (
     json_int,
     nested_too_deep,
     open_log,
+    read_json_document,
     too_big,
 )
 from sapper.logs.table import TableParser
@@ -469,13 +470,13 @@ class WandbParser(TableParser):
         if self._side_files_read:
             return
         self._side_files_read = True
-        from sapper.plan.sources import read_json_file, read_yaml_file
+        from sapper.plan.sources import read_yaml_file
 
         files = self.run / "files"
         summary_path = files / "wandb-summary.json"
         if summary_path.is_file():
             try:
-                doc = read_json_file(summary_path)
+                doc = read_json_document(summary_path)
             except InputError as exc:
                 self.notes.append(f"wandb-summary.json skipped: {exc}")
                 doc = None
@@ -502,7 +503,7 @@ class WandbParser(TableParser):
         meta_path = files / "wandb-metadata.json"
         if meta_path.is_file():
             try:
-                doc = read_json_file(meta_path)
+                doc = read_json_document(meta_path)
             except InputError as exc:
                 self.notes.append(f"wandb-metadata.json skipped: {exc}")
                 doc = None
