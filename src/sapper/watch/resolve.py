@@ -23,6 +23,7 @@ from sapper.logs.limits import refuse_special
 from sapper.runtime.records import StepRecord
 from sapper.watch.events import EVENTS_MARK, EventsFollower, is_event_header
 from sapper.watch.follow import DETECT_LIMIT, FileFollower, Follower, StreamFollower
+from sapper.watch.polled import RunFolderFollower, polled_format, run_to_follow
 from sapper.watch.snapshot import STATE_FILE, SnapshotFollower, newest_state
 
 __all__ = ["AutoFollower", "open_follower"]
@@ -39,7 +40,7 @@ def open_follower(
         raise InputError("unknown log format", field="--log-format", value=fmt,
                          expected=" / ".join(FORMATS))
     if str(path) == "-":
-        if fmt in ("tensorboard", "trainer_state"):
+        if fmt in ("tensorboard", "trainer_state", "wandb", "mlflow"):
             raise InputError(
                 f"a {fmt} log cannot be read from a pipe",
                 field="--log-format",
@@ -52,6 +53,9 @@ def open_follower(
         return EventsFollower(path, mapping)
     if fmt == "trainer_state":
         return SnapshotFollower(path, mapping)
+    if fmt is not None and polled_format(fmt) is not None:  # a W&B or MLflow run
+        found = run_to_follow(path)
+        return RunFolderFollower(found[0] if found else path, fmt, mapping)
     if fmt is not None:
         return FileFollower(path, fmt, mapping)
     return AutoFollower(path, mapping)
@@ -117,6 +121,9 @@ class AutoFollower(Follower):
             if len(runs) == 1:  # e.g. the Trainer's output_dir/runs/<date_host>
                 self.events.append(f"following the TensorBoard run {runs[0]}")
                 return EventsFollower(runs[0], self.mapping)
+            tracked = run_to_follow(path)  # a W&B or MLflow run, or a folder of one
+            if tracked is not None:
+                return RunFolderFollower(tracked[0], tracked[1], self.mapping)
             if runs:
                 raise InputError(
                     f"holds {len(runs)} TensorBoard runs; watch one of them",
@@ -127,6 +134,8 @@ class AutoFollower(Follower):
             return None
         if EVENTS_MARK in path.name and path.is_file():
             return EventsFollower(path, self.mapping)
+        if path.suffix == ".wandb" and path.is_file():
+            return RunFolderFollower(path, "wandb", self.mapping)
         if path.name == STATE_FILE and path.is_file():
             return SnapshotFollower(path, self.mapping)
         refuse_special(path)  # a FIFO would block here for good, a device never end
