@@ -1,7 +1,7 @@
 """W&B run folders: runs written by the real wandb SDK (offline), read back.
 
 The fixtures in tests/fixtures/logs/wandb/ were written by wandb 0.31.0 through
-``make_runs.py`` next to them (an HF Trainer with ``report_to="wandb"`` and a plain
+``tests/fixtures/make_wandb_runs.py`` (an HF Trainer with ``report_to="wandb"`` and a plain
 loop); the other runs are written here, in offline mode, in about a second each."""
 
 from __future__ import annotations
