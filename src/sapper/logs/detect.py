@@ -203,6 +203,10 @@ def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
         if checkpoints:
             out.append((checkpoints[-1][1] / "trainer_state.json", "trainer_state"))
             continue
+        runs = sorted({p.parent for p in path.rglob(f"*{_EVENTS}*") if p.is_file()})
+        if runs:
+            out.extend((run, "tensorboard") for run in runs)
+            continue
         from sapper.logs import mlflow, wandb
 
         polled = [(run, "wandb") for run in wandb.runs_in(path)] or [
@@ -210,10 +214,6 @@ def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
         ]  # until the registry lists runs through LogFormat.runs_in
         if polled:
             out.extend(polled)
-            continue
-        runs = sorted({p.parent for p in path.rglob(f"*{_EVENTS}*") if p.is_file()})
-        if runs:
-            out.extend((run, "tensorboard") for run in runs)
             continue
         logs = _logs_in(path)
         if logs:

@@ -5,7 +5,8 @@ A run is ``wandb/run-YYYYMMDD_HHMMSS-<id>/`` (``offline-run-...`` in offline mod
 blocks of chunks, each ``crc32 | length | type`` then data; a record split over blocks
 is FIRST, MIDDLE..., LAST) after a 7-byte ``:W&B`` header, every record a protobuf
 ``wandb.proto.wandb_internal_pb2.Record`` (the layout is wandb's
-``wandb/sdk/internal/datastore.py``; from 0.17 the Go core writes the same bytes).
+``wandb/sdk/internal/datastore.py``; the Go core of wandb 0.31 writes the same layout,
+as the runs in tests/fixtures/logs/wandb show).
 History records carry one ``wandb.log`` call each, the values as JSON under a ``key``
 or a ``nested_key`` path; summary records the run's summary, where the W&B sink of the
 monitor keeps its findings (``sapper/findings``). Runs from before the record log (and
@@ -204,13 +205,14 @@ class RecordScanner:
         return record
 
 
-def _record_class() -> Any:
+def _record_class(source: str) -> Any:
     """wandb's ``Record`` protobuf class, or one InputError naming the extra."""
     try:
         from wandb.proto import wandb_internal_pb2
     except ImportError:
         raise InputError(
             "reading a .wandb record file needs the wandb package",
+            file=source,
             expected="pip install 'sapper[wandb]' (or a run with files/wandb-history.jsonl)",
         ) from None
     return wandb_internal_pb2.Record
@@ -302,7 +304,7 @@ class WandbParser(TableParser):
         target = self.records_file if self._mode == "records" else self.history_file
         assert target is not None
         if self._mode == "records" and self._record_cls is None:
-            self._record_cls = _record_class()
+            self._record_cls = _record_class(self.source)
         try:
             with gc_paused(), open_log(target) as fh:
                 fh.seek(self._offset)
@@ -343,9 +345,15 @@ class WandbParser(TableParser):
         return out + super().finish()
 
     def _put(self, row: dict[str, Any]) -> None:
-        """One history row, without the SDK's own bookkeeping columns."""
-        if any(k.startswith(_SKIP_KEYS) for k in row):
-            row = {k: v for k, v in row.items() if not k.startswith(_SKIP_KEYS)}
+        """One history row, without the SDK's own bookkeeping columns (and without
+        ``_step`` when a logged step such as ``train/global_step`` is the step)."""
+        own_step = self.columns.step_column not in (None, "_step")
+        if own_step or any(k.startswith(_SKIP_KEYS) for k in row):
+            row = {
+                k: v
+                for k, v in row.items()
+                if not k.startswith(_SKIP_KEYS) and not (own_step and k == "_step")
+            }
         super()._put(row)
 
     # ---- the record log -----------------------------------------------------------
