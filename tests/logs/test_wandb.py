@@ -23,6 +23,9 @@ from sapper.logs.analysis import analyze_log
 from sapper.logs.wandb import HEADER, RecordScanner, WandbParser, runs_in
 from sapper.runtime.detectors import default_detectors
 
+# the .wandb record files are read with the wandb package (sapper[wandb])
+pytest.importorskip("wandb")
+
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs" / "wandb"
 HF_RUN = FIXTURES / "hf-trainer"
 PLAIN_RUN = FIXTURES / "plain-loop"

@@ -15,6 +15,9 @@ from sapper.watch import Watcher, open_follower
 from sapper.watch.live import PlainView
 from sapper.watch.polled import RunFolderFollower
 
+# the .wandb record files are read with the wandb package (sapper[wandb])
+pytest.importorskip("wandb")
+
 FIXTURE = next(
     (Path(__file__).parent.parent / "fixtures" / "logs" / "wandb" / "plain-loop").glob(
         "wandb/*/*.wandb"
