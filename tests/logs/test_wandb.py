@@ -20,7 +20,7 @@ from tests.logs.hostile import run_cli
 from sapper.errors import InputError
 from sapper.logs import LogSource, expand_paths, read_log
 from sapper.logs.analysis import analyze_log
-from sapper.logs.wandb import HEADER, RecordScanner, WandbParser, runs_in
+from sapper.logs.wandb import FORMAT, HEADER, RecordScanner, WandbParser, runs_in
 from sapper.runtime.detectors import default_detectors
 
 # the .wandb record files are read with the wandb package (sapper[wandb])
@@ -198,6 +198,11 @@ def test_history_jsonl_needs_no_wandb(tmp_path: Path, monkeypatch: pytest.Monkey
     assert log.meta["config"] == {"lr": 0.001}
     assert log.meta["wandb"]["host"] == "node-3" and log.meta["wandb"]["gpu_count"] == 8
     assert runs_in(tmp_path / "wandb") == [run]
+    history = run / "files" / "wandb-history.jsonl"
+    assert FORMAT.recognise_text(history.read_text()[:1000], history) == 0.9
+    assert FORMAT.recognise_text('{"loss": 1}', tmp_path / "metrics.jsonl") == 0.0
+    from_file = read_log(history, fmt="wandb")
+    assert len(from_file.records) == 40 and from_file.meta["config"] == {"lr": 0.001}
 
 
 def test_record_file_without_wandb_names_the_extra(

@@ -567,6 +567,14 @@ def _recognise_bytes(head: bytes, path: Path) -> float:
     return 1.0 if head.startswith(HEADER) else 0.0
 
 
+def _recognise_text(text: str, path: Path) -> float:
+    """A run's ``files/wandb-history.jsonl`` given by itself: read as the run (its
+    summary and config come along), above the plain JSON-lines table."""
+    if path.name != "wandb-history.jsonl" or not text.lstrip().startswith("{"):
+        return 0.0
+    return 0.9 if '"_step"' in text[:100_000] else 0.6
+
+
 def _recognise_dir(path: Path) -> float:
     try:
         if any(p.suffix == ".wandb" and p.is_file() for p in path.iterdir()):
@@ -620,6 +628,7 @@ FORMAT = LogFormat(
     looks_for="a wandb/run-*/ folder with run-<id>.wandb (or files/wandb-history.jsonl)",
     parser=_parser,
     read_mode="poll",
+    recognise_text=_recognise_text,
     recognise_bytes=_recognise_bytes,
     recognise_dir=_recognise_dir,
 )
