@@ -196,3 +196,42 @@ def test_alerts_are_rate_limited(offline: Path) -> None:
 def test_unknown_sink_name_is_refused() -> None:
     with pytest.raises(InputError, match="unknown sink"):
         Monitor(gpt2(), None, sinks=["wandbb"], console=False)
+
+
+@pytest.mark.slow
+def test_hf_trainer_reporting_to_wandb_gets_the_findings(offline: Path) -> None:
+    """A Trainer with ``report_to=["wandb"]`` and SapperCallback: transformers'
+    WandbCallback starts the run before the monitor attaches, so the monitor finds it by
+    itself; a planted inf weight at step 8 is on the W&B run next to the Trainer's own
+    ``train/loss`` rows."""
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    from tinytrain import FAST, Markov
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from sapper.monitor.hf import SapperCallback
+
+    class Poison(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 8:
+                _poison(10, kwargs["model"])
+
+    data = Markov()
+    rows = [{"input_ids": x, "labels": x} for batch in (next(data) for _ in range(20))
+            for x in batch]
+    args = TrainingArguments(
+        output_dir=str(offline / "out"), max_steps=16, per_device_train_batch_size=4,
+        learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=["wandb"],
+        run_name="hf-sapper", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    sapper = SapperCallback(console=False, log_every=4, detector_options=FAST)
+    trainer = Trainer(model=gpt2(), args=args, train_dataset=rows, callbacks=[Poison(), sapper])
+    trainer.train()
+    wandb.finish()
+    assert any(isinstance(s, WandbSink) for s in sapper.monitor.sinks)
+    live = {f.code for f in sapper.monitor.findings}
+    assert "R001" in live
+    log = read_log(finished_run(offline))
+    assert {f.code for f in log.findings} == live
+    assert log.meta["wandb"]["display_name"] == "hf-sapper"
+    assert [r.step for r in log.records][:3] == [1, 2, 3]  # train/global_step
+    assert any(t == "sapper:R001" for t in log.meta["wandb"]["tags"])
