@@ -776,7 +776,7 @@ class Monitor:
 
     def _tracker_failed(self, message: str) -> None:
         """A tracker sink (W&B, MLflow) failed: one R190 note; training goes on."""
-        self._note(f"tracker:{message[:40]}", message)
+        self._note(f"tracker:{message}", message)
 
     def _unwritable(self, message: str) -> None:
         """The run log cannot be opened or written (R191): said once, loudly."""
