@@ -200,10 +200,12 @@ def test_unknown_sink_name_is_refused() -> None:
 
 @pytest.mark.slow
 def test_hf_trainer_reporting_to_wandb_gets_the_findings(offline: Path) -> None:
-    """A Trainer with ``report_to=["wandb"]`` and SapperCallback: transformers'
-    WandbCallback starts the run before the monitor attaches, so the monitor finds it by
-    itself; a planted inf weight at step 8 is on the W&B run next to the Trainer's own
-    ``train/loss`` rows."""
+    """A Trainer with ``report_to=["wandb"]`` and SapperCallback: the run is active when
+    the monitor attaches (transformers' WandbCallback logs into the run the script
+    started, as here, or starts one itself in ``on_train_begin``, before the user's
+    callbacks), so the monitor finds it by itself; a planted inf weight at step 8 is on
+    the W&B run next to the Trainer's own ``train/loss`` rows. The run is started here
+    with ``dir=``: wandb reads WANDB_DIR once per process."""
     pytest.importorskip("accelerate")  # the Trainer needs it
     from tinytrain import FAST, Markov
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -225,8 +227,11 @@ def test_hf_trainer_reporting_to_wandb_gets_the_findings(offline: Path) -> None:
     )
     sapper = SapperCallback(console=False, log_every=4, detector_options=FAST)
     trainer = Trainer(model=gpt2(), args=args, train_dataset=rows, callbacks=[Poison(), sapper])
-    trainer.train()
-    wandb.finish()
+    wandb.init(project="sapper-test", name="hf-sapper", dir=str(offline))
+    try:
+        trainer.train()
+    finally:
+        wandb.finish()
     assert any(isinstance(s, WandbSink) for s in sapper.monitor.sinks)
     live = {f.code for f in sapper.monitor.findings}
     assert "R001" in live
