@@ -128,3 +128,48 @@ def test_mlflow_named_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     result = train(gpt2(), inject=_poison, steps=15, monitor={"sinks": ["mlflow"]})
     notes = [f.message for f in result.monitor.findings if f.code == "R190"]
     assert len(notes) == 1 and "pip install 'sapper[mlflow]'" in notes[0]
+
+
+class _Flaky(FakeMlflow):
+    """Each call fails with the given chance, with an error of any kind."""
+
+    def __init__(self, root: Path, rng: Any) -> None:
+        super().__init__(root)
+        self.rng = rng
+
+    def _maybe(self) -> None:
+        if self.rng.random() < 0.3:
+            raise self.rng.choice(
+                [ConnectionError("down"), KeyError("x"), TypeError("v"), RuntimeError("?")]
+            )
+
+    def active_run(self) -> Any:
+        self._maybe()
+        return super().active_run()
+
+    def set_tag(self, key: str, value: str) -> None:
+        self._maybe()
+        super().set_tag(key, value)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._maybe()
+        super().log_text(text, artifact_file)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_any_failure_is_reported_once_and_never_raises(
+    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from sapper.runtime.detectors.internal import MONITOR_ERROR
+
+    rng = random.Random(seed)
+    monkeypatch.setitem(sys.modules, "mlflow", _Flaky(tmp_path, rng))
+    said: list[str] = []
+    sink = MlflowSink(on_error=said.append, artifact_every_s=0)
+    for step in range(20):
+        sink.findings([MONITOR_ERROR.finding(f"at {step}", step=step)])
+    sink.close()
+    assert len(said) <= 1
+    assert sink.failed == bool(said)

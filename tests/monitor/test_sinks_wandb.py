@@ -240,3 +240,56 @@ def test_hf_trainer_reporting_to_wandb_gets_the_findings(offline: Path) -> None:
     assert log.meta["wandb"]["display_name"] == "hf-sapper"
     assert [r.step for r in log.records][:3] == [1, 2, 3]  # train/global_step
     assert any(t == "sapper:R001" for t in log.meta["wandb"]["tags"])
+
+
+class _FlakySummary(dict):
+    def __init__(self, rng: Any) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if self.rng.random() < 0.1:
+            raise self.rng.choice([ConnectionError("down"), ValueError("v"), OSError(28, "x")])
+        super().__setitem__(key, value)
+
+
+class _FlakyRun(_NoAlerts):
+    """Every call may fail: the summary, the tags, alerts."""
+
+    def __init__(self, rng: Any) -> None:  # not _NoAlerts.__init__: it sets the tags
+        self.rng = rng
+        self._tags: tuple[str, ...] = ()
+        self.summary = _FlakySummary(rng)
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return self._tags
+
+    @tags.setter
+    def tags(self, value: tuple[str, ...]) -> None:
+        if self.rng.random() < 0.2:
+            raise RuntimeError("tags are read-only here")
+        self._tags = value
+
+    def alert(self, **kwargs: Any) -> None:
+        if self.rng.random() < 0.5:
+            raise ConnectionError("offline")
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_any_failure_is_reported_at_most_twice_and_never_raises(seed: int) -> None:
+    """Once for alerts (the sink goes on without them), once for the sink itself."""
+    import random
+
+    from sapper.runtime.detectors.internal import MONITOR_ERROR
+
+    rng = random.Random(seed)
+    said: list[str] = []
+    sink = WandbSink(_FlakyRun(rng), on_error=said.append, alert_every_s=0)
+    for step in range(20):
+        code = rng.choice(["R001", "R002", "R003"])
+        f = MONITOR_ERROR.finding(f"at {step}", step=step)
+        sink.findings([f.model_copy(update={"code": code, "severity": Severity.ERROR})])
+    sink.close()
+    assert len(said) <= 2
+    assert sum("sink failed" in s for s in said) == int(sink.failed)
