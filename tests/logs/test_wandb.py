@@ -256,6 +256,9 @@ def test_nul_block_is_damage_not_a_crash(tmp_path: Path) -> None:
 def test_not_a_record_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a W&B record file"):
         read_log(_damaged(tmp_path, b"PK\x03\x04 a zip, renamed" * 10), fmt="wandb")
+    future = HEADER[:6] + b"\x01" + _record_file(PLAIN_RUN).read_bytes()[7:]
+    with pytest.raises(InputError, match="format version 1; sapper reads version 0"):
+        read_log(_damaged(tmp_path, future))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match="no W&B run here"):

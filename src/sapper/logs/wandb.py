@@ -105,6 +105,8 @@ class RecordScanner:
         self._parts: list[bytes] | None = None
         self._parts_size = 0
         self.header: bool | None = None  # None: fewer than 7 bytes seen yet
+        #: The format version the header names, when its ident and magic are W&B's.
+        self.version: int | None = None
         self.bad_chunks = 0
         self.skipped_bytes = 0
         self.oversized = 0
@@ -121,7 +123,10 @@ class RecordScanner:
         if self.header is None:
             if len(self._buf) < _CHUNK_HEADER:
                 return []
-            self.header = bytes(self._buf[:_CHUNK_HEADER]) == HEADER
+            head = bytes(self._buf[:_CHUNK_HEADER])
+            self.header = head == HEADER
+            if head[:6] == HEADER[:6]:
+                self.version = head[6]
             if not self.header:
                 return []
             self._consume(_CHUNK_HEADER)
@@ -320,6 +325,13 @@ class WandbParser(TableParser):
         except OSError as exc:
             raise InputError(f"cannot read it ({exc.strerror})", file=str(target)) from None
         if self._mode == "records" and self._scanner.header is False:
+            if self._scanner.version is not None:
+                raise InputError(
+                    f"a W&B record file of format version {self._scanner.version}; sapper "
+                    "reads version 0 (what wandb up to 0.31 writes)",
+                    file=str(target),
+                    expected="run-<id>.wandb of format version 0",
+                )
             raise InputError(
                 "not a W&B record file (its first bytes are not the :W&B header)",
                 file=str(target),
