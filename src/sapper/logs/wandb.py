@@ -292,6 +292,9 @@ class WandbParser(TableParser):
         self._record_cls: Any = None
         self._undecodable = 0
         self._summary: dict[str, Any] = {}
+        #: The summary as the records left it, key -> value JSON: every step rewrites it,
+        #: so it is parsed once, at the end.
+        self._summary_json: dict[str, str] = {}
         self._findings_json: str | None = None
         self._alerts: list[dict[str, str]] = []
         self._side_files_read = False
@@ -348,6 +351,9 @@ class WandbParser(TableParser):
                 self.notes.append(note)
         else:
             self._note_damage()
+        for key, text in self._summary_json.items():
+            self._keep(self._summary, key, text, scalars=True)
+        self._summary_json.clear()
         self._read_side_files()
         self._take_findings()
         if self._alerts:
@@ -425,9 +431,12 @@ class WandbParser(TableParser):
                 if len(item.value_json) <= MAX_STATE_BYTES:
                     self._findings_json = item.value_json
                 continue
-            self._keep(self._summary, key, item.value_json, scalars=True)
+            text = item.value_json
+            if len(text) <= _MAX_META_VALUE and not key.startswith(_SKIP_KEYS):
+                if key in self._summary_json or len(self._summary_json) < _MAX_META_KEYS:
+                    self._summary_json[key] = text
         for item in summary.remove:
-            self._summary.pop(_item_key(item), None)
+            self._summary_json.pop(_item_key(item), None)
 
     def _run(self, run: Any) -> None:
         info = self.meta["wandb"]
@@ -560,12 +569,24 @@ def _item_key(item: Any) -> str:
     """A history or summary item's name: ``key``, or its ``nested_key`` path joined with
     ``/`` (a ``wandb.log({"train": {"loss": x}})`` is ``train/loss``, as a table's nested
     objects are)."""
-    if item.key:
-        return item.key
-    return "/".join(item.nested_key)
+    key = item.key
+    if key:
+        return key
+    nested = item.nested_key
+    return nested[0] if len(nested) == 1 else "/".join(nested)
 
 
 def _json_value(text: str) -> Any:
+    """A ``value_json`` decoded; a number (nearly every history value) by ``float``
+    first, which reads JSON's numbers and wandb's ``NaN`` / ``Infinity`` at a third of
+    json's cost."""
+    if len(text) <= _MAX_NUMBER_JSON:
+        if text.isdigit() and text.isascii() and len(text) <= 18:
+            return int(text)
+        try:
+            return float(text)
+        except ValueError:
+            pass
     try:
         if nested_too_deep(text):
             return _BAD
