@@ -10,6 +10,7 @@ split without touching the ground truth.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,8 @@ def _cases() -> list[Any]:
         marks = []
         if e.file in OPEN:
             marks.append(pytest.mark.xfail(reason=OPEN[e.file], strict=True))
+        if e.format == "wandb" and importlib.util.find_spec("wandb") is None:
+            marks.append(pytest.mark.skip(reason="reading .wandb files needs sapper[wandb]"))
         cases.append(pytest.param(e, id=e.file, marks=marks))
     return cases
 

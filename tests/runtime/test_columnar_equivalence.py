@@ -19,9 +19,9 @@ from sapper.errors import InputError
 from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.logs.columnar import columns_from_records, read_columnar, runlog
-from sapper.logs.detect import detect_format
 from sapper.logs.columnar.twins import engine
 from sapper.logs.columnar.twins.engine import TWINS, run_columns, twin_for
+from sapper.logs.detect import detect_format
 from sapper.runtime.detector import FRAMEWORKS, DetectorSet
 from sapper.runtime.detectors import default_detectors
 from sapper.runtime.records import StepRecord

@@ -70,6 +70,8 @@ LOG_FORMATS: tuple[str, ...] = (
     "megatron",
     "hf_console",
     "keyvalue",
+    "wandb",
+    "mlflow",
 )
 
 LogFormatOpt = Annotated[

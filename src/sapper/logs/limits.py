@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from sapper.errors import InputError
+from sapper.errors import InputError, clip
 from sapper.plan.sources import MAX_NESTING, special_kind
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "json_int",
     "nested_too_deep",
     "open_log",
+    "read_json_document",
     "refuse_special",
     "sniff_encoding",
     "to_count",
@@ -202,3 +203,26 @@ def to_count(value: Any) -> int | None:
             return None
         return int(value)
     return None
+
+
+def read_json_document(path: str | Path, limit: int = MAX_STATE_BYTES) -> Any:
+    """A JSON document a training tool wrote (a W&B summary, a findings artifact),
+    bounded like the logs: a regular file of at most ``limit`` bytes, nesting checked
+    before parsing, long integer literals read as floats. Unlike a plan or config file,
+    ``NaN`` and ``Infinity`` are values here (Python's json writes a NaN loss so)."""
+    import json
+
+    name = str(path)
+    with open_log(path, limit) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise too_big(name, limit)
+    text = data.decode(sniff_encoding(data), errors="replace").lstrip("\ufeff")
+    if nested_too_deep(text):
+        raise InputError(
+            f"nested deeper than {MAX_NESTING} levels", file=name, expected="a JSON document"
+        )
+    try:
+        return json.loads(text, parse_int=json_int)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"not valid JSON ({clip(str(exc), 120)})", file=name) from None

@@ -42,6 +42,8 @@ LOG_READERS: tuple[str, ...] = (
     "sapper.logs.megatron",
     "sapper.logs.console",
     "sapper.logs.keyvalue",
+    "sapper.logs.wandb",
+    "sapper.logs.mlflow",
 )
 
 #: Below this, a recogniser's "maybe" is not enough to read a file as its format.

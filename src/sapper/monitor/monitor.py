@@ -66,6 +66,7 @@ from sapper.monitor.setup import SetupProbe
 from sapper.monitor.sinks import ConsoleSink, RunLogSink, Sink, TensorBoardSink
 from sapper.monitor.structure import StructureProbe
 from sapper.monitor.system import MemoryReader, flops_per_token, peak_flops
+from sapper.monitor.trackers import check_sinks, tracker_sinks
 from sapper.monitor.training import TrainingObserver
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
@@ -115,6 +116,10 @@ class Monitor:
             to run the cross-rank checks offline; otherwise rank 0 writes it.
         tensorboard: a TensorBoard log directory for scalars and findings.
         console: print findings on stderr (rate-limited), or a ``rich`` Console.
+        sinks: trackers that get the findings too: ``"wandb"`` (the run summary, a tag
+            per code, alerts), ``"mlflow"`` (tags and a findings artifact), or ``Sink``
+            objects; None (the default) adds one for each of W&B and MLflow whose run is
+            active when the monitor starts, ``[]`` none (see sapper.monitor.trackers).
         halt_on: severities ("error") and/or codes or prefixes ("R001", "R03") that raise
             :class:`SapperHalt` from :meth:`step`.
         detectors: detectors to run instead of :func:`default_detectors`.
@@ -162,6 +167,7 @@ class Monitor:
         rank: int | None = None,
         step_on_call: bool = False,
         distributed: bool | dict[str, Any] = True,
+        sinks: Iterable[str | Sink] | None = None,
     ) -> None:
         for field, value in (
             ("log_every", log_every),
@@ -188,6 +194,7 @@ class Monitor:
                 value=flush_every_s,
                 expected="a number > 0, or None",
             )
+        trackers = check_sinks(sinks)
         plan = resolve_plan(plan)
         self.model = model
         self.plan = plan
@@ -313,6 +320,9 @@ class Monitor:
             tb = self.guard("tensorboard", TensorBoardSink, tensorboard)
             if tb is not None:
                 self.sinks.append(tb)
+        if main:  # sapper.monitor.trackers: W&B / MLflow, named or with an active run
+            added = self.guard("trackers", tracker_sinks, trackers, self._tracker_failed)
+            self.sinks.extend(added or [])
         self._attaching = False
         if self.findings:  # problems met while attaching
             for sink in self.sinks:
@@ -764,6 +774,10 @@ class Monitor:
             self._noted.add(key)
             finding = MONITOR_ERROR.finding(message, step=self.next_step, rank=self.rank)
             self._dispatch([finding], check_halt=False)
+
+    def _tracker_failed(self, message: str) -> None:
+        """A tracker sink (W&B, MLflow) failed: one R190 note; training goes on."""
+        self._note(f"tracker:{message}", message)
 
     def _unwritable(self, message: str) -> None:
         """The run log cannot be opened or written (R191): said once, loudly."""

@@ -20,7 +20,7 @@ from sapper.logs import LogParser
 from sapper.logs.detect import decode_head, detect_text
 from sapper.logs.fields import FieldMap
 from sapper.logs.limits import refuse_special
-from sapper.logs.registry import find_log_format, recognise_bytes, recognise_dir
+from sapper.logs.registry import find_log_format, log_formats, recognise_bytes, recognise_dir
 from sapper.runtime.records import StepRecord
 from sapper.watch.events import EVENTS_MARK, EventsFollower, is_event_header
 from sapper.watch.follow import DETECT_LIMIT, FileFollower, Follower, StreamFollower
@@ -118,6 +118,10 @@ class AutoFollower(Follower):
             kind = recognise_dir(path)  # another reader's run folder (W&B, MLflow ...)
             if kind is not None and kind.read_mode == "poll" and kind.name != "tensorboard":
                 return PollFollower(path, kind, self.mapping)
+            for kind in log_formats():  # a parent of such runs (wandb/, mlruns/ ...)
+                if kind.read_mode == "poll" and kind.name != "tensorboard" and kind.runs_in:
+                    if kind.runs_in(path):
+                        return PollFollower(path, kind, self.mapping)
             runs = sorted({p.parent for p in path.glob(f"*/*{EVENTS_MARK}*") if p.is_file()})
             if len(runs) == 1:  # e.g. the Trainer's output_dir/runs/<date_host>
                 self.events.append(f"following the TensorBoard run {runs[0]}")

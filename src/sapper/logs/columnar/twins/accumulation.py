@@ -16,8 +16,8 @@ import numpy as np
 
 from sapper.logs.base import new_record
 from sapper.logs.columnar.frame import Columns
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, finding, state_is
+from sapper.rules.model import Finding
 from sapper.runtime.detector import DetectorSet
 from sapper.runtime.detectors.accumulation import BATCH_CHANGED_LR_KEPT, AccumulationDetector
 from sapper.runtime.detectors.base import fmt

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from sapper.logs.base import Attempt, LogData
 from sapper.logs.columnar.frame import Columns, columns_from_records, strictly_ascending
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, fingerprint
 from sapper.logs.columnar.twins.fallback import run_streaming
+from sapper.rules.model import Finding
 from sapper.runtime.detector import Detector
 from sapper.runtime.records import StepRecord
 

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, finding, state_is
 from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
@@ -27,6 +26,7 @@ from sapper.logs.columnar.twins.rolling import (
     rolling_sum,
     window_medians,
 )
+from sapper.rules.model import Finding
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.gradnorm import (
     CLIP_SATURATED,

@@ -19,7 +19,6 @@ from functools import partial
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, finding, state_is
 from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
@@ -28,6 +27,7 @@ from sapper.logs.columnar.twins.rolling import (
     window_medians,
     window_reduce,
 )
+from sapper.rules.model import Finding
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.loss import (
     LOSS_FLAT,

@@ -17,8 +17,8 @@ import weakref
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, state_is
+from sapper.rules.model import Finding
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.lr import LR_OVERRUN, LR_WARMUP_SHORT, LRDetector
 

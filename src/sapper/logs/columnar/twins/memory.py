@@ -14,9 +14,9 @@ import copy
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, finding, state_is
 from sapper.logs.columnar.twins.rolling import cooldown_pick, rolling_sum
+from sapper.rules.model import Finding
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.memory import MEMORY_GROWTH, MEMORY_NEAR_LIMIT, MemoryDetector
 

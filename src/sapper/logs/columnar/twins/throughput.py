@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.rules.model import Finding
 from sapper.logs.columnar.twins.base import Twin, finding, state_is
 from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
@@ -26,6 +25,7 @@ from sapper.logs.columnar.twins.rolling import (
     window_medians,
     window_reduce,
 )
+from sapper.rules.model import Finding
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.stats import median
 from sapper.runtime.detectors.throughput import (
