@@ -118,8 +118,6 @@ def _check_keys(raw: dict[str, Any], src: PlanSource) -> None:
 
 def _machines(v: Values, kind: str) -> None:
     machines = v.value("num_machines", "int", minimum=1) or 1
-    v.set("hardware.nodes", machines, "num_machines" if v.has("num_machines") else
-          "num_machines (accelerate default)")
     processes = v.value("num_processes", "int", minimum=-1)
     if processes == 0:
         raise v.error("num_processes", 0, "a positive number of processes, or -1 (set at launch)")
@@ -132,6 +130,10 @@ def _machines(v: Values, kind: str) -> None:
             "pass --gpus N (all machines together)",
         )
     else:
+        # Nodes only with the process count: alone, they would multiply the Plan's
+        # default of 8 GPUs per node into a GPU count the file never gave.
+        v.set("hardware.nodes", machines, "num_machines" if v.has("num_machines") else
+              "num_machines (accelerate default)")
         v.set("hardware.num_gpus", processes, "num_processes")
         if processes % machines:
             raise InputError(
