@@ -103,7 +103,7 @@ def _check_keys(raw: dict[str, Any], src: PlanSource) -> None:
     top = [str(k) for k in raw]
     src.findings += unknown_key_findings(
         top, TOP_LEVEL, file=src.name, framework="accelerate",
-        effect="accelerate launch refuses a config with unknown keys",
+        effect="(accelerate launch refuses a config with unknown keys)",
     )
     for block, known in BLOCKS.items():
         section = raw.get(block)
@@ -112,7 +112,7 @@ def _check_keys(raw: dict[str, Any], src: PlanSource) -> None:
         src.findings += unknown_key_findings(
             [f"{block}.{k}" for k in section], {f"{block}.{k}" for k in known},
             file=src.name, framework="accelerate",
-            effect="accelerate never reads it, so the setting has no effect",
+            effect="(accelerate never reads it: no effect)",
         )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,8 @@ class TrainerKeys:
     framework_word: str
     names: dict[str, str]
     defaults: dict[str, tuple[Any, str]]
+    #: How the warmup is derived, when not the Trainer's way (Axolotl has its own).
+    warmup: Callable[[Values, TrainerKeys, int | None], None] | None = None
 
     def key(self, name: str) -> str:
         return self.names.get(name, name)
@@ -360,7 +363,7 @@ def _schedule(v: Values, keys: TrainerKeys) -> None:
             "the step count depends on the dataset's size, which the file does not give",
             f"set {steps_key} to the run's length in optimizer steps",
         )
-    _warmup(v, keys, total)
+    (keys.warmup or _warmup)(v, keys, total)
 
 
 def _warmup(v: Values, keys: TrainerKeys, total: int | None) -> None:
@@ -434,6 +437,8 @@ def apply_precision(
     if isinstance(raw_bf16, str) and raw_bf16.strip().lower() == "auto":
         if v.value(fp16_key, "bool"):
             bf16 = False  # Axolotl: fp16 given with bf16 "auto" turns bf16 off
+        elif deepspeed:
+            return  # the DeepSpeed config's bf16/fp16 sections decide (or are "auto": C002)
         else:
             unresolved_finding(
                 v.src, bf16_key, "precision.dtype",
@@ -475,3 +480,109 @@ def apply_precision(
     if not v.has(bf16_key) and not v.has(fp16_key):
         where += f" ({keys.framework_word} default: off)"
     v.set("precision.dtype", "tf32" if tf32 else "fp32", tf32_key if tf32 else where)
+
+
+def apply_deepspeed(v: Values, key: str, base: Path) -> bool:
+    """A ``deepspeed`` setting: a path to the JSON (read first, as ``refs["deepspeed"]``,
+    so this file's own keys win) or an inline dict, read with the DeepSpeed reader's
+    semantics. A path that is not on this machine leaves the ZeRO layout unknown (C006).
+    True when the job runs under DeepSpeed."""
+    from sapper.plan.readers.base import unresolved_finding
+    from sapper.plan.readers.deepspeed import read_deepspeed_dict
+
+    value = v.get(key)
+    if value is MISSING or value is None or value == "":
+        return False
+    if isinstance(value, dict):
+        inline = read_deepspeed_dict(value, v.file, prefix=f"{key}.")
+        from sapper.plan.load import _leaves
+
+        inline.data.pop("framework", None)
+        for field, item in _leaves(inline.data).items():
+            v.set(field, item, inline.origin.get(field, key))
+        v.src.findings += inline.findings
+        v.src.unresolved += [u for u in inline.unresolved if u not in v.src.unresolved]
+        return True
+    if not isinstance(value, str):
+        raise v.error(key, value, "the path of a DeepSpeed JSON config, or its settings")
+    # Relative to the config's folder, or to where the job is launched from (Axolotl's
+    # examples name deepspeed_configs/... relative to the repository root).
+    path = local_path(value, base) or local_path(value, Path.cwd())
+    if path is not None:
+        v.src.refs["deepspeed"] = path
+    else:
+        unresolved_finding(
+            v.src, key, "parallel.zero_stage",
+            f"{clip_path(value)} is not on this machine, and it holds the DeepSpeed settings",
+            "pass --deepspeed ds.json",
+        )
+    return True
+
+
+def clip_path(value: str) -> str:
+    from sapper.errors import clip
+
+    return repr(clip(value))
+
+
+def apply_fsdp(v: Values, options_key: str, config_key: str, *, config_enables: bool,
+               version_key: str | None = None) -> bool:
+    """The Trainer's FSDP: the ``fsdp`` options (``full_shard``/``shard_grad_op``/
+    ``hybrid_shard``/``no_shard``, ``offload``, ``auto_wrap``) and ``fsdp_config``, whose
+    keys may carry an ``fsdp_`` prefix (TrainingArguments strips it). Without a sharding
+    option the strategy follows accelerate's defaults: FSDP1 FULL_SHARD, FSDP2
+    ``reshard_after_forward: true`` (ZeRO-3), false keeping parameters gathered after
+    forward (ZeRO-2). ``offload`` is FSDP's CPUOffload: parameters, gradients and the
+    optimizer step on the CPU. True when the job runs under FSDP."""
+    raw = v.get(options_key)
+    try:
+        options = [] if raw in (MISSING, None) else fsdp_options(raw)
+    except TypeError:
+        raise v.error(options_key, raw, 'FSDP options such as "full_shard auto_wrap"') from None
+    cfg = v.section(config_key)
+    if not options and not (config_enables and cfg):
+        return False
+
+    def key(name: str) -> str:
+        return f"{config_key}.fsdp_{name}" if f"fsdp_{name}" in cfg else f"{config_key}.{name}"
+
+    sharding = [o for o in options if o in FSDP_STAGES]
+    unknown = [o for o in options if o not in FSDP_STAGES and o not in ("offload", "auto_wrap")]
+    if unknown:
+        raise v.error(options_key, raw, "full_shard, shard_grad_op, hybrid_shard, "
+                      "hybrid_shard_zero2 or no_shard, with offload and auto_wrap")
+    if len(sharding) > 1:
+        raise v.error(options_key, raw, "one sharding strategy")
+    if sharding:
+        v.set("parallel.zero_stage", FSDP_STAGES[sharding[0]], options_key)
+    else:
+        reshard = v.get(key("reshard_after_forward"))
+        if isinstance(reshard, str) and reshard.lower() in ("true", "false"):
+            reshard = reshard.lower() == "true"
+        if isinstance(reshard, bool):
+            v.set("parallel.zero_stage", 3 if reshard else 2, key("reshard_after_forward"))
+        elif isinstance(reshard, str) and reshard.lower() in FSDP_STAGES:
+            v.set("parallel.zero_stage", FSDP_STAGES[reshard.lower()],
+                  key("reshard_after_forward"))
+        elif reshard in (MISSING, None):
+            where = version_key if version_key and v.has(version_key) else key("version")
+            v.set("parallel.zero_stage", 3, f"{where} (accelerate default: FULL_SHARD / "
+                  "reshard_after_forward true)")
+        else:
+            raise v.error(key("reshard_after_forward"), reshard, "true or false")
+    if "offload" in options or v.value(key("offload_params"), "bool"):
+        where = options_key if "offload" in options else key("offload_params")
+        v.set("parallel.offload_params", "cpu", where)
+        v.set("parallel.offload_optimizer", "cpu", where)
+    ckpt = v.value(key("activation_checkpointing"), "bool")
+    if ckpt:
+        v.set("parallel.checkpointing.granularity", "full", key("activation_checkpointing"))
+    return True
+
+
+def settled(src: PlanSource) -> None:
+    """Fields a later key of the same file set are no longer unresolved."""
+    from sapper.plan.load import _leaves
+
+    leaves = _leaves(src.data)
+    src.unresolved = [u for u in src.unresolved if u not in leaves]

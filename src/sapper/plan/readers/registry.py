@@ -24,6 +24,7 @@ READERS: tuple[str, ...] = (
     "sapper.plan.readers.hf_config",
     "sapper.plan.readers.deepspeed",
     "sapper.plan.readers.accelerate",
+    "sapper.plan.readers.axolotl",
     "sapper.plan.readers.yaml_plan",
 )
 
