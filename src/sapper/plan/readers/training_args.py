@@ -27,8 +27,10 @@ file runs code from it.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +94,13 @@ _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x0
 
 def refuse_pickle(path: str | Path) -> InputError | None:
     """The error for a pickled TrainingArguments (``training_args.bin``: a zip archive or
-    a raw pickle), or None when the file is something else. Only two bytes are read."""
+    a raw pickle), or None when the file is something else. Only four bytes of a regular
+    file are read."""
     try:
-        with open(path, "rb") as fh:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO or a device is never opened (a FIFO blocks)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
             head = fh.read(4)
     except (OSError, ValueError):
         return None
