@@ -232,3 +232,11 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_mutated_examples_never_crash(scratch: Path, case: tuple[Path, bytes], cli: int) -> None:
     path, data = case
     hostile_case(scratch, path.name, data, cli == 0)
+
+
+def test_pure_bf16_and_cosine_floor(tmp_path: Path) -> None:
+    src = read_config(_write(tmp_path, {**BASE, "bf16": False, "bfloat16": True,
+                                        "cosine_min_lr_ratio": 0.1}))
+    assert src.data["precision"] == {"dtype": "bf16", "master_weights": "bf16",
+                                     "autocast": False, "loss_scaling": {"mode": "none"}}
+    assert src.data["schedule"]["min_lr"] == pytest.approx(2e-5)

@@ -240,3 +240,16 @@ def test_yaml_and_json_of_the_same_settings_agree(tmp_path: Path) -> None:
     settings = json.loads((TA / "training_args.json").read_text())
     path = _write(tmp_path, yaml.safe_dump(settings), "args.yaml")
     assert read_config(path).data == read_config(TA / "training_args.json").data
+
+
+def test_constant_schedule_has_no_warmup(tmp_path: Path) -> None:
+    """transformers builds the constant schedule without the warmup arguments."""
+    path = _write(tmp_path, "python run.py --per_device_train_batch_size 4 --output_dir o "
+                  "--lr_scheduler_type constant --warmup_steps 500\n")
+    src = read_config(path)
+    assert src.data["schedule"]["warmup_steps"] == 0
+    assert "constant_with_warmup" in src.origin["schedule.warmup_steps"]
+    with_warmup = _write(tmp_path, "python run.py --per_device_train_batch_size 4 "
+                         "--output_dir o --lr_scheduler_type constant_with_warmup "
+                         "--warmup_steps 500\n", "b.sh")
+    assert read_config(with_warmup).data["schedule"] == {"type": "constant", "warmup_steps": 500}

@@ -120,6 +120,12 @@ def read_axolotl_config(sniff: Sniff) -> PlanSource:
                            "not given: Axolotl requires it and refuses to start",
                            "set learning_rate")
     apply_precision(v, keys, deepspeed=deepspeed)
+    _pure_half(v)
+    ratio = v.value("cosine_min_lr_ratio", "number", minimum=0, maximum=1)
+    lr = v.src.data.get("optimizer", {}).get("lr")
+    if ratio is not None and isinstance(lr, float | int):
+        # Axolotl's cosine decays to cosine_min_lr_ratio × the peak LR (schemas/training.py).
+        v.set("schedule.min_lr", ratio * lr, "cosine_min_lr_ratio × learning_rate")
     seq = v.take("sequence_len", "batch.seq_len", "int", minimum=1)
     if seq is None:
         v.set("batch.seq_len", 512, f"sequence_len ({_AXOLOTL})")
@@ -154,6 +160,19 @@ def _model(v: Values, sniff: Sniff) -> None:
     if v.has("base_model"):
         # Axolotl fine-tunes from the base model's weights.
         v.set("init.from_pretrained", True, "base_model")
+
+
+def _pure_half(v: Values) -> None:
+    """``bfloat16``/``float16``: the model is loaded in that dtype and trained without AMP
+    (schemas/config.py: "No AMP"), so the optimizer updates 16-bit weights."""
+    for key, dtype in (("bfloat16", "bf16"), ("float16", "fp16")):
+        if v.value(key, "bool"):
+            v.set("precision.dtype", dtype, key)
+            v.set("precision.master_weights", dtype, key)
+            v.set("precision.autocast", False, key)
+            if dtype == "bf16":
+                v.set("precision.loss_scaling.mode", "none", key)
+            return
 
 
 def _warmup(v: Values, keys: TrainerKeys, total: int | None) -> None:

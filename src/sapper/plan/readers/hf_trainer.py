@@ -364,6 +364,14 @@ def _schedule(v: Values, keys: TrainerKeys) -> None:
             f"set {steps_key} to the run's length in optimizer steps",
         )
     (keys.warmup or _warmup)(v, keys, total)
+    if isinstance(kind, str) and kind.strip().lower() == "constant":
+        # transformers' get_scheduler (optimization.py) builds CONSTANT without the warmup
+        # arguments: whatever warmup the file asks for, the LR starts at its peak.
+        v.src.unresolved = [u for u in v.src.unresolved if u != "schedule.warmup_steps"]
+        v.src.findings = [f for f in v.src.findings
+                          if not (f.code == "C006" and "warmup" in str(f.data.get("key")))]
+        v.set("schedule.warmup_steps", 0, f"{origin} (the Trainer's constant schedule has no "
+              "warmup: use constant_with_warmup)")
 
 
 def _warmup(v: Values, keys: TrainerKeys, total: int | None) -> None:
