@@ -73,10 +73,21 @@ def test_qlora_example() -> None:
     }
     assert src.origin["clipping.max_norm"] == "max_grad_norm (HF Trainer default)"
     assert src.origin["optimizer.type"] == "optimizer"
-    assert src.unresolved == HUB_UNKNOWN
+    assert src.unresolved == [*HUB_UNKNOWN, "model.trainable_parameters"]
     adapter = [f for f in src.findings if f.data.get("key") == "adapter"]
-    assert len(adapter) == 1 and "upper bound" in adapter[0].message
-    assert "4-bit" in adapter[0].message
+    assert len(adapter) == 1 and adapter[0].code == "C006"
+    assert "4-bit" in adapter[0].message and "left unknown" in adapter[0].message
+
+
+def test_adapter_run_memory_is_unknown_not_failed() -> None:
+    """Full-training memory of a QLoRA job would fail it on an upper bound."""
+    res = json.loads(check("--config", str(AXO / "qlora-1b.yml"), "--model", str(LLAMA),
+                           "--gpus", "8", "--gpu", "H100", "-f", "json").stdout)
+    assert res["summary"]["items"]["memory"] == "unknown"
+    assert not any(f["code"].startswith("M00") for f in res["findings"])
+    full = json.loads(check("--config", str(AXO / "config.yml"), "--model", str(LLAMA),
+                            "--gpus", "8", "--gpu", "H100", "-f", "json").stdout)
+    assert full["summary"]["items"]["memory"] != "unknown"  # a full fine-tune is estimated
 
 
 def test_fsdp_example_and_the_fsdp_keys_axolotl_drops() -> None:
@@ -214,7 +225,8 @@ def test_same_verdicts_as_the_hand_written_plan(tmp_path: Path) -> None:
         "schedule": {"type": "cosine"},
         "clipping": {"max_norm": 1.0},
         "parallel": {"checkpointing": {"granularity": "full"}},
-        "unresolved": ["schedule.total_steps", "schedule.warmup_steps", "precision.dtype"],
+        "unresolved": ["schedule.total_steps", "schedule.warmup_steps", "precision.dtype",
+                       "model.trainable_parameters"],
     }, tmp_path, "--model", str(LLAMA), "--gpus", "8", "--gpu", "H100")
     assert set(loader) == {"C006"}
 

@@ -24,10 +24,11 @@ so the dtype stays unknown. With ``sample_packing`` every row of a micro-batch i
 ``sequence_len`` tokens; without it rows are padded to the longest in the batch, so
 ``sequence_len`` is an upper bound on the tokens per row.
 
-What the Plan cannot express yet is said as a finding, not left silent: a LoRA/QLoRA
-``adapter`` trains only the adapter weights (gradients and optimizer states for them
-alone) over a frozen base that ``load_in_8bit``/``load_in_4bit`` keeps quantized, so
-sapper's memory estimate, which trains every parameter, is an upper bound.
+What the Plan cannot express yet is said, not left silent: a LoRA/QLoRA ``adapter`` trains
+only the adapter weights (gradients and optimizer states for them alone) over a frozen base
+that ``load_in_8bit``/``load_in_4bit`` keeps quantized. sapper's memory model trains every
+parameter, so ``model.trainable_parameters`` is unresolved (C006) and the memory check
+says unknown rather than fail the job on an upper bound.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sapper.checks.config import UNRESOLVED_VALUE
 from sapper.errors import InputError
 from sapper.plan.readers.axolotl_keys import FSDP_CONFIG, PLUGINS, TOP_LEVEL
 from sapper.plan.readers.base import (
@@ -61,6 +61,8 @@ from sapper.plan.sources import PlanSource
 __all__ = ["FORMAT", "read_axolotl_config"]
 
 _AXOLOTL = "Axolotl default"
+#: What an adapter run leaves unknown: which parameters train (the memory check needs it).
+TRAINABLE = "model.trainable_parameters"
 _TRAINER = "HF Trainer default"
 #: Axolotl's schema defaults (schemas/training.py, schemas/config.py).
 _DEFAULTS: dict[str, tuple[Any, str]] = {
@@ -215,16 +217,14 @@ def _adapter(v: Values) -> None:
         what.append(f"adapter {adapter} trains only the adapter weights over a frozen base")
     if bits:
         what.append(f"the base weights are loaded {bits}")
-    v.src.findings.append(
-        UNRESOLVED_VALUE.finding(
-            f"{'; '.join(what)}: a sapper plan describes full training of every parameter, "
-            "so the memory estimate (gradients and optimizer states for all weights, 16-bit "
-            "weights) is an upper bound",
-            fix="read the memory verdict as an upper bound; the weights, gradients and "
-            "optimizer states of the frozen base are what the adapter run saves",
-            source=f"{v.file}: {'adapter' if adapter else 'load_in_' + bits[0] + 'bit'}",
-            key="adapter" if adapter else "load_in_" + bits[0] + "bit",
-        )
+    key = "adapter" if adapter else f"load_in_{bits[0]}bit"
+    unresolved_finding(
+        v.src, key, TRAINABLE,
+        f"{'; '.join(what)}: a sapper plan describes full training of every parameter, so "
+        "it cannot say which weights carry gradients and optimizer states, nor the "
+        "quantized weights' size: the memory verdict is left unknown",
+        "estimate the adapter run's memory with `sapper smoke` on the real model, or "
+        "read `sapper memory` as an upper bound (full fine-tuning)",
     )
 
 
