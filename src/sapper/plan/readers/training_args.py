@@ -89,6 +89,10 @@ _LAUNCHERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] 
 }
 #: Longest command line read (a real one is a few KB; shlex is slow on megabytes).
 _MAX_LINE = 64 << 10
+#: Characters of command lines tokenised in all (a script of a few hundred commands).
+_MAX_SCANNED = 1 << 20
+#: Unknown keys checked for near misses (difflib is slow on thousands).
+_MAX_CHECKED = 500
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
 
 
@@ -122,9 +126,13 @@ def parse_command_line(text: str) -> tuple[dict[str, Any], dict[str, str], str |
     both work; ``\\`` continuations are joined and ``#`` comments dropped."""
     joined = re.sub(r"\\\r?\n", " ", text)
     best: tuple[int, list[str]] = (0, [])
+    budget = _MAX_SCANNED
     for line in joined.splitlines():
         if "--" not in line or len(line) > _MAX_LINE:
             continue
+        budget -= len(line)
+        if budget < 0:
+            break
         try:
             tokens = shlex.split(line, comments=True)
         except ValueError:
@@ -188,7 +196,8 @@ def read_training_args(sniff: Sniff) -> PlanSource:
     raw, from_shell = _shell_values(raw, src)
     defaults = trainer_defaults()
     known = set(defaults) | _LEGACY
-    near = [k for k in raw if k not in known and closest(k, known, cutoff=0.85)]
+    unknown = [k for k in raw if k not in known][:_MAX_CHECKED]
+    near = [k for k in unknown if closest(k, known, cutoff=0.85)]
     src.findings += unknown_key_findings(
         [f"--{k}" if lenient else k for k in near],
         {f"--{k}" if lenient else k for k in known},
