@@ -159,7 +159,10 @@ def _estimate_inputs_missing(plan: Plan) -> list[str]:
     b = plan.batch
     needed = (("model", plan.model), ("batch.micro_batch_size", b.micro_batch_size),
               ("batch.seq_len", b.seq_len))
-    return [name for name, value in needed if value is None]
+    missing = [name for name, value in needed if value is None]
+    # A LoRA/QLoRA run (Axolotl's adapter) trains a part of the model the Plan cannot
+    # describe: the full-training estimate is only an upper bound, not a verdict.
+    return missing + [u for u in plan.unresolved if u == "model.trainable_parameters"]
 
 
 def _sharded_over_dp(plan: Plan) -> bool:

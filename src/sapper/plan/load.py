@@ -42,6 +42,15 @@ def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _is_set(tree: dict[str, Any], path: str) -> bool:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return node is not None
+
+
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in top.items():
@@ -114,9 +123,9 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         unresolved = [u for u in unresolved if u not in _leaves(src.data)]
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
     # A value any source gives resolves the field, whatever the order: a launch config
-    # that cannot know the vocabulary is completed by the --model config.json read first.
-    known = _leaves(merged)
-    unresolved = [u for u in unresolved if u not in known]
+    # naming its model by hub id, or not knowing the vocabulary, is completed by the
+    # --model config.json read before it.
+    unresolved = [u for u in unresolved if not _is_set(merged, u)]
     if unresolved:
         merged["unresolved"] = unresolved
     model = merged.get("model")

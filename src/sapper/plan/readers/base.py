@@ -162,6 +162,7 @@ def unknown_key_findings(
     from sapper.plan.rules import UNKNOWN_CONFIG_KEY
 
     findings: list[Finding] = []
+    article = "an" if framework[:1].lower() in "aeio" else "a"
     unknown = [k for k in keys if k not in known]
     for key in unknown[:MAX_UNKNOWN_REPORTED]:
         hint = closest(key.lstrip("-").split(".")[-1], {k.split(".")[-1] for k in known})
@@ -172,7 +173,7 @@ def unknown_key_findings(
         mean = f"; did you mean {hint}?" if hint and hint != key else ""
         findings.append(
             UNKNOWN_CONFIG_KEY.finding(
-                f"{clip(key)} is not a {framework} setting{mean} {effect}",
+                f"{clip(key)} is not {article} {framework} setting{mean} {effect}",
                 source=f"{file}: {clip(key)}",
                 key=clip(key),
                 suggestion=hint,

@@ -25,7 +25,7 @@ from sapper.plan.readers.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECT
 from sapper.plan.rules import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
 from sapper.plan.sources import PlanSource, read_json_object
 
-__all__ = ["FORMAT", "read_deepspeed_config"]
+__all__ = ["FORMAT", "read_deepspeed_config", "read_deepspeed_dict"]
 
 _MISSING = object()
 _AUTO = "auto"
@@ -56,20 +56,38 @@ def read_deepspeed_config(path: str | Path) -> PlanSource:
     raw = read_json_object(
         path, "a DeepSpeed config", "keys such as train_batch_size, bf16, zero_optimization"
     )
-    reader = _Reader(raw, PlanSource(name=file))
-    reader.set("framework", "deepspeed", "(a DeepSpeed config)")
-    reader.check_keys(raw, "")
-    _batch(reader)
-    _precision(reader)
-    _clipping(reader)
-    _zero(reader)
-    _optimizer(reader)
-    _scheduler(reader)
-    _checkpointing(reader)
-    _tensor_parallel(reader)
-    _optimizer_wrapper(reader)
-    _overlap(reader)
-    return reader.finish()
+    return read_deepspeed_dict(raw, file)
+
+
+def read_deepspeed_dict(raw: dict[str, Any], name: str, prefix: str = "") -> PlanSource:
+    """A Plan source from a DeepSpeed config already parsed (a Trainer's or Axolotl's
+    inline ``deepspeed`` dict); ``prefix`` (``deepspeed.``) goes before every key the
+    messages and origins name, so they point into the file that holds the dict."""
+    try:
+        reader = _Reader(raw, PlanSource(name=name))
+        reader.set("framework", "deepspeed", "(a DeepSpeed config)")
+        reader.check_keys(raw, "")
+        _batch(reader)
+        _precision(reader)
+        _clipping(reader)
+        _zero(reader)
+        _optimizer(reader)
+        _scheduler(reader)
+        _checkpointing(reader)
+        _tensor_parallel(reader)
+        _optimizer_wrapper(reader)
+        _overlap(reader)
+        src = reader.finish()
+    except InputError as exc:
+        if not prefix:
+            raise
+        raise InputError(
+            exc.problem, file=exc.file, field=prefix + (exc.field or ""), value=exc.value,
+            expected=exc.expected, has_value=exc.has_value,
+        ) from None
+    if prefix:
+        src.origin = {k: prefix + v for k, v in src.origin.items()}
+    return src
 
 
 class _Reader:

@@ -23,6 +23,9 @@ __all__ = ["MIN_CONFIDENCE", "READERS", "detect_config", "formats", "read_config
 READERS: tuple[str, ...] = (
     "sapper.plan.readers.hf_config",
     "sapper.plan.readers.deepspeed",
+    "sapper.plan.readers.accelerate",
+    "sapper.plan.readers.axolotl",
+    "sapper.plan.readers.training_args",
     "sapper.plan.readers.yaml_plan",
     "sapper.plan.readers.nemo",
     "sapper.plan.readers.torchtitan",
@@ -72,7 +75,12 @@ def detect_config(sniff: Sniff) -> ConfigFormat:
 
 def read_config(path: str | Path, fmt: str | None = None) -> PlanSource:
     """One config file as a Plan source, in the format its content shows (or ``fmt``)."""
-    sniff = Sniff.of(path)
+    try:
+        sniff = Sniff.of(path)
+    except InputError as exc:
+        from sapper.plan.readers.training_args import refuse_pickle
+
+        raise (refuse_pickle(path) or exc) from None
     reader = find_format(fmt) if fmt else detect_config(sniff)
     src = reader.read(sniff)
     src.format = src.format or reader.name
