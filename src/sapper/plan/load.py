@@ -96,6 +96,24 @@ def _expected(err: dict[str, Any]) -> str:
     )
 
 
+def _drop_unknown_model(merged: dict[str, Any], unresolved: list[str]) -> None:
+    """Leave the model out when a value it requires is one no source could know (a
+    Megatron script's vocabulary is its tokenizer's): the checks that need the model then
+    say unknown, instead of the plan failing to load over a value nobody gave."""
+    from sapper.plan.schema import ModelSpec
+
+    model = merged.get("model")
+    if not isinstance(model, dict):
+        return
+    missing = {
+        f"model.{name}"
+        for name, info in ModelSpec.model_fields.items()
+        if info.is_required() and name not in model
+    }
+    if missing and missing <= set(unresolved):
+        del merged["model"]
+
+
 def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     merged: dict[str, Any] = {}
     owners: dict[str, PlanSource] = {}
@@ -111,6 +129,7 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
     if unresolved:
         merged["unresolved"] = unresolved
+    _drop_unknown_model(merged, unresolved)
     try:
         plan = Plan.model_validate(merged)
     except ValidationError as exc:

@@ -23,6 +23,7 @@ __all__ = ["MIN_CONFIDENCE", "READERS", "detect_config", "formats", "read_config
 READERS: tuple[str, ...] = (
     "sapper.plan.readers.hf_config",
     "sapper.plan.readers.deepspeed",
+    "sapper.plan.readers.megatron",
     "sapper.plan.readers.yaml_plan",
 )
 

@@ -1,0 +1,308 @@
+"""Read a Megatron-LM or Megatron-DeepSpeed launch into the Plan: a launch script (or plain
+text) with ``--num-layers 32 --hidden-size 4096 ...``, or the arguments dump Megatron
+prints at start (``------------------------ arguments ------------------------``), also
+inside a full training log.
+
+A script is read as bash runs it (:mod:`sapper.plan.readers.shell`): its variables,
+arrays, ``$((...))`` and ``bash -c`` strings are expanded, and a value it leaves to the
+environment (``$NNODES`` from Slurm, ``$1``) stays unknown (C006), never guessed. The
+training command is the one that runs a ``.py`` file with the most Megatron arguments;
+the launcher before it (``torchrun``, ``python -m torch.distributed.run``, ``deepspeed``)
+gives the GPUs per node and the nodes. Arguments Megatron does not know are C005: its
+``parse_args`` refuses them at start. A dump is what ``validate_args`` resolved, so its
+values are taken as printed (world size included).
+
+What the values mean in Megatron's terms is in :mod:`sapper.plan.readers.megatron_map`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sapper.errors import InputError, clip
+from sapper.plan.readers.base import ConfigFormat, Sniff, unknown_key_findings
+from sapper.plan.readers.megatron_args import DESTS, OPTIONS
+from sapper.plan.readers.shell import Command, Script, Word, read_script
+from sapper.plan.sources import PlanSource
+
+__all__ = ["FORMAT", "Arg", "Launch", "parse_dump", "parse_launch", "read_megatron"]
+
+_BANNER = re.compile(r"-{8,} arguments -{8,}")
+_END = re.compile(r"-{8,} end of arguments -{8,}")
+_DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.{2,} ?(.*?)\s*$")
+_PADDED = re.compile(r"> padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
+#: Arguments only Megatron scripts pass (with dashes); three of them make a launch script.
+_DISTINCT = (
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
+    "--max-position-embeddings", "--micro-batch-size", "--global-batch-size",
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--train-iters",
+    "--lr-decay-style", "--train-samples", "--ffn-hidden-size", "--make-vocab-size-divisible-by",
+    "--use-distributed-optimizer", "--sequence-parallel", "--init-method-std", "--clip-grad",
+)
+_OPTION_TOKEN = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?=[\s=\"'\\]|$)", re.M)
+#: Launchers and their options that set the processes per node and the nodes.
+_TORCHRUN = {"torchrun", "torch.distributed.run", "torch.distributed.launch"}
+_PER_NODE = {"--nproc_per_node", "--nproc-per-node", "--num_gpus", "--num-gpus"}
+_NODES = {"--nnodes", "--num_nodes", "--num-nodes"}
+_WRAPPERS = {"srun", "mpirun", "mpiexec", "aprun", "jsrun", "flux"}
+#: Longest dump value parsed as a Python literal (a list of data paths).
+_MAX_LITERAL = 10_000
+MAX_UNKNOWN_EXPANSIONS = 5
+
+
+@dataclass
+class Arg:
+    """One Megatron argument as the user wrote it (``key``: ``--num-layers`` in a script,
+    ``num_layers`` in a dump) and what it holds: ``flag`` for store_true/false arguments,
+    else its ``values`` (words that may be partly unknown)."""
+
+    key: str
+    values: list[Word] = field(default_factory=list)
+    flag: bool | None = None
+
+
+@dataclass
+class Launch:
+    """What a launch holds: Megatron's arguments by dest, the launcher's, and what is
+    known about the processes."""
+
+    file: str
+    kind: str  # "script" or "dump"
+    args: dict[str, Arg] = field(default_factory=dict)
+    #: The training script run (``pretrain_gpt.py``), when one is seen.
+    program: str | None = None
+    #: Launcher option -> value word (``--nproc_per_node`` -> 8).
+    launcher: dict[str, Word] = field(default_factory=dict)
+    #: The launcher that starts the processes: torchrun, deepspeed, python, or None.
+    launcher_name: str | None = None
+    #: A scheduler runs the command on every node (srun, mpirun): the process count
+    #: is the scheduler's.
+    wrapped: str | None = None
+    unknown_options: list[str] = field(default_factory=list)
+    #: Expansions that may hold any arguments (``$EXTRA_ARGS`` not set in the script).
+    open_expansions: list[Word] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    #: From a log: the vocabulary Megatron padded, as printed (size, padded size).
+    padded_vocab: tuple[int, int] | None = None
+
+
+# ---- the arguments dump ----------------------------------------------------------------
+def parse_dump(text: str, file: str) -> Launch | None:
+    """The first arguments dump in ``text`` (None when there is none): every
+    ``name ..... value`` line between the banners, whatever prefix a logger or a rank
+    tag puts before it."""
+    start = _BANNER.search(text)
+    if start is None:
+        return None
+    launch = Launch(file, "dump")
+    end = _END.search(text, start.end())
+    body = text[start.end() : end.start() if end else len(text)]
+    for line in body.splitlines():
+        m = _DUMP_LINE.search(line)
+        if not m:
+            continue
+        name, raw = m.group(1), m.group(2)
+        if raw in ("None", ""):
+            continue
+        if raw in ("True", "False"):
+            launch.args[name] = Arg(name, flag=raw == "True")
+            continue
+        values = [raw]
+        if raw.startswith("[") and raw.endswith("]") and len(raw) <= _MAX_LITERAL:
+            try:
+                items = ast.literal_eval(raw)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                items = None
+            if isinstance(items, list):
+                values = [str(v) for v in items]
+        launch.args[name] = Arg(name, [Word(v, v) for v in values])
+    if end is not None:
+        m = _PADDED.search(text, end.end())
+        if m and len(m.group(1)) < 12 and len(m.group(3)) < 12:
+            launch.padded_vocab = (int(m.group(1)), int(m.group(3)))
+    return launch
+
+
+# ---- the launch script -----------------------------------------------------------------
+def parse_launch(text: str, file: str) -> Launch:
+    """The training command of a launch script (or of plain text holding arguments)."""
+    script = read_script(text)
+    command, at = _training_command(script)
+    launch = Launch(file, "script", reasons=script.reasons, origins=script.origins)
+    if command is None:
+        return launch
+    words = command.words
+    if at is not None:
+        launch.program = words[at].shown
+        _launcher(launch, words[:at])
+        words = words[at + 1 :]
+    _megatron_args(launch, words)
+    return launch
+
+
+def _is_program(word: Word) -> bool:
+    return word.text.endswith(".py") and not word.text.startswith("-")
+
+
+def _training_command(script: Script) -> tuple[Command | None, int | None]:
+    """The command with the most Megatron arguments (one that runs a .py file first, one
+    outside a conditional block next), and the index of its program word."""
+    best: tuple[tuple[int, int, int], Command, int | None] | None = None
+    for cmd in script.commands:
+        at = next((i for i, w in enumerate(cmd.words) if _is_program(w)), None)
+        if cmd.words and cmd.words[0].text in ("echo", "printf", "cat"):
+            continue
+        rest = cmd.words[at + 1 :] if at is not None else cmd.words
+        count = sum(1 for w in rest if w.text.split("=", 1)[0] in OPTIONS)
+        if count == 0:
+            continue
+        score = (count, at is not None, not cmd.conditional)
+        if best is None or score > best[0]:
+            best = (score, cmd, at)
+    return (best[1], best[2]) if best else (None, None)
+
+
+def _launcher(launch: Launch, words: list[Word]) -> None:
+    """torchrun / ``python -m torch.distributed.run`` / deepspeed and their options; srun
+    or mpirun in front make the process count the scheduler's."""
+    i = 0
+    while i < len(words):
+        w = words[i]
+        base = w.text.rsplit("/", 1)[-1]
+        if base in _WRAPPERS and launch.launcher_name is None:
+            launch.wrapped = base
+        if base in _TORCHRUN or base == "deepspeed":
+            launch.launcher_name = "torchrun" if base in _TORCHRUN else "deepspeed"
+        elif re.fullmatch(r"python[\d.]*", base) and launch.launcher_name is None:
+            launch.launcher_name = "python"
+        elif launch.launcher_name in ("torchrun", "deepspeed") and w.text.startswith("--"):
+            key, eq, value = w.text.partition("=")
+            if key in _PER_NODE | _NODES:
+                if eq:
+                    launch.launcher[key] = Word(value, w.shown.partition("=")[2], w.unknown,
+                                                w.via)
+                elif i + 1 < len(words):
+                    launch.launcher[key] = words[i + 1]
+                    i += 1
+        i += 1
+
+
+def _megatron_args(launch: Launch, words: list[Word]) -> None:
+    """argparse's reading of the words after the program: ``--opt value``, ``--opt=value``,
+    flags; several values up to the next option (``--data-path 0.3 a 0.7 b``)."""
+    current: Arg | None = None
+    for w in words:
+        if not w.known and w.shown.startswith("$") and _whole_expansion(w):
+            # An unquoted $EXTRA_ARGS the script does not set: it may hold any arguments.
+            if current is not None and current.flag is None and not current.values:
+                current.values.append(w)
+            else:
+                launch.open_expansions.append(w)
+            continue
+        text = w.text
+        if text.startswith("--") and len(text) > 2 and not _NUMBER.fullmatch(text):
+            key, eq, value = text.partition("=")
+            entry = OPTIONS.get(key)
+            if entry is None:
+                launch.unknown_options.append(key)
+                current = None
+                continue
+            dest, kind = entry
+            if kind in ("t", "f", "b"):
+                flag = kind == "t" or (kind == "b" and not key.startswith("--no-"))
+                launch.args[dest] = Arg(key, flag=flag)
+                current = None
+                continue
+            current = Arg(key)
+            launch.args[dest] = current
+            if eq:
+                shown = w.shown.partition("=")[2]
+                current.values.append(Word(value, shown, w.unknown, w.via))
+                current = None
+            continue
+        if current is not None:
+            current.values.append(w)
+
+
+_NUMBER = re.compile(r"-?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _whole_expansion(word: Word) -> bool:
+    """A word that is nothing but one unknown expansion (``$EXTRA_ARGS``)."""
+    return len(word.unknown) == 1 and word.shown == word.unknown[0]
+
+
+# ---- the format ------------------------------------------------------------------------
+def read_megatron(sniff: Sniff) -> PlanSource:
+    """A Plan source from a Megatron launch script or arguments dump."""
+    from sapper.plan.readers.megatron_map import map_launch
+
+    launch = parse_dump(sniff.text, sniff.name) or parse_launch(sniff.text, sniff.name)
+    if not launch.args:
+        raise InputError(
+            "no Megatron arguments found",
+            file=sniff.name,
+            expected="a launch script running pretrain_gpt.py with --num-layers, "
+            "--hidden-size ... or Megatron's printed arguments dump",
+        )
+    src = PlanSource(name=sniff.name)
+    if launch.kind == "script":
+        src.findings.extend(
+            unknown_key_findings(
+                launch.unknown_options,
+                OPTIONS,
+                file=sniff.name,
+                framework="Megatron-LM",
+                effect="Megatron's argparse refuses arguments it does not know (and "
+                "abbreviations: allow_abbrev=False), so the job stops at start with "
+                "'unrecognized arguments' after waiting in the queue.",
+            )
+        )
+    map_launch(launch, src, Path(sniff.name).parent)
+    return src
+
+
+def _recognise(sniff: Sniff) -> float:
+    """Megatron's arguments banner is certain; otherwise three or more of the arguments
+    only Megatron takes (``--num-layers``, ``--tensor-model-parallel-size`` ...) written
+    with dashes, as argparse reads them. A JSON, YAML or TOML mapping is another format's."""
+    text = sniff.text
+    if _BANNER.search(text) and sum(1 for _ in _dump_names(text)) >= 5:
+        return 0.97
+    if sniff.json is not None:
+        return 0.0
+    seen = {m.group(1) for m in _OPTION_TOKEN.finditer(text[: 1 << 20])}
+    hits = len(seen & set(_DISTINCT))
+    if hits >= 3:
+        return 0.9
+    return 0.4 if hits == 2 else 0.0
+
+
+def _dump_names(text: str) -> list[str]:
+    start = _BANNER.search(text)
+    if start is None:
+        return []
+    names = []
+    for line in text[start.end() : start.end() + 4096].splitlines():
+        m = _DUMP_LINE.search(line)
+        if m and m.group(1) in DESTS:
+            names.append(m.group(1))
+    return names
+
+
+def clip_value(word: Word) -> str:
+    return clip(word.shown)
+
+
+FORMAT = ConfigFormat(
+    name="megatron",
+    title="a Megatron-LM / Megatron-DeepSpeed launch script or arguments dump",
+    looks_for="--num-layers, --hidden-size, --tensor-model-parallel-size ... arguments, or "
+    "the '---- arguments ----' dump Megatron prints at start",
+    recognise=_recognise,
+    read=read_megatron,
+)
