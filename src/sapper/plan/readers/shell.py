@@ -465,11 +465,16 @@ class _Shell:
         if not m:
             return  # ``export NAME`` without a value
         name = m.group(1)
-        value: _Value = "".join(p.text for p in self._pieces(tok.text[m.end() :], True))
+        pieces = self._pieces(tok.text[m.end() :], True)
+        value: _Value = "".join(p.text for p in pieces)
         old = self.vars.get(name)
         if m.group(2) and old is not None:
             value = [*old, value] if isinstance(old, list) else old + value
         self._set(name, value, tok.line)
+        inherited = [self.script.origins[v] for p in pieces for v in p.via
+                     if v in self.script.origins]
+        if len(pieces) == 1 and inherited:  # NNODES=$SLURM_NNODES: from "#SBATCH --nodes"
+            self.script.origins[name] = inherited[0]
 
     def _set(self, name: str, value: _Value, line: int, append: bool = False) -> None:
         if self.conditional:
