@@ -379,6 +379,36 @@ def test_deepspeed_json_next_to_the_script_is_read(tmp_path: Path) -> None:
     assert plan.model is not None and plan.model.num_layers == 2
 
 
+def test_plain_text_arguments_and_a_dataset_on_this_machine(tmp_path: Path) -> None:
+    (tmp_path / "corpus_text_document.bin").write_bytes(b"")
+    (tmp_path / "corpus_text_document.idx").write_bytes(b"")
+    args = MINIMAL.split("pretrain_gpt.py", 1)[1].format(extra="")
+    src = _read(tmp_path, f"{args.strip()} --data-path=corpus_text_document\n", "args.txt")
+    assert src.data["model"]["num_layers"] == 2 and "hardware" not in src.data
+    assert src.data["data"] == {"path": str(tmp_path / "corpus_text_document.bin"),
+                                "format": "megatron"}
+
+
+@pytest.mark.parametrize(
+    ("launcher", "hardware", "unresolved"),
+    [
+        ("deepspeed --num_gpus 8 --num_nodes 2", {"gpus_per_node": 8, "nodes": 2}, []),
+        ("deepspeed --hostfile hosts", {}, ["hardware.gpus_per_node", "hardware.nodes"]),
+        ("torchrun --nproc-per-node=gpu --nnodes=1:4", {},
+         ["hardware.gpus_per_node", "hardware.nodes"]),
+        ("python -m torch.distributed.launch --nproc_per_node=2", {"gpus_per_node": 2,
+                                                                    "nodes": 1}, []),
+        ("python", {"num_gpus": 1}, []),
+        ("srun python", {}, ["hardware.num_gpus"]),
+    ],
+)
+def test_launchers(tmp_path: Path, launcher: str, hardware: dict, unresolved: list) -> None:
+    text = MINIMAL.replace("torchrun --nproc_per_node 4", launcher).format(extra="")
+    src = _read(tmp_path, text)
+    assert src.data.get("hardware", {}) == hardware
+    assert set(unresolved) <= set(src.unresolved)
+
+
 # ---- bash, as bash runs it -----------------------------------------------------------
 SHELL = r"""#!/bin/bash
 # comments, continuations, quotes

@@ -695,16 +695,19 @@ def _hardware(m: _Map) -> None:
                         None)
     nodes_key = next((k for k in launch.launcher if k in
                       ("--nnodes", "--num_nodes", "--num-nodes")), None)
+    torchrun = name == "torchrun"
     for key, field, default in (
-        (per_node_key, f"{h}.gpus_per_node", 1 if name == "torchrun" else None),
-        (nodes_key, f"{h}.nodes", 1),
+        (per_node_key, f"{h}.gpus_per_node", 1 if torchrun else None),
+        (nodes_key, f"{h}.nodes", 1 if torchrun else None),
     ):
         if key is None:
             if default is None:
-                unresolved_finding(
-                    m.src, name, field,
-                    "deepspeed without --num_gpus starts one process per visible GPU",
-                    "pass --gpus-per-node on sapper's command line")
+                why = ("deepspeed without --num_gpus starts one process per visible GPU"
+                       if field.endswith("gpus_per_node") else
+                       "deepspeed without --num_nodes runs on every host of its hostfile "
+                       "(--hostfile, by default /job/hostfile)")
+                unresolved_finding(m.src, name, field, why,
+                                   "pass --gpus-per-node / --nodes on sapper's command line")
             else:
                 m.src.set(field, default, origin=f"{name} ({field.split('.')[1]} default "
                           f"{default})")
@@ -718,11 +721,13 @@ def _hardware(m: _Map) -> None:
                 "pass --gpus-per-node / --nodes on sapper's command line")
             continue
         if not re.fullmatch(r"\d{1,7}", word.text):
-            if key == "--nnodes" and re.fullmatch(r"\d+:\d+", word.text):
-                unresolved_finding(
-                    m.src, f"{name} {key}", field,
-                    f"{word.text} is an elastic range: the node count is decided at launch",
-                    "pass --nodes on sapper's command line")
+            elastic = key == "--nnodes" and re.fullmatch(r"\d+:\d+", word.text)
+            if elastic or word.text in ("gpu", "auto", "cpu", "xpu"):
+                why = (f"{word.text} is an elastic range: the node count is decided at "
+                       "launch" if elastic else f"{word.text}: one process per device "
+                       "visible at launch")
+                unresolved_finding(m.src, f"{name} {key}", field, why,
+                                   "pass --gpus-per-node / --nodes on sapper's command line")
                 continue
             raise InputError("invalid value", file=m.file, field=f"{name} {key}",
                              value=word.shown, expected="a whole number ≥ 1")
