@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sapper.errors import InputError, clip
+from sapper.errors import InputError
 from sapper.plan.readers.base import ConfigFormat, Sniff, unknown_key_findings
 from sapper.plan.readers.megatron_args import DESTS, OPTIONS
 from sapper.plan.readers.shell import Command, Script, Word, read_script
@@ -32,7 +32,7 @@ __all__ = ["FORMAT", "Arg", "Launch", "parse_dump", "parse_launch", "read_megatr
 
 _BANNER = re.compile(r"-{8,} arguments -{8,}")
 _END = re.compile(r"-{8,} end of arguments -{8,}")
-_DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.{2,} ?(.*?)\s*$")
+_DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.{2,} ?(.*)")
 _PADDED = re.compile(r"> padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 #: Arguments only Megatron scripts pass (with dashes); three of them make a launch script.
 _DISTINCT = (
@@ -50,7 +50,6 @@ _NODES = {"--nnodes", "--num_nodes", "--num-nodes"}
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "aprun", "jsrun", "flux"}
 #: Longest dump value parsed as a Python literal (a list of data paths).
 _MAX_LITERAL = 10_000
-MAX_UNKNOWN_EXPANSIONS = 5
 
 
 @dataclass
@@ -105,7 +104,7 @@ def parse_dump(text: str, file: str) -> Launch | None:
         m = _DUMP_LINE.search(line)
         if not m:
             continue
-        name, raw = m.group(1), m.group(2)
+        name, raw = m.group(1), m.group(2).strip()
         if raw in ("None", ""):
             continue
         if raw in ("True", "False"):
@@ -292,10 +291,6 @@ def _dump_names(text: str) -> list[str]:
         if m and m.group(1) in DESTS:
             names.append(m.group(1))
     return names
-
-
-def clip_value(word: Word) -> str:
-    return clip(word.shown)
 
 
 FORMAT = ConfigFormat(

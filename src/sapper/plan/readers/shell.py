@@ -38,6 +38,11 @@ _KEYWORDS_OPEN = {"if", "for", "while", "until", "case", "select", "{"}
 _KEYWORDS_CLOSE = {"fi", "done", "esac", "}"}
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Runs of characters inside a word that the lexer passes over.
+_WORD_RUN = re.compile(r"[^ \t\r\n;&|()<>\\'\"`$]+")
+#: Runs of characters that expand to themselves, outside and inside double quotes.
+_PLAIN_RUN = re.compile(r"[^\"'\\`$~]+")
+_QUOTED_RUN = re.compile(r"[^\"\\`$]+")
 #: An unknown part inside a word's text: its index between two private-use characters.
 _MARK = re.compile("\ue000(\\d+)\ue001")
 
@@ -203,6 +208,10 @@ class _Lexer:
         kept whole (the expander reads them)."""
         s, start = self.s, self.i
         while self.i < len(s):
+            run = _WORD_RUN.match(s, self.i)
+            if run:
+                self.i = run.end()
+                continue
             c = s[self.i]
             if c in " \t\r\n;&|()<>":
                 break
@@ -534,15 +543,19 @@ class _Shell:
         out: list[_Piece] = []
         i, n = 0, len(raw)
         quoted = False
-        lit = ""
+        lit: list[str] = []  # literal text not yet flushed (a list: linear in the length)
 
         def flush() -> None:
-            nonlocal lit
             if lit:
-                out.append(_Piece(lit, False))
-                lit = ""
+                out.append(_Piece("".join(lit), False))
+                lit.clear()
 
         while i < n:
+            run = (_QUOTED_RUN if quoted else _PLAIN_RUN).match(raw, i)
+            if run:
+                lit.append(run.group(0))
+                i = run.end()
+                continue
             c = raw[i]
             if c == '"':
                 quoted = not quoted
@@ -553,7 +566,7 @@ class _Shell:
             elif c == "'" and not quoted:
                 end = raw.find("'", i + 1)
                 end = n if end < 0 else end
-                lit += raw[i + 1 : end]
+                lit.append(raw[i + 1 : end])
                 flush()
                 out.append(_Piece("", False))
                 i = end + 1
@@ -561,7 +574,7 @@ class _Shell:
                 nxt = raw[i + 1 : i + 2]
                 if nxt == "\n":  # a line continuation, inside quotes too
                     nxt = ""
-                lit += c + nxt if quoted and nxt not in ('"', "\\", "$", "`", "") else nxt
+                lit.append(c + nxt if quoted and nxt not in ('"', "\\", "$", "`", "") else nxt)
                 i += 2
             elif c == "`":
                 end = raw.find("`", i + 1)
@@ -578,7 +591,7 @@ class _Shell:
                 out.append(_Piece(self._mark("~", "~ is the home folder at launch"), False))
                 i += 1
             else:
-                lit += c
+                lit.append(c)
                 i += 1
         flush()
         return out
