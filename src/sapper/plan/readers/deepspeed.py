@@ -25,7 +25,7 @@ from sapper.plan.readers.base import ConfigFormat, Sniff
 from sapper.plan.readers.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
 from sapper.plan.sources import PlanSource, read_json_object
 
-__all__ = ["FORMAT", "read_deepspeed_config"]
+__all__ = ["FORMAT", "deepspeed_source", "read_deepspeed_config"]
 
 _MISSING = object()
 _AUTO = "auto"
@@ -52,10 +52,15 @@ _KIND_WORDS = {
 
 def read_deepspeed_config(path: str | Path) -> PlanSource:
     """A Plan source from a DeepSpeed JSON config, with its C0xx findings attached."""
-    file = str(path)
     raw = read_json_object(
         path, "a DeepSpeed config", "keys such as train_batch_size, bf16, zero_optimization"
     )
+    return deepspeed_source(raw, str(path))
+
+
+def deepspeed_source(raw: dict[str, Any], file: str) -> PlanSource:
+    """A Plan source from a DeepSpeed config already parsed (``file`` names it in
+    messages): a JSON file, or one a launch script writes with a heredoc."""
     reader = _Reader(raw, PlanSource(name=file))
     reader.set("framework", "deepspeed", "(a DeepSpeed config)")
     reader.check_keys(raw, "")

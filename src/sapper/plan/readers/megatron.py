@@ -85,6 +85,8 @@ class Launch:
     open_expansions: list[Word] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
+    #: Files the script writes with a heredoc (name as expanded -> text).
+    files: dict[str, Word] = field(default_factory=dict)
     #: From a log: the vocabulary Megatron padded, as printed (size, padded size).
     padded_vocab: tuple[int, int] | None = None
 
@@ -131,7 +133,8 @@ def parse_launch(text: str, file: str) -> Launch:
     """The training command of a launch script (or of plain text holding arguments)."""
     script = read_script(text)
     command, at = _training_command(script)
-    launch = Launch(file, "script", reasons=script.reasons, origins=script.origins)
+    launch = Launch(file, "script", reasons=script.reasons, origins=script.origins,
+                    files=script.files)
     if command is None:
         return launch
     words = command.words

@@ -36,6 +36,7 @@ from sapper.errors import InputError, clip
 from sapper.plan.readers.base import unresolved_finding
 from sapper.plan.readers.megatron import Arg, Launch
 from sapper.plan.readers.megatron_args import OPTIONS
+from sapper.plan.readers.shell import Word
 from sapper.plan.sources import MAX_INT_DIGITS, PlanSource
 
 __all__ = ["map_launch"]
@@ -767,6 +768,45 @@ def _data(m: _Map) -> None:
     m.put("data.format", "megatron", "data_path")
 
 
+def _inline_deepspeed(m: _Map, name: str, text: Word) -> bool:
+    """The DeepSpeed config the script writes itself (``cat <<EOT > $config_json``),
+    read as the DeepSpeed reader reads a file; the launch's own arguments win where both
+    set a value. False when its text is not known (an unset variable in it) or not
+    JSON."""
+    from sapper.plan.readers.deepspeed import deepspeed_source
+    from sapper.plan.sources import parse_json_text
+
+    label = f"{m.file}: the DeepSpeed config written to {clip(name)}"
+    if not text.known:
+        return False
+    try:
+        raw = parse_json_text(text.text, label)
+    except InputError:
+        return False
+    if not isinstance(raw, dict):
+        return False
+    ds = deepspeed_source(raw, label)
+    for path, origin in _leaves(ds.data):
+        if path not in m.src.origin:
+            from sapper.plan.sources import set_path
+
+            set_path(m.src.data, path, origin[0])
+            m.src.origin[path] = f"{ds.origin.get(path, path)} (in the heredoc for {name})"
+    m.src.findings.extend(ds.findings)
+    m.src.unresolved.extend(u for u in ds.unresolved if u not in m.src.unresolved)
+    return True
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, tuple[Any]]]:
+    out: list[tuple[str, tuple[Any]]] = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.extend(_leaves(value, f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", (value,)))
+    return out
+
+
 def _deepspeed_config(m: _Map, deepspeed: bool) -> None:
     if not deepspeed:
         return
@@ -775,6 +815,9 @@ def _deepspeed_config(m: _Map, deepspeed: bool) -> None:
     if m.flag("fp16"):
         fields.insert(1, "precision.loss_scaling.mode")
     why = None
+    written = m.launch.files.get(arg.values[0].text) if arg and arg.values else None
+    if written is not None and _inline_deepspeed(m, arg.values[0].shown, written):
+        return
     if arg is None or not arg.values:
         why = "--deepspeed without --deepspeed_config"
     elif not arg.values[0].known:

@@ -84,6 +84,9 @@ class Script:
     #: Variable -> where its value came from when not from an assignment
     #: (``#SBATCH --nodes=24``).
     origins: dict[str, str] = field(default_factory=dict)
+    #: File name (as expanded, unknown parts as placeholders) -> the text the script
+    #: writes to it with ``cat <<EOF > FILE``.
+    files: dict[str, Word] = field(default_factory=dict)
 
 
 # ---- lexing ----------------------------------------------------------------------------
@@ -103,7 +106,7 @@ class _Lexer:
         self.s = text
         self.i = 0
         self.line = 1
-        self.heredocs: list[tuple[str, bool]] = []
+        self.heredocs: list[tuple[str, bool, _Tok]] = []
 
     def tokens(self) -> list[_Tok]:
         out: list[_Tok] = []
@@ -142,8 +145,8 @@ class _Lexer:
                     out.append(
                         _Tok("array", m.group(1), start_line, self._array(), bool(m.group(2)))
                     )
-                elif word:
-                    out.append(_Tok("word", word, start_line))
+                elif word and not (word.isdigit() and s.startswith((">", "<"), self.i)):
+                    out.append(_Tok("word", word, start_line))  # (2>&1: 2 is no word)
         return out
 
     def _redirect(self) -> _Tok:
@@ -155,22 +158,30 @@ class _Lexer:
             while self.i < len(s) and s[self.i] in " \t":
                 self.i += 1
             delim = self._word()
-            self.heredocs.append((re.sub(r"[\"'\\]", "", delim), op == "<<-"))
-            return _Tok("op", "heredoc", self.line)
+            tok = _Tok("heredoc", delim, self.line)
+            tok.append = delim != re.sub(r"[\"'\\]", "", delim)  # quoted: no expansion
+            self.heredocs.append((re.sub(r"[\"'\\]", "", delim), op == "<<-", tok))
+            return tok
         return _Tok("redir", op, self.line)
 
     def _skip_heredocs(self) -> None:
         """The bodies of heredocs opened on the line just ended: data, not commands."""
         s = self.s
-        for delim, strip in self.heredocs:
+        for delim, strip, tok in self.heredocs:
+            start = self.i
             while self.i < len(s):
                 end = s.find("\n", self.i)
                 end = len(s) if end < 0 else end
-                body = s[self.i : end]
+                line = s[self.i : end]
+                if (line.lstrip("\t") if strip else line) == delim:
+                    tok.items = [s[start : self.i]]
+                    self.i = min(end + 1, len(s))
+                    self.line += 1
+                    break
                 self.i = min(end + 1, len(s))
                 self.line += 1
-                if (body.lstrip("\t") if strip else body) == delim:
-                    break
+            else:
+                tok.items = [s[start:]]
         self.heredocs.clear()
 
     def _array(self) -> list[str]:
@@ -340,7 +351,7 @@ class _Shell:
         cmd: list[_Tok] = []
         before = "\n"  # the operator before the command being collected
         for tok in toks:
-            if tok.kind == "op" and tok.text not in ("(", ")", "heredoc"):
+            if tok.kind == "op" and tok.text not in ("(", ")"):
                 self._command(cmd, before)
                 cmd, before = [], tok.text
             elif tok.kind != "op":
@@ -399,13 +410,22 @@ class _Shell:
     def _command(self, toks: list[_Tok], op: str = "\n") -> None:
         kept: list[_Tok] = []
         skip = False
+        heredoc: _Tok | None = None
+        target: _Tok | None = None
+        writes = False
         for tok in toks:  # redirections go, with their targets
             if skip:
                 skip = False
+                if writes and target is None and tok.kind == "word":
+                    target = tok
             elif tok.kind == "redir":
-                skip = True
+                skip, writes = True, tok.text in (">", ">|")
+            elif tok.kind == "heredoc":
+                heredoc = tok
             else:
                 kept.append(tok)
+        if heredoc is not None and target is not None:
+            self._written(heredoc, target)
         while kept and kept[0].kind == "word":
             head = kept[0].text
             if head in _KEYWORDS_OPEN | _KEYWORDS_CLOSE | {"then", "else", "elif"}:
@@ -451,6 +471,18 @@ class _Shell:
         if words:
             self.script.commands.append(Command(words, kept[first].line, self.conditional))
             self._nested(words)
+
+    def _written(self, heredoc: _Tok, target: _Tok) -> None:
+        """``cat <<EOF > FILE``: the text the script writes to FILE (expanded unless the
+        delimiter is quoted), for a reader that looks for that file."""
+        if self.skipped or not heredoc.items:
+            return
+        body = heredoc.items[0][:MAX_VALUE_CHARS]
+        if not heredoc.append:
+            body = "".join(p.text for p in self._pieces(body, True, heredoc=True))
+        names = self.expand(target.text)
+        if len(names) == 1:
+            self.script.files[names[0].text] = self.word(body, [])
 
     def _nested(self, words: list[Word]) -> None:
         """``bash -c "STRING"`` (also under srun): STRING is a script of its own, its
@@ -539,10 +571,12 @@ class _Shell:
             words.append(self.word(text, via))
         return words
 
-    def _pieces(self, raw: str, assignment: bool = False) -> list[_Piece]:
+    def _pieces(
+        self, raw: str, assignment: bool = False, heredoc: bool = False
+    ) -> list[_Piece]:
         out: list[_Piece] = []
         i, n = 0, len(raw)
-        quoted = False
+        quoted = heredoc  # a heredoc's body expands like a double-quoted string ...
         lit: list[str] = []  # literal text not yet flushed (a list: linear in the length)
 
         def flush() -> None:
@@ -557,7 +591,10 @@ class _Shell:
                 i = run.end()
                 continue
             c = raw[i]
-            if c == '"':
+            if c == '"' and heredoc:  # ... whose quotes are its own text
+                lit.append(c)
+                i += 1
+            elif c == '"':
                 quoted = not quoted
                 if not quoted:
                     flush()
