@@ -264,6 +264,34 @@ def test_arguments_dump_in_a_megatron_deepspeed_log() -> None:
     assert out["summary"]["derived"]["gradient_accumulation"] == 4
 
 
+def test_dump_lines_behind_rank_and_time_prefixes(tmp_path: Path) -> None:
+    lines = ["num_layers 32", "hidden_size 4096", "num_attention_heads 32",
+             "ffn_hidden_size 11008", "swiglu True", "bf16 True", "fp16 False",
+             "padded_vocab_size 32000", "world_size 16", "micro_batch_size 1",
+             "global_batch_size 64", "data_parallel_size 16", "lr_warmup_fraction None",
+             "lr_warmup_iters 100", "train_iters 1000", "seq_length 4096",
+             "max_position_embeddings 4096", "position_embedding_type rope",
+             "normalization RMSNorm", "use_distributed_optimizer True"]
+    body = "\n".join(
+        f"[default0]:[2024-05-01 10:00:00] {n} {'.' * (40 - len(n))} {v}"
+        for n, v in (line.split(" ", 1) for line in lines)
+    )
+    text = (
+        "[default0]:using world size: 16, data-parallel size: 16\n"
+        "[default0]:------------------------ arguments ------------------------\n"
+        f"{body}\n"
+        "[default0]:-------------------- end of arguments ---------------------\n"
+        " [2024-05-01 10:01:00] iteration 1/1000 | lm loss: 1.0E+01 |\n"
+    )
+    src = _read(tmp_path, text, "train.log")
+    d, m = src.data, src.data["model"]
+    assert (m["num_layers"], m["ffn_hidden_size"], m["vocab_size"]) == (32, 11008, 32000)
+    assert m["activation"] == "swiglu" and m["norm_type"] == "rmsnorm"
+    assert d["hardware"] == {"num_gpus": 16} and d["parallel"]["zero_stage"] == 1
+    assert d["schedule"]["warmup_steps"] == 100 and d["precision"]["grad_dtype"] == "fp32"
+    assert not [f for f in src.findings if f.code == "C005"]  # a dump has no typos
+
+
 def test_mixtral_moe_example() -> None:
     src = read_config(MIXTRAL)
     d = src.data
@@ -466,6 +494,8 @@ def test_bash_variables_arrays_arithmetic_and_branches(tmp_path: Path) -> None:
         ("cat <<EOT > f\n--num-layers 3\nEOT\necho done", "done", ()),
         ('echo "a b" c\\\n d', "a b c d", ()),
         ("echo $((2**80))", None, ("$((2**80))",)),
+        ("X=1\ncat <<'EOF' > f\n$X\nEOF\necho ok", "ok", ()),
+        ("false && A=1\necho ${A:-unset} 2>&1", "unset", ()),
     ],
 )
 def test_shell_expansion(text: str, word: str | None, unknown: tuple[str, ...]) -> None:
@@ -478,6 +508,13 @@ def test_shell_expansion(text: str, word: str | None, unknown: tuple[str, ...]) 
     assert found == unknown
     for name in unknown:
         assert script.reasons[name]
+
+
+def test_a_heredoc_is_the_text_written_to_its_file() -> None:
+    script = read_script("S=3\ncat <<EOT > ds_$S.json\n{\"stage\": $S}\nEOT\n"
+                         "cat <<'EOT' > raw.json\n{\"stage\": $S}\nEOT\n")
+    assert script.files["ds_3.json"].text == '{"stage": 3}\n'
+    assert script.files["raw.json"].text == '{"stage": $S}\n'
 
 
 def test_scheduler_variables_stay_unknown_never_their_fallback(tmp_path: Path) -> None:

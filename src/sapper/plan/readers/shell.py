@@ -302,6 +302,8 @@ class _Shell:
         self.vars: dict[str, _Value] = {}
         self.script = Script()
         self.frames: list[_Frame] = []
+        #: Exit status of the last command, where the file decides it (a test).
+        self.status: bool | None = True
         #: While reading an ``if``'s test: (operator before, result) of each command.
         self.cond: list[tuple[str, bool | None]] | None = None
         self.nesting = 0
@@ -408,6 +410,23 @@ class _Shell:
         return False
 
     def _command(self, toks: list[_Tok], op: str = "\n") -> None:
+        """One simple command; after ``&&`` / ``||`` it runs as the previous command's
+        status says: known for a test on the script's own values, else unknown."""
+        gate: bool | None = True
+        if op in ("&&", "||") and self.cond is None:
+            last = self.status
+            gate = last if op == "&&" else (None if last is None else not last)
+        if gate is False:
+            return
+        if gate is None:
+            self.frames.append(_Frame(state=None))
+        try:
+            self.status = self._simple(toks, op)
+        finally:
+            if gate is None:
+                self.frames.pop()
+
+    def _simple(self, toks: list[_Tok], op: str) -> bool | None:
         kept: list[_Tok] = []
         skip = False
         heredoc: _Tok | None = None
@@ -430,7 +449,7 @@ class _Shell:
             head = kept[0].text
             if head in _KEYWORDS_OPEN | _KEYWORDS_CLOSE | {"then", "else", "elif"}:
                 if self._keyword(head, op):
-                    return  # a loop's or case's header is no command
+                    return None  # a loop's or case's header is no command
                 kept = kept[1:]
             elif head in ("!", "time", "do"):
                 kept = kept[1:]
@@ -440,37 +459,39 @@ class _Shell:
             if kept and not self.skipped:
                 words = [w for t in kept if t.kind == "word" for w in self.expand(t.text)]
                 self.cond.append((op, _test(words)))
-            return
+            return None
         if not kept or self.skipped:
-            return
+            return None
         if kept[0].kind == "word" and (
             kept[0].text == "function" or kept[0].text.endswith("()")
             or (len(kept) > 1 and kept[1].text == "{")
         ):
             self.frames.append(_Frame(state=None))  # a function body runs when called
-            return
+            return None
         if kept[0].kind == "word" and kept[0].text in (
             "export", "declare", "typeset", "local", "readonly"
         ):
             for tok in kept[1:]:
                 self._assign(tok)
-            return
+            return True
         first = 0  # leading assignments: alone they set variables, before a command its env
         while first < len(kept) and (kept[first].kind == "array" or _is_assignment(kept[first])):
             first += 1
         if first == len(kept):
             for tok in kept:
                 self._assign(tok)
-            return
+            return True
         words: list[Word] = []
         for tok in kept[first:]:
             if tok.kind == "word":
                 words.extend(self.expand(tok.text))
             if len(words) > MAX_WORDS:
                 break
-        if words:
-            self.script.commands.append(Command(words, kept[first].line, self.conditional))
-            self._nested(words)
+        if not words:
+            return None
+        self.script.commands.append(Command(words, kept[first].line, self.conditional))
+        self._nested(words)
+        return _test(words)
 
     def _written(self, heredoc: _Tok, target: _Tok) -> None:
         """``cat <<EOF > FILE``: the text the script writes to FILE (expanded unless the
