@@ -65,9 +65,12 @@ def test_every_example_is_detected_as_its_own_format(path: Path) -> None:
 
 
 def test_a_megatron_log_with_its_arguments_dump_is_megatron() -> None:
-    assert detect_config(Sniff.of(EXAMPLES / "logs" / "megatron-gpt345m-fp16.log")).name == (
-        "megatron"
-    )
+    log = EXAMPLES / "logs" / "megatron-gpt345m-fp16.log"
+    assert detect_config(Sniff.of(log)).name == "megatron"
+    src = read_config(log)
+    assert src.data["hardware"] == {"num_gpus": 8}  # "using world size: 8, ..."
+    assert src.origin["hardware.num_gpus"] == "using world size"
+    assert "model.vocab_size" in src.unresolved
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ __all__ = ["FORMAT", "Arg", "Launch", "parse_dump", "parse_launch", "read_megatr
 _BANNER = re.compile(r"-{8,} arguments -{8,}")
 _END = re.compile(r"-{8,} end of arguments -{8,}")
 _DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.{2,} ?(.*)")
+_WORLD = re.compile(r"using world size: (\d+)")
 _PADDED = re.compile(r"> padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 #: Arguments only Megatron scripts pass (with dashes); three of them make a launch script.
 _DISTINCT = (
@@ -121,6 +122,11 @@ def parse_dump(text: str, file: str) -> Launch | None:
             if isinstance(items, list):
                 values = [str(v) for v in items]
         launch.args[name] = Arg(name, [Word(v, v) for v in values])
+    world = _WORLD.search(text, 0, start.start())
+    if "world_size" not in launch.args and world and len(world.group(1)) < 8:
+        # "using world size: 8, data-parallel size: 8, ..." printed before the dump
+        launch.args["world_size"] = Arg("using world size", [Word(world.group(1),
+                                                                   world.group(1))])
     if end is not None:
         m = _PADDED.search(text, end.end())
         if m and len(m.group(1)) < 12 and len(m.group(3)) < 12:

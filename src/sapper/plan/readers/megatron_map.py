@@ -397,6 +397,8 @@ def _vocab(m: _Map, tp: Any) -> None:
     if tokenizer:
         keys.insert(0, f"{m.key('tokenizer_type')} {tokenizer}")
     said = f" ({', '.join(keys)})" if keys else " (no --vocab-size is given)"
+    if m.dump and not keys:
+        said = " (the dump has no padded_vocab_size and no '> padded vocab' line follows it)"
     if not keys and m.launch.open_expansions:
         opened = ", ".join(dict.fromkeys(w.shown for w in m.launch.open_expansions))
         said = f" (not among the arguments the file decides; {opened} may hold it)"
