@@ -514,12 +514,12 @@ def _batch(m: _Map) -> dict[str, Any]:
     micro = m.take("micro_batch_size", "batch.micro_batch_size",
                    m.integer("micro_batch_size", "batch.micro_batch_size"))
     glob = m.integer("global_batch_size", "batch.global_batch_size")
-    ramp = m.arg("rampup_batch_size")
+    ramp = m.arg("rampup_batch_size") or m.arg("step_batch_size_schedule")
     if known(glob):
         origin = m.origin("global_batch_size")
         if ramp is not None:
-            origin += (" (reached after --rampup-batch-size "
-                       f"{' '.join(w.shown for w in ramp.values)}; the checks use it)")
+            origin += (f" (reached after {ramp.key} "
+                       f"{clip(' '.join(w.shown for w in ramp.values))}; the checks use it)")
         m.put("batch.global_batch_size", glob, "global_batch_size", origin=origin)
     seq = m.integer("seq_length", "batch.seq_len")
     if seq is None:
