@@ -295,6 +295,69 @@ def test_dump_lines_behind_rank_and_time_prefixes(tmp_path: Path) -> None:
     assert not [f for f in src.findings if f.code == "C005"]  # a dump has no typos
 
 
+#: The Megatron-DeepSpeed Llama run of the log, as a sapper plan written from its dump.
+LOG_PLAN = """
+framework: deepspeed
+model:
+  implementation: megatron
+  num_layers: 24
+  hidden_size: 2048
+  num_heads: 16
+  num_kv_heads: 16
+  head_dim: 128
+  ffn_hidden_size: 5504
+  activation: swiglu
+  hidden_act: silu
+  vocab_size: 32000
+  max_position_embeddings: 2048
+  position_encoding: rope
+  rope_theta: 10000
+  norm_type: rmsnorm
+  tied_embeddings: false
+  attention_bias: false
+  mlp_bias: false
+  dropout: 0.0
+precision:
+  dtype: fp16
+optimizer:
+  type: adamw
+  lr: 3.0e-4
+  betas: [0.9, 0.95]
+  eps: 1.0e-8
+  weight_decay: 0.1
+schedule:
+  type: cosine
+  warmup_steps: 2000
+  total_steps: 2500
+  min_lr: 3.0e-5
+init:
+  std: 0.02
+  residual_scaling: depth
+batch:
+  micro_batch_size: 4
+  global_batch_size: 32
+  seq_len: 2048
+parallel:
+  tp: 2
+  pp: 2
+  ep: 1
+  pipeline_scatter_gather: false
+hardware:
+  num_gpus: 8
+unresolved: [data.path, clipping.max_norm, precision.loss_scaling.mode, parallel.zero_stage]
+"""
+
+
+def test_log_verdicts_equal_the_hand_written_plan(tmp_path: Path) -> None:
+    plan = tmp_path / "llama.yaml"
+    plan.write_text(LOG_PLAN)
+    for gpu in ([], ["--gpu", "A100-40GB"]):
+        from_log = _verdicts(check_json("--config", str(LOG), *gpu))
+        by_hand = _verdicts(check_json(str(plan), *gpu))
+        assert from_log[0] == by_hand[0] and from_log[2] == by_hand[2]
+        assert [c for c in from_log[1] if not c.startswith("C")] == by_hand[1]
+
+
 def test_mixtral_moe_example() -> None:
     src = read_config(MIXTRAL)
     d = src.data
