@@ -609,6 +609,26 @@ def test_misspelled_arguments_are_c005_with_the_argument_meant(
     assert "unrecognized arguments" in found[0].message
 
 
+def test_programs_with_their_own_arguments_are_not_checked_for_typos(tmp_path: Path) -> None:
+    text = MINIMAL.format(extra="--my-own-flag 3").replace(
+        "pretrain_gpt.py", "-m examples.mine.train")
+    src = _read(tmp_path, text)
+    assert src.data["model"]["num_layers"] == 2
+    assert not [f for f in src.findings if f.code == "C005"]
+
+
+def test_a_settings_file_for_another_script_to_source(tmp_path: Path) -> None:
+    src = _read(tmp_path, 'MODEL_ARGS="--num-layers 4 --hidden-size 256 '
+                '--num-attention-heads 4 --seq-length 128"\nTRAIN_ARGS="--lr 1e-3"\n')
+    assert src.data["model"]["num_layers"] == 4 and src.data["batch"]["seq_len"] == 128
+
+
+def test_shape_from_the_checkpoint(tmp_path: Path) -> None:
+    src = _read(tmp_path, MINIMAL.replace("--num-layers 2", "--num-layers -1").format(
+        extra=""))
+    assert "model" not in src.data and "model" in src.unresolved
+
+
 def test_options_of_older_releases_and_the_deepspeed_fork_are_known() -> None:
     for option in ("--checkpoint-activations", "--pad-vocab-size-to", "--zero-stage",
                    "--deepspeed_config", "--use-rotary-position-embeddings",

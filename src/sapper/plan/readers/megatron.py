@@ -142,6 +142,15 @@ def parse_launch(text: str, file: str) -> Launch:
     launch = Launch(file, "script", reasons=script.reasons, origins=script.origins,
                     files=script.files)
     if command is None:
+        # A file of settings only (MODEL_ARGS="--num-layers 24 ..." for another script to
+        # source): the variable holding the most Megatron arguments.
+        best = max(
+            script.variables.items(),
+            key=lambda kv: sum(w.text.split("=", 1)[0] in OPTIONS for w in kv[1]),
+            default=None,
+        )
+        if best is not None and any(w.text.split("=", 1)[0] in OPTIONS for w in best[1]):
+            _megatron_args(launch, best[1])
         return launch
     words = command.words
     if at is not None:
@@ -156,12 +165,25 @@ def _is_program(word: Word) -> bool:
     return word.text.endswith(".py") and not word.text.startswith("-")
 
 
+def _program_index(words: list[Word]) -> int | None:
+    """Where the program is: the first ``.py`` word, or the module after ``-m`` (python's
+    or torchrun's) that is not a launcher itself."""
+    for i, w in enumerate(words):
+        if _is_program(w):
+            return i
+        if w.text in ("-m", "--module") and i + 1 < len(words):
+            module = words[i + 1].text
+            if module not in _TORCHRUN and not module.startswith("-"):
+                return i + 1
+    return None
+
+
 def _training_command(script: Script) -> tuple[Command | None, int | None]:
     """The command with the most Megatron arguments (one that runs a .py file first, one
     outside a conditional block next), and the index of its program word."""
     best: tuple[tuple[int, int, int], Command, int | None] | None = None
     for cmd in script.commands:
-        at = next((i for i, w in enumerate(cmd.words) if _is_program(w)), None)
+        at = _program_index(cmd.words)
         if cmd.words and cmd.words[0].text in ("echo", "printf", "cat"):
             continue
         rest = cmd.words[at + 1 :] if at is not None else cmd.words
@@ -216,7 +238,7 @@ def _megatron_args(launch: Launch, words: list[Word]) -> None:
             key, eq, value = text.partition("=")
             entry = OPTIONS.get(key)
             if entry is None:
-                launch.unknown_options.append(key)
+                launch.unknown_options.append(w.shown.partition("=")[0])
                 current = None
                 continue
             dest, kind = entry
@@ -258,7 +280,7 @@ def read_megatron(sniff: Sniff) -> PlanSource:
             "--hidden-size ... or Megatron's printed arguments dump",
         )
     src = PlanSource(name=sniff.name)
-    if launch.kind == "script":
+    if launch.kind == "script" and _megatron_parser(launch.program):
         src.findings.extend(
             unknown_key_findings(
                 launch.unknown_options,
@@ -272,6 +294,17 @@ def read_megatron(sniff: Sniff) -> PlanSource:
         )
     map_launch(launch, src, Path(sniff.name).parent)
     return src
+
+
+def _megatron_parser(program: str | None) -> bool:
+    """Whether the program's arguments are Megatron's own: its ``pretrain_*.py`` entry
+    points (which add only Model Optimizer's, in the table too), or plain text. Other
+    programs (``tasks/main.py``, the multimodal and post-training examples, a user's own
+    script) add arguments of their own through ``extra_args_provider``, so an argument
+    the table lacks is not a typo there."""
+    if program is None:
+        return True
+    return re.fullmatch(r"pretrain_\w*\.py", program.rsplit("/", 1)[-1]) is not None
 
 
 def _recognise(sniff: Sniff) -> float:

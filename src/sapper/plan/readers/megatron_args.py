@@ -14,6 +14,8 @@ the DeepSpeed fork) is not reported for an argument that release had:
   ``megatron/arguments.py`` at core_v0.4.0 (38879f8b) and v2.6 (3860e995);
 - microsoft/Megatron-DeepSpeed ``megatron/arguments.py`` at f4157bea (2024-12-24);
 - bigscience-workshop/Megatron-DeepSpeed ``megatron/arguments.py`` at 8387ae17 (2023-12-07);
+- the arguments ``pretrain_gpt.py`` adds with Model Optimizer installed
+  (``megatron/post_training/arguments.py`` ``add_modelopt_args``, at d98e8a64);
 - DeepSpeed's ``deepspeed.add_config_arguments`` (``deepspeed/__init__.py``):
   ``--deepspeed``, ``--deepspeed_config``, ``--deepscale``, ``--deepscale_config``,
   ``--deepspeed_mpi``.
@@ -241,6 +243,7 @@ _TABLE: dict[str, str] = {
     "--enable-expert-tensor-parallelism": "t",
     "--enable-ft-package": "t",
     "--enable-full-sharding-in-hsdp": "t",
+    "--enable-gpt-oss": "t",
     "--enable-mhc-connections": "t",
     "--enable-msc": "t",
     "--enable-zbh1-exact-semantics": "t",
@@ -274,6 +277,21 @@ _TABLE: dict[str, str] = {
     "--expert-model-parallel-size": "v",
     "--expert-tensor-parallel-num-weight-shards": "v",
     "--expert-tensor-parallel-size": "v",
+    "--export-default-te-spec": "t",
+    "--export-force-local-attention": "t",
+    "--export-kd-cfg": "v",
+    "--export-kd-teacher-ckpt-format": "v",
+    "--export-kd-teacher-load": "v",
+    "--export-kd-teacher-model-config": "v",
+    "--export-kv-cache-quant": "v",
+    "--export-legacy-megatron": "t",
+    "--export-model-type": "v",
+    "--export-moe-apply-probs-on-input": "t",
+    "--export-offline-model": "t",
+    "--export-qk-l2-norm": "t",
+    "--export-quant-cfg": "v",
+    "--export-real-quant-cfg": "v",
+    "--export-te-mcore-model": "t",
     "--external-cuda-graph": "t",
     "--fake-process-group": "t",
     "--fault-injector-delay-start-iteration": "v",
@@ -300,6 +318,9 @@ _TABLE: dict[str, str] = {
     "--fine-grained-activation-offloading": "t",
     "--fine-grained-offloading-max-inflight-offloads": "v",
     "--finetune": "t",
+    "--finetune-data-files": "v",
+    "--finetune-data-split": "v",
+    "--finetune-hf-dataset": "v",
     "--first-last-layers-bf16": "t",
     "--flash-attention-version": "v",
     "--flash-decode": "t",
@@ -326,6 +347,7 @@ _TABLE: dict[str, str] = {
     "--fp8-quantizer-factory": "v",
     "--fp8-recipe": "v",
     "--freeze-all-layers": "t",
+    "--freeze-base-for-mtp": "t",
     "--fsdp-db-use-persist-buf-on-alloc-fail": "t",
     "--fsdp-double-buffer": "t",
     "--fsdp-manual-registration": "t",
@@ -565,6 +587,7 @@ _TABLE: dict[str, str] = {
     "--mmap-warmup": "t",
     "--mock-data": "t",
     "--model-parallel-size": "v",
+    "--modelopt-enabled": "t",
     "--moe-apply-probs-on-input": "t",
     "--moe-aux-loss-coeff": "v",
     "--moe-combine-bwd-dtype": "v",
@@ -833,6 +856,7 @@ _TABLE: dict[str, str] = {
     "--pytorch-profiler-collect-chakra": "t",
     "--pytorch-profiler-collect-shapes": "t",
     "--q-lora-rank": "v",
+    "--qad-train-target": "v",
     "--qk-clip": "t",
     "--qk-clip-alpha": "v",
     "--qk-clip-threshold": "v",

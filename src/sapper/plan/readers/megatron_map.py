@@ -252,6 +252,22 @@ def map_launch(launch: Launch, src: PlanSource, base: Path) -> None:
 
 
 def _model(m: _Map, tp: Any) -> None:
+    shape = ("num_layers", "hidden_size", "num_attention_heads")
+    placeholders = [d for d in shape if m.arg(d) and m.raw(d, "model") == "-1"]
+    if placeholders or m.flag("use_checkpoint_args"):
+        key = m.key("use_checkpoint_args") if not placeholders else ", ".join(
+            f"{m.key(d)} -1" for d in placeholders)
+        unresolved_finding(
+            m.src, key, "model",
+            "the model's shape is the checkpoint's (--use-checkpoint-args, or -1 "
+            "placeholders the program replaces with the loaded checkpoint's values)",
+            "pass --model config.json of the checkpoint's model, or give the shape in a "
+            "sapper plan passed with another --config",
+        )
+        for dest in ("seq_length", "max_position_embeddings"):
+            if m.arg(dest) and m.raw(dest, "batch.seq_len") == "-1":
+                m.launch.args.pop(dest)
+        return
     layers = m.integer("num_layers", "model.num_layers")
     if layers is None:
         layers = m.integer("encoder_num_layers", "model.num_layers")

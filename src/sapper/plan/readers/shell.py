@@ -87,6 +87,8 @@ class Script:
     #: File name (as expanded, unknown parts as placeholders) -> the text the script
     #: writes to it with ``cat <<EOF > FILE``.
     files: dict[str, Word] = field(default_factory=dict)
+    #: Each variable at the end, as the words ``${NAME[@]}`` gives unquoted.
+    variables: dict[str, list[Word]] = field(default_factory=dict)
 
 
 # ---- lexing ----------------------------------------------------------------------------
@@ -927,4 +929,7 @@ def read_script(text: str) -> Script:
     """The commands of a bash script with its own variables expanded (see the module)."""
     shell = _Shell(text)
     shell.run(text)
+    for name in list(shell.vars)[:MAX_WORDS]:
+        shell.frames.clear()
+        shell.script.variables[name] = shell.expand("${" + name + "[@]}")[:MAX_WORDS]
     return shell.script
