@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sapper.version import __version__ as __version__
+
 if TYPE_CHECKING:
     from sapper.errors import InputError, SapperError
     from sapper.monitor import Monitor, SapperHalt
@@ -28,7 +30,6 @@ __all__ = [
     "Severity",
     "load_plan",
 ]
-__version__ = "0.1.0"
 
 #: Every export is lazy: importing any ``sapper.*`` module runs this file first, and
 #: ``sapper --help`` or ``sapper rules`` must not pay for the plan schema (pydantic, YAML)

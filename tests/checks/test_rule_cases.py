@@ -8,6 +8,7 @@ Cases live in ``tests/rules_cases/<CODE>.yaml``::
       deepspeed: {...}  # optional: written to ds.json
       hf_config: {...}  # optional: written to config.json
       files: {name: text}  # optional: written next to the plan (e.g. a jsonl dataset)
+      configs: {name: text}  # optional: launch configs of any format, read as --config
     quiet: {...}      # same shape; the rule must stay silent
 """
 
@@ -43,7 +44,11 @@ def _run(case: dict, tmp_path: Path) -> set[str]:
     if "deepspeed" in case:
         ds = tmp_path / "ds.json"
         ds.write_text(json.dumps(case["deepspeed"]))
-    report = run_checklist(load_plan(plan_file, hf_config=hf, deepspeed=ds))
+    configs = []
+    for name, text in case.get("configs", {}).items():
+        configs.append(tmp_path / name)
+        configs[-1].write_text(text)
+    report = run_checklist(load_plan(plan_file, configs=configs, hf_config=hf, deepspeed=ds))
     return {f.code for f in report.findings}
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from sapper.memory import MemoryOptions, estimate
 from sapper.memory.traced import StepConfig, trace_hf_config
-from sapper.plan.readers.hf_config import read_hf_config
 from sapper.plan.load import build_plan
+from sapper.plan.readers.hf_config import read_hf_config
 from sapper.plan.schema import Plan
 from sapper.plan.sources import PlanSource
 from sapper.smoke.toy import shrink_hf_config

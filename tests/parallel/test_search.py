@@ -7,9 +7,10 @@ import pytest
 
 from sapper.errors import InputError
 from sapper.parallel import search, validate
+from sapper.parallel.candidate import layout_at
 from sapper.parallel.cost import evaluate
 from sapper.parallel.published import PUBLISHED_RUNS
-from sapper.parallel.search import _layout_at, _rank, default_memory_check, enumerate_layouts
+from sapper.parallel.search import _rank, default_memory_check, enumerate_layouts
 from sapper.plan.schema import Plan
 from sapper.rules.model import Severity
 
@@ -123,7 +124,7 @@ def test_pruning_never_changes_the_answer(run) -> None:
         split = (int(batch.tp[i]), int(batch.pp[i]), int(batch.cp[i]), int(batch.ep[i]))
         if split in splits:
             continue
-        lay = _layout_at(batch, i, order)
+        lay = layout_at(batch, i, order)
         fits, gib = default_memory_check(lay.apply(plan))[:2]
         clean = not [x for x in validate(lay.apply(plan)) if x.severity != Severity.INFO]
         if fits and clean and gib <= 0.9 * plan.gpu.memory_gib:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from sapper.errors import InputError
+from sapper.plan.load import load_plan
 from sapper.plan.readers.deepspeed import read_deepspeed_config
 from sapper.plan.readers.deepspeed_keys import SECTIONS, suggest
-from sapper.plan.load import load_plan
 from sapper.plan.sources import PlanSource
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples" / "deepspeed"

@@ -15,9 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sapper.errors import InputError
+from sapper.plan.load import load_plan
 from sapper.plan.readers.hf_config import SUPPORTED_FAMILIES, read_hf_config
 from sapper.plan.readers.hf_families import quiet_transformers
-from sapper.plan.load import load_plan
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "hf"
 CONFIGS = sorted(FIXTURES.glob("*.json"))

@@ -44,12 +44,12 @@ from sapper.checks.engine import run_checklist
 from sapper.cli.app import _register_commands, app
 from sapper.errors import SapperError
 from sapper.memory.verdict import verdict
+from sapper.plan.hardware import GPUS
+from sapper.plan.load import load_plan
 from sapper.plan.readers.deepspeed import read_deepspeed_config
 from sapper.plan.readers.deepspeed_keys import SECTIONS
-from sapper.plan.hardware import GPUS
 from sapper.plan.readers.hf_config import _ORIGIN, _POSITIVE_INTS, read_hf_config
 from sapper.plan.readers.hf_families import FAMILIES
-from sapper.plan.load import load_plan
 from sapper.plan.schema import Plan
 
 ROOT = Path(__file__).parent.parent.parent

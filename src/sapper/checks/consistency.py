@@ -10,51 +10,13 @@ parallel checks; these rules need a known DP degree and stay silent otherwise.
 from __future__ import annotations
 
 from sapper.checks.engine import CheckOutput, plan_check
+from sapper.plan.rules import GLOBAL_BATCH_INDIVISIBLE, GLOBAL_BATCH_MISMATCH
 from sapper.plan.schema import Plan
-from sapper.rules.model import Rule, Severity
 
-__all__ = ["GLOBAL_BATCH_INDIVISIBLE", "GLOBAL_BATCH_MISMATCH"]
+__all__ = ["global_batch_indivisible", "global_batch_mismatch"]
 
-GLOBAL_BATCH_MISMATCH = Rule(
-    code="C101",
-    name="global-batch-mismatch",
-    check="parallel",
-    severity=Severity.ERROR,
-    title="Global batch ≠ micro batch × gradient accumulation × DP",
-    why="""\
-One optimizer step consumes micro × GA × DP sequences. When the configured global batch
-says otherwise, the framework either refuses to start (DeepSpeed asserts
-train_batch_size == micro × GA × world/(tp·pp)), or silently recomputes one of the numbers
-— usually gradient accumulation — so the run trains at a batch, and so an effective
-learning rate and a token budget, nobody chose (seed §5.3).""",
-    signs="""\
-A different number of steps per epoch than planned; tokens per step in the log that do
-not match the plan; a learning-rate schedule that ends early or late.""",
-    fix="""\
-Make the numbers agree: set gradient accumulation to global / (micro × DP), or change
-the global batch (and retune the learning rate if it moves).""",
-    seed="§5.1, §5.3",
-)
-
-GLOBAL_BATCH_INDIVISIBLE = Rule(
-    code="C102",
-    name="global-batch-indivisible",
-    check="parallel",
-    severity=Severity.ERROR,
-    title="Global batch is not divisible by micro batch × DP",
-    why="""\
-Gradient accumulation must be an integer: GA = global / (micro × DP). When it does not
-divide, frameworks stop at start-up (Megatron, DeepSpeed) or round GA down and train at a
-smaller batch than planned, dropping the remainder of every step.""",
-    signs="""\
-A start-up assertion about batch divisibility, or fewer tokens per step than planned.""",
-    fix="""\
-Pick a global batch that is a multiple of micro × DP, or change the micro batch or the
-data-parallel degree so it divides.""",
-    seed="§5.1",
-)
-
-
+# The rules themselves are defined in sapper.plan.rules: a DeepSpeed reader reports C101
+# too, while it derives the batch, and the readers sit below the checks.
 @plan_check(GLOBAL_BATCH_MISMATCH)
 def global_batch_mismatch(plan: Plan) -> CheckOutput:
     b, dp = plan.batch, plan.dp_degree

@@ -15,19 +15,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sapper.cli.app import (
+from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.cli.output import (
     FormatOpt,
     IgnoreOpt,
     OutputFormat,
     SelectOpt,
-    app,
     console,
     emit_json,
     err_console,
     run_guarded,
     split_codes,
 )
-from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
 from sapper.errors import InputError
 
 # Readers, detectors, pydantic and the renderers are imported where they are used:
@@ -112,7 +111,7 @@ def with_log_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def has_plan_inputs(inputs: PlanInputs) -> bool:
     given = [inputs.plan, inputs.model, inputs.deepspeed, *inputs.values.values()]
-    return any(v is not None for v in given)
+    return bool(inputs.configs) or any(v is not None for v in given)
 
 
 def plan_for(inputs: PlanInputs, logs: list[LogData]) -> Plan | None:
@@ -432,7 +431,6 @@ def analyses_json(analyses: list[Analysis], failed: list[InputError]) -> dict[st
     }
 
 
-@app.command("analyze")
 @with_log_plan_options
 def analyze(
     inputs: PlanInputs,

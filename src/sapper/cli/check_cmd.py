@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from sapper.cli.app import (
+from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
+from sapper.cli.output import (
     FormatOpt,
     IgnoreOpt,
     OutputFormat,
     SelectOpt,
-    app,
     console,
     emit_json,
     run_guarded,
     split_codes,
 )
-from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
 
 
-@app.command("check")
 @with_plan_options
 def check(
     inputs: PlanInputs,

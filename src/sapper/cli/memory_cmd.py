@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from sapper.cli.app import FormatOpt, OutputFormat, app, console, emit_json, run_guarded
 from sapper.cli.options import (
     PlanInputs,
     load_from_options,
     stop_on_layout_errors,
     with_plan_options,
 )
+from sapper.cli.output import FormatOpt, OutputFormat, console, emit_json, run_guarded
 
 
-@app.command("memory")
 @with_plan_options
 def memory(
     inputs: PlanInputs,

@@ -100,6 +100,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="A launch config, its format read from its content: a sapper plan, a Megatron-LM "
         "script or argument dump, a NeMo, accelerate or Axolotl YAML, a torchtitan TOML, HF "
         "TrainingArguments (JSON or command line), a DeepSpeed JSON or an HF config.json. "
@@ -111,6 +112,7 @@ ConfigFormatOpt = Annotated[
     str | None,
     typer.Option(
         "--config-format",
+        metavar="FORMAT",
         help="Read every --config file as this format instead of detecting it.",
         show_default=False,
     ),
@@ -268,12 +270,12 @@ def stop_on_layout_errors(loaded: LoadedPlan, as_json: bool) -> bool:
     if not errors:
         return False
     if as_json:
-        from sapper.cli.app import emit_json
+        from sapper.cli.output import emit_json
 
         emit_json({"findings": [f.to_json() for f in errors],
                    "summary": {"errors": len(errors), "stopped": "layout errors"}})
     else:
-        from sapper.cli.app import console
+        from sapper.cli.output import console
         from sapper.report.terminal import render_findings
 
         console.print("the layout cannot start (as `sapper check` reports):")

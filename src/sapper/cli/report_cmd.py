@@ -24,12 +24,11 @@ from sapper.cli.analyze_cmd import (
     plan_for,
     with_log_plan_options,
 )
-from sapper.cli.app import IgnoreOpt, SelectOpt, app, console, run_guarded, split_codes
 from sapper.cli.options import PlanInputs, load_from_options
+from sapper.cli.output import IgnoreOpt, SelectOpt, console, run_guarded, split_codes
 from sapper.errors import InputError
 
 
-@app.command("report")
 @with_log_plan_options
 def report(
     inputs: PlanInputs,

@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sapper.cli.app import (
+from sapper.cli.output import (
     FormatOpt,
     IgnoreOpt,
     OutputFormat,
     SelectOpt,
-    app,
     console,
     emit_json,
     run_guarded,
@@ -57,7 +56,6 @@ def rules_table(rules: list[Rule], width: int) -> Text:
     return out
 
 
-@app.command("rules")
 def rules(
     fmt: FormatOpt = OutputFormat.text,
     select: SelectOpt = None,
@@ -81,7 +79,6 @@ def rules(
     run_guarded(body)
 
 
-@app.command("explain")
 def explain(
     code: Annotated[str, typer.Argument(help="A rule code, e.g. N102.")],
     fmt: FormatOpt = OutputFormat.text,

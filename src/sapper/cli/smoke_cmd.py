@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from sapper.cli.app import FormatOpt, OutputFormat, app, console, emit_json, run_guarded
+from sapper.cli.output import FormatOpt, OutputFormat, console, emit_json, run_guarded
 from sapper.errors import InputError
 
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -19,7 +19,6 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
-@app.command("smoke")
 def smoke(
     model: Annotated[
         Path | None,

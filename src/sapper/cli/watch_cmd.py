@@ -24,8 +24,8 @@ from sapper.cli.analyze_cmd import (
     has_plan_inputs,
     with_log_plan_options,
 )
-from sapper.cli.app import IgnoreOpt, SelectOpt, app, console, run_guarded, split_codes
 from sapper.cli.options import PlanInputs, load_from_options
+from sapper.cli.output import IgnoreOpt, SelectOpt, console, run_guarded, split_codes
 from sapper.errors import InputError
 
 __all__ = ["watch"]
@@ -37,7 +37,6 @@ def _choice(value: str, allowed: tuple[str, ...] | list[str], option: str) -> st
     return value
 
 
-@app.command("watch")
 @with_log_plan_options
 def watch(
     inputs: PlanInputs,

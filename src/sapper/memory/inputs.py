@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sapper.errors import InputError
+from sapper.memory.stages import stage_split
 from sapper.memory.units import DTYPE_BYTES
 from sapper.plan.schema import Plan
 
@@ -322,7 +323,6 @@ def shape_from_plan(plan: Plan) -> Shape:
         fused=plan.optimizer.fused,
         **_traits(plan),  # type: ignore[arg-type]
     )
-    from sapper.memory.pipeline import layers_per_stage
-
-    layers_per_stage(shape)  # an explicit first/last split that cannot work raises here
+    # An explicit first/last split that cannot work raises here.
+    stage_split(shape.layers, shape.pp, shape.first_layers, shape.last_layers)
     return shape

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sapper.errors import InputError
 from sapper.memory.inputs import Shape
+from sapper.memory.stages import stage_split
 
 __all__ = [
     "InFlight",
@@ -43,36 +43,9 @@ def interleaved(sh: Shape) -> bool:
     return sh.pp > 1 and sh.schedule == "interleaved" and sh.vpp > 1
 
 
-@lru_cache(maxsize=1024)
-def _split(layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
-    if pp == 1:
-        return (layers,)
-    if first is None and last is None:
-        base, extra = divmod(layers, pp)
-        return tuple(base + (1 if i < extra else 0) for i in range(pp))
-    fixed = [x for x in (first, last) if x is not None]
-    rest, others = layers - sum(fixed), pp - len(fixed)
-    given = f"first_stage_layers({first}), last_stage_layers({last})"
-    if rest < 0 or (others == 0 and rest != 0) or (others and (rest <= 0 or rest % others)):
-        field = "parallel.first_stage_layers" if first is not None else (
-            "parallel.last_stage_layers"
-        )
-        raise InputError(
-            f"{given} leave {rest} of the {layers} layers for the other {others} stages",
-            field=field,
-            value=first if first is not None else last,
-            expected=f"counts that leave a positive multiple of {others} layers"
-            if others else f"counts adding up to {layers}",
-        )
-    mid = [rest // others] * others if others else []
-    return tuple(([first] if first is not None else []) + mid + (
-        [last] if last is not None else []
-    ))
-
-
 def layers_per_stage(sh: Shape) -> tuple[int, ...]:
     """Blocks on each pipeline stage, first to last (all chunks of a stage together)."""
-    return _split(sh.layers, sh.pp, sh.first_layers, sh.last_layers)
+    return stage_split(sh.layers, sh.pp, sh.first_layers, sh.last_layers)
 
 
 @lru_cache(maxsize=4096)
@@ -187,7 +160,7 @@ def in_flight(sh: Shape, stage: int, weights: tuple[int, ...]) -> InFlight:
 def _candidates(
     layers: int, pp: int, first: int | None, last: int | None, v: int
 ) -> tuple[int, ...]:
-    split = _split(layers, pp, first, last)
+    split = stage_split(layers, pp, first, last)
     out: list[int] = []
     seen: list[tuple[int, ...]] = []
     for i, n in enumerate(split[:-1]):

@@ -42,14 +42,41 @@ import time
 import weakref
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from sapper.monitor.monitor import Monitor
+__all__ = [
+    "EXIT_WAIT_S",
+    "PERIOD_S",
+    "STALL_S",
+    "Durable",
+    "attach",
+    "device_idle",
+    "pending",
+    "redeliver",
+]
 
-__all__ = ["EXIT_WAIT_S", "PERIOD_S", "STALL_S", "attach", "device_idle", "pending", "redeliver"]
+
+class Durable(Protocol):
+    """What the exit paths need of a monitor (:class:`sapper.monitor.Monitor` is one):
+    said here rather than imported, since the monitor imports this module to attach
+    itself."""
+
+    device: torch.device
+    #: The cross-rank bridge, or None in a single process (the flusher runs only then).
+    dist: object | None
+    flush_every_s: float | None
+    _closed: bool
+    #: Reads in progress, and the thread doing them (a signal during one is held).
+    _busy: int
+    _owner: int | None
+
+    def close(self) -> object: ...
+
+    def _flush_stalled(self, stall_s: float) -> None: ...
+
+    def _flush_for_exit(self, *, final: bool) -> None: ...
 
 #: The flusher's wake-up period, and how long ``step()`` must have been silent before it
 #: writes what is complete: records reach the disk at most ~0.75 s after a stall begins.
@@ -60,7 +87,7 @@ EXIT_WAIT_S = 2.0
 
 _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
 
-_live: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_live: weakref.WeakSet[Durable] = weakref.WeakSet()
 #: Signal number -> the handler that was there before sapper's.
 _previous: dict[int, Any] = {}
 #: A signal held while a monitor was mid-read on the main thread: (signum, frame, the
@@ -75,7 +102,7 @@ def pending() -> bool:
     return bool(_held)
 
 
-def attach(mon: Monitor) -> Callable[[], None]:
+def attach(mon: Durable) -> Callable[[], None]:
     """Register ``mon`` for the exit paths; returns the function that unregisters it."""
     ref = weakref.ref(mon)
 
@@ -110,7 +137,7 @@ def attach(mon: Monitor) -> Callable[[], None]:
     return detach_this
 
 
-def _flusher(ref: weakref.ref[Monitor], stop: threading.Event) -> None:
+def _flusher(ref: weakref.ref[Durable], stop: threading.Event) -> None:
     while not stop.wait(PERIOD_S):
         mon = ref()
         if mon is None or mon._closed:

@@ -75,6 +75,7 @@ from sapper.runtime.detectors.internal import MONITOR_ERROR, OUTPUT_UNWRITABLE
 from sapper.runtime.detectors.position import POSITION_OVERFLOW
 from sapper.runtime.detectors.setup import NO_TRAINABLE
 from sapper.runtime.records import StepRecord
+from sapper.version import __version__
 
 __all__ = ["Monitor"]
 
@@ -939,8 +940,6 @@ class Monitor:
             self.halt.check(findings)
 
     def _meta(self, log_every: int, sample_every: int) -> dict[str, Any]:
-        from sapper import __version__
-
         return {
             "source": "sapper.Monitor",
             "sapper": __version__,

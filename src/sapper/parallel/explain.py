@@ -15,18 +15,15 @@ the best published on the GPU is flagged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sapper.parallel.candidate import Candidate, MemoryProbe, layout_at
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.confidence import claim, mfu_note, outside
 from sapper.parallel.cost import BREAKDOWN, LayoutBatch, StepCost
 from sapper.parallel.layout import Layout, placement
 from sapper.parallel.workload import Workload
-
-if TYPE_CHECKING:
-    from sapper.parallel.search import Candidate, _MemoryWalk
 
 __all__ = ["LABELS", "compare", "explain_candidates", "placement_lines"]
 
@@ -147,7 +144,7 @@ def explain_candidates(
     result: dict[str, np.ndarray],
     batch: LayoutBatch,
     ranking: np.ndarray,
-    walk: _MemoryWalk | None,
+    walk: MemoryProbe | None,
     cluster: Cluster,
     order: str,
     budget: int = 3,
@@ -209,7 +206,7 @@ def _alternative(
     others: np.ndarray,
     result: dict[str, np.ndarray],
     batch: LayoutBatch,
-    walk: _MemoryWalk | None,
+    walk: MemoryProbe | None,
     order: str,
     budget: int,
     mine_out: list[str] | None = None,
@@ -217,7 +214,6 @@ def _alternative(
 ) -> str | None:
     """The best layout deciding ``dim`` differently, and the faster ones that do not fit."""
     from sapper.parallel.cost import cost_of
-    from sapper.parallel.search import _layout_at
 
     blocked: tuple[Layout, float | None] | None = None
     calls0 = walk.calls if walk else 0
@@ -225,7 +221,7 @@ def _alternative(
         j = int(j)
         ok, gib = walk.fits(j) if walk is not None else (True, None)
         if ok:
-            alt = _layout_at(batch, j, order)
+            alt = layout_at(batch, j, order)
             reasons = (mine_out or []) + (region(alt) if region is not None else [])
             text = (
                 f"best with {_alt_name(alt, dim)} ({alt.describe()}): "
@@ -239,7 +235,7 @@ def _alternative(
                 )
             return text
         if blocked is None and result["step_time"][j] < cand.cost.step_time_s:
-            blocked = (_layout_at(batch, j, order), gib)
+            blocked = (layout_at(batch, j, order), gib)
         if walk is not None and walk.calls - calls0 >= budget:
             break
     if blocked is not None:

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 
 from sapper.errors import InputError
+from sapper.parallel.candidate import Candidate, layout_at
 from sapper.parallel.cluster import Cluster
-from sapper.parallel.cost import LayoutBatch, StepCost, cost_of, evaluate, predict_step
-from sapper.parallel.layout import CHECKPOINTING, Layout, parse_rank_order, placement
+from sapper.parallel.cost import LayoutBatch, cost_of, evaluate, predict_step
+from sapper.parallel.layout import Layout, parse_rank_order, placement
 from sapper.parallel.validate import (
     cp_supported,
     heads_ok,
@@ -77,39 +78,6 @@ def default_memory_check(plan: Plan) -> tuple[bool, float, int | None, float]:
         return False, math.inf, None, 0.0
     acts = est.breakdown.get("activations", 0) / _GIB
     return bool(est.fits), est.peak_bytes / _GIB, est.peak_stage, acts
-
-
-@dataclass
-class Candidate:
-    """One layout with its predicted cost, memory and the reasons it ranks where it does."""
-
-    layout: Layout
-    cost: StepCost
-    fits: bool | None = None
-    memory_gib: float | None = None
-    warnings: list[str] = field(default_factory=list)
-    why: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "layout": self.layout.describe(),
-            "tp": self.layout.tp,
-            "pp": self.layout.pp,
-            "cp": self.layout.cp,
-            "dp": self.layout.dp,
-            "ep": self.layout.ep,
-            "zero_stage": self.layout.zero,
-            "checkpointing": self.layout.checkpointing,
-            "micro_batch_size": self.layout.micro_batch,
-            "gradient_accumulation_steps": self.layout.grad_accum,
-            "virtual_pipeline_stages": self.layout.virtual_stages,
-            "sequence_parallel": self.layout.sequence_parallel,
-            "fits": self.fits,
-            "memory_gib": self.memory_gib,
-            "cost": self.cost.to_json(),
-            "warnings": self.warnings,
-            "why": self.why,
-        }
 
 
 @dataclass
@@ -251,26 +219,14 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     return batch, work, cluster
 
 
-def _layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
-    v = int(b.v[i])
-    return Layout(
-        tp=int(b.tp[i]), pp=int(b.pp[i]), cp=int(b.cp[i]), dp=int(b.dp[i]), ep=int(b.ep[i]),
-        zero=int(b.zero[i]), checkpointing=CHECKPOINTING[int(b.ckpt[i])],
-        micro_batch=int(b.micro[i]), grad_accum=int(b.ga[i]), virtual_stages=v,
-        sequence_parallel=bool(b.sp[i]), schedule="interleaved" if v > 1 else "1f1b",
-        rank_order=order, overlap_dp_comm=bool(b.overlap[i]),
-        overlap_param_gather=bool(b.overlap_ag[i]), tp_comm_overlap=bool(b.overlap_tp[i]),
-        pipeline_scatter_gather=bool(b.pp_split[i]),
-    )
-
-
 # ---- lazy memory walk ------------------------------------------------------------------
 
 
 class _MemoryWalk:
-    """Memory checks with dominance pruning. Within one TP/PP/CP/DP/EP split, the memory
-    model never uses less memory for a lower ZeRO stage, less recomputation, a larger
-    micro-batch (the global batch is fixed, and the pipeline holds at least PP of them),
+    """The search's :class:`~sapper.parallel.candidate.MemoryProbe`: memory checks with
+    dominance pruning. Within one TP/PP/CP/DP/EP split, the memory model never uses less
+    memory for a lower ZeRO stage, less recomputation, a larger micro-batch (the global
+    batch is fixed, and the pipeline holds at least PP of them),
     or interleaving instead of 1F1B (the first stage holds at least as many micro-batches
     in flight); so one failed check rules out every layout it dominates. When the peak
     was on the first stage, fewer virtual stages (v ≥ 2) are dominated too: the first
@@ -329,7 +285,7 @@ class _MemoryWalk:
         elif self._dominated(key, v, z, c, mb):
             verdict = (False, None)
         else:
-            lay = _layout_at(b, i, self.order)
+            lay = layout_at(b, i, self.order)
             verdict = (True, None)
             if (key, c) not in self.probed and (v, z, mb) != (1, 3, 1):
                 self.probed.add((key, c))
@@ -427,7 +383,7 @@ def search(
         notes.append("no layout fits in memory: add GPUs, or a GPU with more memory")
     cands = []
     for i in chosen:
-        lay = _layout_at(batch, i, order)
+        lay = layout_at(batch, i, order)
         fits, gib = walk.known[i] if walk else (None, None)
         # _passes_checks kept only layouts without layout warnings; the explanations
         # add their notes (an MFU above published runs) to cand.warnings.
@@ -460,7 +416,7 @@ def _passes_checks(plan: Plan, b: LayoutBatch, i: int, order: str) -> bool:
     ``sapper check`` runs (TP across nodes, ZeRO-2/3 with a pipeline, rank order ...);
     the memory walk already asks for the headroom M003 wants. One truth: a proposal
     never fails its own check."""
-    lay = _layout_at(b, i, order)
+    lay = layout_at(b, i, order)
     return not any(x.severity != Severity.INFO for x in validate(lay.apply(plan)))
 
 

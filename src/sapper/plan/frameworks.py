@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sapper.plan.rules import GLOBAL_BATCH_MISMATCH
 from sapper.plan.schema import Plan
 from sapper.rules.model import Finding
 
@@ -58,8 +59,6 @@ def _deepspeed_batch(plan: Plan) -> tuple[dict[str, Any], list[Finding]]:
         names = ("global_batch_size", "micro_batch_size", "gradient_accumulation_steps")
         return {n: v for n, v, g in zip(names, (train, micro, ga), given, strict=True)
                 if g is None}, []
-    from sapper.checks.consistency import GLOBAL_BATCH_MISMATCH
-
     derived = [
         f"{name} {value} (derived)" if g is None else f"{name} {value}"
         for name, value, g in zip(("micro", "GA"), (micro, ga), given[1:], strict=True)

@@ -96,22 +96,8 @@ def _expected(err: dict[str, Any]) -> str:
     )
 
 
-def _drop_unknown_model(merged: dict[str, Any], unresolved: list[str]) -> None:
-    """Leave the model out when a value it requires is one no source could know (a
-    Megatron script's vocabulary is its tokenizer's): the checks that need the model then
-    say unknown, instead of the plan failing to load over a value nobody gave."""
-    from sapper.plan.schema import ModelSpec
-
-    model = merged.get("model")
-    if not isinstance(model, dict):
-        return
-    missing = {
-        f"model.{name}"
-        for name, info in ModelSpec.model_fields.items()
-        if info.is_required() and name not in model
-    }
-    if missing and missing <= set(unresolved):
-        del merged["model"]
+#: Model fields without which the Plan has no model.
+_MODEL_REQUIRED = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 
 
 def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
@@ -127,9 +113,20 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         # A later source that sets the field resolves it (e.g. --micro-batch over "auto").
         unresolved = [u for u in unresolved if u not in _leaves(src.data)]
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
+    # A value any source gives resolves the field, whatever the order: a launch config
+    # that cannot know the vocabulary is completed by the --model config.json read first.
+    known = _leaves(merged)
+    unresolved = [u for u in unresolved if u not in known]
     if unresolved:
         merged["unresolved"] = unresolved
-    _drop_unknown_model(merged, unresolved)
+    model = merged.get("model")
+    if isinstance(model, dict) and any(
+        f"model.{name}" in unresolved and name not in model for name in _MODEL_REQUIRED
+    ):
+        # A launch config gives the shape but not, say, the vocabulary (a NeMo YAML, a
+        # Megatron script): the model is unknown, not an error, unless a later source
+        # (--model config.json) completed it.
+        merged.pop("model")
     try:
         plan = Plan.model_validate(merged)
     except ValidationError as exc:

@@ -159,7 +159,7 @@ def unknown_key_findings(
     """C005 for each key in ``keys`` that ``framework`` does not know, with the key it most
     likely meant. ``effect`` says what the framework does with an unknown key (ignores it,
     refuses to start ...), which is what makes the typo matter."""
-    from sapper.checks.config import UNKNOWN_CONFIG_KEY
+    from sapper.plan.rules import UNKNOWN_CONFIG_KEY
 
     findings: list[Finding] = []
     unknown = [k for k in keys if k not in known]
@@ -197,7 +197,7 @@ def unresolved_finding(
     (an unset ``$VAR``, a hub model name, an interpolation into another file). The field
     is listed as unresolved, so the checks that need it say ``unknown`` instead of running
     on a guess."""
-    from sapper.checks.config import UNRESOLVED_VALUE
+    from sapper.plan.rules import UNRESOLVED_VALUE
 
     if field not in src.unresolved:
         src.unresolved.append(field)

@@ -19,10 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sapper.checks.config import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
 from sapper.errors import InputError, clip
 from sapper.plan.readers.base import ConfigFormat, Sniff
 from sapper.plan.readers.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
+from sapper.plan.rules import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
 from sapper.plan.sources import PlanSource, read_json_object
 
 __all__ = ["FORMAT", "deepspeed_source", "read_deepspeed_config"]

@@ -25,6 +25,8 @@ READERS: tuple[str, ...] = (
     "sapper.plan.readers.deepspeed",
     "sapper.plan.readers.megatron",
     "sapper.plan.readers.yaml_plan",
+    "sapper.plan.readers.nemo",
+    "sapper.plan.readers.torchtitan",
 )
 
 #: Below this, a reader's "maybe" is not enough to read a file as its format.

@@ -1,10 +1,16 @@
-"""C0xx: what loading the user's own files finds (DeepSpeed JSON, HF ``config.json``, the
-launch configs of Megatron-LM, NeMo, torchtitan, accelerate, Axolotl and the HF Trainer).
+"""The rules a Plan's readers raise while they build it: C0xx, what loading the user's own
+files finds (DeepSpeed JSON, HF ``config.json``, the launch configs of Megatron-LM, NeMo,
+torchtitan, accelerate, Axolotl and the HF Trainer), and C1xx, the batch arithmetic that
+both a reader (DeepSpeed derives micro or GA from ``train_batch_size``) and the checklist
+over the merged Plan (:mod:`sapper.checks.consistency`) report.
 
-These rules fire while a source is read, not over the merged Plan: the loaders in
-:mod:`sapper.plan.readers.deepspeed` attach their findings to ``PlanSource.findings`` and the
-checklist reports them with the rest. They are registered here so ``sapper rules`` and
-``sapper explain`` list them like every other rule.
+They live in the plan package, not in :mod:`sapper.checks`, because the readers sit below
+the checks: a reader imports its rules from here, and so do the checks that share them.
+The C0xx rules fire while a source is read, not over the merged Plan: the readers in
+:mod:`sapper.plan.readers` attach their findings to ``PlanSource.findings`` and the
+checklist reports them with the rest. The module is listed under the ``sapper.rules``
+entry points so ``sapper rules`` and ``sapper explain`` list them like every other rule;
+it imports nothing but :mod:`sapper.rules`, so listing them loads no reader.
 
 DeepSpeed's own batch triple (``train_batch_size`` = micro × GA × DP) has no rule here:
 the loader keeps all three values as given and the generic batch-arithmetic rule reports
@@ -19,6 +25,8 @@ from sapper.rules.registry import register
 __all__ = [
     "BOTH_FP16_BF16",
     "DEPRECATED_KEY",
+    "GLOBAL_BATCH_INDIVISIBLE",
+    "GLOBAL_BATCH_MISMATCH",
     "UNKNOWN_CONFIG_KEY",
     "UNKNOWN_KEY",
     "UNRESOLVED_AUTO",
@@ -159,6 +167,51 @@ layout), naming the field.""",
 Give the value another way: --model config.json for a model named by its hub id, the plan
 options (--gpus, --micro-batch, --tp ...) for values set by the environment, or set the
 variable in the script.""",
+        seed="§5.1",
+    )
+)
+
+# ---- batch arithmetic (run over the merged Plan by sapper.checks.consistency) ----
+
+GLOBAL_BATCH_MISMATCH = register(
+    Rule(
+        code="C101",
+        name="global-batch-mismatch",
+        check="parallel",
+        severity=Severity.ERROR,
+        title="Global batch ≠ micro batch × gradient accumulation × DP",
+        why="""\
+One optimizer step consumes micro × GA × DP sequences. When the configured global batch
+says otherwise, the framework either refuses to start (DeepSpeed asserts
+train_batch_size == micro × GA × world/(tp·pp)), or silently recomputes one of the numbers
+— usually gradient accumulation — so the run trains at a batch, and so an effective
+learning rate and a token budget, nobody chose (seed §5.3).""",
+        signs="""\
+A different number of steps per epoch than planned; tokens per step in the log that do
+not match the plan; a learning-rate schedule that ends early or late.""",
+        fix="""\
+Make the numbers agree: set gradient accumulation to global / (micro × DP), or change
+the global batch (and retune the learning rate if it moves).""",
+        seed="§5.1, §5.3",
+    )
+)
+
+GLOBAL_BATCH_INDIVISIBLE = register(
+    Rule(
+        code="C102",
+        name="global-batch-indivisible",
+        check="parallel",
+        severity=Severity.ERROR,
+        title="Global batch is not divisible by micro batch × DP",
+        why="""\
+Gradient accumulation must be an integer: GA = global / (micro × DP). When it does not
+divide, frameworks stop at start-up (Megatron, DeepSpeed) or round GA down and train at a
+smaller batch than planned, dropping the remainder of every step.""",
+        signs="""\
+A start-up assertion about batch divisibility, or fewer tokens per step than planned.""",
+        fix="""\
+Pick a global batch that is a multiple of micro × DP, or change the micro batch or the
+data-parallel degree so it divides.""",
         seed="§5.1",
     )
 )

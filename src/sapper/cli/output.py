@@ -1,0 +1,80 @@
+"""What every command shares: the consoles, the ``--format``/``--select``/``--ignore``
+options, JSON output and the guard that turns a user error into one line and an exit code.
+
+Below both ``app`` and the command modules: a command imports these, ``app`` imports the
+commands, and nothing here imports either, so the command line has no import cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from sapper.errors import SapperError
+from sapper.report.safe import safe_markup
+
+__all__ = [
+    "FormatOpt",
+    "IgnoreOpt",
+    "OutputFormat",
+    "SelectOpt",
+    "console",
+    "emit_json",
+    "err_console",
+    "run_guarded",
+    "split_codes",
+]
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="text or json.")]
+SelectOpt = Annotated[
+    list[str] | None,
+    typer.Option("--select", help="Only these codes or prefixes (repeat or comma-separate)."),
+]
+IgnoreOpt = Annotated[
+    list[str] | None,
+    typer.Option("--ignore", help="Skip these codes or prefixes (repeat or comma-separate)."),
+]
+
+
+def split_codes(values: list[str] | None, option: str = "--select") -> list[str]:
+    """The codes of a repeated, comma-separated ``option``, each checked to be a rule code
+    or prefix (exit 2 naming the bad one, not a silent PASS)."""
+    codes = [c.strip() for v in values or [] for c in v.split(",") if c.strip()]
+    if codes:
+        from sapper.rules.registry import check_patterns
+
+        check_patterns(codes, option)
+    return codes
+
+
+def emit_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def run_guarded(body: Callable[[], int]) -> None:
+    """Run a command body; user errors become one red line and their exit code."""
+    try:
+        code = body()
+    except SapperError as exc:
+        # Escaped: the line quotes user values, and "[/x]" in one is not rich markup.
+        line = safe_markup(str(exc))
+        err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)

@@ -1,0 +1,140 @@
+"""The config-reader registry: every shipped example is recognised as its own format, a
+file nobody recognises is refused with what each reader looked for, and files merge in
+the documented order (referenced files first, later files win)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sapper.cli.app import _register_commands, app
+from sapper.errors import InputError
+from sapper.plan.load import load_plan
+from sapper.plan.readers.base import Sniff, closest
+from sapper.plan.readers.registry import detect_config, formats
+
+ROOT = Path(__file__).parent.parent.parent
+EXAMPLES = ROOT / "examples"
+runner = CliRunner()
+_register_commands()
+
+#: examples/<folder>/ -> the format every config file in it must be detected as.
+FOLDER_FORMATS = {
+    "plans": "sapper",
+    "hf": "hf",
+    "deepspeed": "deepspeed",
+    "megatron": "megatron",
+    "nemo": "nemo",
+    "torchtitan": "torchtitan",
+    "accelerate": "accelerate",
+    "training_args": "training_args",
+    "axolotl": "axolotl",
+}
+_NOT_CONFIGS = {".md", ".py", ".txt"}
+
+
+def _examples() -> list[tuple[Path, str]]:
+    out = []
+    for folder, fmt in FOLDER_FORMATS.items():
+        for path in sorted((EXAMPLES / folder).glob("*")):
+            if path.is_file() and path.suffix.lower() not in _NOT_CONFIGS:
+                out.append((path, fmt))
+    return out
+
+
+def test_formats_are_named_once_and_say_what_they_look_for() -> None:
+    names = [f.name for f in formats()]
+    assert len(names) == len(set(names))
+    for fmt in formats():
+        assert fmt.title and fmt.looks_for
+
+
+@pytest.mark.parametrize(
+    ("path", "fmt"), _examples(), ids=lambda v: v.name if isinstance(v, Path) else v
+)
+def test_every_example_is_detected_as_its_own_format(path: Path, fmt: str) -> None:
+    sniff = Sniff.of(path)
+    scores = {f.name: f.recognise(sniff) for f in formats()}
+    assert detect_config(sniff).name == fmt, scores
+    rivals = {name: s for name, s in scores.items() if name != fmt}
+    assert scores[fmt] > max(rivals.values()), scores
+
+
+def test_an_unrecognised_file_lists_what_each_reader_looked_for(tmp_path: Path) -> None:
+    odd = tmp_path / "notes.txt"
+    odd.write_text("just some words\nand more\n")
+    res = runner.invoke(app, ["check", "--config", str(odd)])
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "notes.txt" in text and "not a config sapper can read" in text
+    for fmt in formats():
+        assert fmt.title in text
+    assert "Traceback" not in res.output
+
+
+def test_a_syntax_error_is_reported_rather_than_unrecognised(tmp_path: Path) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(InputError, match=r"malformed YAML at line"):
+        load_plan(configs=[bad])
+
+
+def test_config_format_forces_a_reader_and_an_unknown_one_is_named(tmp_path: Path) -> None:
+    plan = EXAMPLES / "plans" / "healthy-llama-7b.yaml"
+    res = runner.invoke(app, ["check", "--config", str(plan), "--config-format", "sapper"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["check", "--config", str(plan), "--config-format", "nope"])
+    assert res.exit_code == 2
+    assert "--config-format" in res.output and "sapper" in res.output
+
+
+def test_positional_plan_and_config_are_the_same_input() -> None:
+    plan = EXAMPLES / "plans" / "healthy-llama-7b.yaml"
+    a = runner.invoke(app, ["check", str(plan), "--format", "json"])
+    b = runner.invoke(app, ["check", "--config", str(plan), "--format", "json"])
+    assert a.exit_code == b.exit_code
+    assert json.loads(a.stdout)["summary"] == json.loads(b.stdout)["summary"]
+
+
+def test_later_configs_win_and_refs_come_before_their_file(tmp_path: Path) -> None:
+    hf = EXAMPLES / "hf" / "llama-2-7b.json"
+    first = tmp_path / "a.yaml"
+    first.write_text(
+        f"model: {{hf_config: {hf}, num_layers: 8}}\nbatch: {{micro_batch_size: 2}}\n"
+    )
+    second = tmp_path / "b.yaml"
+    second.write_text("batch: {micro_batch_size: 4}\n")
+    loaded = load_plan(configs=[first, second])
+    assert loaded.plan.model is not None
+    assert loaded.plan.model.num_layers == 8  # the plan's key over its config.json
+    assert loaded.plan.model.hidden_size == 4096  # from the referenced config.json
+    assert loaded.plan.batch.micro_batch_size == 4  # the later file wins
+    assert loaded.sources == [str(hf), str(first), str(second)]
+
+
+def test_an_explicit_model_replaces_the_reference(tmp_path: Path) -> None:
+    plan = tmp_path / "p.yaml"
+    plan.write_text("model: {hf_config: absent.json}\nbatch: {micro_batch_size: 2}\n")
+    gpt2 = EXAMPLES / "hf" / "gpt2-xl.json"
+    loaded = load_plan(plan, hf_config=gpt2)
+    assert loaded.plan.model is not None and loaded.plan.model.family == "gpt2"
+
+
+def test_closest_key_folds_case_and_dashes() -> None:
+    known = ["gradient_accumulation_steps", "learning_rate", "max_grad_norm"]
+    assert closest("gradient_acumulation_steps", known) == "gradient_accumulation_steps"
+    assert closest("Learning-Rate", known) == "learning_rate"
+    assert closest("completely_else", known) is None
+
+
+def test_a_value_from_any_source_resolves_the_field() -> None:
+    # The NeMo YAML cannot know the vocabulary (C006); the config.json read first gives it.
+    nemo = EXAMPLES / "nemo" / "launcher_llama_llama2_7b.yaml"
+    alone = load_plan(configs=[nemo])
+    assert "model.vocab_size" in alone.plan.unresolved and alone.plan.model is None
+    both = load_plan(configs=[nemo], hf_config=EXAMPLES / "hf" / "llama-2-7b.json")
+    assert both.plan.model is not None and both.plan.model.vocab_size == 32000
+    assert "model.vocab_size" not in both.plan.unresolved
