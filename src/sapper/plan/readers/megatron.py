@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sapper.errors import InputError
 from sapper.plan.readers.base import ConfigFormat, Sniff, unknown_key_findings
 from sapper.plan.readers.megatron_args import DESTS, OPTIONS
+from sapper.plan.readers.megatron_launch import Arg, Launch
+from sapper.plan.readers.megatron_map import map_launch
 from sapper.plan.readers.shell import Command, Script, Word, read_script
 from sapper.plan.sources import PlanSource
 
-__all__ = ["FORMAT", "Arg", "Launch", "parse_dump", "parse_launch", "read_megatron"]
+__all__ = ["FORMAT", "parse_dump", "parse_launch", "read_megatron"]
 
 _BANNER = re.compile(r"-{8,} arguments -{8,}")
 _END = re.compile(r"-{8,} end of arguments -{8,}")
@@ -51,45 +52,6 @@ _NODES = {"--nnodes", "--num_nodes", "--num-nodes"}
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "aprun", "jsrun", "flux"}
 #: Longest dump value parsed as a Python literal (a list of data paths).
 _MAX_LITERAL = 10_000
-
-
-@dataclass
-class Arg:
-    """One Megatron argument as the user wrote it (``key``: ``--num-layers`` in a script,
-    ``num_layers`` in a dump) and what it holds: ``flag`` for store_true/false arguments,
-    else its ``values`` (words that may be partly unknown)."""
-
-    key: str
-    values: list[Word] = field(default_factory=list)
-    flag: bool | None = None
-
-
-@dataclass
-class Launch:
-    """What a launch holds: Megatron's arguments by dest, the launcher's, and what is
-    known about the processes."""
-
-    file: str
-    kind: str  # "script" or "dump"
-    args: dict[str, Arg] = field(default_factory=dict)
-    #: The training script run (``pretrain_gpt.py``), when one is seen.
-    program: str | None = None
-    #: Launcher option -> value word (``--nproc_per_node`` -> 8).
-    launcher: dict[str, Word] = field(default_factory=dict)
-    #: The launcher that starts the processes: torchrun, deepspeed, python, or None.
-    launcher_name: str | None = None
-    #: A scheduler runs the command on every node (srun, mpirun): the process count
-    #: is the scheduler's.
-    wrapped: str | None = None
-    unknown_options: list[str] = field(default_factory=list)
-    #: Expansions that may hold any arguments (``$EXTRA_ARGS`` not set in the script).
-    open_expansions: list[Word] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)
-    origins: dict[str, str] = field(default_factory=dict)
-    #: Files the script writes with a heredoc (name as expanded -> text).
-    files: dict[str, Word] = field(default_factory=dict)
-    #: From a log: the vocabulary Megatron padded, as printed (size, padded size).
-    padded_vocab: tuple[int, int] | None = None
 
 
 # ---- the arguments dump ----------------------------------------------------------------
@@ -269,8 +231,6 @@ def _whole_expansion(word: Word) -> bool:
 # ---- the format ------------------------------------------------------------------------
 def read_megatron(sniff: Sniff) -> PlanSource:
     """A Plan source from a Megatron launch script or arguments dump."""
-    from sapper.plan.readers.megatron_map import map_launch
-
     launch = parse_dump(sniff.text, sniff.name) or parse_launch(sniff.text, sniff.name)
     if not launch.args:
         raise InputError(

@@ -34,8 +34,8 @@ from typing import Any
 
 from sapper.errors import InputError, clip
 from sapper.plan.readers.base import unresolved_finding
-from sapper.plan.readers.megatron import Arg, Launch
 from sapper.plan.readers.megatron_args import OPTIONS
+from sapper.plan.readers.megatron_launch import Arg, Launch
 from sapper.plan.readers.shell import Word
 from sapper.plan.sources import MAX_INT_DIGITS, PlanSource
 
