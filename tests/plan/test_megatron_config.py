@@ -52,7 +52,8 @@ def codes(findings: list[dict], prefix: str | None = None) -> list[str]:
 
 
 # ---- detection ------------------------------------------------------------------------
-_FORMAT_OF = {"megatron": "megatron", "hf": "hf", "deepspeed": "deepspeed", "plans": "sapper"}
+_FORMAT_OF = {"megatron": "megatron", "hf": "hf", "deepspeed": "deepspeed", "plans": "sapper",
+              "nemo": "nemo", "torchtitan": "torchtitan"}
 
 
 @pytest.mark.parametrize(
