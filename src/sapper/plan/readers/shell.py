@@ -548,7 +548,7 @@ class _Shell:
             )
             old = self.vars.get(name)
             if append and isinstance(old, list):  # the items before stay; more may follow
-                value = [*old, self._mark(f"${name}+", why.replace("set", "extended"))]
+                value = [*old, self._mark(f"${{{name}[@]}}", why.replace("set", "extended", 1))]
             else:
                 value = self._mark(f"${name}", why)
         elif isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
