@@ -178,3 +178,42 @@ def test_a_quiet_short_excerpt_says_what_could_not_run() -> None:
     assert any(line.startswith("R032-R033") and "megatron" in line for line in lines)
     (log,) = payload["summary"]["logs"]
     assert log["not_evaluated"] == lines
+
+
+CONSOLE_FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs"
+
+
+def test_console_logs_are_analyzed_as_their_format() -> None:
+    """The Trainer's printed dicts (a NaN grad norm from the first log, SY-Xuan/Pink#6)
+    and nanoGPT's lines (nan from iteration 3010, karpathy/nanoGPT#215)."""
+    res = invoke(CONSOLE_FIXTURES / "hf_console" / "pink-6-stage1-grad-norm-nan.txt", "-f", "json")
+    assert res.exit_code == 1, res.output
+    payload = json.loads(res.stdout)
+    (log,) = payload["summary"]["logs"]
+    assert log["format"] == "hf_console" and log["records"] == 13
+    assert ("R010", 1) in {(f["code"], f.get("step")) for f in payload["findings"]}
+    assert any("logged dicts' order" in n for n in log["notes"])
+    # the Trainer unscales before clipping: the GradScaler-order rules do not apply
+    assert any(line.startswith("R032-R033") and "hf-trainer" in line
+               for line in log["not_evaluated"])
+
+    res = invoke(CONSOLE_FIXTURES / "nanogpt" / "nanogpt-215-gpt2-fp16-nan-3010.txt")
+    assert res.exit_code == 1
+    assert "keyvalue log, 15 records, steps 2,920–3,060" in res.output
+    assert "R001" in res.output
+
+
+def test_folder_notes_name_the_files_passed_over(tmp_path: Path) -> None:
+    runs = CONSOLE_FIXTURES / "torchtitan"
+    (tmp_path / "titan.log").write_text(
+        (runs / "torchtitan-3393-checkpoint-steps-14-21.txt").read_text()
+    )
+    (tmp_path / "launch.sh").write_text("#!/bin/sh\ntorchrun train.py\n")
+    res = invoke(tmp_path, "-f", "json")
+    assert res.exit_code == 0, res.output
+    (log,) = json.loads(res.stdout)["summary"]["logs"]
+    assert log["format"] == "keyvalue"
+    assert any(n.startswith(f"skipped {tmp_path / 'launch.sh'}: not a log sapper can read")
+               for n in log["notes"]), log["notes"]
+    text = invoke(tmp_path)
+    assert "note: skipped" in text.output and "launch.sh" in text.output

@@ -2,8 +2,9 @@
 ``sapper report`` crash (exit 3), hang, print a traceback or print without bound.
 
 Each case takes a window of a real log (examples/logs: a Megatron-LM log, a sapper run
-log, a W&B history CSV, a Hugging Face trainer_state.json; the public Megatron logs and
-trainer_state.json files in tests/fixtures/logs when present; the W&B panel export and the
+log, a W&B history CSV, a Hugging Face trainer_state.json; the public Megatron logs,
+trainer_state.json files and console logs (HF Trainer, nanoGPT, torchtitan) in
+tests/fixtures/logs when present; the W&B panel export and the
 JSON-lines table are the same numbers in those layouts; TensorBoard events are written
 from the run log's records and their bytes mutated), mutates nearly every line (numbers
 swapped for NaN, 5000-digit integers, objects, strings; NUL blocks, stray ``\\r``,
@@ -77,7 +78,31 @@ def _state_seeds() -> list[dict[str, object]]:
     return seeds
 
 
+def _console_seeds(folder: str, bar: bool) -> list[list[str]]:
+    """The console fixtures of one reader (tests/fixtures/logs/<folder>), each repeated
+    up to a window's length; with ``bar``, tqdm's training bar drawn before each dict
+    (carriage returns and the blanks that clear it) as a captured stderr shows it."""
+    seeds = []
+    for path in sorted((FIXTURES / folder).glob("*.txt")):
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if bar:
+            total = 10 * len(lines)
+            lines = [
+                f"\r {100 * i // len(lines):3d}%|##        | {10 * i}/{total} [00:{i:02d}<00:59,"
+                f"  1.02it/s]\r{' ' * 40}\r{line}"
+                for i, line in enumerate(lines, 1)
+            ]
+        if lines:
+            seeds.append(lines * (LINES // len(lines) + 2))
+    return seeds
+
+
 MEGATRON_SEEDS = _megatron_seeds()
+HF_CONSOLE_SEEDS = _console_seeds("hf_console", bar=False) + _console_seeds("hf_console", bar=True)
+KEYVALUE_SEEDS = [
+    *_console_seeds("nanogpt", bar=False), *_console_seeds("torchtitan", bar=False),
+    *_console_seeds("lightning", bar=False),
+]
 STATE_SEEDS = _state_seeds()
 RUNLOG = (LOGS / "sapper-gpt2-healthy.jsonl").read_text().splitlines()
 WANDB = (LOGS / "wandb-history-lr-stuck.csv").read_text().splitlines()
@@ -201,6 +226,22 @@ def test_trainer_states(work: Path, rng: random.Random) -> None:
     analyze_and_report(_write(work, "out/trainer_state.json", text).parent, "trainer_state")
 
 
+@fast_settings(EXAMPLES)
+@given(rng=st.randoms(use_true_random=False))
+def test_hf_console_logs(work: Path, rng: random.Random) -> None:
+    """The Trainer's printed dicts, with and without its progress bar around them."""
+    lines = window(rng, rng.choice(HF_CONSOLE_SEEDS), LINES + 1)
+    _text_case(work, rng, "hf_console", "train.txt", lines, keep=1, json_like=False)
+
+
+@fast_settings(EXAMPLES)
+@given(rng=st.randoms(use_true_random=False))
+def test_keyvalue_logs(work: Path, rng: random.Random) -> None:
+    """nanoGPT, torchtitan and Lightning console lines (prefixes, units, bars)."""
+    lines = window(rng, rng.choice(KEYVALUE_SEEDS), LINES + 1)
+    _text_case(work, rng, "keyvalue", "train.txt", lines, keep=1, json_like=False)
+
+
 def _events(records: list[dict[str, object]], rng: random.Random) -> bytes:
     """TFRecord bytes of scalar events, as a SummaryWriter writes them: some with
     hostile tags (markup, escapes, bidi) or values (NaN, inf) or steps."""
@@ -258,7 +299,8 @@ def test_tensorboard_events(work: Path, rng: random.Random) -> None:
 
 def test_zz_enough_mutated_lines() -> None:
     """The promise of the module docstring; skipped when only some tests ran (-k)."""
-    formats = ("megatron", "sapper", "csv", "wandb", "jsonl", "trainer_state", "tensorboard")
+    formats = ("megatron", "sapper", "csv", "wandb", "jsonl", "trainer_state", "tensorboard",
+               "hf_console", "keyvalue")
     if any(MUTATED[f] == 0 for f in formats):
         pytest.skip("only some of the property tests ran")
     assert all(MUTATED[f] >= MIN_MUTATED for f in formats), dict(MUTATED)

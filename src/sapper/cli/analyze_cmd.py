@@ -1,6 +1,7 @@
 """``sapper analyze LOG...``: the live monitor's detectors over logs that already exist.
 
-Reads each log (sapper run log, ``trainer_state.json``, TensorBoard, CSV/JSONL, Megatron),
+Reads each log (sapper run log, ``trainer_state.json``, TensorBoard, CSV/JSONL, Megatron,
+console output; every format in :mod:`sapper.logs.registry`),
 feeds its records to the same detector objects the monitor runs in the training loop,
 and reports the findings like ``sapper check``: text or ``--format json``, exit 1 on
 errors (or warnings under ``--strict``), 2 when an input cannot be read. A log that can
@@ -67,6 +68,8 @@ LOG_FORMATS: tuple[str, ...] = (
     "csv",
     "jsonl",
     "megatron",
+    "hf_console",
+    "keyvalue",
 )
 
 LogFormatOpt = Annotated[
@@ -226,8 +229,9 @@ def load_logs(
 
     logs: list[LogData] = []
     errors: list[InputError] = []
+    skipped: list[str] = []
     try:
-        expanded = expand_paths(list(paths))
+        expanded = expand_paths(list(paths), skipped)
     except InputError as exc:
         return [], [exc]
     for path, detected in expanded:
@@ -249,6 +253,9 @@ def load_logs(
             logs.append(read_log(path, fmt=fmt, mapping=mapping))
         except InputError as exc:
             errors.append(exc)
+    if skipped and logs:
+        # A folder's files that are no log: said on its first log, where notes are read.
+        logs[0].notes.extend(skipped)
     return logs, errors
 
 
@@ -438,7 +445,8 @@ def analyze(
         list[Path],
         typer.Argument(
             help="Logs: sapper run log (.jsonl), trainer_state.json or a HF output folder, "
-            "TensorBoard event files or run folders, CSV/JSONL tables, Megatron text logs.",
+            "TensorBoard event files or run folders, CSV/JSONL tables, Megatron text logs, "
+            "HF Trainer console output, 'step N | loss X' console logs (nanoGPT, torchtitan).",
             show_default=False,
         ),
     ],

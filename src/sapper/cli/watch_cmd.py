@@ -1,8 +1,9 @@
 """``sapper watch PATH``: follow a training log while it grows and name each mine as it shows.
 
 For jobs the user cannot modify: point it at the log the job writes (a sapper run log,
-a Megatron-LM stdout log, a CSV/JSON-lines table, a TensorBoard run folder, a
-``trainer_state.json`` or the Trainer's output folder) or pipe the job's output into it
+a Megatron-LM stdout log, a console log (HF Trainer, nanoGPT, torchtitan), a CSV/JSON-lines
+table, a TensorBoard run folder, a ``trainer_state.json`` or the Trainer's output folder)
+or pipe the job's output into it
 (``torchrun ... | tee train.log | sapper watch -``). The same detectors as ``sapper
 analyze`` run on each new record. It stops on Ctrl-C, at the end of a pipe, or after
 ``--idle-timeout`` seconds without new data, and exits like ``sapper analyze``: 1 when

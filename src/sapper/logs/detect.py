@@ -2,23 +2,22 @@
 
 Users point sapper at whatever they have: a ``trainer_state.json``, a checkpoint or
 output folder, a TensorBoard run folder (or its parent with one folder per run), a W&B
-CSV, a Megatron ``train.log``, a sapper run log. Names lie (``log.txt`` is any of them),
-so the first bytes decide: a TFRecord header whose checksum holds is an event file,
-``{"kind": ...}`` lines are a sapper run log, other JSON lines a metrics table, a JSON
-document with ``log_history`` a Trainer state, Megatron's iteration line a Megatron log,
-and a delimited header a CSV. Anything else is refused with one line saying what was
-found and what is read.
+CSV, a Megatron ``train.log``, a console log, a sapper run log. Names lie (``log.txt`` is
+any of them), so the first bytes decide: every registered format
+(:mod:`sapper.logs.registry`) says how confident it is, binary recognisers first, and the
+most confident reads it. Anything else is refused with one line saying what was found
+and what each format looks for.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import struct
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sapper.errors import InputError
-from sapper.logs.megatron import ITERATION_LINE
+
+if TYPE_CHECKING:
+    from sapper.logs.formats import LogFormat
 
 __all__ = [
     "FORMATS",
@@ -29,56 +28,67 @@ __all__ = [
     "expand_paths",
 ]
 
-#: Format names accepted by ``--log-format`` and returned by :func:`detect_format`.
-FORMATS: tuple[str, ...] = ("sapper", "trainer_state", "tensorboard", "csv", "jsonl", "megatron")
-SUPPORTED = (
-    "a sapper run log (JSONL), a Hugging Face trainer_state.json, a TensorBoard event file "
-    "or run folder, a CSV/JSON-lines metrics table (e.g. a W&B export) or a Megatron-LM log"
-)
+#: ``FORMATS`` (the ``--log-format`` values, in registry order) and ``SUPPORTED`` (the
+#: formats in a user's words) are built from the registry when first asked for.
+FORMATS: tuple[str, ...]
+SUPPORTED: str
+
 _HEAD = 1 << 20  # Megatron prints hundreds of argument lines before the first iteration
-_EVENTS = "tfevents"
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
+#: Files passed over in one folder that are named one by one; the rest are counted.
+MAX_SKIPPED_NAMED = 20
 
 
-def _is_event_file(head: bytes) -> bool:
-    """A TFRecord starts with a little-endian u64 length and its masked CRC32C."""
-    if len(head) < 12:
-        return False
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+def __getattr__(name: str) -> Any:
+    """``FORMATS`` (the ``--log-format`` values) and ``SUPPORTED`` (the formats in a
+    user's words) come from the registry, built when first asked for."""
+    from sapper.logs import registry
 
-    return masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
+    if name == "FORMATS":
+        return registry.format_names()
+    if name == "SUPPORTED":
+        return registry.supported()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _CONTROL = "".join(chr(c) for c in range(32) if c not in (9, 10, 13))
 _NO_CONTROL = str.maketrans("", "", _CONTROL)
 
 
+def _supported() -> str:
+    from sapper.logs.registry import supported
+
+    return supported()
+
+
 def decode_head(head: bytes, path: str | Path) -> str:
     """Text, unless the bytes are mostly not text. A crashed node can leave NUL blocks
     or a torn UTF-8 character in a real log; those do not make it binary: NULs are
     skipped (as the readers skip them), and of the rest at most a tenth may be other
-    control characters or undecodable bytes. A byte-order mark picks the encoding."""
+    control characters or undecodable bytes. A byte-order mark picks the encoding.
+    A console log's ANSI colour codes are escape characters, but few (under a tenth)."""
     from sapper.logs.limits import sniff_encoding
 
     text = head.decode(sniff_encoding(head), errors="replace").lstrip("\ufeff")
     if "\x00" in text:
         text = text.replace("\x00", "")
         if not text.strip():
-            raise InputError("the file holds only NUL bytes", file=str(path), expected=SUPPORTED)
+            raise InputError("the file holds only NUL bytes", file=str(path),
+                             expected=_supported())
     odd = len(text) - len(text.translate(_NO_CONTROL)) + text.count("\ufffd")
     if odd > 0.1 * len(text):
         raise _binary(path)
     return text
 
 
-def _binary(path: Path) -> InputError:
-    return InputError("binary data, not a training log", file=str(path), expected=SUPPORTED)
+def _binary(path: str | Path) -> InputError:
+    return InputError("binary data, not a training log", file=str(path), expected=_supported())
 
 
 def detect_format(path: str | Path) -> str:
     """The format of one file or folder (see :data:`FORMATS`); :class:`InputError` if none.
     Only regular files are opened (a FIFO or a device is refused at once)."""
     from sapper.logs.limits import open_log
+    from sapper.logs.registry import recognise_bytes
 
     path = Path(path)
     if path.is_dir():
@@ -89,15 +99,10 @@ def detect_format(path: str | Path) -> str:
     except OSError as exc:
         raise InputError(f"cannot read it ({exc.strerror})", file=str(path)) from None
     if not head.strip():
-        raise InputError("the file is empty", file=str(path), expected=SUPPORTED)
-    if _is_event_file(head):
-        return "tensorboard"
-    if _EVENTS in path.name:
-        raise InputError(
-            "named like a TensorBoard event file but its first record is damaged",
-            file=str(path),
-            expected="an events.out.tfevents.* file written by a SummaryWriter",
-        )
+        raise InputError("the file is empty", file=str(path), expected=_supported())
+    found = recognise_bytes(head, path)
+    if found is not None:
+        return found.name
     return _detect_text(decode_head(head, path), path)
 
 
@@ -106,115 +111,108 @@ def detect_text(text: str, name: str | Path = "<stdin>") -> str:
     yet to open (a pipe, a file still being written); ``name`` only lends its suffix."""
     text = text.lstrip("\ufeff")
     if not text.strip():
-        raise InputError("no complete line yet", file=str(name), expected=SUPPORTED)
+        raise InputError("no complete line yet", file=str(name), expected=_supported())
     return _detect_text(text, Path(name))
 
 
 def _detect_text(text: str, path: Path) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    first = lines[0].strip()
-    if first.startswith("{"):
-        from sapper.logs.limits import json_int, nested_too_deep
+    from sapper.logs.registry import recognise_text
 
-        try:
-            obj = None if nested_too_deep(first) else json.loads(first, parse_int=json_int)
-        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            obj = None
-        if isinstance(obj, dict):
-            if isinstance(obj.get("log_history"), list):
-                return "trainer_state"  # written on one line (json.dump without indent)
-            return "sapper" if obj.get("kind") in ("meta", "step", "finding") else "jsonl"
-        if '"log_history"' in text:
-            return "trainer_state"
-        if path.suffix.lower() in (".jsonl", ".ndjson") and len(lines) > 1:
-            return "jsonl"  # the first line is damaged; the table reader skips it with a note
-        raise InputError(
-            "JSON, but neither a trainer_state.json (no log_history) nor JSON lines",
-            file=str(path),
-            expected=SUPPORTED,
-        )
-    if _looks_delimited(lines):
-        return "csv"  # a table first: rows appended from another log are noted as bad
-    if any(ITERATION_LINE.search(line) for line in lines):
-        return "megatron"
-    if path.suffix.lower() in (".csv", ".tsv") and len(lines) >= 1 and "," in first:
-        return "csv"
-    raise InputError(
-        f"not a log sapper can read (first line: {first[:60]!r})",
+    return recognise_text(text, path).name
+
+
+def _no_log(path: Path) -> InputError:
+    from sapper.logs.registry import dir_formats
+
+    return InputError(
+        "no log found in this folder",
         file=str(path),
-        expected=SUPPORTED,
+        expected="a folder holding logs, or one of: "
+        + "; ".join(f"{f.title} ({f.looks_for})" for f in dir_formats()),
     )
-
-
-def _looks_delimited(lines: list[str]) -> bool:
-    for sep in (",", "\t"):
-        width = lines[0].count(sep)
-        if width == 0:
-            continue
-        rows = lines[1:50]
-        if rows and sum(r.count(sep) == width for r in rows) >= max(1, len(rows) // 2):
-            return True
-    return False
 
 
 def _detect_dir(path: Path) -> str:
-    if (path / "trainer_state.json").is_file():
-        return "trainer_state"
-    if any(_EVENTS in p.name for p in path.iterdir() if p.is_file()):
-        return "tensorboard"
-    raise InputError(
-        "no log found in this folder",
-        file=str(path),
-        expected="a folder with trainer_state.json, events.out.tfevents.* files, "
-        "checkpoint-N folders or TensorBoard run folders",
-    )
+    from sapper.logs.registry import recognise_dir
+
+    found = recognise_dir(path)
+    if found is None:
+        raise _no_log(path)
+    return found.name
 
 
-def expand_paths(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
-    """Paths to read, one per run: a HF output folder becomes its latest checkpoint's
-    ``trainer_state.json``; a folder of TensorBoard runs becomes one entry per run; any
-    other folder becomes the logs in it."""
+def expand_paths(
+    paths: list[str | Path], skipped: list[str] | None = None
+) -> list[tuple[Path, str | None]]:
+    """Paths to read, one per run. A folder that a format recognises as one run is that
+    run (a HF output folder: its latest checkpoint's ``trainer_state.json``); a parent of
+    runs (TensorBoard runs, W&B or MLflow runs) becomes one entry per run; any other
+    folder becomes the logs in it. ``skipped`` (when given) gets one line per file of
+    such a folder that was passed over, naming it and why."""
     out: list[tuple[Path, str | None]] = []
     for raw in paths:
         path = Path(raw)
         if not path.is_dir():
             out.append((path, None))
             continue
-        if (path / "trainer_state.json").is_file():
-            out.append((path / "trainer_state.json", "trainer_state"))
-            continue
-        checkpoints = sorted(
-            (int(m.group(1)), p)
-            for p in path.iterdir()
-            if p.is_dir() and (m := _CHECKPOINT.search(p.name))
-            and (p / "trainer_state.json").is_file()
-        )
-        if checkpoints:
-            out.append((checkpoints[-1][1] / "trainer_state.json", "trainer_state"))
-            continue
-        runs = sorted({p.parent for p in path.rglob(f"*{_EVENTS}*") if p.is_file()})
-        if runs:
-            out.extend((run, "tensorboard") for run in runs)
-            continue
-        logs = _logs_in(path)
-        if logs:
-            out.extend(logs)
-            continue
-        _detect_dir(path)  # raises with the message
+        out.extend(_expand_dir(path, skipped))
     return out
 
 
-def _logs_in(folder: Path) -> list[tuple[Path, str | None]]:
-    """A plain folder of logs: every file in it that is a log (others, such as scripts
-    and READMEs, are passed over), and sub-folders holding a trainer_state.json."""
+def _runs(fmt: LogFormat, folder: Path) -> list[tuple[Path, str | None]]:
+    runs = fmt.runs_in(folder) if fmt.runs_in is not None else []
+    return [(run, fmt.name) for run in runs] or [(folder, fmt.name)]
+
+
+def _run_entries(folder: Path) -> list[tuple[Path, str | None]]:
+    """The folder as one run a format recognises, else the runs a format lists in it
+    (formats asked in registry order), else nothing."""
+    from sapper.logs.registry import log_formats, recognise_dir
+
+    fmt = recognise_dir(folder)
+    if fmt is not None:
+        return _runs(fmt, folder)
+    for fmt in log_formats():
+        if fmt.runs_in is not None:
+            runs = fmt.runs_in(folder)
+            if runs:
+                return [(run, fmt.name) for run in runs]
+    return []
+
+
+def _expand_dir(folder: Path, skipped: list[str] | None) -> list[tuple[Path, str | None]]:
+    runs = _run_entries(folder)
+    if runs:
+        return runs
+    logs, passed = _logs_in(folder)
+    if not logs:
+        raise _no_log(folder)
+    if skipped is not None:
+        skipped.extend(passed[:MAX_SKIPPED_NAMED])
+        if len(passed) > MAX_SKIPPED_NAMED:
+            skipped.append(f"... and {len(passed) - MAX_SKIPPED_NAMED} more file(s) in {folder}")
+    return logs
+
+
+def _logs_in(folder: Path) -> tuple[list[tuple[Path, str | None]], list[str]]:
+    """A plain folder of logs: every file in it that is a log, and the runs in its
+    sub-folders (a run folder, or a parent of runs such as ``wandb/``); and, one line
+    each, the files passed over (scripts, READMEs, unreadable files) with the reason.
+    One bad file does not stop the rest."""
     found: list[tuple[Path, str | None]] = []
-    for entry in sorted(folder.iterdir()):
-        if entry.is_dir():
-            if (entry / "trainer_state.json").is_file():
-                found.append((entry / "trainer_state.json", "trainer_state"))
-            continue
+    passed: list[str] = []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise InputError(f"cannot list it ({exc.strerror})", file=str(folder)) from None
+    for entry in entries:
         try:
+            if entry.is_dir():
+                found.extend(_run_entries(entry))
+                continue
             found.append((entry, detect_format(entry)))
-        except InputError:
-            continue
-    return found
+        except InputError as exc:
+            passed.append(f"skipped {entry}: {exc.problem}")
+        except OSError as exc:
+            passed.append(f"skipped {entry}: cannot read it ({exc.strerror})")
+    return found, passed

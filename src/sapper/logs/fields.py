@@ -101,7 +101,7 @@ _add("eval_loss", 1.0, "eval_loss", "eval/loss", "val_loss", "val/loss", "valid_
      "validation/lm loss", "eval_lm_loss")
 _add("grad_norm", 1.0, "grad_norm", "grad-norm", "grad norm", "gradient_norm", "grad_norm_total",
      "grad_2.0_norm_total", "total_grad_norm", "global_grad_norm", "gradnorm", "grad_l2_norm",
-     "optim/grad_norm", "l2_norm/grad/global", "grad_l2_norm/step",
+     "gnorm", "optim/grad_norm", "l2_norm/grad/global", "grad_l2_norm/step",
      "l2_norm/grad/pre_clip_global")
 _add("clip_threshold", 1.0, "max_grad_norm", "clip_threshold", "grad_clip", "clip_grad",
      "max_norm")

@@ -11,21 +11,42 @@ implies, else ``unknown`` (the detectors then ask for unambiguous evidence).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from sapper.logs.base import LogData
 from sapper.runtime.detector import FRAMEWORKS
 from sapper.runtime.records import StepRecord
 
-__all__ = ["FORMAT_FRAMEWORKS", "framework_from", "framework_of", "framework_of_format"]
+__all__ = [
+    "FORMAT_FRAMEWORKS",
+    "format_frameworks",
+    "framework_from",
+    "framework_of",
+    "framework_of_format",
+]
 
-#: The framework a log format implies on its own. Megatron's iteration line is written
-#: by Megatron-LM and Megatron-DeepSpeed alike (both unscale inside their optimizer);
-#: ``trainer_state.json`` is the HF Trainer's. Tables and TensorBoard say nothing.
-FORMAT_FRAMEWORKS: dict[str, str] = {
-    "megatron": "megatron",
-    "trainer_state": "hf-trainer",
-}
+#: Built from the registry when first asked for (see ``__getattr__``).
+FORMAT_FRAMEWORKS: dict[str, str]
+
+
+def __getattr__(name: str) -> Any:
+    """``FORMAT_FRAMEWORKS``: format name -> the framework it implies, from each
+    registered format's ``framework`` (Megatron's iteration line is written by
+    Megatron-LM and Megatron-DeepSpeed alike, both unscale inside their optimizer;
+    ``trainer_state.json`` and the Trainer's console dicts are the HF Trainer's; tables
+    and TensorBoard say nothing)."""
+    if name == "FORMAT_FRAMEWORKS":
+        return dict(format_frameworks())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@cache
+def format_frameworks() -> dict[str, str]:
+    """See ``FORMAT_FRAMEWORKS``; read from the registry on first use."""
+    from sapper.logs.registry import log_formats
+
+    return {f.name: f.framework for f in log_formats() if f.framework is not None}
 
 
 def framework_of_format(fmt: str | None) -> str:
@@ -33,7 +54,7 @@ def framework_of_format(fmt: str | None) -> str:
     on), else ``unknown``."""
     if not fmt:
         return "unknown"
-    found = {FORMAT_FRAMEWORKS.get(part, "unknown") for part in fmt.split("+")}
+    found = {format_frameworks().get(part, "unknown") for part in fmt.split("+")}
     return found.pop() if len(found) == 1 else "unknown"
 
 

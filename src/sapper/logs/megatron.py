@@ -28,13 +28,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.logs.base import LogData, LogParser, put_mapped, to_float
+from sapper.logs.base import LogParser, put_mapped, to_float
 from sapper.logs.counters import NO_LOSS
 from sapper.logs.fields import FieldMap
+from sapper.logs.formats import LogFormat
 from sapper.logs.limits import MAX_INT_DIGITS, to_count
 from sapper.runtime.records import StepRecord
 
-__all__ = ["ITERATION_LINE", "MegatronParser", "read_megatron"]
+__all__ = ["FORMAT", "ITERATION_LINE", "MegatronParser"]
 
 #: The iteration line; also used by format detection.
 ITERATION_LINE = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
@@ -242,8 +243,17 @@ def _unix(day: str, clock: str) -> float | None:
         return None
 
 
-def read_megatron(path: str | Path) -> LogData:
-    """Read a whole Megatron log file."""
-    from sapper.logs.source import read_log
+def _recognise(text: str, path: Path) -> float:
+    """Megatron's iteration line (``iteration 120/ 250000 |``) anywhere in the head:
+    hundreds of argument lines come first."""
+    return 0.8 if "iteration" in text and ITERATION_LINE.search(text) else 0.0
 
-    return read_log(path, fmt="megatron")
+
+FORMAT = LogFormat(
+    name="megatron",
+    title="a Megatron-LM log",
+    looks_for="iteration lines: 'iteration N/ TOTAL | ... | lm loss: ... |'",
+    parser=lambda path, mapping: MegatronParser(str(path), mapping),
+    recognise_text=_recognise,
+    framework="megatron",
+)

@@ -25,8 +25,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from sapper.errors import quote
-from sapper.logs.base import SPARSE_RECORDS, LogData, LogParser, put_mapped, to_float
+from sapper.logs.base import SPARSE_RECORDS, LogParser, put_mapped, to_float
 from sapper.logs.fields import FieldMap
+from sapper.logs.formats import LogFormat, first_line, first_object
 from sapper.logs.limits import (
     MAX_COUNT,
     any_too_deep,
@@ -36,7 +37,7 @@ from sapper.logs.limits import (
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
-__all__ = ["RunLogParser", "read_sapper_log"]
+__all__ = ["FORMAT", "RunLogParser"]
 
 _NAMES = frozenset(f.name for f in fields(StepRecord)) - {"extra"}
 _DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
@@ -275,8 +276,19 @@ class RunLogParser(LogParser):
         return []
 
 
-def read_sapper_log(path: str | Path) -> LogData:
-    """Read a sapper JSONL run log."""
-    from sapper.logs.source import read_log
+_KINDS = frozenset({"meta", "step", "finding"})
 
-    return read_log(path, fmt="sapper")
+
+def _recognise(text: str, path: Path) -> float:
+    """A run log's first line is one of its own records: ``{"kind": "meta", ...}``."""
+    obj = first_object(first_line(text))
+    return 1.0 if obj is not None and obj.get("kind") in _KINDS else 0.0
+
+
+FORMAT = LogFormat(
+    name="sapper",
+    title="a sapper run log (JSONL)",
+    looks_for='JSON lines whose first record says "kind": "meta", "step" or "finding"',
+    parser=lambda path, mapping: RunLogParser(str(path), mapping),
+    recognise_text=_recognise,
+)

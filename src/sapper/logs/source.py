@@ -16,7 +16,7 @@ from typing import Any
 
 from sapper.errors import InputError
 from sapper.logs.base import LineBuffer, LogData, LogParser, gc_paused
-from sapper.logs.detect import FORMATS, detect_format
+from sapper.logs.detect import detect_format
 from sapper.logs.fields import FieldMap
 from sapper.logs.limits import (
     MAX_LOG_BYTES,
@@ -26,11 +26,7 @@ from sapper.logs.limits import (
     sniff_encoding,
     too_big,
 )
-from sapper.logs.megatron import MegatronParser
-from sapper.logs.runlog import RunLogParser
-from sapper.logs.table import TableParser
-from sapper.logs.tensorboard import TensorBoardParser
-from sapper.logs.trainer_state import TrainerStateParser
+from sapper.logs.registry import find_log_format
 from sapper.runtime.records import StepRecord
 
 __all__ = ["LogSource", "decode_text", "make_parser", "read_log"]
@@ -39,21 +35,8 @@ _CHUNK = 8 << 20
 
 
 def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> Any:
-    """The parser for ``fmt`` (one of :data:`FORMATS`)."""
-    source = str(path)
-    if fmt == "sapper":
-        return RunLogParser(source, mapping)
-    if fmt == "megatron":
-        return MegatronParser(source, mapping)
-    if fmt == "trainer_state":
-        return TrainerStateParser(source, mapping)
-    if fmt in ("csv", "jsonl"):
-        delimiter = "\t" if Path(path).suffix.lower() == ".tsv" else None
-        return TableParser(fmt, mapping, delimiter=delimiter, source=source)
-    if fmt == "tensorboard":
-        return TensorBoardParser(path, mapping)
-    raise InputError("unknown log format", field="--log-format", value=fmt,
-                     expected=" / ".join(FORMATS))
+    """The parser for ``fmt`` (one of :data:`~sapper.logs.detect.FORMATS`)."""
+    return find_log_format(fmt).parser(Path(path), mapping)
 
 
 def _decoder(head: bytes) -> codecs.IncrementalDecoder:
@@ -70,7 +53,8 @@ def decode_text(data: bytes) -> str:
 
 
 class LogSource:
-    """One log file or TensorBoard run, read incrementally."""
+    """One log file or run folder, read incrementally the way its format says
+    (:attr:`~sapper.logs.formats.LogFormat.read_mode`)."""
 
     def __init__(
         self,
@@ -79,22 +63,26 @@ class LogSource:
         mapping: dict[str, FieldMap] | None = None,
     ) -> None:
         self.path = Path(path)
-        if self.path.is_dir() and fmt != "tensorboard":
-            inner = self.path / "trainer_state.json"
-            if fmt in (None, "trainer_state") and inner.is_file():
-                self.path = inner
+        if self.path.is_dir():
+            kind = find_log_format(fmt or detect_format(self.path))
+            if kind.read_mode != "poll" and kind.runs_in is not None:
+                runs = kind.runs_in(self.path)  # the file inside (a Trainer's state)
+                if runs:
+                    self.path = runs[0]
+            fmt = kind.name
         info = check_regular(self.path)  # a FIFO or a device: refused before it is opened
         size = info.st_size
-        if self.path.is_dir():  # a TensorBoard run: every event file in it is opened
+        if self.path.is_dir():  # a run folder its parser opens: every file in it counts
             size = sum(
-                check_regular(entry, "an event file").st_size
+                check_regular(entry, "a file of a run folder").st_size
                 for entry in self.path.iterdir()
-                if "tfevents" in entry.name
+                if not entry.is_dir()
             )
         if size > MAX_LOG_BYTES:
             raise too_big(str(self.path), MAX_LOG_BYTES, size)
         self.format = fmt or detect_format(self.path)
-        self.parser: LogParser = make_parser(self.format, self.path, mapping)
+        self.kind = find_log_format(self.format)
+        self.parser: LogParser = self.kind.parser(self.path, mapping)
         self._offset = 0
         self._decoder: codecs.IncrementalDecoder | None = None
         self._lines = LineBuffer()
@@ -106,9 +94,10 @@ class LogSource:
 
     def poll(self) -> list[StepRecord]:
         """Steps completed by what was written since the last call."""
-        if isinstance(self.parser, TensorBoardParser):
-            return self.parser.poll()
-        if isinstance(self.parser, TrainerStateParser):
+        mode = self.kind.read_mode
+        if mode == "poll":
+            return self.parser.poll()  # type: ignore[attr-defined, no-any-return]
+        if mode == "snapshot":
             return self._poll_snapshot(self.parser)
         out: list[StepRecord] = []
         try:
@@ -126,7 +115,7 @@ class LogSource:
             raise InputError(f"cannot read it ({exc.strerror})", file=str(self.path)) from None
         return out
 
-    def _poll_snapshot(self, parser: TrainerStateParser) -> list[StepRecord]:
+    def _poll_snapshot(self, parser: Any) -> list[StepRecord]:
         try:
             stat = self.path.stat()
             stamp = (stat.st_mtime, stat.st_size)
@@ -143,11 +132,12 @@ class LogSource:
 
     def close(self) -> list[StepRecord]:
         """End of input: the records held back (the torn last line is judged here)."""
-        if isinstance(self.parser, TrainerStateParser):
+        mode = self.kind.read_mode
+        if mode == "snapshot":
             self.parser.note_unused_mapping()
             return []
         out: list[StepRecord] = []
-        if not isinstance(self.parser, TensorBoardParser):
+        if mode == "lines":
             tail = self._decoder.decode(b"", final=True) if self._decoder is not None else ""
             rest = self._lines.push(tail) + self._lines.rest()
             out.extend(self.parser.feed(rest))

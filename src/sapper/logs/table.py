@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError, clip, quote
-from sapper.logs.base import LogData, LogParser, coerce, put_mapped, to_float
+from sapper.logs.base import LogParser, coerce, put_mapped, to_float
 from sapper.logs.counters import FLAG_NAMES
 from sapper.logs.fields import LAYER_KEYS, STEP_NAMES, FieldMap, normalize_name, resolve
+from sapper.logs.formats import LogFormat, first_line, first_object
 from sapper.logs.limits import MAX_NESTING, json_int, nested_too_deep, to_count
 from sapper.runtime.records import StepRecord
 
-__all__ = ["TableParser", "read_table"]
+__all__ = ["CSV_FORMAT", "FORMATS", "JSONL_FORMAT", "TableParser", "looks_delimited"]
 
 _WANDB_RUN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
 _BAND = ("__MIN", "__MAX")
@@ -346,8 +347,84 @@ def _flatten(obj: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str,
     return out
 
 
-def read_table(path: str | Path, mapping: dict[str, FieldMap] | None = None) -> LogData:
-    """Read a CSV or JSON-lines table (the kind follows the file's content)."""
-    from sapper.logs.source import read_log
+def looks_delimited(lines: list[str]) -> bool:
+    """The first line and at least half of the next 49 hold as many commas (or tabs)."""
+    for sep in (",", "\t"):
+        width = lines[0].count(sep)
+        if width == 0:
+            continue
+        rows = lines[1:50]
+        if rows and sum(r.count(sep) == width for r in rows) >= max(1, len(rows) // 2):
+            return True
+    return False
 
-    return read_log(path, mapping=mapping)
+
+def _numeric_share(lines: list[str]) -> float:
+    """Of the cells in the rows after the header, the share that are numbers or empty:
+    a metrics table is mostly numbers; lines of ``key value, key value`` text that
+    happen to hold as many commas each (nanoGPT's ``iter 10: loss 3.22, time 893ms``,
+    the Trainer's printed dicts) are not."""
+    sep = "\t" if lines[0].count("\t") > lines[0].count(",") else ","
+    cells = [c.strip().strip('"') for row in lines[1:50] for c in row.split(sep)]
+    if not cells:
+        return 0.0
+    return sum(not c or to_float(c) is not None for c in cells) / len(cells)
+
+
+def _head_lines(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            out.append(line)
+            if len(out) >= 50:
+                break
+    return out
+
+
+def _recognise_csv(text: str, path: Path) -> float:
+    """A delimited header over rows that are mostly numbers; a ``.csv``/``.tsv`` name
+    with a comma on its first line (a table of one row). Ranked above Megatron's line:
+    text appended to a table is noted as bad rows."""
+    lines = _head_lines(text)
+    if not lines or lines[0].lstrip().startswith("{"):
+        return 0.0
+    csv_name = path.suffix.lower() in (".csv", ".tsv")
+    if looks_delimited(lines):
+        return 0.9 if csv_name or _numeric_share(lines) >= 0.3 else 0.2
+    return 0.5 if csv_name and "," in lines[0] else 0.0
+
+
+def _recognise_jsonl(text: str, path: Path) -> float:
+    """JSON objects, one a line (the run log and trainer_state rank higher); a
+    damaged first line of a ``.jsonl`` file with more lines after it (the reader skips
+    it with a note)."""
+    line = first_line(text)
+    if not line.startswith("{"):
+        return 0.0
+    if first_object(line) is not None:
+        return 0.85  # a JSON first line decides, whatever lines follow
+    named = path.suffix.lower() in (".jsonl", ".ndjson")
+    return 0.5 if named and len(_head_lines(text)) > 1 else 0.0
+
+
+def _csv_parser(path: Path, mapping: dict[str, FieldMap] | None) -> TableParser:
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else None
+    return TableParser("csv", mapping, delimiter=delimiter, source=str(path))
+
+
+CSV_FORMAT = LogFormat(
+    name="csv",
+    title="a CSV metrics table (e.g. a W&B export)",
+    looks_for="a header row, then rows of numbers with as many commas or tabs",
+    parser=_csv_parser,
+    recognise_text=_recognise_csv,
+)
+JSONL_FORMAT = LogFormat(
+    name="jsonl",
+    title="a JSON-lines metrics table",
+    looks_for="one JSON object a line with metric keys",
+    parser=lambda path, mapping: TableParser("jsonl", mapping, source=str(path)),
+    recognise_text=_recognise_jsonl,
+)
+#: Both table formats (one reader, two layouts).
+FORMATS = (CSV_FORMAT, JSONL_FORMAT)

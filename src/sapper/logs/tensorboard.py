@@ -14,16 +14,19 @@ appended since the last call, so ``sapper watch`` can follow a live run.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sapper.logs.base import LogData, LogParser, put_mapped
+from sapper.errors import InputError
+from sapper.logs.base import LogParser, put_mapped
 from sapper.logs.counters import FLAG_NAMES
 from sapper.logs.fields import FieldMap, normalize_name, resolve
+from sapper.logs.formats import LogFormat
 from sapper.runtime.records import StepRecord
 
-__all__ = ["TensorBoardParser", "read_tensorboard"]
+__all__ = ["EVENTS_MARK", "FORMAT", "TensorBoardParser", "is_event_file"]
 
 
 class TensorBoardParser(LogParser):
@@ -165,8 +168,58 @@ def _scalar(proto: Any) -> float | None:
     return float(array.reshape(()))
 
 
-def read_tensorboard(path: str | Path, mapping: dict[str, FieldMap] | None = None) -> LogData:
-    """Read one TensorBoard run (a folder of event files, or one event file)."""
-    from sapper.logs.source import read_log
+#: What every event file's name holds (``events.out.tfevents.<time>.<host>``).
+EVENTS_MARK = "tfevents"
 
-    return read_log(path, fmt="tensorboard", mapping=mapping)
+
+def is_event_file(head: bytes) -> bool:
+    """A TFRecord starts with a little-endian u64 length and its masked CRC32C."""
+    if len(head) < 12:
+        return False
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    return bool(masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0])
+
+
+def _recognise_bytes(head: bytes, path: Path) -> float:
+    if is_event_file(head):
+        return 1.0
+    if EVENTS_MARK in path.name:
+        raise InputError(
+            "named like a TensorBoard event file but its first record is damaged",
+            file=str(path),
+            expected="an events.out.tfevents.* file written by a SummaryWriter",
+        )
+    return 0.0
+
+
+def _events_in(folder: Path) -> bool:
+    try:
+        return any(EVENTS_MARK in p.name and p.is_file() for p in folder.iterdir())
+    except OSError:
+        return False
+
+
+def _recognise_dir(folder: Path) -> float:
+    return 1.0 if _events_in(folder) else 0.0
+
+
+def _runs_in(folder: Path) -> list[Path]:
+    """Every folder under ``folder`` (itself included) holding event files: a log dir
+    with one folder per run (``runs/<date_host>``) is one entry per run."""
+    try:
+        return sorted({p.parent for p in folder.rglob(f"*{EVENTS_MARK}*") if p.is_file()})
+    except OSError:
+        return []
+
+
+FORMAT = LogFormat(
+    name="tensorboard",
+    title="a TensorBoard event file or run folder",
+    looks_for="events.out.tfevents.* files whose first record's checksum holds",
+    parser=lambda path, mapping: TensorBoardParser(path, mapping),
+    read_mode="poll",
+    recognise_bytes=_recognise_bytes,
+    recognise_dir=_recognise_dir,
+    runs_in=_runs_in,
+)

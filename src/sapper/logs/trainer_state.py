@@ -18,6 +18,7 @@ the Trainer was writing it) still yields every complete entry, with a note.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,17 +27,17 @@ from sapper.errors import InputError, quote
 from sapper.logs.base import (
     Attempt,
     AttemptTracker,
-    LogData,
     LogParser,
     StepMerger,
     put_mapped,
     to_float,
 )
 from sapper.logs.fields import LAYER_KEYS, FieldMap, eval_set, layer_of, normalize_name
+from sapper.logs.formats import LogFormat, first_line, first_object
 from sapper.logs.limits import MAX_COUNT, MAX_NESTING, json_int
 from sapper.runtime.records import StepRecord
 
-__all__ = ["TrainerStateParser", "read_trainer_state"]
+__all__ = ["FORMAT", "TrainerStateParser", "latest_state", "state_runs"]
 
 _TRAIN_KEYS = {
     "loss": "loss",
@@ -282,8 +283,60 @@ def _layers(raw: list[Any] | dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def read_trainer_state(path: str | Path) -> LogData:
-    """Read a ``trainer_state.json`` (or the checkpoint folder holding one)."""
-    from sapper.logs.source import read_log
+STATE_FILE = "trainer_state.json"
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
 
-    return read_log(path, fmt="trainer_state")
+
+def _recognise(text: str, path: Path) -> float:
+    """A JSON document with ``log_history``: on one line (``json.dump`` without indent)
+    it is decoded; indented, the key is looked for in the head."""
+    line = first_line(text)
+    if not line.startswith("{"):
+        return 0.0
+    obj = first_object(line)
+    if obj is not None:
+        return 1.0 if isinstance(obj.get("log_history"), list) else 0.0
+    return 0.9 if '"log_history"' in text else 0.0
+
+
+def latest_state(folder: Path) -> Path | None:
+    """The ``trainer_state.json`` of an output folder: its own, else the one in its
+    latest ``checkpoint-N`` folder (the Trainer writes one per save)."""
+    own = folder / STATE_FILE
+    if own.is_file():
+        return own
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return None
+    checkpoints = sorted(
+        (int(m.group(1)), p)
+        for p in entries
+        if (m := _CHECKPOINT.search(p.name)) and len(m.group(1)) < 19 and p.is_dir()
+        and (p / STATE_FILE).is_file()
+    )
+    return checkpoints[-1][1] / STATE_FILE if checkpoints else None
+
+
+def _recognise_dir(folder: Path) -> float:
+    return 1.0 if latest_state(folder) is not None else 0.0
+
+
+def state_runs(folder: Path) -> list[Path]:
+    """One run per output folder: the state file :func:`latest_state` picks."""
+    state = latest_state(folder)
+    return [state] if state is not None else []
+
+
+FORMAT = LogFormat(
+    name="trainer_state",
+    title="a Hugging Face trainer_state.json",
+    looks_for="a JSON document with log_history, or an output folder with "
+    "trainer_state.json or checkpoint-N/trainer_state.json",
+    parser=lambda path, mapping: TrainerStateParser(str(path), mapping),
+    read_mode="snapshot",
+    recognise_text=_recognise,
+    recognise_dir=_recognise_dir,
+    runs_in=state_runs,
+    framework="hf-trainer",
+)

@@ -3,7 +3,7 @@
 For jobs launched through scripts the user does not own (Megatron-LM, DeepSpeed
 examples, ``run_clm.py``, a cluster template), nothing can be added to the training
 loop, but the log is there. A follower (:mod:`.follow`, :mod:`.events`,
-:mod:`.snapshot`, chosen by :mod:`.resolve`) reads only what the log gained since the
+:mod:`.snapshot`, :mod:`.poll`, chosen by :mod:`.resolve`) reads only what the log gained since the
 last poll; the :class:`Watcher` feeds the new records to the live monitor's detectors,
 whose state carries over between polls; sinks show the findings (:mod:`.live`), append
 them to a JSONL file and run a command on them (:mod:`.actions`).
@@ -14,6 +14,7 @@ from sapper.watch.events import EventsFollower
 from sapper.watch.follow import FileFollower, Follower, StreamFollower
 from sapper.watch.live import JsonView, LiveView, PlainView, make_view
 from sapper.watch.metrics import MetricBoard, sparkline
+from sapper.watch.poll import PollFollower
 from sapper.watch.resolve import AutoFollower, open_follower
 from sapper.watch.snapshot import SnapshotFollower
 from sapper.watch.watcher import Watcher, WatchResult, WatchSink, watch_detectors
@@ -30,6 +31,7 @@ __all__ = [
     "LiveView",
     "MetricBoard",
     "PlainView",
+    "PollFollower",
     "SnapshotFollower",
     "StreamFollower",
     "WatchResult",

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sapper.errors import InputError
-from sapper.logs import FORMATS, LogParser
+from sapper.logs import LogParser
 from sapper.logs.detect import decode_head, detect_text
 from sapper.logs.fields import FieldMap
 from sapper.logs.limits import refuse_special
+from sapper.logs.registry import find_log_format, recognise_bytes, recognise_dir
 from sapper.runtime.records import StepRecord
 from sapper.watch.events import EVENTS_MARK, EventsFollower, is_event_header
 from sapper.watch.follow import DETECT_LIMIT, FileFollower, Follower, StreamFollower
+from sapper.watch.poll import PollFollower
 from sapper.watch.snapshot import STATE_FILE, SnapshotFollower, newest_state
 
 __all__ = ["AutoFollower", "open_follower"]
@@ -35,11 +37,9 @@ def open_follower(
     stdin: BinaryIO | None = None,
 ) -> Follower:
     """The follower for ``path`` (``-`` is standard input); ``fmt`` skips detection."""
-    if fmt is not None and fmt not in FORMATS:
-        raise InputError("unknown log format", field="--log-format", value=fmt,
-                         expected=" / ".join(FORMATS))
+    kind = find_log_format(fmt) if fmt is not None else None
     if str(path) == "-":
-        if fmt in ("tensorboard", "trainer_state"):
+        if kind is not None and kind.read_mode != "lines":
             raise InputError(
                 f"a {fmt} log cannot be read from a pipe",
                 field="--log-format",
@@ -52,6 +52,8 @@ def open_follower(
         return EventsFollower(path, mapping)
     if fmt == "trainer_state":
         return SnapshotFollower(path, mapping)
+    if kind is not None and kind.read_mode == "poll":
+        return PollFollower(path, kind, mapping)
     if fmt is not None:
         return FileFollower(path, fmt, mapping)
     return AutoFollower(path, mapping)
@@ -113,6 +115,9 @@ class AutoFollower(Follower):
                 has_events = False
             if has_events:
                 return EventsFollower(path, self.mapping)
+            kind = recognise_dir(path)  # another reader's run folder (W&B, MLflow ...)
+            if kind is not None and kind.read_mode == "poll" and kind.name != "tensorboard":
+                return PollFollower(path, kind, self.mapping)
             runs = sorted({p.parent for p in path.glob(f"*/*{EVENTS_MARK}*") if p.is_file()})
             if len(runs) == 1:  # e.g. the Trainer's output_dir/runs/<date_host>
                 self.events.append(f"following the TensorBoard run {runs[0]}")
@@ -142,6 +147,9 @@ class AutoFollower(Follower):
     def _from_head(self, path: Path, head: bytes) -> Follower | None:
         if is_event_header(head):
             return EventsFollower(path, self.mapping)
+        kind = recognise_bytes(head, path) if len(head) >= 12 else None
+        if kind is not None and kind.read_mode == "poll" and kind.name != "tensorboard":
+            return PollFollower(path, kind, self.mapping)
         text = decode_head(head, path)  # in its encoding, NUL blocks left out
         if "\n" not in text:
             self.waiting = f"{path.name} has no complete line yet"
