@@ -725,6 +725,8 @@ class Plan(_Spec):
         if b.global_batch_size and b.micro_batch_size and dp:
             q, r = divmod(b.global_batch_size, b.micro_batch_size * dp)
             return q if r == 0 and q > 0 else None
+        if b.global_batch_size and dp is None:
+            return None  # global / (micro × DP) with DP unknown: not 1
         return 1 if b.micro_batch_size else None
 
     @property

@@ -52,7 +52,6 @@ _KIND_WORDS = {
 
 def read_deepspeed_config(path: str | Path) -> PlanSource:
     """A Plan source from a DeepSpeed JSON config, with its C0xx findings attached."""
-    file = str(path)
     raw = read_json_object(
         path, "a DeepSpeed config", "keys such as train_batch_size, bf16, zero_optimization"
     )

@@ -26,6 +26,7 @@ READERS: tuple[str, ...] = (
     "sapper.plan.readers.accelerate",
     "sapper.plan.readers.axolotl",
     "sapper.plan.readers.training_args",
+    "sapper.plan.readers.megatron",
     "sapper.plan.readers.yaml_plan",
     "sapper.plan.readers.nemo",
     "sapper.plan.readers.torchtitan",

@@ -1,0 +1,935 @@
+"""Just enough of bash to read a launch script: the commands it runs, with its own variables
+expanded, and a note of every value the script does not decide.
+
+Launch scripts (Megatron-LM's examples, Slurm batch files) build the training command from
+variables: ``NLAYERS=70``, ``--num-layers $NLAYERS``, arrays expanded as
+``${GPT_ARGS[@]}``, strings of options expanded unquoted, ``$((GPUS_PER_NODE*NNODES))``,
+``${VAR:-default}``, and ``bash -c "$LAUNCHER $CMD"`` under ``srun``. This module follows
+those the way bash does (quoting, word splitting, line continuations, comments, heredocs
+skipped) and nothing else: it never runs a command. A value the script does not set
+(``$SLURM_NNODES``, ``$1``, ``$(hostname)``, a variable assigned inside an ``if``) stays
+unknown, with the reason, instead of being guessed. ``#SBATCH`` directives are read as
+what Slurm exports from them (``--nodes=24`` -> ``SLURM_NNODES=24``).
+
+Everything is bounded: the text is at most sapper's config limit, values and word lists
+have caps, ``bash -c`` is followed a few levels deep, arithmetic refuses huge numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["Command", "Script", "Word", "read_script"]
+
+#: Longest value a variable may hold, and most words an array or an expansion may hold:
+#: real launch scripts stay far below; a doubling loop does not get to fill memory.
+MAX_VALUE_CHARS = 1 << 20
+MAX_WORDS = 10_000
+#: Commands read from one script (each ``bash -c`` string counts too).
+MAX_COMMANDS = 100_000
+#: ``bash -c "..."`` levels followed.
+MAX_NESTING = 4
+#: Largest number arithmetic keeps (beyond: unknown); more than any size in a config.
+MAX_ARITH = 10**18
+#: Prefixes of variables a scheduler or launcher sets when the job starts.
+_SCHEDULER = ("SLURM_", "PBS_", "LSB_", "OMPI_", "PMI_", "PMIX_", "FLUX_", "MV2_", "COBALT_")
+_KEYWORDS_OPEN = {"if", "for", "while", "until", "case", "select", "{"}
+_KEYWORDS_CLOSE = {"fi", "done", "esac", "}"}
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Runs of characters inside a word that the lexer passes over.
+_WORD_RUN = re.compile(r"[^ \t\r\n;&|()<>\\'\"`$]+")
+#: Runs of characters that expand to themselves, outside and inside double quotes.
+_PLAIN_RUN = re.compile(r"[^\"'\\`$~]+")
+_QUOTED_RUN = re.compile(r"[^\"\\`$]+")
+#: An unknown part inside a word's text: its index between two private-use characters.
+_MARK = re.compile("\ue000(\\d+)\ue001")
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word of a command after expansion. ``unknown`` names what the script leaves
+    open in it (``$NNODES``, ``$1``, ``$(pwd)``); ``text`` is the word with each unknown
+    part as a placeholder, ``shown`` the word as a user reads it, ``via`` the variables
+    its value came through."""
+
+    text: str
+    shown: str
+    unknown: tuple[str, ...] = ()
+    via: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return not self.unknown
+
+
+@dataclass
+class Command:
+    """A simple command of the script, its words expanded."""
+
+    words: list[Word]
+    line: int
+    #: Inside an ``if``/``for``/``case``/function: it may not run, or run differently.
+    conditional: bool = False
+
+
+@dataclass
+class Script:
+    """What reading a script found: its commands in order, and why values are unknown."""
+
+    commands: list[Command] = field(default_factory=list)
+    #: Unknown name (``$NNODES``) -> why the script does not decide it.
+    reasons: dict[str, str] = field(default_factory=dict)
+    #: Variable -> where its value came from when not from an assignment
+    #: (``#SBATCH --nodes=24``).
+    origins: dict[str, str] = field(default_factory=dict)
+    #: File name (as expanded, unknown parts as placeholders) -> the text the script
+    #: writes to it with ``cat <<EOF > FILE``.
+    files: dict[str, Word] = field(default_factory=dict)
+    #: Each variable at the end, as the words ``${NAME[@]}`` gives unquoted.
+    variables: dict[str, list[Word]] = field(default_factory=dict)
+
+
+# ---- lexing ----------------------------------------------------------------------------
+@dataclass
+class _Tok:
+    kind: str  # "word", "op", "array" (NAME=( ... ) with its raw words), "redir"
+    text: str
+    line: int
+    items: list[str] = field(default_factory=list)
+    append: bool = False
+
+
+class _Lexer:
+    """Splits bash text into raw words (quotes kept, expanded later) and operators."""
+
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+        self.line = 1
+        self.heredocs: list[tuple[str, bool, _Tok]] = []
+
+    def tokens(self) -> list[_Tok]:
+        out: list[_Tok] = []
+        s = self.s
+        while self.i < len(s):
+            c = s[self.i]
+            if c == "\\" and s.startswith("\\\n", self.i):
+                self.i += 2
+                self.line += 1
+            elif c in " \t\r":
+                self.i += 1
+            elif c == "\n":
+                out.append(_Tok("op", "\n", self.line))
+                self.i += 1
+                self.line += 1
+                self._skip_heredocs()
+            elif c == "#":
+                while self.i < len(s) and s[self.i] != "\n":
+                    self.i += 1
+            elif c in ";&|()":
+                two = s[self.i : self.i + 2]
+                op = two if two in ("&&", "||", ";;", "|&", "&>") else c
+                if op == "&>":
+                    out.append(_Tok("redir", op, self.line))
+                else:
+                    out.append(_Tok("op", op, self.line))
+                self.i += len(op)
+            elif c in "<>":
+                out.append(self._redirect())
+            else:
+                start_line = self.line
+                word = self._word()
+                m = _ASSIGN.match(word)
+                if m and word == m.group(0) and s.startswith("(", self.i):
+                    self.i += 1
+                    out.append(
+                        _Tok("array", m.group(1), start_line, self._array(), bool(m.group(2)))
+                    )
+                elif word and not (word.isdigit() and s.startswith((">", "<"), self.i)):
+                    out.append(_Tok("word", word, start_line))  # (2>&1: 2 is no word)
+        return out
+
+    def _redirect(self) -> _Tok:
+        s = self.s
+        m = re.compile(r"<<-?|<<<|<>|>>|>&|<&|>\||<|>").match(s, self.i)
+        op = m.group(0) if m else s[self.i]
+        self.i += len(op)
+        if op in ("<<", "<<-"):
+            while self.i < len(s) and s[self.i] in " \t":
+                self.i += 1
+            delim = self._word()
+            tok = _Tok("heredoc", delim, self.line)
+            tok.append = delim != re.sub(r"[\"'\\]", "", delim)  # quoted: no expansion
+            self.heredocs.append((re.sub(r"[\"'\\]", "", delim), op == "<<-", tok))
+            return tok
+        return _Tok("redir", op, self.line)
+
+    def _skip_heredocs(self) -> None:
+        """The bodies of heredocs opened on the line just ended: data, not commands."""
+        s = self.s
+        for delim, strip, tok in self.heredocs:
+            start = self.i
+            while self.i < len(s):
+                end = s.find("\n", self.i)
+                end = len(s) if end < 0 else end
+                line = s[self.i : end]
+                if (line.lstrip("\t") if strip else line) == delim:
+                    tok.items = [s[start : self.i]]
+                    self.i = min(end + 1, len(s))
+                    self.line += 1
+                    break
+                self.i = min(end + 1, len(s))
+                self.line += 1
+            else:
+                tok.items = [s[start:]]
+        self.heredocs.clear()
+
+    def _array(self) -> list[str]:
+        """The raw words of ``NAME=( ... )`` up to its closing parenthesis."""
+        items: list[str] = []
+        s = self.s
+        while self.i < len(s):
+            c = s[self.i]
+            if c == "\\" and s.startswith("\\\n", self.i):
+                self.i += 2
+                self.line += 1
+            elif c in " \t\r":
+                self.i += 1
+            elif c == "\n":
+                self.i += 1
+                self.line += 1
+            elif c == "#":
+                while self.i < len(s) and s[self.i] != "\n":
+                    self.i += 1
+            elif c == ")":
+                self.i += 1
+                break
+            else:
+                word = self._word()
+                if not word:  # an operator inside the parentheses: not an array we read
+                    self.i += 1
+                    continue
+                items.append(word)
+                if len(items) > MAX_WORDS:
+                    break
+        return items
+
+    def _word(self) -> str:
+        """One raw word: up to unquoted whitespace or an operator, quotes and ``$(...)``
+        kept whole (the expander reads them)."""
+        s, start = self.s, self.i
+        while self.i < len(s):
+            run = _WORD_RUN.match(s, self.i)
+            if run:
+                self.i = run.end()
+                continue
+            c = s[self.i]
+            if c in " \t\r\n;&|()<>":
+                break
+            if c == "\\":
+                if s.startswith("\\\n", self.i):
+                    break
+                self.i += 2
+            elif c == "'":
+                end = s.find("'", self.i + 1)
+                self._advance_to(len(s) if end < 0 else end + 1)
+            elif c == '"':
+                self._advance_to(self._close_double(self.i + 1))
+            elif c == "`":
+                end = s.find("`", self.i + 1)
+                self._advance_to(len(s) if end < 0 else end + 1)
+            elif c == "$" and s.startswith("$(", self.i):
+                self._advance_to(_close_paren(s, self.i + 2))
+            elif c == "$" and s.startswith("${", self.i):
+                end = s.find("}", self.i + 2)
+                self._advance_to(len(s) if end < 0 else end + 1)
+            else:
+                self.i += 1
+        return s[start : self.i]
+
+    def _advance_to(self, end: int) -> None:
+        self.line += self.s.count("\n", self.i, end)
+        self.i = end
+
+    def _close_double(self, i: int) -> int:
+        s = self.s
+        while i < len(s):
+            c = s[i]
+            if c == "\\":
+                i += 2
+            elif c == '"':
+                return i + 1
+            elif s.startswith("$(", i):
+                i = _close_paren(s, i + 2)
+            else:
+                i += 1
+        return len(s)
+
+
+def _close_paren(s: str, i: int) -> int:
+    """Index just past the ``)`` closing a ``$(`` whose body starts at ``i``."""
+    depth = 1
+    while i < len(s) and depth:
+        c = s[i]
+        if c == "\\":
+            i += 1
+        elif c == "'":
+            end = s.find("'", i + 1)
+            i = len(s) - 1 if end < 0 else end
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return i
+
+
+# ---- expansion -------------------------------------------------------------------------
+@dataclass
+class _Piece:
+    text: str  # unknown parts as markers
+    split: bool  # from an unquoted expansion: split on whitespace
+    via: tuple[str, ...] = ()
+    #: From "${A[@]}": one word per item (items separated by NUL).
+    items: bool = False
+
+
+_Value = str | list[str]
+
+
+class _Shell:
+    def __init__(self, text: str) -> None:
+        self.vars: dict[str, _Value] = {}
+        self.script = Script()
+        self.frames: list[_Frame] = []
+        #: Exit status of the last command, where the file decides it (a test).
+        self.status: bool | None = True
+        #: While reading an ``if``'s test: (operator before, result) of each command.
+        self.cond: list[tuple[str, bool | None]] | None = None
+        self.nesting = 0
+        #: Unknown names in the order met; a marker holds the index.
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+        self._sbatch(text)
+
+    # -- Slurm directives -----------------------------------------------------------------
+    def _sbatch(self, text: str) -> None:
+        """``#SBATCH`` lines, as the variables Slurm sets from them (a number only)."""
+        env = {
+            "nodes": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+            "N": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+            "ntasks-per-node": ("SLURM_NTASKS_PER_NODE",),
+            "gpus-per-node": ("SLURM_GPUS_PER_NODE",),
+            "ntasks": ("SLURM_NTASKS",),
+            "n": ("SLURM_NTASKS",),
+        }
+        for line in text.splitlines()[:1000]:
+            m = re.match(r"\s*#SBATCH\s+(--?[A-Za-z-]+)(?:[= ]\s*(\S+))?", line)
+            if not m:
+                continue
+            key, value = m.group(1).lstrip("-"), m.group(2) or ""
+            if key == "gres":
+                g = re.fullmatch(r"gpu(?::[\w.-]+)?:(\d+)", value)
+                names: tuple[str, ...] = ("SLURM_GPUS_ON_NODE",) if g else ()
+                value = g.group(1) if g else ""
+            else:
+                names = env.get(key, ())
+            if names and re.fullmatch(r"\d+", value):
+                for name in names:
+                    self.vars[name] = value
+                    self.script.origins[name] = f"#SBATCH {m.group(1)}={value}"
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, text: str) -> None:
+        if self.nesting > MAX_NESTING:
+            return
+        self.nesting += 1
+        try:
+            self._run(_Lexer(text).tokens())
+        finally:
+            self.nesting -= 1
+
+    def _run(self, toks: list[_Tok]) -> None:
+        cmd: list[_Tok] = []
+        before = "\n"  # the operator before the command being collected
+        for tok in toks:
+            if tok.kind == "op" and tok.text not in ("(", ")"):
+                self._command(cmd, before)
+                cmd, before = [], tok.text
+            elif tok.kind != "op":
+                cmd.append(tok)
+            if len(self.script.commands) > MAX_COMMANDS:
+                return
+        self._command(cmd, before)
+
+    # -- branches ---------------------------------------------------------------------------
+    @property
+    def skipped(self) -> bool:
+        """Inside a branch the script's own values rule out (``if [[ $DTYPE == fp8 ]]``
+        with DTYPE=bf16): its commands never run."""
+        return any(f.state is False for f in self.frames)
+
+    @property
+    def conditional(self) -> bool:
+        """Inside a branch, loop or function whose running is not known from the file."""
+        return any(f.state is None for f in self.frames)
+
+    def _keyword(self, head: str, op: str) -> bool | None:
+        """Open or close a block; True when ``head`` was a keyword taking the command."""
+        if head in ("if", "elif"):
+            if head == "elif" and self.frames:
+                self.frames[-1].state = True  # while its test is read; decided at "then"
+            else:
+                self.frames.append(_Frame())
+            self.cond = []
+            return False
+        if head == "then":
+            frame = self.frames[-1] if self.frames else None
+            if frame is not None and self.cond is not None:
+                result = _combine(self.cond)
+                if frame.taken is True:  # an earlier branch ran: this one cannot
+                    result = False
+                frame.state = result
+                if result is True:
+                    frame.taken = True
+                elif result is None and frame.taken is False:
+                    frame.taken = None
+            self.cond = None
+            return False
+        if head == "else" and self.frames:
+            frame = self.frames[-1]
+            frame.state = {True: False, False: True, None: None}[frame.taken]  # type: ignore[index]
+            return False
+        if head in ("for", "while", "until", "case", "select", "{"):
+            self.frames.append(_Frame(state=None))
+            return head in ("for", "select", "case")
+        if head in ("fi", "done", "esac", "}"):
+            if self.frames:
+                self.frames.pop()
+            return False
+        return False
+
+    def _command(self, toks: list[_Tok], op: str = "\n") -> None:
+        """One simple command; after ``&&`` / ``||`` it runs as the previous command's
+        status says: known for a test on the script's own values, else unknown."""
+        gate: bool | None = True
+        if op in ("&&", "||") and self.cond is None:
+            last = self.status
+            gate = last if op == "&&" else (None if last is None else not last)
+        if gate is False:
+            return
+        if gate is None:
+            self.frames.append(_Frame(state=None))
+        try:
+            self.status = self._simple(toks, op)
+        finally:
+            if gate is None:
+                self.frames.pop()
+
+    def _simple(self, toks: list[_Tok], op: str) -> bool | None:
+        kept: list[_Tok] = []
+        skip = False
+        heredoc: _Tok | None = None
+        target: _Tok | None = None
+        writes = False
+        for tok in toks:  # redirections go, with their targets
+            if skip:
+                skip = False
+                if writes and target is None and tok.kind == "word":
+                    target = tok
+            elif tok.kind == "redir":
+                skip, writes = True, tok.text in (">", ">|")
+            elif tok.kind == "heredoc":
+                heredoc = tok
+            else:
+                kept.append(tok)
+        if heredoc is not None and target is not None:
+            self._written(heredoc, target)
+        while kept and kept[0].kind == "word":
+            head = kept[0].text
+            if head in _KEYWORDS_OPEN | _KEYWORDS_CLOSE | {"then", "else", "elif"}:
+                if self._keyword(head, op):
+                    return None  # a loop's or case's header is no command
+                kept = kept[1:]
+            elif head in ("!", "time", "do"):
+                kept = kept[1:]
+            else:
+                break
+        if self.cond is not None:  # the test of an if: evaluated, not run
+            if kept and not self.skipped:
+                words = [w for t in kept if t.kind == "word" for w in self.expand(t.text)]
+                self.cond.append((op, _test(words)))
+            return None
+        if not kept or self.skipped:
+            return None
+        if kept[0].kind == "word" and (
+            kept[0].text == "function" or kept[0].text.endswith("()")
+            or (len(kept) > 1 and kept[1].text == "{")
+        ):
+            self.frames.append(_Frame(state=None))  # a function body runs when called
+            return None
+        if kept[0].kind == "word" and kept[0].text in (
+            "export", "declare", "typeset", "local", "readonly"
+        ):
+            for tok in kept[1:]:
+                self._assign(tok)
+            return True
+        first = 0  # leading assignments: alone they set variables, before a command its env
+        while first < len(kept) and (kept[first].kind == "array" or _is_assignment(kept[first])):
+            first += 1
+        if first == len(kept):
+            for tok in kept:
+                self._assign(tok)
+            return True
+        words: list[Word] = []
+        for tok in kept[first:]:
+            if tok.kind == "word":
+                words.extend(self.expand(tok.text))
+            if len(words) > MAX_WORDS:
+                break
+        if not words:
+            return None
+        self.script.commands.append(Command(words, kept[first].line, self.conditional))
+        self._nested(words)
+        return _test(words)
+
+    def _written(self, heredoc: _Tok, target: _Tok) -> None:
+        """``cat <<EOF > FILE``: the text the script writes to FILE (expanded unless the
+        delimiter is quoted), for a reader that looks for that file."""
+        if self.skipped or not heredoc.items:
+            return
+        body = heredoc.items[0][:MAX_VALUE_CHARS]
+        if not heredoc.append:
+            body = "".join(p.text for p in self._pieces(body, True, heredoc=True))
+        names = self.expand(target.text)
+        if len(names) == 1:
+            self.script.files[names[0].text] = self.word(body, [])
+
+    def _nested(self, words: list[Word]) -> None:
+        """``bash -c "STRING"`` (also under srun): STRING is a script of its own, its
+        unknown parts staying unknown."""
+        for i, w in enumerate(words[:-2]):
+            if w.text.rsplit("/", 1)[-1] in ("bash", "sh", "zsh") and words[i + 1].text == "-c":
+                self.run(words[i + 2].text)
+                return
+
+    def _assign(self, tok: _Tok) -> None:
+        if tok.kind == "array":
+            items: list[str] = []
+            for raw in tok.items:
+                items.extend(w.text for w in self.expand(raw))
+            old = self.vars.get(tok.text)
+            if tok.append and old is not None:
+                items = [*(old if isinstance(old, list) else [old]), *items]
+            self._set(tok.text, items[:MAX_WORDS], tok.line, append=tok.append)
+            return
+        m = _ASSIGN.match(tok.text)
+        if not m:
+            return  # ``export NAME`` without a value
+        name = m.group(1)
+        pieces = self._pieces(tok.text[m.end() :], True)
+        value: _Value = "".join(p.text for p in pieces)
+        old = self.vars.get(name)
+        if m.group(2) and old is not None:
+            value = [*old, value] if isinstance(old, list) else old + value
+        self._set(name, value, tok.line)
+        inherited = [self.script.origins[v] for p in pieces for v in p.via
+                     if v in self.script.origins]
+        if len(pieces) == 1 and inherited:  # NNODES=$SLURM_NNODES: from "#SBATCH --nodes"
+            self.script.origins[name] = inherited[0]
+
+    def _set(self, name: str, value: _Value, line: int, append: bool = False) -> None:
+        if self.conditional:
+            why = (
+                f"${name} is set inside a block whose running the file does not decide "
+                f"(line {line}), so its value at launch is not known"
+            )
+            old = self.vars.get(name)
+            if append and isinstance(old, list):  # the items before stay; more may follow
+                value = [*old, self._mark(f"${{{name}[@]}}", why.replace("set", "extended", 1))]
+            else:
+                value = self._mark(f"${name}", why)
+        elif isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+            value = self._mark(f"${name}", f"${name} holds more than {MAX_VALUE_CHARS} "
+                               "characters")
+        self.vars[name] = value
+        self.script.origins.pop(name, None)
+
+    # -- words ------------------------------------------------------------------------------
+    def _mark(self, name: str, why: str) -> str:
+        """The marker standing for an unknown part, its reason kept once per name."""
+        if name not in self._index:
+            self._index[name] = len(self.names)
+            self.names.append(name)
+            self.script.reasons[name] = why
+        return f"\ue000{self._index[name]}\ue001"
+
+    def word(self, text: str, via: list[str]) -> Word:
+        unknown = tuple(dict.fromkeys(self.names[int(i)] for i in _MARK.findall(text)))
+        shown = _MARK.sub(lambda m: self.names[int(m.group(1))], text)
+        return Word(text, shown, unknown, tuple(dict.fromkeys(via)))
+
+    def expand(self, raw: str) -> list[Word]:
+        """A raw word as the words bash passes to the command: unquoted expansions split
+        on whitespace (an empty one is no word), ``"${A[@]}"`` one word per item."""
+        words: list[Word] = []
+        text, via, started = "", [], False
+        for p in self._pieces(raw):
+            via.extend(p.via)
+            if not (p.split or p.items):
+                text, started = text + p.text, True
+                continue
+            parts = p.text.split("\x00") if p.items else re.split(r"[ \t\n]+", p.text)
+            for j, part in enumerate(parts):
+                if j > 0 and (started or text):
+                    words.append(self.word(text, via))
+                    text, started = "", False
+                text += part
+                started = started or bool(part) or p.items
+            if len(words) > MAX_WORDS:
+                break
+        if started or text:
+            words.append(self.word(text, via))
+        return words
+
+    def _pieces(
+        self, raw: str, assignment: bool = False, heredoc: bool = False
+    ) -> list[_Piece]:
+        out: list[_Piece] = []
+        i, n = 0, len(raw)
+        quoted = heredoc  # a heredoc's body expands like a double-quoted string ...
+        lit: list[str] = []  # literal text not yet flushed (a list: linear in the length)
+
+        def flush() -> None:
+            if lit:
+                out.append(_Piece("".join(lit), False))
+                lit.clear()
+
+        while i < n:
+            run = (_QUOTED_RUN if quoted else _PLAIN_RUN).match(raw, i)
+            if run:
+                lit.append(run.group(0))
+                i = run.end()
+                continue
+            c = raw[i]
+            if c == '"' and heredoc:  # ... whose quotes are its own text
+                lit.append(c)
+                i += 1
+            elif c == '"':
+                quoted = not quoted
+                if not quoted:
+                    flush()
+                    out.append(_Piece("", False))  # "" is a word of its own
+                i += 1
+            elif c == "'" and not quoted:
+                end = raw.find("'", i + 1)
+                end = n if end < 0 else end
+                lit.append(raw[i + 1 : end])
+                flush()
+                out.append(_Piece("", False))
+                i = end + 1
+            elif c == "\\":
+                nxt = raw[i + 1 : i + 2]
+                if nxt == "\n":  # a line continuation, inside quotes too
+                    nxt = ""
+                lit.append(c + nxt if quoted and nxt not in ('"', "\\", "$", "`", "") else nxt)
+                i += 2
+            elif c == "`":
+                end = raw.find("`", i + 1)
+                end = n if end < 0 else end
+                flush()
+                out.append(self._output(raw[i + 1 : end]))
+                i = end + 1
+            elif c == "$" and i + 1 < n:
+                flush()
+                piece, i = self._dollar(raw, i, quoted or assignment)
+                out.append(piece)
+            elif c == "~" and i == 0 and not quoted:
+                flush()
+                out.append(_Piece(self._mark("~", "~ is the home folder at launch"), False))
+                i += 1
+            else:
+                lit.append(c)
+                i += 1
+        flush()
+        return out
+
+    def _dollar(self, raw: str, i: int, quoted: bool) -> tuple[_Piece, int]:
+        n = len(raw)
+        if raw.startswith("$((", i):
+            end = _close_paren(raw, i + 2)
+            return self._arith(raw[i + 3 : end - 2], quoted), end
+        if raw.startswith("$(", i):
+            end = _close_paren(raw, i + 2)
+            return self._output(raw[i + 2 : end - 1]), end
+        if raw.startswith("${", i):
+            end = raw.find("}", i + 2)
+            end = n if end < 0 else end
+            return self._braced(raw[i + 2 : end], quoted), end + 1
+        m = _NAME.match(raw, i + 1)
+        if m:
+            return self._lookup(m.group(0), quoted), m.end()
+        ch = raw[i + 1]
+        if ch.isdigit() or ch in "@*#?$!-":
+            return self._special(ch), i + 2
+        return _Piece("$", False), i + 1
+
+    def _special(self, ch: str) -> _Piece:
+        if ch.isdigit() or ch in "@*":
+            why = f"${ch} is an argument the script is called with"
+        elif ch == "#":
+            why = "$# counts the arguments the script is called with"
+        else:
+            why = f"${ch} is known only while the script runs"
+        return _Piece(self._mark("$" + ch, why), False)
+
+    def _braced(self, body: str, quoted: bool) -> _Piece:
+        m = re.fullmatch(
+            r"([A-Za-z_][A-Za-z0-9_]*|\d+)(?:\[([@*]|\d+)\])?(?:(:?[-=+?])(.*))?", body, re.S
+        )
+        if not m:
+            why = f"${{{body}}} is a form of parameter expansion sapper does not evaluate"
+            return _Piece(self._mark("${" + body + "}", why), False)
+        name, index, op, arg = m.group(1), m.group(2), m.group(3), m.group(4)
+        if name.isdigit():
+            why = f"${name} is an argument the script is called with"
+            return _Piece(self._mark("$" + name, why), False)
+        value = self.vars.get(name)
+        if index is not None and value is not None:
+            items = value if isinstance(value, list) else [value]
+            if index in ("@", "*"):
+                if index == "@" and quoted:
+                    return _Piece("\x00".join(items), False, (name,), items=bool(items))
+                return _Piece(" ".join(items), not quoted, (name,))
+            k = int(index)
+            return _Piece(items[k] if k < len(items) else "", not quoted, (name,))
+        if op is None or op in (":?", "?"):
+            return self._lookup(name, quoted)
+        unset = value is None or (op.startswith(":") and value == "")
+        if op in (":+", "+"):
+            if unset:
+                return _Piece("", False)
+            return _Piece("".join(p.text for p in self._pieces(arg, True)), not quoted, (name,))
+        # :- - := = : the default when unset; a scheduler's variable stays unknown, since
+        # the job runs with the scheduler's value, not the fallback.
+        if not unset or (value is None and name.startswith(_SCHEDULER)):
+            return self._lookup(name, quoted)
+        text = "".join(p.text for p in self._pieces(arg, True))
+        if op in (":=", "="):
+            self._set(name, text, 0)
+        return _Piece(text, not quoted, (name,))
+
+    def _lookup(self, name: str, quoted: bool) -> _Piece:
+        value = self.vars.get(name)
+        if value is None:
+            why = (
+                f"${name} is set by the scheduler when the job starts"
+                if name.startswith(_SCHEDULER)
+                else f"${name} is not set in the script (it comes from the environment at "
+                "launch)"
+            )
+            return _Piece(self._mark("$" + name, why), False)
+        if isinstance(value, list):  # $ARR is its first item
+            value = value[0] if value else ""
+        return _Piece(value, not quoted, (name,))
+
+    def _output(self, body: str) -> _Piece:
+        name = "$(" + clip_text(" ".join(body.split()), 40) + ")"
+        return _Piece(self._mark(name, f"{name} is the output of a command, known only at "
+                                 "launch"), False)
+
+    def _arith(self, expr: str, quoted: bool) -> _Piece:
+        names: list[str] = []
+        marks: list[str] = []
+
+        def value(m: re.Match[str]) -> str:
+            name = m.group(1) or m.group(2)
+            names.append(name)
+            v = self.vars.get(name)
+            if isinstance(v, list):
+                v = v[0] if v else ""
+            if isinstance(v, str) and re.fullmatch(r"\s*-?\d+\s*", v):
+                return f"({v.strip()})"
+            if v is None or _MARK.search(v):
+                marks.append(v if v is not None else self._lookup(name, True).text)
+            else:
+                marks.append(self._mark(f"${name}", f"${name} is not a whole number "
+                                        f"({clip_text(v)})"))
+            return "0"
+
+        text = re.sub(
+            r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?|\b([A-Za-z_][A-Za-z0-9_]*)\b", value, expr
+        )
+        if marks:
+            held = "".join(x.group(0) for mark in marks for x in _MARK.finditer(mark))
+            return _Piece(held, False, tuple(names))
+        result = _evaluate(text)
+        if result is None:
+            name = f"$(({clip_text(expr.strip())}))"
+            why = f"{name} is not arithmetic sapper evaluates (whole numbers, + - * / % **)"
+            return _Piece(self._mark(name, why), False)
+        return _Piece(str(result), not quoted, tuple(names))
+
+
+def clip_text(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _is_assignment(tok: _Tok) -> bool:
+    return tok.kind == "word" and _ASSIGN.match(tok.text) is not None
+
+
+# ---- tests ---------------------------------------------------------------------------------
+@dataclass
+class _Frame:
+    """An open block: whether its current branch runs (None: not known from the file),
+    and whether an earlier branch of the same ``if`` ran."""
+
+    state: bool | None = True
+    taken: bool | None = False
+
+
+def _test(words: list[Word]) -> bool | None:
+    """``[ A = B ]``, ``[[ A != B ]]``, ``test -z A``, ``[ -n A ]``, ``true``, ``false``
+    on the script's own values; None for anything else or anything unknown."""
+    texts = [w.text for w in words]
+    if any(not w.known for w in words):
+        return None
+    negate = False
+    if texts and texts[0] == "!":
+        negate, texts = True, texts[1:]
+    if texts in (["true"], [":"]):
+        result: bool | None = True
+    elif texts == ["false"]:
+        result = False
+    else:
+        if texts and texts[0] == "test":
+            texts = texts[1:]
+        elif len(texts) >= 2 and (texts[0], texts[-1]) in (("[", "]"), ("[[", "]]")):
+            texts = texts[1:-1]
+        else:
+            return None
+        if texts and texts[0] == "!":
+            negate, texts = not negate, texts[1:]
+        if len(texts) == 3 and texts[1] in ("=", "==", "!="):
+            result = (texts[0] == texts[2]) == (texts[1] != "!=")
+        elif len(texts) == 2 and texts[0] in ("-z", "-n"):
+            result = (texts[1] == "") == (texts[0] == "-z")
+        elif len(texts) == 1:
+            result = texts[0] != ""
+        else:
+            return None
+    return (not result) if negate and result is not None else result
+
+
+def _combine(parts: list[tuple[str, bool | None]]) -> bool | None:
+    """Left to right, as bash runs ``A && B || C`` (three-valued)."""
+    value: bool | None = None
+    for i, (op, result) in enumerate(parts):
+        if i == 0:
+            value = result
+        elif op == "&&":
+            value = False if value is False or result is False else (
+                None if value is None or result is None else True)
+        elif op == "||":
+            value = True if value is True or result is True else (
+                None if value is None or result is None else False)
+        else:
+            value = result  # ``if a; b; then``: the last command decides
+    return value
+
+
+# ---- arithmetic ------------------------------------------------------------------------
+_ARITH_TOKEN = re.compile(r"\s*(\d+|\*\*|[-+*/%()])")
+
+
+def _evaluate(text: str) -> int | None:
+    """Whole-number arithmetic with + - * / % ** and parentheses, as bash's ``$((...))``
+    computes it (division truncates toward zero); None for anything else or numbers
+    beyond MAX_ARITH."""
+    if len(text) > 1000:
+        return None
+    tokens: list[str] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _ARITH_TOKEN.match(text, pos)
+        if not m:
+            return None
+        tokens.append(m.group(1))
+        pos = m.end()
+    try:
+        value, rest = _sum(tokens, 0, 0)
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+    return value if rest == len(tokens) else None
+
+
+def _check(v: int) -> int:
+    if abs(v) > MAX_ARITH:
+        raise OverflowError
+    return v
+
+
+def _sum(t: list[str], i: int, depth: int) -> tuple[int, int]:
+    v, i = _product(t, i, depth)
+    while i < len(t) and t[i] in "+-":
+        rhs, j = _product(t, i + 1, depth)
+        v, i = _check(v + rhs if t[i] == "+" else v - rhs), j
+    return v, i
+
+
+def _product(t: list[str], i: int, depth: int) -> tuple[int, int]:
+    v, i = _power(t, i, depth)
+    while i < len(t) and t[i] in ("*", "/", "%"):
+        rhs, j = _power(t, i + 1, depth)
+        if t[i] == "*":
+            v = _check(v * rhs)
+        elif t[i] == "/":
+            v = int(v / rhs) if abs(v) < 2**53 else (abs(v) // abs(rhs)) * (
+                1 if (v >= 0) == (rhs >= 0) else -1)
+        else:
+            v = v - rhs * int(v / rhs)
+        i = j
+    return v, i
+
+
+def _power(t: list[str], i: int, depth: int) -> tuple[int, int]:
+    base, i = _unary(t, i, depth)
+    if i < len(t) and t[i] == "**":
+        exp, i = _power(t, i + 1, depth)
+        if exp < 0 or exp > 64:
+            raise ValueError
+        base = _check(base**exp)
+    return base, i
+
+
+def _unary(t: list[str], i: int, depth: int) -> tuple[int, int]:
+    if depth > 50 or i >= len(t):
+        raise ValueError
+    tok = t[i]
+    if tok in "+-" and tok:
+        v, j = _unary(t, i + 1, depth + 1)
+        return (-v if tok == "-" else v), j
+    if tok == "(":
+        v, j = _sum(t, i + 1, depth + 1)
+        if j >= len(t) or t[j] != ")":
+            raise ValueError
+        return v, j + 1
+    if tok.isdigit():
+        if len(tok) > 19:
+            raise OverflowError
+        return int(tok), i + 1
+    raise ValueError
+
+
+def read_script(text: str) -> Script:
+    """The commands of a bash script with its own variables expanded (see the module)."""
+    shell = _Shell(text)
+    shell.run(text)
+    for name in list(shell.vars)[:MAX_WORDS]:
+        shell.frames.clear()
+        shell.script.variables[name] = shell.expand("${" + name + "[@]}")[:MAX_WORDS]
+    return shell.script
