@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from sapper.errors import InputError
 from sapper.plan.schema import Plan, bounds_text, field_info
-from sapper.plan.sources import PlanSource
+from sapper.plan.sources import PlanSource, leaves
 from sapper.rules.model import Finding
 
 __all__ = ["LoadedPlan", "build_plan", "load_plan"]
@@ -29,17 +29,6 @@ class LoadedPlan:
         self.plan = plan
         self.findings = findings
         self.sources = sources
-
-
-def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_leaves(value, path + "."))
-        else:
-            out[path] = value
-    return out
 
 
 def _is_set(tree: dict[str, Any], path: str) -> bool:
@@ -116,11 +105,11 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     unresolved: list[str] = []
     for src in sources:
         merged = _deep_merge(merged, src.data)
-        for leaf in _leaves(src.data):
+        for leaf in leaves(src.data):
             owners[leaf] = src
         findings.extend(src.findings)
         # A later source that sets the field resolves it (e.g. --micro-batch over "auto").
-        unresolved = [u for u in unresolved if u not in _leaves(src.data)]
+        unresolved = [u for u in unresolved if u not in leaves(src.data)]
         unresolved.extend(u for u in src.unresolved if u not in unresolved)
     # A value any source gives resolves the field, whatever the order: a launch config
     # naming its model by hub id, or not knowing the vocabulary, is completed by the

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_VALUES",
     "PlanSource",
+    "leaves",
     "parse_json_text",
     "parse_toml_text",
     "parse_yaml_text",
@@ -84,6 +85,18 @@ class PlanSource:
         set_path(self.data, path, value)
         if origin:
             self.origin[path] = origin
+
+
+def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested dict by its dotted path (``batch.micro_batch_size``)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, path + "."))
+        else:
+            out[path] = value
+    return out
 
 
 def set_path(tree: dict[str, Any], path: str, value: Any) -> None:

@@ -14,6 +14,8 @@ syntax is parsed at most once however many readers ask (:class:`Sniff`).
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,6 +37,7 @@ __all__ = [
     "Sniff",
     "closest",
     "local_model_config",
+    "refuse_pickle",
     "unknown_key_findings",
     "unresolved_finding",
 ]
@@ -226,3 +229,30 @@ def local_model_config(value: Any, base: Path) -> Path | None:
     except OSError:
         return None
     return None
+
+
+#: The first bytes of a pickle (protocols 2-5) and of torch's zip-archive format.
+_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+
+
+def refuse_pickle(path: str | Path) -> InputError | None:
+    """The error for a pickle given as a config (the Trainer's ``training_args.bin``: a
+    zip archive or a raw pickle), or None when the file is something else. Only four bytes
+    of a regular file are read."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO or a device is never opened (a FIFO blocks)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            head = fh.read(4)
+    except (OSError, ValueError):
+        return None
+    if not any(head.startswith(magic) for magic in _PICKLE_MAGIC):
+        return None
+    return InputError(
+        "a pickled Python object (such as the Trainer's training_args.bin); sapper never "
+        "unpickles a file, because unpickling runs code from it",
+        file=str(path),
+        expected="the JSON of args.to_json_string() (the Trainer writes it to "
+        "training_args.json when asked), or the command line that launched the script",
+    )

@@ -55,7 +55,7 @@ def read_deepspeed_config(path: str | Path) -> PlanSource:
     raw = read_json_object(
         path, "a DeepSpeed config", "keys such as train_batch_size, bf16, zero_optimization"
     )
-    return read_deepspeed_dict(raw, file)
+    return read_deepspeed_dict(raw, str(path))
 
 
 def read_deepspeed_dict(raw: dict[str, Any], name: str, prefix: str = "") -> PlanSource:

@@ -437,8 +437,8 @@ def apply_precision(
     """``bf16`` / ``fp16`` / ``tf32``: mixed precision by autocast over fp32 weights (the
     Trainer through accelerate, without DeepSpeed), or the flags DeepSpeed's config copies
     when ``deepspeed`` (the engine then keeps the weights in the compute dtype)."""
-    from sapper.checks.config import BOTH_FP16_BF16
     from sapper.plan.readers.base import unresolved_finding
+    from sapper.plan.rules import BOTH_FP16_BF16
 
     bf16_key, fp16_key, tf32_key = keys.key("bf16"), keys.key("fp16"), keys.key("tf32")
     raw_bf16 = v.get(bf16_key)
@@ -503,10 +503,10 @@ def apply_deepspeed(v: Values, key: str, base: Path) -> bool:
         return False
     if isinstance(value, dict):
         inline = read_deepspeed_dict(value, v.file, prefix=f"{key}.")
-        from sapper.plan.load import _leaves
+        from sapper.plan.sources import leaves
 
         inline.data.pop("framework", None)
-        for field, item in _leaves(inline.data).items():
+        for field, item in leaves(inline.data).items():
             v.set(field, item, inline.origin.get(field, key))
         v.src.findings += inline.findings
         v.src.unresolved += [u for u in inline.unresolved if u not in v.src.unresolved]
@@ -590,7 +590,7 @@ def apply_fsdp(v: Values, options_key: str, config_key: str, *, config_enables: 
 
 def settled(src: PlanSource) -> None:
     """Fields a later key of the same file set are no longer unresolved."""
-    from sapper.plan.load import _leaves
+    from sapper.plan.sources import leaves
 
-    leaves = _leaves(src.data)
+    leaves = leaves(src.data)
     src.unresolved = [u for u in src.unresolved if u not in leaves]

@@ -804,25 +804,15 @@ def _inline_deepspeed(m: _Map, name: str, text: Word) -> bool:
     if not isinstance(raw, dict):
         return False
     ds = read_deepspeed_dict(raw, label)
-    for path, origin in _leaves(ds.data):
-        if path not in m.src.origin:
-            from sapper.plan.sources import set_path
+    from sapper.plan.sources import leaves, set_path
 
-            set_path(m.src.data, path, origin[0])
+    for path, value in leaves(ds.data).items():
+        if path not in m.src.origin:
+            set_path(m.src.data, path, value)
             m.src.origin[path] = f"{ds.origin.get(path, path)} (in the heredoc for {name})"
     m.src.findings.extend(ds.findings)
     m.src.unresolved.extend(u for u in ds.unresolved if u not in m.src.unresolved)
     return True
-
-
-def _leaves(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, tuple[Any]]]:
-    out: list[tuple[str, tuple[Any]]] = []
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.extend(_leaves(value, f"{prefix}{key}."))
-        else:
-            out.append((f"{prefix}{key}", (value,)))
-    return out
 
 
 def _deepspeed_config(m: _Map, deepspeed: bool) -> None:

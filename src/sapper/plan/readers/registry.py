@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from sapper.errors import InputError
-from sapper.plan.readers.base import ConfigFormat, Sniff
+from sapper.plan.readers.base import ConfigFormat, Sniff, refuse_pickle
 from sapper.plan.sources import PlanSource
 
 __all__ = ["MIN_CONFIDENCE", "READERS", "detect_config", "formats", "read_config"]
@@ -79,8 +79,6 @@ def read_config(path: str | Path, fmt: str | None = None) -> PlanSource:
     try:
         sniff = Sniff.of(path)
     except InputError as exc:
-        from sapper.plan.readers.training_args import refuse_pickle
-
         raise (refuse_pickle(path) or exc) from None
     reader = find_format(fmt) if fmt else detect_config(sniff)
     src = reader.read(sniff)

@@ -27,10 +27,8 @@ file runs code from it.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +55,7 @@ from sapper.plan.readers.hf_trainer import (
 )
 from sapper.plan.sources import PlanSource, read_json_object
 
-__all__ = ["FORMAT", "parse_command_line", "read_training_args", "refuse_pickle"]
+__all__ = ["FORMAT", "parse_command_line", "read_training_args"]
 
 #: TrainingArguments fields present since transformers 4.x that are the Trainer's and
 #: nothing else's: enough of them marks a file or a command line as Trainer settings
@@ -93,32 +91,6 @@ _MAX_LINE = 64 << 10
 _MAX_SCANNED = 1 << 20
 #: Unknown keys checked for near misses (difflib is slow on thousands).
 _MAX_CHECKED = 500
-_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
-
-
-def refuse_pickle(path: str | Path) -> InputError | None:
-    """The error for a pickled TrainingArguments (``training_args.bin``: a zip archive or
-    a raw pickle), or None when the file is something else. Only four bytes of a regular
-    file are read."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None  # a FIFO or a device is never opened (a FIFO blocks)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as fh:
-            head = fh.read(4)
-    except (OSError, ValueError):
-        return None
-    if not any(head.startswith(magic) for magic in _PICKLE_MAGIC):
-        return None
-    return InputError(
-        "a pickled Python object (such as the Trainer's training_args.bin); sapper never "
-        "unpickles a file, because unpickling runs code from it",
-        file=str(path),
-        expected="the JSON of args.to_json_string() (the Trainer writes it to "
-        "training_args.json when asked), or the command line that launched the script",
-    )
-
-
 # ---- the command line -----------------------------------------------------------------
 def parse_command_line(text: str) -> tuple[dict[str, Any], dict[str, str], str | None]:
     """(script arguments, launcher arguments, launcher) of the command in ``text`` that
