@@ -13,6 +13,8 @@ __all__ = ["MAX_QUOTE_CHARS", "InputError", "SapperError", "clip", "printable", 
 #: Longest value quoted in an error line: enough to recognise it, short enough that a
 #: 50 MB string from a hostile file still gives one readable line.
 MAX_QUOTE_CHARS = 200
+#: Lines of ``InputError.choices`` shown at most.
+MAX_CHOICES = 30
 
 
 def clip(text: str, limit: int = MAX_QUOTE_CHARS) -> str:
@@ -85,8 +87,12 @@ class InputError(SapperError):
         value: Any = None,
         expected: str | None = None,
         has_value: bool | None = None,
+        choices: list[str] | None = None,
     ) -> None:
         self.problem = problem
+        #: What would have been accepted, one per line after the message (the formats a
+        #: file could have been), when one ``expected`` phrase cannot hold them all.
+        self.choices = list(choices or [])[:MAX_CHOICES]
         self.file = file
         self.field = field
         self.value = value
@@ -103,4 +109,6 @@ class InputError(SapperError):
             text += f" (got {quote(self.value)})"
         if self.expected:
             text += f"; expected {clip(self.expected, 5 * MAX_QUOTE_CHARS)}"
-        return printable(text)
+        lines = [printable(text)]
+        lines += [f"  - {printable(clip(choice, 2 * MAX_QUOTE_CHARS))}" for choice in self.choices]
+        return "\n".join(lines)

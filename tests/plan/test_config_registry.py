@@ -25,6 +25,7 @@ _register_commands()
 FOLDER_FORMATS = {
     "plans": "sapper",
     "hf": "hf",
+    "smoke": "hf",
     "deepspeed": "deepspeed",
     "megatron": "megatron",
     "nemo": "nemo",
@@ -33,6 +34,8 @@ FOLDER_FORMATS = {
     "training_args": "training_args",
     "axolotl": "axolotl",
 }
+#: Launch-config folders whose JSON files are the DeepSpeed configs the launch configs name.
+_DEEPSPEED_BESIDE = ("accelerate", "axolotl", "megatron")
 _NOT_CONFIGS = {".md", ".py", ".txt"}
 
 
@@ -41,7 +44,8 @@ def _examples() -> list[tuple[Path, str]]:
     for folder, fmt in FOLDER_FORMATS.items():
         for path in sorted((EXAMPLES / folder).glob("*")):
             if path.is_file() and path.suffix.lower() not in _NOT_CONFIGS:
-                out.append((path, fmt))
+                json_beside = path.suffix == ".json" and folder in _DEEPSPEED_BESIDE
+                out.append((path, "deepspeed" if json_beside else fmt))
     return out
 
 
@@ -60,7 +64,11 @@ def test_every_example_is_detected_as_its_own_format(path: Path, fmt: str) -> No
     scores = {f.name: f.recognise(sniff) for f in formats()}
     assert detect_config(sniff).name == fmt, scores
     rivals = {name: s for name, s in scores.items() if name != fmt}
-    assert scores[fmt] > max(rivals.values()), scores
+    assert scores[fmt] > max(rivals.values()) + 0.05, scores
+
+
+def test_every_format_has_a_shipped_example() -> None:
+    assert {f.name for f in formats()} <= {fmt for _, fmt in _examples()}
 
 
 def test_an_unrecognised_file_lists_what_each_reader_looked_for(tmp_path: Path) -> None:
@@ -68,10 +76,10 @@ def test_an_unrecognised_file_lists_what_each_reader_looked_for(tmp_path: Path) 
     odd.write_text("just some words\nand more\n")
     res = runner.invoke(app, ["check", "--config", str(odd)])
     assert res.exit_code == 2, res.output
-    text = " ".join(res.output.split())
+    text = res.output
     assert "notes.txt" in text and "not a config sapper can read" in text
     for fmt in formats():
-        assert fmt.title in text
+        assert f"- {fmt.name}: {fmt.title}" in text
     assert "Traceback" not in res.output
 
 

@@ -52,19 +52,6 @@ def codes(findings: list[dict], prefix: str | None = None) -> list[str]:
 
 
 # ---- detection ------------------------------------------------------------------------
-_FORMAT_OF = {"megatron": "megatron", "hf": "hf", "deepspeed": "deepspeed", "plans": "sapper",
-              "nemo": "nemo", "torchtitan": "torchtitan"}
-
-
-@pytest.mark.parametrize(
-    "path",
-    [p for d in _FORMAT_OF for p in sorted((EXAMPLES / d).glob("*")) if p.suffix != ".md"],
-    ids=lambda p: f"{p.parent.name}/{p.name}",
-)
-def test_every_example_is_detected_as_its_own_format(path: Path) -> None:
-    assert detect_config(Sniff.of(path)).name == _FORMAT_OF[path.parent.name]
-
-
 def test_a_megatron_log_with_its_arguments_dump_is_megatron() -> None:
     log = EXAMPLES / "logs" / "megatron-gpt345m-fp16.log"
     assert detect_config(Sniff.of(log)).name == "megatron"

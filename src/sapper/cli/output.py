@@ -71,9 +71,14 @@ def run_guarded(body: Callable[[], int]) -> None:
     try:
         code = body()
     except SapperError as exc:
-        # Escaped: the line quotes user values, and "[/x]" in one is not rich markup.
-        line = safe_markup(str(exc))
-        err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+        # Escaped: the line quotes user values, and "[/x]" in one is not rich markup. The
+        # message's own lines (what would have been accepted) follow it, each escaped.
+        first, *more = str(exc).split("\n")
+        err_console.print(
+            f"[bold red]error:[/] {safe_markup(first)}", highlight=False, soft_wrap=True
+        )
+        for line in more:
+            err_console.print(safe_markup(line), highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

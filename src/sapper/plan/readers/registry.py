@@ -64,13 +64,13 @@ def detect_config(sniff: Sniff) -> ConfigFormat:
     if syntax is not None:
         raise syntax
     first = next((line.strip() for line in sniff.text.splitlines() if line.strip()), "")
-    looked = "; ".join(f"{f.title} ({f.looks_for})" for f in formats())
     raise InputError(
         f"not a config sapper can read (first line: {first[:60]!r})"
         if first
         else "the file is empty",
         file=sniff.name,
-        expected=looked,
+        expected="one of these formats (or --config-format NAME)",
+        choices=[f"{f.name}: {f.title}, from {f.looks_for}" for f in formats()],
     )
 
 
