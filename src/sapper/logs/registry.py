@@ -84,9 +84,9 @@ def supported() -> str:
     return ", ".join(titles[:-1]) + " or " + titles[-1] if len(titles) > 1 else titles[0]
 
 
-def looked_for() -> str:
-    """What each format looks for, for a file that none recognised."""
-    return "; ".join(f"{f.title}: {f.looks_for}" for f in log_formats())
+def looked_for() -> list[str]:
+    """What each format looks for, one line each, for a file that none recognised."""
+    return [f"{f.name}: {f.title}, from {f.looks_for}" for f in log_formats()]
 
 
 def _best(scored: list[tuple[float, int, LogFormat]]) -> LogFormat | None:
@@ -125,12 +125,14 @@ def recognise_text(text: str, path: Path) -> LogFormat:
         raise InputError(
             "JSON, but neither a trainer_state.json (no log_history) nor JSON lines",
             file=str(path),
-            expected=looked_for(),
+            expected="one of these formats (or --log-format NAME)",
+            choices=looked_for(),
         )
     raise InputError(
         f"not a log sapper can read (first line: {first[:60]!r})",
         file=str(path),
-        expected=looked_for(),
+        expected="one of these formats (or --log-format NAME)",
+        choices=looked_for(),
     )
 
 
