@@ -137,7 +137,7 @@ def test_loader_rules_are_listed_and_have_cases() -> None:
     res = runner.invoke(app, ["rules", "--select", "C0"])
     assert res.exit_code == 0
     cases = ROOT / "tests" / "rules_cases"
-    for code in ("C001", "C002", "C003", "C004"):
+    for code in ("C001", "C002", "C003", "C004", "C005", "C006"):
         assert code in res.output
         assert (cases / f"{code}.yaml").exists()
     explained = runner.invoke(app, ["explain", "C002"])
