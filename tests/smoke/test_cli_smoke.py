@@ -113,3 +113,27 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -
     assert res.exit_code == 2, res.output
     assert message in res.output
     assert "Traceback" not in res.output
+
+
+def test_a_launch_config_names_the_model_to_scale(tmp_path) -> None:
+    """An Axolotl YAML whose base_model is a local folder: the toy is that config.json's
+    architecture; a hub id is refused with the fix, never downloaded."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(LLAMA_TOY.read_text())
+    local = tmp_path / "axolotl.yml"
+    local.write_text(
+        "base_model: ./model\nsequence_len: 128\nmicro_batch_size: 2\n"
+        "datasets:\n  - path: x\n    type: alpaca\n"
+    )
+    res = invoke("--config", str(local), "--checks", "overfit", "--format", "json")
+    assert res.exit_code == 0, res.output
+    assert [c["check"] for c in json.loads(res.stdout)["checks"]] == ["overfit"]
+    hub = tmp_path / "hub.yml"
+    hub.write_text(
+        "base_model: meta-llama/Llama-2-7b-hf\nsequence_len: 128\n"
+        "datasets:\n  - path: x\n    type: alpaca\n"
+    )
+    res = invoke("--config", str(hub))
+    assert res.exit_code == 2
+    assert "no local model config.json" in res.output and "--model" in res.output

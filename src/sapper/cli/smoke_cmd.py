@@ -19,7 +19,34 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
+def _model_of(configs: list[Path]) -> Path:
+    """The model config.json a launch config points at (its ``hf_config`` reference, or
+    the file itself when it is one): the toy is that architecture scaled down."""
+    from sapper.plan.readers.registry import read_config
+
+    for path in configs:
+        src = read_config(path)
+        if src.format == "hf":
+            return path
+        if "hf_config" in src.refs:
+            return src.refs["hf_config"]
+    raise InputError(
+        "no local model config.json in the given config (a model named by its hub id is "
+        "never downloaded)",
+        file=", ".join(str(p) for p in configs),
+        field="--config",
+        expected="a config that points at a local model folder or config.json, or --model "
+        "config.json",
+    )
+
+
 def smoke(
+    configs: Annotated[
+        list[Path] | None,
+        typer.Option("--config", "-c", metavar="FILE",
+                     help="A launch config (any format `sapper check` reads) whose local model "
+                     "config.json is scaled to a toy.", show_default=False),
+    ] = None,
     model: Annotated[
         Path | None,
         typer.Option("--model", "-m", help="HF config.json; scaled down to a toy.",
@@ -99,7 +126,10 @@ def smoke(
         logging.getLogger("transformers").setLevel(logging.ERROR)
         if os.getcwd() not in sys.path:  # --factory/--loader/--step name the user's modules
             sys.path.insert(0, os.getcwd())
-        if (model is None) == (factory is None):
+        model_file = model
+        if model_file is None and factory is None and configs:
+            model_file = _model_of(configs)
+        if (model_file is None) == (factory is None):
             raise InputError(
                 "give exactly one model",
                 field="--model/--factory",
@@ -130,8 +160,8 @@ def smoke(
             source = LoaderFactory(import_callable(loader, "--loader"))
         size = ToySize(layers=layers, head_dim=head_dim, vocab_size=vocab)
         toy = (
-            hf_toy_factory(model, size, min_vocab=min_vocab)
-            if model is not None
+            hf_toy_factory(model_file, size, min_vocab=min_vocab)
+            if model_file is not None
             else user_factory(str(factory))
         )
         train_step = None
