@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError, clip, quote
-from sapper.logs.base import LineBuffer, LogData, LogParser, gc_paused, put_mapped, to_float
+from sapper.logs.base import LineBuffer, LogParser, gc_paused, put_mapped, to_float
 from sapper.logs.counters import FLAG_NAMES
 from sapper.logs.fields import FieldMap, normalize_name, resolve
 from sapper.logs.formats import LogFormat
 from sapper.logs.limits import (
     MAX_LOG_BYTES,
     MAX_NESTING,
-    check_regular,
     open_log,
     read_json_document,
     to_count,
@@ -42,7 +41,7 @@ from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 from sapper.runtime.trackers import MLFLOW_FINDINGS_ARTIFACT
 
-__all__ = ["FINDINGS_ARTIFACT", "FORMAT", "MlflowParser", "read_mlflow", "run_status", "runs_in"]
+__all__ = ["FINDINGS_ARTIFACT", "FORMAT", "MlflowParser", "run_status", "runs_in"]
 
 #: Where the monitor's MLflow sink leaves its findings, under the run's ``artifacts/``.
 FINDINGS_ARTIFACT = MLFLOW_FINDINGS_ARTIFACT
@@ -393,28 +392,3 @@ FORMAT = LogFormat(
     recognise_dir=_recognise_dir,
     runs_in=runs_in,
 )
-
-
-def read_mlflow(path: str | Path, mapping: dict[str, FieldMap] | None = None) -> LogData:
-    """Read one MLflow run folder."""
-    check_regular(path)
-    parser = MlflowParser(path, mapping)
-    records = parser.poll()
-    records.extend(parser.finish())
-    data = LogData(
-        path=str(parser.run),
-        format="mlflow",
-        records=records,
-        findings=list(parser.findings),
-        meta=dict(parser.meta),
-        notes=list(parser.notes),
-        attempts=list(parser.attempts),
-    )
-    if not records:
-        why = f" ({'; '.join(data.notes)})" if data.notes else ""
-        raise InputError(
-            f"no training steps found in this MLflow run{why}",
-            file=str(parser.run),
-            expected="metric files of '<timestamp> <value> <step>' lines",
-        )
-    return data

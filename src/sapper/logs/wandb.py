@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError, clip
-from sapper.logs.base import LineBuffer, LogData, gc_paused
+from sapper.logs.base import LineBuffer, gc_paused
 from sapper.logs.fields import LAYER_KEYS, FieldMap, normalize_name
 from sapper.logs.formats import LogFormat
 from sapper.logs.limits import (
     MAX_LINE_CHARS,
     MAX_LOG_BYTES,
     MAX_STATE_BYTES,
-    check_regular,
     json_int,
     nested_too_deep,
     open_log,
@@ -59,7 +58,7 @@ __all__ = [
     "HEADER",
     "RecordScanner",
     "WandbParser",
-    "read_wandb",
+
     "run_files",
     "runs_in",
 ]
@@ -534,29 +533,3 @@ FORMAT = LogFormat(
     recognise_dir=_recognise_dir,
     runs_in=runs_in,
 )
-
-
-def read_wandb(path: str | Path, mapping: dict[str, FieldMap] | None = None) -> LogData:
-    """Read one W&B run (its folder, its ``.wandb`` file or its history jsonl)."""
-    path = Path(path)
-    check_regular(path)
-    parser = WandbParser(path, mapping)
-    records = parser.poll()
-    records.extend(parser.finish())
-    data = LogData(
-        path=str(parser.run),
-        format="wandb",
-        records=records,
-        findings=list(parser.findings),
-        meta=dict(parser.meta),
-        notes=list(parser.notes),
-        attempts=list(parser.attempts),
-    )
-    if not records:
-        why = f" ({'; '.join(data.notes)})" if data.notes else ""
-        raise InputError(
-            f"no training steps found in this W&B run{why}",
-            file=str(parser.source),
-            expected="history rows with at least one number",
-        )
-    return data
