@@ -125,8 +125,19 @@ def test_auto_values_are_unresolved_never_guessed() -> None:
         "zero_stage": 3,
         "offload_optimizer": "cpu",
         "offload_params": "cpu",
+        # the sizes the file gives; its "auto" ones stay unresolved
+        "deepspeed": {
+            "max_live_parameters": 10**9,
+            "max_reuse_distance": 10**9,
+            "sub_group_size": 10**9,
+        },
         "overlap_dp_comm": True,
     }
+    assert {
+        "parallel.deepspeed.reduce_bucket_size",
+        "parallel.deepspeed.prefetch_bucket_size",
+        "parallel.deepspeed.param_persistence_threshold",
+    } <= set(src.unresolved)
     assert src.findings[0].data["keys"]["train_micro_batch_size_per_gpu"] == (
         "batch.micro_batch_size"
     )
@@ -283,7 +294,8 @@ def test_widely_used_configs_raise_no_false_typo(path: Path) -> None:
 def test_widely_used_configs_map_as_deepspeed_runs_them() -> None:
     hf = read_deepspeed_config(FIXTURES / "hf-trainer-zero2.json")
     assert hf.data["parallel"] == {
-        "zero_stage": 2, "offload_optimizer": "cpu", "overlap_dp_comm": True
+        "zero_stage": 2, "offload_optimizer": "cpu", "overlap_dp_comm": True,
+        "deepspeed": {"reduce_bucket_size": 2 * 10**8, "allgather_bucket_size": 2 * 10**8},
     }
     assert {"precision.dtype", "optimizer.lr", "batch.micro_batch_size"} <= set(hf.unresolved)
     megatron = read_deepspeed_config(FIXTURES / "megatron-bf16-zero0.json").data

@@ -7,7 +7,8 @@
   for every parameter at once; the per-tensor loop, for the largest tensor only; fused
   kernels none.
 * Communication buffers: ZeRO's gradient reduce bucket and stage-3 parameter gathers and
-  prefetch (DeepSpeed's defaults unless told otherwise), DDP's gradient buckets.
+  prefetch, sized by the plan's DeepSpeed ``zero_optimization`` values (DeepSpeed's
+  defaults where it sets none: :mod:`sapper.memory.buckets`), DDP's gradient buckets.
 * Under ``torch.autocast``, the low-precision copy of every matmul weight, kept from its
   forward until its backward.
 """
@@ -17,10 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sapper.memory.activations import tokens
-from sapper.memory.inputs import Shape
+from sapper.memory.buckets import DEEPSPEED_DEFAULTS, DS_KEYS, Bucket
+from sapper.memory.inputs import MissingInput, Shape
 from sapper.memory.states import ParamCount, block_params
 
-__all__ = ["HeadCost", "comm_buffers", "head_cost", "optimizer_temporaries", "weight_casts"]
+__all__ = [
+    "HeadCost",
+    "comm_buffers",
+    "head_cost",
+    "master_grad_elements",
+    "optimizer_temporaries",
+    "weight_casts",
+]
 
 
 def _div(n: int, k: int) -> int:
@@ -104,14 +113,9 @@ def weight_casts(sh: Shape, pc: ParamCount, last_stage: bool) -> int:
     return sh.recipe.compute * n
 
 
-#: DeepSpeed defaults (elements): reduce bucket, stage-3 prefetch, stage-3 max live params.
-REDUCE_BUCKET = 500_000_000
-PREFETCH_BUCKET = 50_000_000
-MAX_LIVE = 1_000_000_000
-
-
-def comm_buffers(sh: Shape, pc: ParamCount) -> tuple[int, int]:
-    """(persistent, backward-only) communication bytes on one GPU of a stage."""
+def comm_buffers(sh: Shape, pc: ParamCount, blocks: int = 0) -> tuple[int, int]:
+    """(persistent, backward-only) communication bytes on one GPU of a stage holding
+    ``blocks`` transformer blocks."""
     r = sh.recipe
     if sh.dp * sh.cp <= 1 and sh.zero == 0:
         return 0, 0
@@ -119,9 +123,85 @@ def comm_buffers(sh: Shape, pc: ParamCount) -> tuple[int, int]:
         if sh.impl == "megatron":
             return 0, 0  # gradients are views into the bucketed buffer
         return pc.total * r.grad, 0  # DDP keeps a bucketed copy of every gradient
-    bucket = min(REDUCE_BUCKET, pc.total) * r.grad
+    if sh.buckets.deepspeed:
+        return _deepspeed_buffers(sh, pc, blocks)
+    # Other sharded data parallelism (FSDP): one reduce bucket of the stage's gradients;
+    # at stage 3 the gathered block, the next one prefetched and its gradients.
+    bucket = min(DEEPSPEED_DEFAULTS["reduce_bucket_size"], pc.total) * r.grad
     if sh.zero < 3:
         return 0, bucket
     block = block_params(sh).total
-    gathered = min(MAX_LIVE, 2 * block + PREFETCH_BUCKET) * r.weight
+    gathered = min(
+        DEEPSPEED_DEFAULTS["max_live_parameters"],
+        2 * block + DEEPSPEED_DEFAULTS["prefetch_bucket_size"],
+    ) * r.weight
     return gathered, bucket + block * r.grad
+
+
+def _size(bucket: Bucket) -> int:
+    """A size the estimate needs; "auto" left unknown raises :class:`MissingInput`."""
+    if bucket.elements is None:
+        key = DS_KEYS[bucket.name]
+        raise MissingInput(
+            f"zero_optimization.{key} is unknown: {bucket.source}",
+            field=f"parallel.deepspeed.{bucket.name}",
+            expected="a number of elements (or a model whose hidden size fills \"auto\")",
+        )
+    return bucket.elements
+
+
+def _deepspeed_buffers(sh: Shape, pc: ParamCount, blocks: int) -> tuple[int, int]:
+    """DeepSpeed ZeRO's buffers from the plan's sizes (deepspeed/runtime/zero/).
+
+    Stages 1-2 (stage_1_and_2.py ``setup_buckets``): with ``contiguous_gradients`` (on by
+    default) each backward allocates a reduce buffer of ``reduce_bucket_size`` elements —
+    the full size, however small the model — and a second one with ``overlap_comm``; the
+    epilogue frees them. The updated parameters are all-gathered in place into the flat
+    16-bit buffer (runtime/utils.py ``all_gather_dp_groups`` slices it by
+    ``allgather_bucket_size``), so that size costs no memory.
+
+    Stage 3 (stage3.py): the reduce buffer is allocated once at start-up and kept. The
+    parameter coordinator (partitioned_param_coordinator.py) holds the gathered block and
+    prefetches up to ``stage3_prefetch_bucket_size`` more, never past
+    ``stage3_max_live_parameters`` (which also bounds what ``stage3_max_reuse_distance``
+    keeps). Tensors under ``stage3_param_persistence_threshold`` elements (norm weights,
+    biases) are never partitioned: every GPU keeps them whole.
+    """
+    r, zb = sh.recipe, sh.buckets
+    reduce = _size(zb.reduce) * r.grad
+    if sh.zero < 3:
+        return 0, reduce * (2 if zb.overlap_comm else 1)
+    block = block_params(sh)
+    live = _size(zb.max_live)
+    gathered = min(live, 2 * block.total + _size(zb.prefetch)) * r.weight
+    keep = gathered + reduce + _persistent(sh, block, blocks)
+    return keep, block.total * r.grad
+
+
+def _persistent(sh: Shape, block: ParamCount, blocks: int) -> int:
+    """Bytes the persistence threshold keeps whole beyond the 1/DP shard states.py counts:
+    a block's vectors (norm weights, biases) when all are under the threshold, its norm
+    weights alone when only those (``hidden`` elements each) are."""
+    threshold = _size(sh.buckets.persistence)
+    vectors = block.total - block.matmul
+    if vectors <= 0 or blocks <= 0 or sh.offload_params != "none":
+        return 0
+    widest = max(sh.hidden, _div(sh.ffn, sh.tp), _div(sh.heads * sh.head_dim, sh.tp))
+    if threshold > widest:
+        kept = vectors
+    elif threshold > sh.hidden:
+        kept = min(vectors, sh.block_norms * sh.hidden)
+    else:
+        return 0
+    kept *= blocks
+    return (kept - kept // max(sh.dp, 1)) * sh.recipe.weight
+
+
+def master_grad_elements(sh: Shape, elements: int) -> int:
+    """Elements of the fp32 gradient copy the optimizer step makes of ``elements`` shard
+    elements: ZeRO-3 under DeepSpeed makes it one sub-group at a time
+    (stage3.py ``_prepare_fp32_grad_for_sub_group``; sub-groups of ``sub_group_size``),
+    everything else for the whole shard at once."""
+    if sh.zero == 3 and sh.buckets.deepspeed:
+        return min(elements, _size(sh.buckets.sub_group))
+    return elements
