@@ -26,6 +26,7 @@ from sapper.plan.schema import Plan
 __all__ = [
     "DEEPSPEED_DEFAULTS",
     "DS_KEYS",
+    "STAGE3_ONLY",
     "Bucket",
     "ZeroBuckets",
     "default_buckets",
@@ -53,6 +54,12 @@ DS_KEYS: dict[str, str] = {
     "param_persistence_threshold": "stage3_param_persistence_threshold",
     "sub_group_size": "sub_group_size",
 }
+
+#: Sizes only ZeRO-3 reads (stage3.py and its parameter coordinator).
+STAGE3_ONLY = frozenset(
+    {"prefetch_bucket_size", "max_live_parameters", "max_reuse_distance",
+     "param_persistence_threshold", "sub_group_size"}
+)
 
 _DEFAULT_SOURCE = "DeepSpeed default (runtime/zero/config.py)"
 
@@ -114,9 +121,10 @@ def _auto(name: str, hidden: int | None, zero: int) -> tuple[int | None, str]:
         return int(0.9 * hidden * hidden), f'"auto": 0.9·hidden², hidden {hidden} ({hf})'
     if zero == 3 and name == "param_persistence_threshold":
         return 10 * hidden, f'"auto": 10·hidden, hidden {hidden} ({hf})'
-    if zero < 3 and name in ("prefetch_bucket_size", "param_persistence_threshold"):
-        # the integration fills these at stage 3 only; they are not read below it
-        return DEEPSPEED_DEFAULTS[name], f'"auto" (unused below stage 3); {_DEFAULT_SOURCE}'
+    if zero < 3 and name in STAGE3_ONLY:
+        # not read below stage 3 (the integration fills none of them there either); a
+        # what-if at stage 3 gets DeepSpeed's default, as without the key
+        return DEEPSPEED_DEFAULTS[name], f'"auto", unused below stage 3; {_DEFAULT_SOURCE}'
     return None, f'"auto", which the HF integration does not fill: set {key}'
 
 
@@ -131,7 +139,7 @@ def zero_buckets(plan: Plan) -> ZeroBuckets:
         value = getattr(spec, name)
         field = f"parallel.deepspeed.{name}"
         if value is not None:
-            out.append(Bucket(name, value, f"set ({field})"))
+            out.append(Bucket(name, value, "given"))
         elif field in unresolved:
             elements, source = _auto(name, hidden, plan.parallel.zero_stage)
             out.append(Bucket(name, elements, source))
