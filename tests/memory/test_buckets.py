@@ -6,6 +6,7 @@ The configs are real published ones (tests/fixtures/SOURCES.md, examples/deepspe
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from memory_plans import LLAMA_7B, make_plan
+from rich.console import Console
 from tests.fuzz import stable_settings
 
 from sapper.errors import InputError
@@ -24,6 +26,7 @@ from sapper.memory.report import render_memory
 from sapper.memory.states import block_params, stage_param_count
 from sapper.memory.temporaries import comm_buffers, master_grad_elements
 from sapper.memory.verdict import verdict
+from sapper.plan.load import load_plan
 from sapper.plan.readers.deepspeed import read_deepspeed_config
 from sapper.plan.schema import Plan
 
@@ -206,3 +209,59 @@ def test_any_zero_sizes_estimate_or_name_the_key(
         for cats in s.phases.values():
             assert all(isinstance(v, int) and v >= 0 for v in cats.values())
     render_memory(plan, verdict(plan))
+
+
+def _neox(tmp_path: Path, ds: Path) -> Plan:
+    """GPT-NeoX-20B's real config.json with a DeepSpeed config on 8 A100s."""
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(
+        "batch: {seq_len: 2048, micro_batch_size: 1}\nhardware: {gpu: A100-80GB, num_gpus: 8}\n"
+    )
+    return load_plan(
+        plan_file, hf_config=ROOT / "tests" / "fixtures" / "hf" / "gpt-neox-20b.json",
+        deepspeed=ds,
+    ).plan
+
+
+def test_published_zero3_config_sizes_reach_the_estimate(tmp_path: Path) -> None:
+    """DeepSpeedExamples' GPT-NeoX-20B ZeRO-3 config writes every size out; the estimate
+    uses them (the gathered parameters and the kept reduce buffer) and says so."""
+    plan = _neox(tmp_path, FIXTURES / "gpt-neox-20b-zero3.json")
+    zb = zero_buckets(plan)
+    assert (zb.reduce.elements, zb.prefetch.elements) == (3 * 10**8, 2 * 10**8)
+    assert {b.source for b in zb.all() if b.name != "allgather_bucket_size"
+            and b.name != "sub_group_size"} == {"given"}
+    sh = shape_from_plan(plan)
+    block = block_params(sh).total
+    keep, bwd = _buffers(plan)
+    gathered = min(10**9, 2 * block + 2 * 10**8) * sh.recipe.weight
+    reduce = 3 * 10**8 * sh.recipe.grad
+    assert keep - _persistent_bytes(plan) == gathered + reduce
+    assert bwd == block * sh.recipe.grad
+    text = render_text(plan)
+    assert "300,000,000" in text and "200,000,000" in text
+
+
+def test_hf_auto_sizes_from_a_real_model_config(tmp_path: Path) -> None:
+    """The transformers docs' ZeRO-3 "auto" config on GPT-NeoX-20B (hidden 6144)."""
+    plan = _neox(tmp_path, EXAMPLES / "zero3-offload-hf-auto.json")
+    assert plan.model is not None
+    h = plan.model.hidden_size
+    assert h == 6144
+    zb = zero_buckets(plan)
+    assert zb.reduce.elements == h * h and zb.persistence.elements == 10 * h
+    text = render_text(plan)
+    assert f"{h * h:,}" in text and "6144²" in text
+
+
+def _persistent_bytes(plan: Plan) -> int:
+    """What the threshold keeps whole: the difference a threshold of 0 makes."""
+    none = plan.model_copy(deep=True)
+    none.parallel.deepspeed.param_persistence_threshold = 0
+    return _buffers(plan)[0] - _buffers(none)[0]
+
+
+def render_text(plan: Plan) -> str:
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(render_memory(plan, verdict(plan)))
+    return out.getvalue()
