@@ -265,3 +265,13 @@ def render_text(plan: Plan) -> str:
     out = io.StringIO()
     Console(file=out, width=80, color_system=None).print(render_memory(plan, verdict(plan)))
     return out.getvalue()
+
+
+def test_json_verdict_lists_the_sizes_with_their_source() -> None:
+    plan = _ds_plan(FIXTURES / "hf-trainer-zero2.json")
+    sizes = {b["key"]: b for b in verdict(plan).to_json()["zero_buckets"]}  # type: ignore[union-attr]
+    assert sizes["reduce_bucket_size"] == {
+        "key": "reduce_bucket_size", "elements": 2 * 10**8, "source": "given",
+    }
+    assert sizes["stage3_prefetch_bucket_size"]["source"].startswith("DeepSpeed default")
+    assert verdict(make_plan(parallel={"zero_stage": 2})).zero_buckets is None  # no DeepSpeed
