@@ -275,3 +275,15 @@ def test_json_verdict_lists_the_sizes_with_their_source() -> None:
     }
     assert sizes["stage3_prefetch_bucket_size"]["source"].startswith("DeepSpeed default")
     assert verdict(make_plan(parallel={"zero_stage": 2})).zero_buckets is None  # no DeepSpeed
+
+
+def test_persistent_tensors_stay_on_the_gpu_under_parameter_offload() -> None:
+    """ZeRO-Infinity's example offloads parameters to NVMe: the persisted tensors are
+    still allocated on the GPU, whole (partition_parameters.py puts them on the local
+    device), while states.py counts no parameter bytes there."""
+    plan = _ds_plan(FIXTURES / "nvme-infinity-zero3.json")
+    assert plan.parallel.offload_params == "nvme"
+    sh = shape_from_plan(plan)
+    block = block_params(sh)
+    vectors = (block.total - block.matmul) * sh.layers
+    assert _persistent_bytes(plan) == vectors * sh.recipe.weight

@@ -160,17 +160,19 @@ def _deepspeed_buffers(sh: Shape, pc: ParamCount, blocks: int) -> tuple[int, int
     16-bit buffer (runtime/utils.py ``all_gather_dp_groups`` slices it by
     ``allgather_bucket_size``), so that size costs no memory.
 
-    Stage 3 (stage3.py): the reduce buffer is allocated once at start-up and kept. The
-    parameter coordinator (partitioned_param_coordinator.py) holds the gathered block and
-    prefetches up to ``stage3_prefetch_bucket_size`` more, never past
-    ``stage3_max_live_parameters`` (which also bounds what ``stage3_max_reuse_distance``
-    keeps). Tensors under ``stage3_param_persistence_threshold`` elements (norm weights,
-    biases) are never partitioned: every GPU keeps them whole.
+    Stage 3 (stage3.py): the reduce buffer (one per gradient dtype) is allocated once at
+    start-up and kept. The parameter coordinator (partitioned_param_coordinator.py) holds
+    the gathered block and prefetches up to ``stage3_prefetch_bucket_size`` more, never
+    past ``stage3_max_live_parameters`` (which also bounds what
+    ``stage3_max_reuse_distance`` keeps). Tensors of at most
+    ``stage3_param_persistence_threshold`` elements stay whole on every GPU
+    (:func:`_persistent`).
     """
     r, zb = sh.recipe, sh.buckets
-    reduce = _size(zb.reduce) * r.grad
     if sh.zero < 3:
-        return 0, reduce * (2 if zb.overlap_comm else 1)
+        # sized in the dtype of the 16-bit weights the optimizer holds, not autocast's
+        return 0, _size(zb.reduce) * r.weight * (2 if zb.overlap_comm else 1)
+    reduce = _size(zb.reduce) * r.grad
     block = block_params(sh)
     live = _size(zb.max_live)
     gathered = min(live, 2 * block.total + _size(zb.prefetch)) * r.weight
@@ -179,22 +181,29 @@ def _deepspeed_buffers(sh: Shape, pc: ParamCount, blocks: int) -> tuple[int, int
 
 
 def _persistent(sh: Shape, block: ParamCount, blocks: int) -> int:
-    """Bytes the persistence threshold keeps whole beyond the 1/DP shard states.py counts:
-    a block's vectors (norm weights, biases) when all are under the threshold, its norm
-    weights alone when only those (``hidden`` elements each) are."""
+    """Bytes the persistence threshold keeps whole beyond what states.py counts.
+
+    ``Init._convert_to_deepspeed_param`` (runtime/zero/partition_parameters.py) marks a
+    tensor of at most ``stage3_param_persistence_threshold`` elements ``ds_persist``: it is
+    replicated through training and its partition stays on the GPU even with parameter
+    offload. Counted here: a block's vectors (norm weights, biases) when all are within the
+    threshold, its norm weights alone when only those (``hidden`` elements each) are.
+    states.py already counts a 1/DP shard on the GPU, none when parameters are offloaded.
+    """
     threshold = _size(sh.buckets.persistence)
     vectors = block.total - block.matmul
-    if vectors <= 0 or blocks <= 0 or sh.offload_params != "none":
+    if vectors <= 0 or blocks <= 0:
         return 0
     widest = max(sh.hidden, _div(sh.ffn, sh.tp), _div(sh.heads * sh.head_dim, sh.tp))
-    if threshold > widest:
+    if threshold >= widest:
         kept = vectors
-    elif threshold > sh.hidden:
+    elif threshold >= sh.hidden:
         kept = min(vectors, sh.block_norms * sh.hidden)
     else:
         return 0
     kept *= blocks
-    return (kept - kept // max(sh.dp, 1)) * sh.recipe.weight
+    counted = 0 if sh.offload_params != "none" else kept // max(sh.dp * sh.cp, 1)
+    return (kept - counted) * sh.recipe.weight
 
 
 def master_grad_elements(sh: Shape, elements: int) -> int:
