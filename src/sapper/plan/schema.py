@@ -76,8 +76,8 @@ MAX_GLOBAL_BATCH = 10**9
 MAX_STEPS = 10**12
 #: Interleaved pipeline chunks per stage: each holds at least one block, usually 2-8.
 MAX_VIRTUAL_STAGES = 1024
-#: Elements in a ZeRO buffer: DeepSpeed bounds them by sys.maxsize (2^63 - 1).
-MAX_BUCKET = 2**63 - 1
+#: Elements in a ZeRO buffer: 10^18 is past any memory (DeepSpeed's own cap is 2^63 - 1).
+MAX_BUCKET = 10**18
 #: Dataset size (tokens or samples): the largest pre-training sets have ~1.5·10^13 tokens.
 MAX_DATASET = 10**16
 #: Characters in a string value (names, paths): a path is at most 4096 on Linux.
@@ -509,8 +509,9 @@ class DeepSpeedZeroSpec(_Spec):
         default=None,
         ge=0,
         le=MAX_BUCKET,
-        description="ZeRO-3 leaves tensors smaller than this whole on every GPU "
-        "(stage3_param_persistence_threshold). DeepSpeed default 10^5.",
+        description="ZeRO-3 keeps tensors of at most this many elements whole on every GPU, "
+        "even with parameter offload (stage3_param_persistence_threshold). DeepSpeed "
+        "default 10^5.",
     )
     sub_group_size: int | None = Field(
         default=None,

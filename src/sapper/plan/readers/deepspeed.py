@@ -23,6 +23,7 @@ from sapper.errors import InputError, clip
 from sapper.plan.readers.base import ConfigFormat, Sniff
 from sapper.plan.readers.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
 from sapper.plan.rules import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
+from sapper.plan.schema import MAX_BUCKET
 from sapper.plan.sources import PlanSource, read_json_object
 
 __all__ = ["FORMAT", "read_deepspeed_config"]
@@ -392,8 +393,6 @@ _BUCKET_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (("sub_group_size",), "sub_group_size"),
 )
-#: DeepSpeed bounds these sizes by sys.maxsize.
-_MAX_ELEMENTS = 2**63 - 1
 
 
 def _buckets(r: _Reader) -> None:
@@ -405,7 +404,7 @@ def _buckets(r: _Reader) -> None:
     for keys, name in _BUCKET_KEYS:
         field = f"parallel.deepspeed.{name}"
         for key in (f"zero_optimization.{k}" for k in keys):
-            value = r.value(key, field, "number", minimum=0, maximum=_MAX_ELEMENTS)
+            value = r.value(key, field, "number", minimum=0, maximum=MAX_BUCKET)
             if value is not None:
                 if isinstance(value, float) and not value.is_integer():
                     raise r.error(key, value, 'a whole number of elements, e.g. 5e8, or "auto"')
