@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from memory_plans import LLAMA_7B, make_plan
+from memory_plans import LLAMA_7B, TINY_LLAMA, make_plan
 from rich.console import Console
 from tests.fuzz import stable_settings
 
@@ -287,3 +287,24 @@ def test_persistent_tensors_stay_on_the_gpu_under_parameter_offload() -> None:
     block = block_params(sh)
     vectors = (block.total - block.matmul) * sh.layers
     assert _persistent_bytes(plan) == vectors * sh.recipe.weight
+
+
+def test_a_narrow_models_projections_persist_too() -> None:
+    """Width 128 (tests' tiny Llama): every 128×128 projection has 16384 elements, under
+    DeepSpeed's default threshold of 10^5, and so do its 128×344 MLP matrices: the whole
+    block stays on every GPU. At 20000 the three MLP matrices are partitioned again."""
+    base = make_plan(TINY_LLAMA, framework="deepspeed", parallel={"zero_stage": 3},
+                     hardware={"gpu": "A100-80GB", "num_gpus": 8})
+    sh = shape_from_plan(base)
+    block = block_params(sh)
+    h, f = TINY_LLAMA["hidden_size"], TINY_LLAMA["ffn_hidden_size"]
+    assert h * f <= DEEPSPEED_DEFAULTS["param_persistence_threshold"]
+
+    def kept(per_block: int) -> int:
+        n = per_block * sh.layers
+        return (n - n // sh.dp) * sh.recipe.weight
+
+    assert _persistent_bytes(base) == kept(block.total)
+    tighter = base.model_copy(deep=True)
+    tighter.parallel.deepspeed.param_persistence_threshold = 20_000
+    assert _persistent_bytes(tighter) == kept(block.total - 3 * h * f)

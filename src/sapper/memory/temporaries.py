@@ -180,28 +180,45 @@ def _deepspeed_buffers(sh: Shape, pc: ParamCount, blocks: int) -> tuple[int, int
     return keep, block.total * r.grad
 
 
+def _block_tensors(sh: Shape) -> list[tuple[int, int]]:
+    """(elements, count) of each tensor of one block on one GPU, as Hugging Face modules
+    hold them (separate q/k/v projections; one tensor per norm weight and bias)."""
+    h, t = sh.hidden, sh.tp
+    q, kv = _div(sh.heads * sh.head_dim, t), _div(sh.kv_heads * sh.head_dim, t)
+    norm_tensors = sh.block_norms * (2 if sh.norm == "layernorm" else 1)
+    out = [(h, norm_tensors), (h * q, 1), (h * kv, 2), (q * h, 1)]
+    if sh.attn_bias:
+        out += [(q, 1), (kv, 2), (h, 1)]
+    in_mats = 2 if sh.gated else 1
+    if sh.moe:
+        f = _div(sh.expert_ffn, t)
+        local = _div(sh.experts, sh.ep)
+        out += [(h * f, in_mats * local), (f * h, local), (h * sh.experts, 1)]
+        if sh.mlp_bias:
+            out += [(f, in_mats * local), (h, local)]
+    else:
+        f = _div(sh.ffn, t)
+        out += [(h * f, in_mats), (f * h, 1)]
+        if sh.mlp_bias:
+            out += [(f, in_mats), (h, 1)]
+    return out
+
+
 def _persistent(sh: Shape, block: ParamCount, blocks: int) -> int:
     """Bytes the persistence threshold keeps whole beyond what states.py counts.
 
     ``Init._convert_to_deepspeed_param`` (runtime/zero/partition_parameters.py) marks a
     tensor of at most ``stage3_param_persistence_threshold`` elements ``ds_persist``: it is
     replicated through training and its partition stays on the GPU even with parameter
-    offload. Counted here: a block's vectors (norm weights, biases) when all are within the
-    threshold, its norm weights alone when only those (``hidden`` elements each) are.
-    states.py already counts a 1/DP shard on the GPU, none when parameters are offloaded.
+    offload. At the default 10^5 that is every norm weight and bias, a small MoE router,
+    and, in a model narrower than about 300, the projections too. states.py already
+    counts a 1/DP shard of them on the GPU, none when parameters are offloaded.
     """
     threshold = _size(sh.buckets.persistence)
-    vectors = block.total - block.matmul
-    if vectors <= 0 or blocks <= 0:
+    if blocks <= 0:
         return 0
-    widest = max(sh.hidden, _div(sh.ffn, sh.tp), _div(sh.heads * sh.head_dim, sh.tp))
-    if threshold >= widest:
-        kept = vectors
-    elif threshold >= sh.hidden:
-        kept = min(vectors, sh.block_norms * sh.hidden)
-    else:
-        return 0
-    kept *= blocks
+    per_block = sum(n * k for n, k in _block_tensors(sh) if n <= threshold)
+    kept = min(per_block, block.total) * blocks
     counted = 0 if sh.offload_params != "none" else kept // max(sh.dp * sh.cp, 1)
     return (kept - counted) * sh.recipe.weight
 
