@@ -308,3 +308,21 @@ def test_a_narrow_models_projections_persist_too() -> None:
     tighter = base.model_copy(deep=True)
     tighter.parallel.deepspeed.param_persistence_threshold = 20_000
     assert _persistent_bytes(tighter) == kept(block.total - 3 * h * f)
+
+
+def test_without_contiguous_gradients_only_the_flattened_bucket_is_held() -> None:
+    """contiguous_gradients false (as some published ZeRO-1 configs set it): no
+    preallocated reduce buffer; each bucket of gradients is flattened while reduced."""
+    on = _ds_plan(FIXTURES / "hf-trainer-zero2.json", overlap_dp_comm=True)
+    off = on.model_copy(deep=True)
+    off.parallel.deepspeed.contiguous_gradients = False
+    assert not zero_buckets(off).contiguous
+    assert _buffers(off) == (0, 2 * 10**8 * 2)  # the bucket is smaller than the gradients
+    z3 = _ds_plan(FIXTURES / "gpt-neox-20b-zero3.json", LLAMA_7B)
+    z3_off = z3.model_copy(deep=True)
+    z3_off.parallel.deepspeed.contiguous_gradients = False
+    keep, bwd = _buffers(z3)
+    keep_off, bwd_off = _buffers(z3_off)
+    assert keep - keep_off == 3 * 10**8 * 2  # the kept stage-3 reduce buffer is gone
+    assert bwd_off - bwd == 3 * 10**8 * 2  # and a flattened bucket appears in backward
+    assert "contiguous_gradients false" in render_text(off)

@@ -90,6 +90,7 @@ class ZeroBuckets:
     sub_group: Bucket
     deepspeed: bool = False
     overlap_comm: bool = False
+    contiguous: bool = True  # contiguous_gradients (DeepSpeedZeroConfig default: true)
 
     def all(self) -> tuple[Bucket, ...]:
         return (self.reduce, self.allgather, self.prefetch, self.max_live, self.max_reuse,
@@ -150,4 +151,9 @@ def zero_buckets(plan: Plan) -> ZeroBuckets:
         or bool(spec.model_dump(exclude_none=True))
         or any(f.startswith("parallel.deepspeed.") for f in unresolved)
     )
-    return ZeroBuckets(*out, deepspeed=deepspeed, overlap_comm=plan.parallel.overlap_dp_comm)
+    return ZeroBuckets(
+        *out,
+        deepspeed=deepspeed,
+        overlap_comm=plan.parallel.overlap_dp_comm,
+        contiguous=spec.contiguous_gradients is not False,
+    )

@@ -219,7 +219,8 @@ def _buckets(plan: Plan) -> Table | None:
     stage = plan.parallel.zero_stage
     if not zb.deepspeed or stage == 0:
         return None
-    t = _table(f"DeepSpeed ZeRO-{stage} sizes used (elements)")
+    flat = "" if zb.contiguous else "; contiguous_gradients false: no preallocated buffer"
+    t = _table(f"DeepSpeed ZeRO-{stage} sizes used (elements{flat})")
     t.add_column("zero_optimization key", no_wrap=True, overflow="fold")
     _column(t, "elements", "right")
     _column(t, "from")

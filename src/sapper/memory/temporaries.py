@@ -156,28 +156,36 @@ def _deepspeed_buffers(sh: Shape, pc: ParamCount, blocks: int) -> tuple[int, int
     Stages 1-2 (stage_1_and_2.py ``setup_buckets``): with ``contiguous_gradients`` (on by
     default) each backward allocates a reduce buffer of ``reduce_bucket_size`` elements —
     the full size, however small the model — and a second one with ``overlap_comm``; the
-    epilogue frees them. The updated parameters are all-gathered in place into the flat
-    16-bit buffer (runtime/utils.py ``all_gather_dp_groups`` slices it by
-    ``allgather_bucket_size``), so that size costs no memory.
+    epilogue frees them. Without it, ``allreduce_bucket`` flattens each bucket instead.
+    The updated parameters are all-gathered in place into the flat 16-bit buffer
+    (runtime/utils.py ``all_gather_dp_groups`` slices it by ``allgather_bucket_size``), so
+    that size costs no memory.
 
-    Stage 3 (stage3.py): the reduce buffer (one per gradient dtype) is allocated once at
-    start-up and kept. The parameter coordinator (partitioned_param_coordinator.py) holds
-    the gathered block and prefetches up to ``stage3_prefetch_bucket_size`` more, never
-    past ``stage3_max_live_parameters`` (which also bounds what
-    ``stage3_max_reuse_distance`` keeps). Tensors of at most
+    Stage 3 (stage3.py): with ``contiguous_gradients`` the reduce buffer (one per
+    gradient dtype) is allocated once at start-up and kept. The parameter coordinator
+    (partitioned_param_coordinator.py) holds the gathered block and prefetches up to
+    ``stage3_prefetch_bucket_size`` more, never past ``stage3_max_live_parameters``
+    (which also bounds what ``stage3_max_reuse_distance`` keeps). Tensors of at most
     ``stage3_param_persistence_threshold`` elements stay whole on every GPU
     (:func:`_persistent`).
     """
     r, zb = sh.recipe, sh.buckets
+    bucket = _size(zb.reduce)
+    # without contiguous_gradients each bucket of gradients is flattened into a new
+    # tensor while it is reduced: at most the bucket, at most the stage's gradients
+    flat = min(bucket, pc.total) * r.grad
     if sh.zero < 3:
+        if not zb.contiguous:
+            return 0, flat
         # sized in the dtype of the 16-bit weights the optimizer holds, not autocast's
-        return 0, _size(zb.reduce) * r.weight * (2 if zb.overlap_comm else 1)
-    reduce = _size(zb.reduce) * r.grad
+        return 0, bucket * r.weight * (2 if zb.overlap_comm else 1)
     block = block_params(sh)
     live = _size(zb.max_live)
     gathered = min(live, 2 * block.total + _size(zb.prefetch)) * r.weight
-    keep = gathered + reduce + _persistent(sh, block, blocks)
-    return keep, block.total * r.grad
+    keep = gathered + _persistent(sh, block, blocks)
+    if zb.contiguous:
+        return keep + bucket * r.grad, block.total * r.grad
+    return keep, block.total * r.grad + flat
 
 
 def _block_tensors(sh: Shape) -> list[tuple[int, int]]:

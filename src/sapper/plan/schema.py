@@ -520,6 +520,11 @@ class DeepSpeedZeroSpec(_Spec):
         description="ZeRO-3 steps the optimizer over sub-groups of this many elements; each "
         "casts its gradients to fp32 first. DeepSpeed default 10^9.",
     )
+    contiguous_gradients: bool | None = Field(
+        default=None,
+        description="ZeRO copies gradients into its preallocated reduce buffer (DeepSpeed "
+        "default true); false flattens each bucket into a new tensor instead.",
+    )
 
 
 class ParallelSpec(_Spec):

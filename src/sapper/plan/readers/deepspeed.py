@@ -412,6 +412,10 @@ def _buckets(r: _Reader) -> None:
                 break
             if r.get(key) is not _MISSING:
                 break  # "auto" or null: the alias does not override it
+    r.take(
+        "zero_optimization.contiguous_gradients", "parallel.deepspeed.contiguous_gradients",
+        "bool",
+    )
 
 
 def _optimizer(r: _Reader) -> None:
