@@ -125,8 +125,20 @@ def test_auto_values_are_unresolved_never_guessed() -> None:
         "zero_stage": 3,
         "offload_optimizer": "cpu",
         "offload_params": "cpu",
+        # the sizes the file gives; its "auto" ones stay unresolved
+        "deepspeed": {
+            "max_live_parameters": 10**9,
+            "max_reuse_distance": 10**9,
+            "sub_group_size": 10**9,
+            "contiguous_gradients": True,
+        },
         "overlap_dp_comm": True,
     }
+    assert {
+        "parallel.deepspeed.reduce_bucket_size",
+        "parallel.deepspeed.prefetch_bucket_size",
+        "parallel.deepspeed.param_persistence_threshold",
+    } <= set(src.unresolved)
     assert src.findings[0].data["keys"]["train_micro_batch_size_per_gpu"] == (
         "batch.micro_batch_size"
     )
@@ -283,7 +295,9 @@ def test_widely_used_configs_raise_no_false_typo(path: Path) -> None:
 def test_widely_used_configs_map_as_deepspeed_runs_them() -> None:
     hf = read_deepspeed_config(FIXTURES / "hf-trainer-zero2.json")
     assert hf.data["parallel"] == {
-        "zero_stage": 2, "offload_optimizer": "cpu", "overlap_dp_comm": True
+        "zero_stage": 2, "offload_optimizer": "cpu", "overlap_dp_comm": True,
+        "deepspeed": {"reduce_bucket_size": 2 * 10**8, "allgather_bucket_size": 2 * 10**8,
+                      "contiguous_gradients": True},
     }
     assert {"precision.dtype", "optimizer.lr", "batch.micro_batch_size"} <= set(hf.unresolved)
     megatron = read_deepspeed_config(FIXTURES / "megatron-bf16-zero0.json").data
@@ -314,3 +328,46 @@ def test_overlap_comm_defaults_as_deepspeed_resolves_them(
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}))
     assert read_deepspeed_config(cfg).data["parallel"]["overlap_dp_comm"] is expected
+
+
+def test_zero_sizes_are_kept_in_elements_from_real_configs() -> None:
+    """nvme-infinity-zero3.json (DeepSpeed's ZeRO-Infinity example) writes every stage-3
+    size as a JSON float (5e7, 1e9): each lands as an integer with its key as origin."""
+    src = read_deepspeed_config(Path(__file__).parents[1] / "fixtures" / "deepspeed"
+                                / "nvme-infinity-zero3.json")
+    assert src.data["parallel"]["deepspeed"] == {
+        "prefetch_bucket_size": 5 * 10**7,
+        "max_live_parameters": 10**9,
+        "max_reuse_distance": 10**9,
+        "param_persistence_threshold": 10**5,
+        "sub_group_size": 10**9,
+        "contiguous_gradients": True,
+    }
+    assert src.origin["parallel.deepspeed.prefetch_bucket_size"] == (
+        "zero_optimization.stage3_prefetch_bucket_size"
+    )
+
+
+def test_zero_sizes_take_the_bare_field_names_too(tmp_path: Path) -> None:
+    """DeepSpeedZeroConfig populates by name as well as by its stage3_ alias."""
+    src = _read(tmp_path, {"zero_optimization": {
+        "stage": 3, "max_live_parameters": 3e7, "prefetch_bucket_size": 1000,
+    }})
+    assert src.data["parallel"]["deepspeed"] == {
+        "max_live_parameters": 3 * 10**7, "prefetch_bucket_size": 1000,
+    }
+    assert _codes(src) == []  # both spellings are documented keys
+
+
+def test_zero_size_auto_is_unresolved(tmp_path: Path) -> None:
+    src = _read(tmp_path, {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})
+    assert "deepspeed" not in src.data["parallel"]
+    assert "parallel.deepspeed.reduce_bucket_size" in src.unresolved
+    assert _codes(src) == ["C002"]
+
+
+@pytest.mark.parametrize("bad", [-1, 0.5, 1.5e0, "5e8", True, [5e8], 1e30])
+def test_a_bad_zero_size_names_the_key(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(InputError) as err:
+        _read(tmp_path, {"zero_optimization": {"stage": 2, "reduce_bucket_size": bad}})
+    assert err.value.field == "zero_optimization.reduce_bucket_size"

@@ -9,8 +9,10 @@ stages than layers) raise :class:`~sapper.errors.InputError` naming the plan fie
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 
 from sapper.errors import InputError
+from sapper.memory.buckets import ZeroBuckets, default_buckets, zero_buckets
 from sapper.memory.stages import stage_split
 from sapper.memory.units import DTYPE_BYTES
 from sapper.plan.schema import Plan
@@ -116,6 +118,8 @@ class Shape:
     #: Master weights and optimizer states partitioned over DP although ``zero`` < 1
     #: (DeepSpeed's BF16_Optimizer for bf16 without ZeRO).
     optimizer_partitioned: bool = False
+    #: ZeRO's buffer sizes and where they came from (memory/buckets.py).
+    buckets: ZeroBuckets = dataclass_field(default_factory=default_buckets)
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)
@@ -321,6 +325,7 @@ def shape_from_plan(plan: Plan) -> Shape:
         family=(m.family or '').lower(),
         foreach=not plan.optimizer.fused,
         fused=plan.optimizer.fused,
+        buckets=zero_buckets(plan),
         **_traits(plan),  # type: ignore[arg-type]
     )
     # An explicit first/last split that cannot work raises here.

@@ -34,6 +34,7 @@ from sapper.memory.states import (
 from sapper.memory.temporaries import (
     comm_buffers,
     head_cost,
+    master_grad_elements,
     optimizer_temporaries,
     weight_casts,
 )
@@ -127,7 +128,7 @@ def _stage(
     )
     g_fwd = st.grads if persistent_grads else 0
     casts = weight_casts(sh, pc, last)
-    comm_keep, comm_bwd = comm_buffers(sh, pc)
+    comm_keep, comm_bwd = comm_buffers(sh, pc, sum(chunks))
     params, opt_states = st.params, st.optimizer
 
     # forward: what this micro-batch kept, plus the last block running (its own bytes at
@@ -185,7 +186,8 @@ def _stage(
 
     opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
     if sh.recipe.master and sh.recipe.grad != 4 and sh.offload_optimizer == "none":
-        opt_tmp += 4 * _opt_elements(sh, pc)  # the fp32 gradient of the master shard
+        # the fp32 gradient of the master shard (ZeRO-3: one sub-group at a time)
+        opt_tmp += 4 * master_grad_elements(sh, _opt_elements(sh, pc))
     opt = (st.grads, 0, opt_tmp + comm_keep)  # the pipeline has drained by the step
     phases = {
         "forward": _cats(params, opt_states, *fwd),

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from sapper.memory.buckets import DS_KEYS, zero_buckets
 from sapper.memory.estimate import MemoryEstimate
 from sapper.memory.phases import CATEGORIES, PHASES
-from sapper.memory.units import fmt_bytes
+from sapper.memory.units import GIB, fmt_bytes
 from sapper.memory.verdict import MemoryVerdict
 from sapper.plan.schema import Plan
 
-__all__ = ["render_memory"]
+__all__ = ["fmt_in_flight", "render_memory"]
 
 _LABEL = {
     "params": "parameters",
@@ -60,41 +63,106 @@ def _headline(plan: Plan, v: MemoryVerdict) -> Text:
     )
 
 
-def _breakdown(est: MemoryEstimate) -> Table:
-    t = Table(title="per GPU at each stage's peak", title_justify="left", box=None)
-    t.add_column("category")
-    for s in est.stages:
-        t.add_column(f"stage {s.stage}" if len(est.stages) > 1 else "bytes", justify="right")
-    t.add_column("share", justify="right")
-    worst = est.stages[est.peak_stage]
-    for cat in (*CATEGORIES, "overheads"):
-        share = worst.breakdown.get(cat, 0) / max(worst.peak_bytes, 1)
-        t.add_row(
-            _LABEL[cat],
-            *(fmt_bytes(s.breakdown.get(cat, 0)) for s in est.stages),
-            f"{100 * share:.0f}%",
-        )
-    t.add_row(
-        "[bold]peak[/]", *(f"[bold]{fmt_bytes(s.peak_bytes)}[/]" for s in est.stages), ""
+def _table(title: str) -> Table:
+    """A borderless table whose cells fold rather than end in "…" when the console is
+    narrow: a clipped number ("5…") reads as a different number."""
+    return Table(title=title, title_justify="left", box=None, pad_edge=False)
+
+
+def _column(t: Table, header: str, justify: str = "left") -> None:
+    """Right-justified (number) columns keep their width; text columns wrap first."""
+    t.add_column(
+        header, justify=justify, overflow="fold", no_wrap=justify == "right"  # type: ignore[arg-type]
     )
+
+
+def fmt_in_flight(value: float, layers: int) -> str:
+    """Micro-batches in flight exactly: ``4``, or ``7/2`` when a stage's interleaved chunks
+    hold different counts (the value is a count weighted by the chunks' blocks, so its
+    denominator divides the stage's block count)."""
+    q = Fraction(value).limit_denominator(max(layers, 1))
+    return str(q.numerator) if q.denominator == 1 else f"{q.numerator}/{q.denominator}"
+
+
+def _breakdown(est: MemoryEstimate) -> Table:
     if len(est.stages) > 1:
-        t.add_row("layers", *(str(s.layers) for s in est.stages), "")
-        t.add_row("micro-batches in flight", *(f"{s.in_flight:g}" for s in est.stages), "")
+        return _per_stage(est)
+    t = _table("per GPU at the peak")
+    _column(t, "category")
+    _column(t, "bytes", "right")
+    _column(t, "share", "right")
+    s = est.stages[0]
+    for cat in (*CATEGORIES, "overheads"):
+        share = s.breakdown.get(cat, 0) / max(s.peak_bytes, 1)
+        t.add_row(_LABEL[cat], fmt_bytes(s.breakdown.get(cat, 0)), f"{100 * share:.0f}%")
+    t.add_row("[bold]peak[/]", f"[bold]{fmt_bytes(s.peak_bytes)}[/]", "")
+    return t
+
+
+#: Short column headers of the per-stage table (the title spells them out).
+_SHORT = {
+    "params": "params",
+    "grads": "grads",
+    "optimizer": "optim",
+    "activations": "activ",
+    "temporaries": "temps",
+    "overheads": "overhd",
+}
+
+
+def _unit(largest: int) -> tuple[str, int]:
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if largest >= size:
+            return unit, size
+    return "B", 1
+
+
+def _in_unit(n: int, size: int) -> str:
+    """``12.3``; ``<0.1`` for a small non-zero amount, so it does not read as none."""
+    if 0 < n < size / 20:
+        return "<0.1"
+    return f"{n / size:.1f}"
+
+
+def _per_stage(est: MemoryEstimate) -> Table:
+    """One row per pipeline stage, so PP64 grows the table down, not across: ten narrow
+    columns in one unit fit 80 characters."""
+    unit, size = _unit(max(s.peak_bytes for s in est.stages))
+    t = _table(
+        f"per GPU at each stage's peak ({unit}): optim = optimizer states, activ = "
+        "activations, temps = temporaries, overhd = context, NCCL, fragmentation; "
+        "in flight = micro-batches whose activations the stage holds"
+    )
+    _column(t, "stage", "right")
+    _column(t, "layers", "right")
+    _column(t, "in flight", "right")
+    cats = (*CATEGORIES, "overheads")
+    for cat in cats:
+        _column(t, _SHORT[cat], "right")
+    _column(t, "peak", "right")
+    for s in est.stages:
+        mark = s.stage == est.peak_stage
+        peak = _in_unit(s.peak_bytes, size)
+        t.add_row(
+            f"[bold]{s.stage}[/]" if mark else str(s.stage),
+            str(s.layers),
+            fmt_in_flight(s.in_flight, s.layers),
+            *(_in_unit(s.breakdown.get(c, 0), size) for c in cats),
+            f"[bold]{peak} ◀[/]" if mark else peak,
+        )
     return t
 
 
 def _phases(est: MemoryEstimate) -> Table:
     worst = est.stages[est.peak_stage]
-    t = Table(
-        title=f"stage {worst.stage} over the step (tensor bytes)", title_justify="left", box=None
-    )
-    t.add_column("phase")
+    t = _table(f"stage {worst.stage} over the step (tensor bytes; ◀ the peak phase)")
+    _column(t, "phase")
     for cat in CATEGORIES:
-        t.add_column(cat, justify="right")
-    t.add_column("total", justify="right")
+        _column(t, cat, "right")
+    _column(t, "total", "right")
     for ph in PHASES:
         cats = worst.phases[ph]
-        mark = " ◀ peak" if ph == worst.peak_phase else ""
+        mark = " ◀" if ph == worst.peak_phase else ""
         t.add_row(
             ph + mark,
             *(fmt_bytes(cats.get(c, 0)) for c in CATEGORIES),
@@ -108,14 +176,10 @@ def _fit(f: bool | None) -> str:
 
 
 def _remedies(v: MemoryVerdict) -> Table:
-    t = Table(
-        title="remedies in the seed's order (§3.4), each on its own",
-        title_justify="left",
-        box=None,
-    )
+    t = _table("remedies in the seed's order (§3.4), each on its own")
     for col, just in (("#", "right"), ("change", "left"), ("peak", "right"),
                       ("saves", "right"), ("", "left"), ("note", "left")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        _column(t, col, just)
     for i, r in enumerate(v.remedies, 1):
         t.add_row(str(i), r.name, fmt_bytes(r.peak_bytes), fmt_bytes(r.saves_bytes),
                   _fit(r.fits), r.note)
@@ -124,11 +188,11 @@ def _remedies(v: MemoryVerdict) -> Table:
 
 def _what_if(v: MemoryVerdict) -> Table:
     mbs = sorted({w.micro_batch for w in v.what_if})
-    t = Table(title="what if: peak per GPU by micro batch", title_justify="left", box=None)
-    t.add_column("ZeRO")
-    t.add_column("checkpointing")
+    t = _table("what if: peak per GPU by micro batch")
+    _column(t, "ZeRO")
+    _column(t, "checkpointing")
     for mb in mbs:
-        t.add_column(f"mb {mb}", justify="right")
+        _column(t, f"mb {mb}", "right")
     rows: dict[tuple[int, str], dict[int, str]] = {}
     for w in v.what_if:
         cell = fmt_bytes(w.peak_bytes)
@@ -137,6 +201,33 @@ def _what_if(v: MemoryVerdict) -> Table:
         rows.setdefault((w.zero, w.checkpointing), {})[w.micro_batch] = cell
     for (z, ck), cells in rows.items():
         t.add_row(str(z), ck, *(cells.get(mb, "") for mb in mbs))
+    return t
+
+
+#: The sizes each ZeRO stage reads (stages 1-2 gather in place: no allgather buffer).
+_STAGE_BUCKETS = {
+    1: ("reduce_bucket_size", "allgather_bucket_size"),
+    2: ("reduce_bucket_size", "allgather_bucket_size"),
+    3: ("reduce_bucket_size", "prefetch_bucket_size", "max_live_parameters",
+        "max_reuse_distance", "param_persistence_threshold", "sub_group_size"),
+}
+
+
+def _buckets(plan: Plan) -> Table | None:
+    """Which DeepSpeed ZeRO sizes the estimate used and where each came from."""
+    zb = zero_buckets(plan)
+    stage = plan.parallel.zero_stage
+    if not zb.deepspeed or stage == 0:
+        return None
+    flat = "" if zb.contiguous else "; contiguous_gradients false: no preallocated buffer"
+    t = _table(f"DeepSpeed ZeRO-{stage} sizes used (elements{flat})")
+    t.add_column("zero_optimization key", no_wrap=True, overflow="fold")
+    _column(t, "elements", "right")
+    _column(t, "from")
+    for b in zb.all():
+        if b.name in _STAGE_BUCKETS[stage]:
+            n = "unknown" if b.elements is None else f"{b.elements:,}"
+            t.add_row(DS_KEYS[b.name], n, escape(b.source))
     return t
 
 
@@ -161,6 +252,9 @@ def render_memory(plan: Plan, v: MemoryVerdict) -> Group:
                 f"{fmt_bytes(est.nvme_bytes_per_node)} NVMe per node"
             )
         )
+    buckets = _buckets(plan)
+    if buckets is not None:
+        parts += [Text(""), buckets]
     if v.remedies:
         parts += [Text(""), _remedies(v)]
     if v.what_if:

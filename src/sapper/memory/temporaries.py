@@ -7,7 +7,8 @@
   for every parameter at once; the per-tensor loop, for the largest tensor only; fused
   kernels none.
 * Communication buffers: ZeRO's gradient reduce bucket and stage-3 parameter gathers and
-  prefetch (DeepSpeed's defaults unless told otherwise), DDP's gradient buckets.
+  prefetch, sized by the plan's DeepSpeed ``zero_optimization`` values (DeepSpeed's
+  defaults where it sets none: :mod:`sapper.memory.buckets`), DDP's gradient buckets.
 * Under ``torch.autocast``, the low-precision copy of every matmul weight, kept from its
   forward until its backward.
 """
@@ -17,10 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sapper.memory.activations import tokens
-from sapper.memory.inputs import Shape
+from sapper.memory.buckets import DEEPSPEED_DEFAULTS, DS_KEYS, Bucket
+from sapper.memory.inputs import MissingInput, Shape
 from sapper.memory.states import ParamCount, block_params
 
-__all__ = ["HeadCost", "comm_buffers", "head_cost", "optimizer_temporaries", "weight_casts"]
+__all__ = [
+    "HeadCost",
+    "comm_buffers",
+    "head_cost",
+    "master_grad_elements",
+    "optimizer_temporaries",
+    "weight_casts",
+]
 
 
 def _div(n: int, k: int) -> int:
@@ -104,14 +113,9 @@ def weight_casts(sh: Shape, pc: ParamCount, last_stage: bool) -> int:
     return sh.recipe.compute * n
 
 
-#: DeepSpeed defaults (elements): reduce bucket, stage-3 prefetch, stage-3 max live params.
-REDUCE_BUCKET = 500_000_000
-PREFETCH_BUCKET = 50_000_000
-MAX_LIVE = 1_000_000_000
-
-
-def comm_buffers(sh: Shape, pc: ParamCount) -> tuple[int, int]:
-    """(persistent, backward-only) communication bytes on one GPU of a stage."""
+def comm_buffers(sh: Shape, pc: ParamCount, blocks: int = 0) -> tuple[int, int]:
+    """(persistent, backward-only) communication bytes on one GPU of a stage holding
+    ``blocks`` transformer blocks."""
     r = sh.recipe
     if sh.dp * sh.cp <= 1 and sh.zero == 0:
         return 0, 0
@@ -119,9 +123,119 @@ def comm_buffers(sh: Shape, pc: ParamCount) -> tuple[int, int]:
         if sh.impl == "megatron":
             return 0, 0  # gradients are views into the bucketed buffer
         return pc.total * r.grad, 0  # DDP keeps a bucketed copy of every gradient
-    bucket = min(REDUCE_BUCKET, pc.total) * r.grad
+    if sh.buckets.deepspeed:
+        return _deepspeed_buffers(sh, pc, blocks)
+    # Other sharded data parallelism (FSDP): one reduce bucket of the stage's gradients;
+    # at stage 3 the gathered block, the next one prefetched and its gradients.
+    bucket = min(DEEPSPEED_DEFAULTS["reduce_bucket_size"], pc.total) * r.grad
     if sh.zero < 3:
         return 0, bucket
     block = block_params(sh).total
-    gathered = min(MAX_LIVE, 2 * block + PREFETCH_BUCKET) * r.weight
+    gathered = min(
+        DEEPSPEED_DEFAULTS["max_live_parameters"],
+        2 * block + DEEPSPEED_DEFAULTS["prefetch_bucket_size"],
+    ) * r.weight
     return gathered, bucket + block * r.grad
+
+
+def _size(bucket: Bucket) -> int:
+    """A size the estimate needs; "auto" left unknown raises :class:`MissingInput`."""
+    if bucket.elements is None:
+        key = DS_KEYS[bucket.name]
+        raise MissingInput(
+            f"zero_optimization.{key} is unknown: {bucket.source}",
+            field=f"parallel.deepspeed.{bucket.name}",
+            expected="a number of elements (or a model whose hidden size fills \"auto\")",
+        )
+    return bucket.elements
+
+
+def _deepspeed_buffers(sh: Shape, pc: ParamCount, blocks: int) -> tuple[int, int]:
+    """DeepSpeed ZeRO's buffers from the plan's sizes (deepspeed/runtime/zero/).
+
+    Stages 1-2 (stage_1_and_2.py ``setup_buckets``): with ``contiguous_gradients`` (on by
+    default) each backward allocates a reduce buffer of ``reduce_bucket_size`` elements —
+    the full size, however small the model — and a second one with ``overlap_comm``; the
+    epilogue frees them. Without it, ``allreduce_bucket`` flattens each bucket instead.
+    The updated parameters are all-gathered in place into the flat 16-bit buffer
+    (runtime/utils.py ``all_gather_dp_groups`` slices it by ``allgather_bucket_size``), so
+    that size costs no memory.
+
+    Stage 3 (stage3.py): with ``contiguous_gradients`` the reduce buffer (one per
+    gradient dtype) is allocated once at start-up and kept. The parameter coordinator
+    (partitioned_param_coordinator.py) holds the gathered block and prefetches up to
+    ``stage3_prefetch_bucket_size`` more, never past ``stage3_max_live_parameters``
+    (which also bounds what ``stage3_max_reuse_distance`` keeps). Tensors of at most
+    ``stage3_param_persistence_threshold`` elements stay whole on every GPU
+    (:func:`_persistent`).
+    """
+    r, zb = sh.recipe, sh.buckets
+    bucket = _size(zb.reduce)
+    # without contiguous_gradients each bucket of gradients is flattened into a new
+    # tensor while it is reduced: at most the bucket, at most the stage's gradients
+    flat = min(bucket, pc.total) * r.grad
+    if sh.zero < 3:
+        if not zb.contiguous:
+            return 0, flat
+        # sized in the dtype of the 16-bit weights the optimizer holds, not autocast's
+        return 0, bucket * r.weight * (2 if zb.overlap_comm else 1)
+    block = block_params(sh)
+    live = _size(zb.max_live)
+    gathered = min(live, 2 * block.total + _size(zb.prefetch)) * r.weight
+    keep = gathered + _persistent(sh, block, blocks)
+    if zb.contiguous:
+        return keep + bucket * r.grad, block.total * r.grad
+    return keep, block.total * r.grad + flat
+
+
+def _block_tensors(sh: Shape) -> list[tuple[int, int]]:
+    """(elements, count) of each tensor of one block on one GPU, as Hugging Face modules
+    hold them (separate q/k/v projections; one tensor per norm weight and bias)."""
+    h, t = sh.hidden, sh.tp
+    q, kv = _div(sh.heads * sh.head_dim, t), _div(sh.kv_heads * sh.head_dim, t)
+    norm_tensors = sh.block_norms * (2 if sh.norm == "layernorm" else 1)
+    out = [(h, norm_tensors), (h * q, 1), (h * kv, 2), (q * h, 1)]
+    if sh.attn_bias:
+        out += [(q, 1), (kv, 2), (h, 1)]
+    in_mats = 2 if sh.gated else 1
+    if sh.moe:
+        f = _div(sh.expert_ffn, t)
+        local = _div(sh.experts, sh.ep)
+        out += [(h * f, in_mats * local), (f * h, local), (h * sh.experts, 1)]
+        if sh.mlp_bias:
+            out += [(f, in_mats * local), (h, local)]
+    else:
+        f = _div(sh.ffn, t)
+        out += [(h * f, in_mats), (f * h, 1)]
+        if sh.mlp_bias:
+            out += [(f, in_mats), (h, 1)]
+    return out
+
+
+def _persistent(sh: Shape, block: ParamCount, blocks: int) -> int:
+    """Bytes the persistence threshold keeps whole beyond what states.py counts.
+
+    ``Init._convert_to_deepspeed_param`` (runtime/zero/partition_parameters.py) marks a
+    tensor of at most ``stage3_param_persistence_threshold`` elements ``ds_persist``: it is
+    replicated through training and its partition stays on the GPU even with parameter
+    offload. At the default 10^5 that is every norm weight and bias, a small MoE router,
+    and, in a model narrower than about 300, the projections too. states.py already
+    counts a 1/DP shard of them on the GPU, none when parameters are offloaded.
+    """
+    threshold = _size(sh.buckets.persistence)
+    if blocks <= 0:
+        return 0
+    per_block = sum(n * k for n, k in _block_tensors(sh) if n <= threshold)
+    kept = min(per_block, block.total) * blocks
+    counted = 0 if sh.offload_params != "none" else kept // max(sh.dp * sh.cp, 1)
+    return (kept - counted) * sh.recipe.weight
+
+
+def master_grad_elements(sh: Shape, elements: int) -> int:
+    """Elements of the fp32 gradient copy the optimizer step makes of ``elements`` shard
+    elements: ZeRO-3 under DeepSpeed makes it one sub-group at a time
+    (stage3.py ``_prepare_fp32_grad_for_sub_group``; sub-groups of ``sub_group_size``),
+    everything else for the whole shard at once."""
+    if sh.zero == 3 and sh.buckets.deepspeed:
+        return min(elements, _size(sh.buckets.sub_group))
+    return elements

@@ -60,6 +60,9 @@ class MemoryVerdict:
     max_micro_batch: int | None = None  # largest that fits (None: no GPU, or not even 1)
     max_seq_len: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: The DeepSpeed ZeRO sizes the estimate used and where each came from (ZeRO under
+    #: DeepSpeed only; memory/buckets.py).
+    zero_buckets: list[dict[str, object]] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -74,6 +77,7 @@ class MemoryVerdict:
             "max_micro_batch": self.max_micro_batch,
             "max_seq_len": self.max_seq_len,
             "notes": self.notes,
+            "zero_buckets": self.zero_buckets,
         }
 
 
@@ -209,4 +213,6 @@ def verdict(plan: Plan, options: MemoryOptions | None = None) -> MemoryVerdict:
     v.what_if = _what_if(ev, sh)
     if sh.dp * sh.cp == 1:
         v.notes.append("One data-parallel rank: ZeRO has nothing to shard over.")
+    if sh.zero and sh.buckets.deepspeed:
+        v.zero_buckets = sh.buckets.to_json()
     return v

@@ -26,6 +26,7 @@ __all__ = [
     "CheckpointingSpec",
     "ClippingSpec",
     "DataSpec",
+    "DeepSpeedZeroSpec",
     "HardwareSpec",
     "InitSpec",
     "LossScalingSpec",
@@ -75,6 +76,8 @@ MAX_GLOBAL_BATCH = 10**9
 MAX_STEPS = 10**12
 #: Interleaved pipeline chunks per stage: each holds at least one block, usually 2-8.
 MAX_VIRTUAL_STAGES = 1024
+#: Elements in a ZeRO buffer: 10^18 is past any memory (DeepSpeed's own cap is 2^63 - 1).
+MAX_BUCKET = 10**18
 #: Dataset size (tokens or samples): the largest pre-training sets have ~1.5·10^13 tokens.
 MAX_DATASET = 10**16
 #: Characters in a string value (names, paths): a path is at most 4096 on Linux.
@@ -461,6 +464,69 @@ class CheckpointingSpec(_Spec):
     cpu_offload: bool = Field(default=False, description="Checkpoints kept in host memory.")
 
 
+class DeepSpeedZeroSpec(_Spec):
+    """ZeRO's buffer sizes in elements, as a DeepSpeed config's ``zero_optimization`` gives
+    them; null means DeepSpeed's default (runtime/zero/config.py) or, when the field is
+    listed in ``unresolved`` ("auto"), what the HF Trainer fills in from the hidden size."""
+
+    reduce_bucket_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="Gradient elements reduced at a time: ZeRO allocates a buffer this "
+        "size (two with overlap_comm at stages 1-2). DeepSpeed default 5·10^8.",
+    )
+    allgather_bucket_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="Elements all-gathered at a time after a ZeRO-1/2 step (in place into "
+        "the flat 16-bit buffer: no buffer of its own). DeepSpeed default 5·10^8.",
+    )
+    prefetch_bucket_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="ZeRO-3 parameters fetched ahead of use (stage3_prefetch_bucket_size). "
+        "DeepSpeed default 5·10^7.",
+    )
+    max_live_parameters: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="ZeRO-3 cap on gathered parameters held at once "
+        "(stage3_max_live_parameters). DeepSpeed default 10^9.",
+    )
+    max_reuse_distance: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="ZeRO-3 keeps a gathered parameter reused within this many elements "
+        "(stage3_max_reuse_distance; still under max_live_parameters). DeepSpeed default "
+        "10^9.",
+    )
+    param_persistence_threshold: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="ZeRO-3 keeps tensors of at most this many elements whole on every GPU, "
+        "even with parameter offload (stage3_param_persistence_threshold). DeepSpeed "
+        "default 10^5.",
+    )
+    sub_group_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BUCKET,
+        description="ZeRO-3 steps the optimizer over sub-groups of this many elements; each "
+        "casts its gradients to fp32 first. DeepSpeed default 10^9.",
+    )
+    contiguous_gradients: bool | None = Field(
+        default=None,
+        description="ZeRO copies gradients into its preallocated reduce buffer (DeepSpeed "
+        "default true); false flattens each bucket into a new tensor instead.",
+    )
+
+
 class ParallelSpec(_Spec):
     """Layout (seed §3.3, §4). ``dp = -1`` means GPUs / (tp·pp·cp)."""
 
@@ -486,6 +552,7 @@ class ParallelSpec(_Spec):
         "BF16_Optimizer does this for bf16 without ZeRO (set by the DeepSpeed reader).",
     )
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
+    deepspeed: DeepSpeedZeroSpec = Field(default_factory=DeepSpeedZeroSpec)
     virtual_pipeline_stages: int = Field(
         default=1,
         ge=1,

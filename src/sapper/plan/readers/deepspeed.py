@@ -23,6 +23,7 @@ from sapper.errors import InputError, clip
 from sapper.plan.readers.base import ConfigFormat, Sniff
 from sapper.plan.readers.deepspeed_keys import DEPRECATED, SECTIONS, STRICT_SECTIONS, suggest
 from sapper.plan.rules import BOTH_FP16_BF16, DEPRECATED_KEY, UNKNOWN_KEY, UNRESOLVED_AUTO
+from sapper.plan.schema import MAX_BUCKET
 from sapper.plan.sources import PlanSource, read_json_object
 
 __all__ = ["FORMAT", "read_deepspeed_config", "read_deepspeed_dict"]
@@ -391,6 +392,47 @@ def _zero(r: _Reader) -> None:
                 r.set(field, device, f"{key}.device")
         elif r.value(f"zero_optimization.{legacy}", field, "bool"):
             r.set(field, "cpu", f"zero_optimization.{legacy}")
+    _buckets(r)
+
+
+#: ``zero_optimization`` size keys -> ``parallel.deepspeed`` fields. DeepSpeedZeroConfig
+#: (deepspeed/runtime/zero/config.py) takes each stage-3 knob under its ``stage3_`` alias or
+#: its bare field name (``populate_by_name``); the alias is the documented spelling.
+_BUCKET_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("reduce_bucket_size",), "reduce_bucket_size"),
+    (("allgather_bucket_size",), "allgather_bucket_size"),
+    (("stage3_prefetch_bucket_size", "prefetch_bucket_size"), "prefetch_bucket_size"),
+    (("stage3_max_live_parameters", "max_live_parameters"), "max_live_parameters"),
+    (("stage3_max_reuse_distance", "max_reuse_distance"), "max_reuse_distance"),
+    (
+        ("stage3_param_persistence_threshold", "param_persistence_threshold"),
+        "param_persistence_threshold",
+    ),
+    (("sub_group_size",), "sub_group_size"),
+)
+
+
+def _buckets(r: _Reader) -> None:
+    """ZeRO's buffer sizes, in elements. JSON configs write them as ``5e8``, a float with
+    no fraction, which DeepSpeedZeroConfig's integer fields accept (pydantic's lax mode);
+    a fraction (``1.5e3`` is fine, ``0.5`` is not), a negative or a non-number is refused
+    there, and is an error naming the key here. ``"auto"`` stays unresolved: the HF
+    Trainer fills it from the model's hidden size at launch."""
+    for keys, name in _BUCKET_KEYS:
+        field = f"parallel.deepspeed.{name}"
+        for key in (f"zero_optimization.{k}" for k in keys):
+            value = r.value(key, field, "number", minimum=0, maximum=MAX_BUCKET)
+            if value is not None:
+                if isinstance(value, float) and not value.is_integer():
+                    raise r.error(key, value, 'a whole number of elements, e.g. 5e8, or "auto"')
+                r.set(field, int(value), key)
+                break
+            if r.get(key) is not _MISSING:
+                break  # "auto" or null: the alias does not override it
+    r.take(
+        "zero_optimization.contiguous_gradients", "parallel.deepspeed.contiguous_gradients",
+        "bool",
+    )
 
 
 def _optimizer(r: _Reader) -> None:
