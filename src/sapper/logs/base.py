@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any, ClassVar
 
-from sapper.logs.counters import CounterReader
-from sapper.logs.fields import FieldMap, normalize_name
+from sapper.logs.counters import FLAG_NAMES, CounterReader
+from sapper.logs.fields import FieldMap, normalize_name, resolve
 from sapper.rules.model import Finding
 from sapper.runtime.records import StepRecord
 
@@ -142,6 +142,28 @@ class LogParser:
             return None
         fm = self.mapping.get(key)
         return fm if fm is not None else self._normalized.get(normalize_name(key))
+
+    def series_target(self, name: str, kind: str, taken: dict[str, str]) -> FieldMap | None:
+        """The record field a named series fills (a TensorBoard tag, an MLflow metric),
+        for the caller to decide once per name: ``--map`` first, then the field names;
+        a second series meaning a field already ``taken`` is noted and left out, and
+        skipped-step and work counters are set up for the series that feed them."""
+        if self.mapping:
+            self.keys_seen.add(name)
+        fm = self.mapped(name) or resolve(name)
+        if fm is None or fm.field in ("ignore", "step"):
+            return None
+        owner = taken.setdefault(f"{fm.field}/{fm.key}", name)
+        if owner != name:
+            what = f"{fm.field} {fm.key!r}" if fm.key else fm.field
+            self.notes.append(f"{kind} {owner!r} and {name!r} both mean {what}; read {owner!r}")
+            return None
+        if fm.field == "skipped":
+            flag = normalize_name(name.rpartition("/")[2]) in FLAG_NAMES
+            self.merger.counters.configure_skipped(name, "flag" if flag else "auto")
+        elif fm.field in ("tokens", "samples"):
+            self.merger.counters.configure_work(fm.field, name)
+        return fm
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         """Consume complete lines (without or with their newline); return finished steps."""

@@ -27,8 +27,7 @@ from typing import Any
 
 from sapper.errors import InputError, clip, quote
 from sapper.logs.base import LineBuffer, LogParser, gc_paused, put_mapped, to_float
-from sapper.logs.counters import FLAG_NAMES
-from sapper.logs.fields import FieldMap, normalize_name, resolve
+from sapper.logs.fields import FieldMap
 from sapper.logs.formats import LogFormat
 from sapper.logs.limits import (
     MAX_LOG_BYTES,
@@ -210,25 +209,7 @@ class MlflowParser(LogParser):
         """The record field a metric fills, decided once (as TensorBoard tags are)."""
         if metric.decided:
             return metric.target
-        name = metric.name
-        if self.mapping:
-            self.keys_seen.add(name)
-        fm = self.mapped(name) or resolve(name)
-        if fm is not None and fm.field in ("ignore", "step"):
-            fm = None
-        if fm is not None:
-            owner = self._taken.setdefault(f"{fm.field}/{fm.key}", name)
-            if owner != name:
-                what = f"{fm.field} {fm.key!r}" if fm.key else fm.field
-                self.notes.append(
-                    f"metrics {owner!r} and {name!r} both mean {what}; read {owner!r}"
-                )
-                fm = None
-            elif fm.field == "skipped":
-                flag = normalize_name(name.rpartition("/")[2]) in FLAG_NAMES
-                self.merger.counters.configure_skipped(name, "flag" if flag else "auto")
-            elif fm.field in ("tokens", "samples"):
-                self.merger.counters.configure_work(fm.field, name)
+        fm = self.series_target(metric.name, "metrics", self._taken)
         metric.target, metric.decided = fm, True
         return fm
 

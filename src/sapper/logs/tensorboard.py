@@ -21,8 +21,7 @@ from typing import Any
 
 from sapper.errors import InputError
 from sapper.logs.base import LogParser, put_mapped
-from sapper.logs.counters import FLAG_NAMES
-from sapper.logs.fields import FieldMap, normalize_name, resolve
+from sapper.logs.fields import FieldMap
 from sapper.logs.formats import LogFormat
 from sapper.runtime.records import StepRecord
 
@@ -118,24 +117,7 @@ class TensorBoardParser(LogParser):
 
     def _target(self, tag: str) -> FieldMap | None:
         if tag not in self._targets:
-            if self.mapping:
-                self.keys_seen.add(tag)
-            fm = self.mapped(tag) or resolve(tag)
-            if fm is not None and fm.field in ("ignore", "step"):
-                fm = None
-            if fm is not None:
-                owner = self._taken.setdefault(f"{fm.field}/{fm.key}", tag)
-                if owner != tag:
-                    what = f"{fm.field} {fm.key!r}" if fm.key else fm.field
-                    self.notes.append(
-                        f"tags {owner!r} and {tag!r} both mean {what}; read {owner!r}"
-                    )
-                    fm = None
-                elif fm.field == "skipped":
-                    flag = normalize_name(tag.rpartition("/")[2]) in FLAG_NAMES
-                    self.merger.counters.configure_skipped(tag, "flag" if flag else "auto")
-                elif fm.field in ("tokens", "samples"):
-                    self.merger.counters.configure_work(fm.field, tag)
+            fm = self.series_target(tag, "tags", self._taken)
             self._targets[tag] = fm
         return self._targets[tag]
 
