@@ -71,6 +71,9 @@ class SapperError(Exception):
     """Base of every error sapper raises on purpose; the CLI maps it to one red line."""
 
     exit_code = 1
+    #: Lines shown under the message by the CLI (what would have been accepted); kept out of
+    #: ``str(exc)`` so the message itself stays one line wherever it is quoted or logged.
+    details: tuple[str, ...] = ()
 
 
 class InputError(SapperError):
@@ -93,6 +96,7 @@ class InputError(SapperError):
         #: What would have been accepted, one per line after the message (the formats a
         #: file could have been), when one ``expected`` phrase cannot hold them all.
         self.choices = list(choices or [])[:MAX_CHOICES]
+        self.details = tuple(f"  - {printable(clip(c, 2 * MAX_QUOTE_CHARS))}" for c in self.choices)
         self.file = file
         self.field = field
         self.value = value
@@ -109,6 +113,4 @@ class InputError(SapperError):
             text += f" (got {quote(self.value)})"
         if self.expected:
             text += f"; expected {clip(self.expected, 5 * MAX_QUOTE_CHARS)}"
-        lines = [printable(text)]
-        lines += [f"  - {printable(clip(choice, 2 * MAX_QUOTE_CHARS))}" for choice in self.choices]
-        return "\n".join(lines)
+        return printable(text)

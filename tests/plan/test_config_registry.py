@@ -81,6 +81,11 @@ def test_an_unrecognised_file_lists_what_each_reader_looked_for(tmp_path: Path) 
     for fmt in formats():
         assert f"- {fmt.name}: {fmt.title}" in text
     assert "Traceback" not in res.output
+    # The library's message stays one line wherever it is quoted; the list is its details.
+    with pytest.raises(InputError) as info:
+        load_plan(configs=[odd])
+    assert "\n" not in str(info.value)
+    assert len(info.value.details) == len(formats())
 
 
 def test_a_syntax_error_is_reported_rather_than_unrecognised(tmp_path: Path) -> None:

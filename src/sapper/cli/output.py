@@ -72,12 +72,11 @@ def run_guarded(body: Callable[[], int]) -> None:
         code = body()
     except SapperError as exc:
         # Escaped: the line quotes user values, and "[/x]" in one is not rich markup. The
-        # message's own lines (what would have been accepted) follow it, each escaped.
-        first, *more = str(exc).split("\n")
+        # error's detail lines (what would have been accepted) follow it, each escaped.
         err_console.print(
-            f"[bold red]error:[/] {safe_markup(first)}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {safe_markup(str(exc))}", highlight=False, soft_wrap=True
         )
-        for line in more:
+        for line in exc.details:
             err_console.print(safe_markup(line), highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
