@@ -7,7 +7,6 @@ commands, and nothing here imports either, so the command line has no import cyc
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 
 from sapper.errors import SapperError
+from sapper.jsontext import dumps
 from sapper.report.safe import safe_markup
 
 __all__ = [
@@ -63,7 +63,7 @@ def split_codes(values: list[str] | None, option: str = "--select") -> list[str]
 
 
 def emit_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    sys.stdout.write(dumps(payload, indent=2) + "\n")
 
 
 def run_guarded(body: Callable[[], int]) -> None:

@@ -8,9 +8,10 @@ sparse, and a detector skips records that lack what it needs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from sapper.jsontext import NON_FINITE, finite_safe
 
 __all__ = ["StepRecord"]
 
@@ -58,7 +59,7 @@ class StepRecord:
         for key, value in asdict(self).items():
             if value is None or (key == "extra" and not value):
                 continue
-            out[key] = _json_safe(value)
+            out[key] = finite_safe(value)
         return out
 
     @classmethod
@@ -71,18 +72,8 @@ class StepRecord:
         return cls(**known, extra=extra)
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
-
-
 def _from_json(value: Any) -> Any:
-    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+    if isinstance(value, str) and value in NON_FINITE:
         return float(value)
     if isinstance(value, list):
         return [_from_json(v) for v in value]

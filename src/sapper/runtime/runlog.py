@@ -32,8 +32,9 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from sapper.errors import InputError
+from sapper.jsontext import dumps
 from sapper.rules.model import Finding
-from sapper.runtime.records import StepRecord, _json_safe
+from sapper.runtime.records import StepRecord
 
 __all__ = ["RUNLOG_VERSION", "RunLog", "RunLogWriter", "read_runlog"]
 
@@ -161,7 +162,7 @@ _STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 
 
 def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(_json_safe(obj), default=str)
+    return dumps(obj)
 
 
 def _step_line(record: StepRecord) -> str:

@@ -8,8 +8,9 @@ the live monitor found. Both sides name the place through this module.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
+
+from sapper.jsontext import dumps
 
 if TYPE_CHECKING:
     from sapper.rules.model import Finding
@@ -23,8 +24,6 @@ MLFLOW_FINDINGS_ARTIFACT = "sapper/findings.json"
 
 
 def findings_document(findings: list[Finding]) -> str:
-    """The MLflow findings artifact's text: ``{"findings": [...]}`` (NaN kept: a finding's
-    value may be one)."""
-    return json.dumps(
-        {"findings": [f.model_dump(mode="json") for f in findings]}, indent=1, allow_nan=True
-    )
+    """The MLflow findings artifact's text: ``{"findings": [...]}``, strict JSON (a
+    finding's NaN value is ``"nan"``, which the Finding model reads back as the float)."""
+    return dumps({"findings": [f.model_dump(mode="json") for f in findings]}, indent=1)

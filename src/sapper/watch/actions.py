@@ -14,7 +14,6 @@ reported as a note, never raised: the watch goes on.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sapper.errors import InputError, clip, printable
+from sapper.jsontext import dumps
 from sapper.rules.model import Finding, Severity
 from sapper.watch.watcher import Watcher, WatchResult, WatchSink
 
@@ -53,7 +53,7 @@ class FindingsFile(WatchSink):
     def finding(self, finding: Finding) -> None:
         if self._fh is None:
             return
-        self._fh.write(json.dumps({"kind": "finding", **finding.to_json()}) + "\n")
+        self._fh.write(dumps({"kind": "finding", **finding.to_json()}) + "\n")
         self._fh.flush()
 
     def end(self, result: WatchResult) -> None:
@@ -161,7 +161,7 @@ class ExecAction(WatchSink):
         # The finding whole, as ASCII JSON (a NUL or an escape in it is \u0000, \u001b);
         # the variables repeat its short fields, escaped and clipped: an environment
         # value cannot hold a NUL, and a shell that echoes one must not print raw escapes.
-        payload = json.dumps(finding.to_json(), default=str) + "\n"
+        payload = dumps(finding.to_json()) + "\n"
         env = {
             **os.environ,
             "SAPPER_CODE": _env(finding.code),

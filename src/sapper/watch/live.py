@@ -13,7 +13,6 @@ methods.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from typing import IO, Any
@@ -24,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sapper.errors import printable
+from sapper.jsontext import dumps
 from sapper.report.terminal import SEVERITY_STYLE, render_findings
 from sapper.report.terminal import safe_markup as escape
 from sapper.rules.model import Finding, Severity
@@ -254,7 +254,7 @@ class JsonView(WatchSink):
         self.stream = stream
 
     def _emit(self, obj: dict[str, Any]) -> None:
-        self.stream.write(json.dumps(obj, default=str) + "\n")
+        self.stream.write(dumps(obj) + "\n")
         self.stream.flush()
 
     def finding(self, finding: Finding) -> None:
