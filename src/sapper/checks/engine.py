@@ -28,6 +28,7 @@ __all__ = [
     "Unverified",
     "not_evaluated",
     "plan_check",
+    "plan_check_codes",
     "run_checklist",
 ]
 
@@ -160,6 +161,13 @@ class CheckReport:
 def _order(f: Finding) -> tuple[int, int, str]:
     item = CHECKLIST_ITEMS.index(f.check) if f.check in CHECKLIST_ITEMS else len(CHECKLIST_ITEMS)
     return (item, -f.severity.rank, f.code)
+
+
+def plan_check_codes() -> list[str]:
+    """Every rule code a registered plan check can fire (what ``run_checklist`` looked
+    for: a code here that did not fire and is not unverified ran clean)."""
+    load_rules()
+    return [r.code for c in _CHECKS for r in c.rules]
 
 
 def run_checklist(

@@ -17,6 +17,7 @@ import typer
 from sapper.cli import (
     analyze_cmd,
     check_cmd,
+    diagnose_cmd,
     memory_cmd,
     plan_cmd,
     report_cmd,
@@ -50,6 +51,7 @@ def _register_commands() -> None:
     for name, command in (
         ("analyze", analyze_cmd.analyze),
         ("check", check_cmd.check),
+        ("diagnose", diagnose_cmd.diagnose),
         ("memory", memory_cmd.memory),
         ("plan", plan_cmd.plan),
         ("report", report_cmd.report),

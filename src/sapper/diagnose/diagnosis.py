@@ -1,0 +1,167 @@
+"""``diagnose``: the logs' analyses and the config's checklist in, one answer out.
+
+The answer is a :class:`Diagnosis`: the causes ranked (one named cause, or an ``unknown``
+that lists the candidates and the test that would decide), the symptoms they explain,
+and a summary. Its JSON is the stable contract of ``sapper diagnose --format json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sapper.diagnose.evidence import ConfigEvidence, Evidence, config_evidence, log_evidence
+from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
+from sapper.diagnose.restarts import restart_verdicts
+
+if TYPE_CHECKING:
+    from sapper.checks.engine import CheckReport
+    from sapper.logs.analysis import Analysis
+    from sapper.plan.schema import Plan
+
+__all__ = ["Diagnosis", "diagnose", "run_precision"]
+
+#: Candidates listed under an ``unknown`` answer and under "also considered".
+MAX_CONSIDERED = 4
+
+
+@dataclass
+class Diagnosis:
+    reasoning: Reasoning
+    logs: list[str]
+    config: str | None
+    precision: str | None
+    #: Warnings of analyze that are no blow-up and that no cause explains (told, not judged).
+    other: list[Evidence] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.causes_json()
+
+    @property
+    def onset(self) -> int | None:
+        return min((s.step for s in self.reasoning.symptoms if s.step is not None),
+                   default=None)
+
+    def exit_code(self) -> int:
+        return 0 if self.healthy else 1
+
+    def _cause_json(self, c: Candidate) -> dict[str, Any]:
+        onset = min((s.step for s in c.explains if s.step is not None), default=None)
+        lead = onset - c.first_step if onset is not None and c.first_step is not None else None
+        return {
+            "check": c.cause.check,
+            "cause": c.cause.id,
+            "code": c.evidence[0].code,
+            "title": c.cause.title,
+            "confidence": c.confidence,
+            "first_step": c.first_step,
+            "steps_before_symptom": lead,
+            "evidence": _chain(c),
+            "explains": sorted({s.code for s in c.explains}),
+            "fix": c.cause.fix,
+            "next_test": c.cause.next_test,
+            "notes": c.notes,
+        }
+
+    def causes_json(self) -> list[dict[str, Any]]:
+        r = self.reasoning
+        if r.named is not None:
+            return [self._cause_json(r.named)]
+        if not r.symptoms or not self._worth_an_answer():
+            return []
+        tests = [c.cause.next_test for c in r.candidates[:2]] or [
+            "re-run the first failing step from the last good checkpoint with the same "
+            "batch; if it does not reproduce, suspect the hardware"
+        ]
+        return [{
+            "check": "unknown",
+            "cause": "unknown",
+            "code": None,
+            "title": "The inputs cannot tell the cause apart",
+            "confidence": None,
+            "first_step": self.onset,
+            "steps_before_symptom": 0 if self.onset is not None else None,
+            "evidence": [e.to_json() for e in r.symptoms],
+            "explains": sorted({s.code for s in r.symptoms}),
+            "fix": "; then ".join(tests),
+            "next_test": tests[0],
+            "notes": [r.undecided],
+            "candidates": [self._cause_json(c) for c in r.candidates[:MAX_CONSIDERED]],
+        }]
+
+    def _worth_an_answer(self) -> bool:
+        """An undecided run deserves an ``unknown`` answer when it broke (an error-level
+        symptom) or when some evidence points somewhere; a lone warning that nothing
+        explains (one spike in a healthy-looking run) is told, not diagnosed."""
+        r = self.reasoning
+        return bool(r.candidates) or any(s.severity.rank >= 2 for s in r.symptoms)
+
+    def considered(self) -> list[Candidate]:
+        r = self.reasoning
+        return [c for c in r.candidates if c is not r.named][:MAX_CONSIDERED]
+
+    def to_json(self) -> dict[str, Any]:
+        causes = self.causes_json()
+        return {
+            "causes": causes,
+            "considered": [self._cause_json(c) for c in self.considered()]
+            if self.reasoning.named is not None else [],
+            "symptoms": [s.to_json() for s in self.reasoning.symptoms],
+            "summary": {
+                "verdict": "healthy" if not causes else causes[0]["cause"],
+                "onset": self.onset,
+                "logs": self.logs,
+                "config": self.config,
+                "precision": self.precision,
+                "undecided": self.reasoning.undecided or None,
+                "other_findings": [e.to_json() for e in self.other],
+            },
+        }
+
+
+def _chain(c: Candidate) -> list[dict[str, Any]]:
+    """The evidence chain: the signs that point at the cause and the symptoms it
+    explains, in time order (config findings first: they were there before step 0)."""
+    signs = [(e, "sign") for e in c.evidence]
+    seen = {(e.code, e.step, e.source) for e in c.evidence}
+    symptoms = [(e, "symptom") for e in c.explains if (e.code, e.step, e.source) not in seen]
+    items = sorted(signs + symptoms, key=lambda p: (p[0].step is not None, p[0].step or 0))
+    return [{**e.to_json(), "role": role} for e, role in items]
+
+
+def run_precision(plan: Plan | None, analyses: list[Analysis]) -> str | None:
+    """The compute dtype where it is known: the plan's, when the user set it, else fp16
+    when a log shows a dynamic loss scale other than 1 (only fp16 scales)."""
+    if plan is not None and "dtype" in plan.precision.model_fields_set:
+        return plan.precision.dtype
+    for a in analyses:
+        for rec in a.log.records:
+            if rec.loss_scale is not None and rec.loss_scale not in (0.0, 1.0):
+                return "fp16"
+    return None
+
+
+def diagnose(
+    analyses: list[Analysis],
+    report: CheckReport | None = None,
+    checked: list[str] | None = None,
+) -> Diagnosis:
+    """The cause of what the logs show, with the config's pre-flight findings (``report``
+    over the plan check codes ``checked``) as evidence when a config was given."""
+    config: ConfigEvidence | None = None
+    if report is not None:
+        config = config_evidence(report, checked or [])
+    log = log_evidence(analyses)
+    precision = run_precision(report.plan if report is not None else None, analyses)
+    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision)
+    explained = {e.code for c in reasoning.candidates for e in c.evidence}
+    explained |= {s.code for s in reasoning.symptoms}
+    other = [e for e in log if e.code not in explained and e.severity.rank >= 1]
+    return Diagnosis(
+        reasoning,
+        [a.log.path for a in analyses],
+        config.source if config is not None else None,
+        precision,
+        other,
+    )

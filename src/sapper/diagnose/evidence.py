@@ -1,0 +1,100 @@
+"""What ``sapper diagnose`` reasons over: every finding of ``analyze`` on the logs and of
+``check`` on the config, as :class:`Evidence` with its step and where it came from.
+
+Findings of one rule repeat (a NaN on every later step, one spike per eval set); the first
+is what orders causes in time, so each rule keeps its first finding and a count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sapper.rules.causes import BLOW_UP
+from sapper.rules.model import Finding, Severity
+
+if TYPE_CHECKING:
+    from sapper.checks.engine import CheckReport
+    from sapper.logs.analysis import Analysis
+
+__all__ = ["ConfigEvidence", "Evidence", "config_evidence", "log_evidence"]
+
+#: Where an item of evidence comes from.
+LOG, CONFIG, RESTART = "log", "config", "restart"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One finding as evidence: the first of its rule in one source, and how many."""
+
+    code: str
+    step: int | None
+    source: str
+    message: str
+    severity: Severity
+    kind: str
+    count: int = 1
+
+    @property
+    def is_symptom(self) -> bool:
+        """A sign that the run blew up (not an info, not a pre-flight finding)."""
+        return (
+            self.kind == LOG and self.code in BLOW_UP and self.severity != Severity.INFO
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "code": self.code, "step": self.step, "source": self.source,
+            "message": self.message,
+        }
+        if self.count > 1:
+            out["count"] = self.count
+        return out
+
+
+def _when(f: Finding) -> tuple[int, int]:
+    """A finding's place in time: its attempt (a resumed run logs earlier steps again
+    later), then its step; findings without a step come last."""
+    return (int(f.data.get("attempt") or 1), f.step if f.step is not None else 1 << 62)
+
+
+def _first_per_code(findings: list[Finding], source: str, kind: str) -> list[Evidence]:
+    first: dict[str, Finding] = {}
+    counts: dict[str, int] = {}
+    for f in sorted(findings, key=_when):
+        counts[f.code] = counts.get(f.code, 0) + 1
+        first.setdefault(f.code, f)
+    return [
+        Evidence(code, f.step, f.source or source, f.message, f.severity, kind, counts[code])
+        for code, f in first.items()
+    ]
+
+
+def log_evidence(analyses: list[Analysis]) -> list[Evidence]:
+    """The logs' findings, first per rule and log, in step order."""
+    out: list[Evidence] = []
+    for a in analyses:
+        out += _first_per_code(a.findings, a.log.path, LOG)
+    return sorted(out, key=lambda e: (e.step is None, e.step or 0, e.code))
+
+
+@dataclass(frozen=True)
+class ConfigEvidence:
+    """The pre-flight findings on the run's config, and the codes whose checks ran (a
+    code that ran and did not fire is a clean item: it lowers the causes it would
+    point at). ``None`` when no config was given: nothing is known either way."""
+
+    findings: list[Evidence]
+    evaluated: frozenset[str]
+    source: str
+
+
+def config_evidence(report: CheckReport, codes: list[str]) -> ConfigEvidence:
+    """``report`` of ``sapper check`` over ``codes`` (every plan rule's code)."""
+    source = ", ".join(report.sources) or "the config"
+    unverified = {c for u in report.unverified for c in u.codes}
+    return ConfigEvidence(
+        findings=_first_per_code(report.findings, source, CONFIG),
+        evaluated=frozenset(codes) - unverified,
+        source=source,
+    )

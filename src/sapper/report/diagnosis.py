@@ -1,0 +1,102 @@
+"""The terminal narrative of ``sapper diagnose``: read top to bottom, cause first, then
+the evidence chain in time order, the fix and the test that confirms it, and what else
+was considered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+
+from sapper.diagnose.diagnosis import Diagnosis
+from sapper.report.safe import safe_markup as escape
+
+__all__ = ["render_diagnosis"]
+
+
+def _step(step: Any) -> str:
+    return f"step {step:,}" if isinstance(step, int) else "config"
+
+
+def _evidence(
+    items: list[dict[str, Any]], logs: list[str], indent: str = "  "
+) -> list[Text]:
+    """One line per item in time order; the source is named unless it is the only log."""
+    lines = []
+    ordered = sorted(items, key=lambda e: (e["step"] is not None, e["step"] or 0))
+    for e in ordered:
+        more = f" (×{e['count']})" if e.get("count", 1) > 1 else ""
+        role = "sign" if e.get("role") == "sign" else ""
+        where = "" if logs == [e["source"]] else f"  [dim]{escape(e['source'])}[/]"
+        lines.append(Text.from_markup(
+            f"{indent}[bold]{_step(e['step']):>12}[/]  {escape(e['code'])}{more} "
+            f"[cyan]{role:4}[/] {escape(e['message'])}{where}"
+        ))
+    return lines
+
+
+def _cause(c: dict[str, Any], logs: list[str]) -> list[Any]:
+    parts: list[Any] = [Text.from_markup(
+        f"[bold red]Cause:[/] [bold]{escape(c['title'])}[/]  "
+        f"[dim]({c['check']} · {c['cause']} · confidence {c['confidence']:.2f})[/]"
+    )]
+    lead = c.get("steps_before_symptom")
+    if c["first_step"] is not None:
+        when = f"  its first sign is at step {c['first_step']:,}"
+        if lead:
+            when += f", {lead:,} steps before the first symptom it explains"
+        parts.append(Text(when))
+    parts.append(Text("Evidence, in time order:"))
+    parts += _evidence(c["evidence"], logs)
+    parts.append(Text.from_markup(f"[bold]Fix:[/] {escape(c['fix'])}"))
+    parts.append(Text.from_markup(f"[bold]To confirm:[/] {escape(c['next_test'])}"))
+    for note in c["notes"]:
+        parts.append(Text.from_markup(f"  [dim]note: {escape(note)}[/]"))
+    return parts
+
+
+def _considered(items: list[dict[str, Any]], heading: str, logs: list[str]) -> list[Any]:
+    """Each candidate with its score and its signs (the symptoms are listed above)."""
+    if not items:
+        return []
+    parts: list[Any] = [Text(heading)]
+    for c in items:
+        parts.append(Text.from_markup(
+            f"  - {escape(c['title'])} [dim]({c['check']} · {c['cause']} · confidence "
+            f"{c['confidence']:.2f})[/]; explains {', '.join(c['explains']) or 'nothing'}"
+        ))
+        parts += _evidence([e for e in c["evidence"] if e["role"] == "sign"], logs, "    ")
+    return parts
+
+
+def render_diagnosis(diagnosis: Diagnosis) -> Group:
+    doc = diagnosis.to_json()
+    logs = doc["summary"]["logs"]
+    parts: list[Any] = [Text.from_markup(
+        f"[bold]{escape(', '.join(doc['summary']['logs']))}[/]"
+        + (f" with {escape(doc['summary']['config'])}" if doc["summary"]["config"] else "")
+    )]
+    causes = doc["causes"]
+    if not causes:
+        parts.append(Text("No blow-up to explain: no cause named.", style="bold green"))
+        if doc["symptoms"]:
+            parts.append(Text("Symptoms nothing in the inputs points at (told, not judged):"))
+            parts += _evidence(doc["symptoms"], logs)
+    elif causes[0]["check"] == "unknown":
+        u = causes[0]
+        parts.append(Text.from_markup(
+            f"[bold magenta]Cause: unknown[/] — {escape(u['title'].lower())} "
+            f"[dim]({escape(u['notes'][0])})[/]"
+        ))
+        parts.append(Text("Symptoms:"))
+        parts += _evidence(u["evidence"], logs)
+        parts += _considered(u["candidates"], "Candidates:", logs)
+        parts.append(Text.from_markup(f"[bold]Next test:[/] {escape(u['next_test'])}"))
+    else:
+        parts += _cause(causes[0], logs)
+        parts += _considered(doc["considered"], "Also considered (ranked lower):", logs)
+    if doc["summary"]["other_findings"]:
+        parts.append(Text("Other findings of analyze (no blow-up, no cause):", style="dim"))
+        parts += _evidence(doc["summary"]["other_findings"], logs)
+    return Group(*parts)
