@@ -100,7 +100,7 @@ def restart_verdicts(analyses: list[Analysis]) -> list[RestartVerdict]:
     out: list[RestartVerdict] = []
     for a in analyses:
         window = max(MIN_WINDOW, WINDOW_INTERVALS * (a.interval or 1))
-        for prev, nxt in zip(a.attempts, a.attempts[1:]):
+        for prev, nxt in zip(a.attempts, a.attempts[1:], strict=False):
             verdict = _verdict(a, prev, nxt, window)
             if verdict is not None:
                 out.append(verdict)
