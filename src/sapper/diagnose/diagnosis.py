@@ -68,7 +68,7 @@ class Diagnosis:
         r = self.reasoning
         if r.named is not None:
             return [self._cause_json(r.named)]
-        if not r.symptoms or not self._worth_an_answer():
+        if not self._worth_an_answer():
             return []
         tests = [c.cause.next_test for c in r.candidates[:2]] or [
             "re-run the first failing step from the last good checkpoint with the same "
@@ -109,7 +109,8 @@ class Diagnosis:
             if self.reasoning.named is not None else [],
             "symptoms": [s.to_json() for s in self.reasoning.symptoms],
             "summary": {
-                "verdict": "healthy" if not causes else causes[0]["cause"],
+                "verdict": causes[0]["cause"] if causes else (
+                    "unexplained" if self.reasoning.symptoms else "healthy"),
                 "onset": self.onset,
                 "logs": self.logs,
                 "config": self.config,

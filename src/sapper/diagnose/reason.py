@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sapper.diagnose.evidence import CONFIG, LOG, ConfigEvidence, Evidence
 from sapper.diagnose.restarts import RestartVerdict
 from sapper.rules.causes import CAUSES, STRONG, Cause
+from sapper.rules.model import Severity
 
 __all__ = ["CONFIDENT", "MARGIN", "Candidate", "Reasoning", "rank_causes"]
 
@@ -75,7 +76,11 @@ class Reasoning:
 
 
 def _timing(sign: Evidence, onset: int | None) -> str:
-    if sign.step is None or onset is None:
+    """A sign at or before the first symptom it explains is a precursor; with nothing to
+    explain, the sign is the first evidence there is."""
+    if onset is None:
+        return "before"
+    if sign.step is None:
         return "after"
     return "before" if sign.step <= onset else "after"
 
@@ -99,7 +104,7 @@ def _candidate(
     notes: list[str] = []
     for e in log:
         strength = cause.signs.get(e.code)
-        if strength is None:
+        if strength is None or e.severity == Severity.INFO:
             continue
         support += SUPPORT[(LOG, strength, _timing(e, onset))]
         evidence.append(e)
@@ -122,7 +127,7 @@ def _candidate(
     if not evidence:
         return None
     distinct = {s.code for s in symptoms}
-    coverage = len({s.code for s in explains}) / len(distinct) if distinct else 0.0
+    coverage = len({s.code for s in explains}) / len(distinct) if distinct else 1.0
     confidence = max(0.0, min(support, MAX_SUPPORT)) * (BASE + (1 - BASE) * coverage)
     steps = [e.step for e in evidence if e.step is not None and e.kind != CONFIG]
     first = min(steps, default=onset)
@@ -136,9 +141,15 @@ def rank_causes(
     restarts: list[RestartVerdict],
     precision: str | None,
 ) -> Reasoning:
-    """Score every cause of the map against the evidence and decide."""
+    """Score every cause of the map against the evidence and decide. A run with no
+    blow-up is diagnosed only from what its own logs show (a strong sign such as wrapped
+    position ids): a config finding alone is ``check``'s to report, not a cause of a
+    blow-up that did not happen."""
     symptoms = [e for e in log if e.is_symptom]
-    if not symptoms:
+    if not symptoms and not any(
+        e.severity != Severity.INFO and any(c.signs.get(e.code) == STRONG for c in CAUSES)
+        for e in log
+    ):
         return Reasoning([], [], None)
     candidates = [
         c for cause in CAUSES if _allowed(cause, precision)

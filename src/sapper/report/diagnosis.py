@@ -78,11 +78,12 @@ def render_diagnosis(diagnosis: Diagnosis) -> Group:
         + (f" with {escape(doc['summary']['config'])}" if doc["summary"]["config"] else "")
     )]
     causes = doc["causes"]
-    if not causes:
+    if not causes and not doc["symptoms"]:
         parts.append(Text("No blow-up to explain: no cause named.", style="bold green"))
-        if doc["symptoms"]:
-            parts.append(Text("Symptoms nothing in the inputs points at (told, not judged):"))
-            parts += _evidence(doc["symptoms"], logs)
+    elif not causes:
+        parts.append(Text("No cause named: these warnings are all there is, and nothing in "
+                          "the inputs points at a cause (told, not judged):", style="yellow"))
+        parts += _evidence(doc["symptoms"], logs)
     elif causes[0]["check"] == "unknown":
         u = causes[0]
         parts.append(Text.from_markup(

@@ -118,6 +118,15 @@ CAUSES: tuple[Cause, ...] = (
        strong="R100 S009", weak="N301 N302 N303",
        symptoms="R001 R002 R003 R013 R020",
        next_test="measure per-layer activation RMS at step 0 (sapper smoke's init check)"),
+    _c("optimizer-setup", "init",
+       "The training is set up so that the model cannot learn: the optimizer holds none "
+       "(or none trainable) of the model's parameters, or no gradient reaches them",
+       "Build the optimizer on the model you train, after freezing and wrapping "
+       "(model.parameters() of the same object), and call backward on the loss.",
+       strong="R120 R121 R122", weak="R021 R012",
+       symptoms="R003 R012",
+       next_test="compare the parameters in optimizer.param_groups with the model's "
+                 "trainable parameters (id() of each tensor)"),
     _c("post-ln-warmup", "normalization",
        "A Post-LN stack trained without (enough) learning-rate warmup",
        "Warm the LR up over the first 1-5% of steps, or move to Pre-LN.",
@@ -183,7 +192,7 @@ CAUSES: tuple[Cause, ...] = (
        "The parallel layout puts heavy communication on slow links (TP across nodes, "
        "little overlap)",
        "Keep tensor parallelism inside a node; order ranks TP-first.",
-       strong="P103 P112 X008", weak="P114 X007",
+       strong="P103 P112 X006 X008", weak="P114 X007",
        symptoms="R060 R061 X002",
        next_test="time one step with TP inside a node"),
     _c("rank-desync", "distributed",
