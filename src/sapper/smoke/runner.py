@@ -9,7 +9,6 @@ than an aborted run: a smoke test that dies on the user's code has found somethi
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from sapper.errors import InputError, SapperError
+from sapper.jsontext import finite_safe
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.smoke import (
     accumulation,
@@ -90,7 +90,7 @@ class SmokeReport:
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape; non-finite floats become "nan"/"inf"/"-inf" strings (as in
         sapper's run logs), so the output stays valid JSON."""
-        return _json_safe(self._payload())
+        return finite_safe(self._payload())
 
     def _payload(self) -> dict[str, Any]:
         cfg = self.config
@@ -130,16 +130,6 @@ class SmokeReport:
                 "failed": sum(o.status == "fail" for o in self.outcomes),
             },
         }
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 @contextlib.contextmanager
