@@ -153,15 +153,41 @@ def test_close_restores_everything() -> None:
     scaler = torch.amp.GradScaler("cpu")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     original_clip = torch.nn.utils.clip_grad_norm_
+    original_with_norm = torch.nn.utils.clip_grads_with_norm_
     mon = Monitor(model, opt, scaler=scaler, scheduler=sched, console=False)
     assert torch.nn.utils.clip_grad_norm_ is not original_clip
+    assert torch.nn.utils.clip_grads_with_norm_ is not original_with_norm
     assert "step" in vars(scaler) and "step" in vars(sched)
     mon.close()
     mon.close()
     assert torch.nn.utils.clip_grad_norm_ is original_clip
+    assert torch.nn.utils.clip_grads_with_norm_ is original_with_norm
     assert "step" not in vars(scaler) and "step" not in vars(sched)
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not opt._optimizer_step_pre_hooks
+
+
+def test_clipping_in_two_calls_is_seen_once() -> None:
+    """accelerate (and so the HF Trainer) clips with get_total_norm + clip_grads_with_norm_,
+    not clip_grad_norm_: the threshold and the norm it measured are recorded the same."""
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = Markov(batch=2, seq=16)
+    norms = []
+    with Monitor(model, opt, console=False, log_every=1) as mon:
+        for _ in range(3):
+            x = next(data)
+            out = model(input_ids=x, labels=x)
+            out.loss.backward()
+            params = [p for p in model.parameters() if p.grad is not None]
+            total = torch.nn.utils.get_total_norm([p.grad for p in params])
+            torch.nn.utils.clip_grads_with_norm_(params, 0.5, total)
+            norms.append(float(total))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mon.step(out.loss)
+    assert [r.clip_threshold for r in mon.history] == [0.5, 0.5, 0.5]
+    assert [r.grad_norm for r in mon.history] == pytest.approx(norms)
 
 
 def test_bad_options_are_input_errors() -> None:

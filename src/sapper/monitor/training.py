@@ -8,8 +8,8 @@ are still scaled, or clipping measuring scaled gradients. Everything observed he
 host-side flag or a device tensor kept for later; nothing is synchronised.
 
 Wrappers are set on the instances (scaler, scheduler) and removed by :meth:`close`;
-``torch.nn.utils.clip_grad_norm_`` is patched process-wide while at least one monitor
-is open, and passes every call through unchanged.
+``torch.nn.utils.clip_grad_norm_`` and ``clip_grads_with_norm_`` are patched
+process-wide while at least one monitor is open, and pass every call through unchanged.
 """
 
 from __future__ import annotations
@@ -42,20 +42,30 @@ def unwrap_optimizer(opt: Any) -> torch.optim.Optimizer | None:
     return opt if ok else None
 
 
-# ---- process-wide clip_grad_norm_ patch ----------------------------------------------
+# ---- process-wide clipping patches ----------------------------------------------------
+# Two public ways to clip by norm: ``clip_grad_norm_`` (norm and clip in one call) and,
+# from torch 2.6, ``get_total_norm`` + ``clip_grads_with_norm_`` (what accelerate, and so
+# the HF Trainer, calls). ``clip_grad_norm_`` calls the private ``_clip_grads_with_norm_``,
+# so patching the public name sees each clip once.
 _OBSERVERS: weakref.WeakSet[TrainingObserver] = weakref.WeakSet()
-_ORIGINAL: dict[str, Callable[..., torch.Tensor]] = {}
+_ORIGINAL: dict[tuple[str, str], Callable[..., Any]] = {}
+_NORM_CLIPS = (
+    ("torch.nn.utils", "clip_grad_norm_"),
+    ("torch.nn.utils.clip_grad", "clip_grad_norm_"),
+)
+_WITH_NORM_CLIPS = (("torch.nn.utils", "clip_grads_with_norm_"),)
 
 
-def _patched_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _owners(parameters: Any) -> tuple[list[Any], list[TrainingObserver]]:
+    params: list[Any] = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    first = next((p for p in params if isinstance(p, torch.Tensor)), None)
+    return params, [o for o in list(_OBSERVERS) if first is not None and o.owns(first)]
+
+
+def _patched_norm_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     @functools.wraps(original)
     def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any):
-        if isinstance(parameters, torch.Tensor):
-            params: Any = [parameters]
-        else:
-            params = list(parameters)
-        first = next((p for p in params if isinstance(p, torch.Tensor)), None)
-        owners = [o for o in list(_OBSERVERS) if first is not None and o.owns(first)]
+        params, owners = _owners(parameters)
         for o in owners:
             o.listener.guard("clip", o.before_clip)
         total = original(params, max_norm, *args, **kwargs)
@@ -67,26 +77,48 @@ def _patched_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return clip_grad_norm_
 
 
-def _install_clip_patch() -> None:
-    import torch.nn.utils as nn_utils
-    import torch.nn.utils.clip_grad as clip_mod
+def _patched_with_norm_clip(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def clip_grads_with_norm_(
+        parameters: Any, max_norm: float, total_norm: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> None:
+        params, owners = _owners(parameters)
+        for o in owners:
+            o.listener.guard("clip", o.before_clip)
+        original(params, max_norm, total_norm, *args, **kwargs)
+        for o in owners:
+            o.listener.guard("clip", o.after_clip, total_norm, max_norm)
 
-    if "utils" in _ORIGINAL:
+    clip_grads_with_norm_.__sapper_patch__ = True  # type: ignore[attr-defined]
+    return clip_grads_with_norm_
+
+
+def _install_clip_patch() -> None:
+    import importlib
+
+    if _ORIGINAL:
         return
-    _ORIGINAL["utils"] = nn_utils.clip_grad_norm_
-    _ORIGINAL["clip_grad"] = clip_mod.clip_grad_norm_
-    nn_utils.clip_grad_norm_ = _patched_clip(_ORIGINAL["utils"])  # type: ignore[assignment]
-    clip_mod.clip_grad_norm_ = _patched_clip(_ORIGINAL["clip_grad"])  # type: ignore[assignment]
+    for names, patch in (
+        (_NORM_CLIPS, _patched_norm_clip),
+        (_WITH_NORM_CLIPS, _patched_with_norm_clip),
+    ):
+        for module_name, attr in names:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr, None)
+            if original is None:  # torch before 2.6 has no clip_grads_with_norm_
+                continue
+            _ORIGINAL[(module_name, attr)] = original
+            setattr(module, attr, patch(original))
 
 
 def _remove_clip_patch() -> None:
-    import torch.nn.utils as nn_utils
-    import torch.nn.utils.clip_grad as clip_mod
+    import importlib
 
-    if _OBSERVERS or "utils" not in _ORIGINAL:
+    if _OBSERVERS or not _ORIGINAL:
         return
-    nn_utils.clip_grad_norm_ = _ORIGINAL.pop("utils")  # type: ignore[assignment]
-    clip_mod.clip_grad_norm_ = _ORIGINAL.pop("clip_grad")  # type: ignore[assignment]
+    for (module_name, attr), original in _ORIGINAL.items():
+        setattr(importlib.import_module(module_name), attr, original)
+    _ORIGINAL.clear()
 
 
 class TrainingObserver:
