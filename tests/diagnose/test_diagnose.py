@@ -59,6 +59,15 @@ def test_every_runtime_error_rule_is_a_symptom_or_a_sign() -> None:
         ("accum.jsonl", "accumulation", "accumulation"),
         ("cycle.jsonl", "data-repeat", "data"),
         ("unscale.jsonl", "scaler-misuse", "scaler"),
+        ("overflow.jsonl", "fp16-overflow", "precision"),
+        ("schedule.jsonl", "lr-schedule", "lr"),
+        ("leak.jsonl", "memory", "memory"),
+        ("setup.jsonl", "optimizer-setup", "init"),
+        # A NaN from one corrupt record at step 25; the run resumed from step 11 with
+        # the data position restored, and it came back at step 25 ...
+        ("restart-same-step.jsonl", "bad-data", "data"),
+        # ... or (a transient fault at step 25) it did not, reading the same samples.
+        ("restart-gone.jsonl", "hardware", "hardware"),
     ],
 )
 def test_a_planted_fault_is_named_by_its_cause(log: str, cause: str, check: str) -> None:
@@ -68,6 +77,25 @@ def test_a_planted_fault_is_named_by_its_cause(log: str, cause: str, check: str)
     assert (named["cause"], named["check"]) == (cause, check)
     assert named["confidence"] >= 0.5 and named["fix"] and named["evidence"]
     assert all({"code", "step", "source", "message"} <= set(e) for e in named["evidence"])
+
+
+def test_each_attempts_stored_findings_stay_its_own() -> None:
+    """A resumed run logs its NaN again at the same step: the run log's stored findings
+    are tagged with their attempt, so the second one is not merged into the first."""
+    from sapper.cli.analyze_cmd import analyze_logs, load_logs
+
+    loaded, _ = load_logs([FAULTS / "restart-same-step.jsonl"], None, None)
+    (analysis,) = analyze_logs(loaded, None, [], [])
+    nans = [(f.step, f.data.get("attempt")) for f in analysis.findings if f.code == "R001"]
+    assert nans == [(25, 1), (25, 2)]
+
+
+def test_restart_evidence_says_the_samples_were_the_same() -> None:
+    _, doc = diagnose(str(FAULTS / "restart-same-step.jsonl"))
+    (named,) = doc["causes"]
+    restart = next(e for e in named["evidence"] if "attempts 1-2" in e["source"])
+    assert "came back at step 25" in restart["message"]
+    assert "the same samples" in restart["message"]
 
 
 def test_a_healthy_run_has_no_cause_and_exits_0() -> None:

@@ -39,8 +39,10 @@ SUPPORT: dict[tuple[str, str, str], float] = {
     (CONFIG, STRONG, ""): 0.4,
     (CONFIG, "weak", ""): 0.2,
 }
-#: A restart that came back (or did not) where this cause says it would.
+#: A restart that came back (or did not) where this cause says it would; more when the
+#: log shows the resumed run read the same samples (``RestartVerdict.verified``).
 RESTART_WEIGHT = 0.45
+RESTART_VERIFIED = 0.6
 #: The config's checks for this cause ran and found nothing.
 CLEAN_CONFIG = -0.2
 MAX_SUPPORT = 0.95
@@ -122,7 +124,7 @@ def _candidate(
             notes.append(f"the config's checks {', '.join(ran)} ran clean")
     for r in restarts:
         if r.cause == cause.id:
-            support += RESTART_WEIGHT
+            support += RESTART_VERIFIED if r.verified else RESTART_WEIGHT
             evidence.append(r.evidence)
     if not evidence:
         return None

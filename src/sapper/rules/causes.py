@@ -144,7 +144,7 @@ CAUSES: tuple[Cause, ...] = (
        "The learning-rate schedule is not the one declared (stuck, past its end, stepped "
        "per micro-batch)",
        "Step the scheduler once per optimizer step and make its length match the run's.",
-       strong="R040 R044 R045", weak="R042",
+       strong="R040 R042 R044 R045",
        symptoms="R002 R003 R004 R111",
        next_test="plot the logged LR against the declared schedule"),
     _c("positions", "data",
@@ -170,7 +170,7 @@ CAUSES: tuple[Cause, ...] = (
        "Filter the dataset (token ids < vocab size, lengths, empty samples); skip the "
        "batch at the step it recurs.",
        strong="D103",
-       symptoms="R001 R002 R010",
+       symptoms="R001 R002 R010 R020",
        next_test="re-run the step from the checkpoint before it with the same batch, then "
                  "with a different one"),
     _c("accumulation", "accumulation",
@@ -209,7 +209,7 @@ CAUSES: tuple[Cause, ...] = (
        "Find the node (per-rank step times, ECC and Xid errors), exclude it, resume from "
        "the last good checkpoint.",
        strong="X002", weak="X001",
-       symptoms="R001 R002 R010 R060 R061 X001 X002",
+       symptoms="R001 R002 R010 R020 R060 R061 X001 X002",
        next_test="re-run the step from the checkpoint before it with the same batch: if it "
                  "does not reproduce, suspect the hardware"),
 )
