@@ -40,14 +40,14 @@ class Diagnosis:
 
     @property
     def onset(self) -> int | None:
-        return min((s.step for s in self.reasoning.symptoms if s.step is not None),
+        return min((s.since for s in self.reasoning.symptoms if s.since is not None),
                    default=None)
 
     def exit_code(self) -> int:
         return 0 if self.healthy else 1
 
     def _cause_json(self, c: Candidate) -> dict[str, Any]:
-        onset = min((s.step for s in c.explains if s.step is not None), default=None)
+        onset = min((s.since for s in c.explains if s.since is not None), default=None)
         lead = onset - c.first_step if onset is not None and c.first_step is not None else None
         return {
             "check": c.cause.check,
@@ -127,7 +127,7 @@ def _chain(c: Candidate) -> list[dict[str, Any]]:
     signs = [(e, "sign") for e in c.evidence]
     seen = {(e.code, e.step, e.source) for e in c.evidence}
     symptoms = [(e, "symptom") for e in c.explains if (e.code, e.step, e.source) not in seen]
-    items = sorted(signs + symptoms, key=lambda p: (p[0].step is not None, p[0].step or 0))
+    items = sorted(signs + symptoms, key=lambda p: (p[0].since is not None, p[0].since or 0))
     return [{**e.to_json(), "role": role} for e, role in items]
 
 

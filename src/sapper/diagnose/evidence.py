@@ -7,9 +7,12 @@ is what orders causes in time, so each rule keeps its first finding and a count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from sapper.diagnose.onset import onset_of
 from sapper.rules.causes import BLOW_UP
 from sapper.rules.model import Finding, Severity
 
@@ -34,6 +37,13 @@ class Evidence:
     severity: Severity
     kind: str
     count: int = 1
+    #: The step this evidence began, read back from the records (``diagnose.onset``):
+    #: a leak began before the step it was sure of. ``step`` when they do not say.
+    began: int | None = None
+
+    @property
+    def since(self) -> int | None:
+        return self.began if self.began is not None else self.step
 
     @property
     def is_symptom(self) -> bool:
@@ -49,6 +59,8 @@ class Evidence:
         }
         if self.count > 1:
             out["count"] = self.count
+        if self.began is not None and self.began != self.step:
+            out["began"] = self.began
         return out
 
 
@@ -58,23 +70,28 @@ def _when(f: Finding) -> tuple[int, int]:
     return (int(f.data.get("attempt") or 1), f.step if f.step is not None else 1 << 62)
 
 
-def _first_per_code(findings: list[Finding], source: str, kind: str) -> list[Evidence]:
+def _first_per_code(
+    findings: list[Finding], source: str, kind: str,
+    began: Callable[[Finding], int | None] | None = None,
+) -> list[Evidence]:
     first: dict[str, Finding] = {}
     counts: dict[str, int] = {}
     for f in sorted(findings, key=_when):
         counts[f.code] = counts.get(f.code, 0) + 1
         first.setdefault(f.code, f)
     return [
-        Evidence(code, f.step, f.source or source, f.message, f.severity, kind, counts[code])
+        Evidence(code, f.step, f.source or source, f.message, f.severity, kind, counts[code],
+                 began(f) if began is not None else None)
         for code, f in first.items()
     ]
 
 
 def log_evidence(analyses: list[Analysis]) -> list[Evidence]:
-    """The logs' findings, first per rule and log, in step order."""
+    """The logs' findings, first per rule and log, in step order, each with the step
+    its evidence began."""
     out: list[Evidence] = []
     for a in analyses:
-        out += _first_per_code(a.findings, a.log.path, LOG)
+        out += _first_per_code(a.findings, a.log.path, LOG, partial(onset_of, a))
     return sorted(out, key=lambda e: (e.step is None, e.step or 0, e.code))
 
 

@@ -77,14 +77,17 @@ class Reasoning:
     undecided: str = ""
 
 
-def _timing(sign: Evidence, onset: int | None) -> str:
-    """A sign at or before the first symptom it explains is a precursor; with nothing to
-    explain, the sign is the first evidence there is."""
-    if onset is None:
+def _timing(sign: Evidence, explains: list[Evidence]) -> str:
+    """A sign that began before the first *other* symptom the cause explains is a
+    precursor; one logged at the same step may be one more symptom (a logging interval
+    hides their order). With nothing else to explain, the sign is the first evidence
+    there is."""
+    others = [s.since for s in explains if s is not sign and s.since is not None]
+    if not others:
         return "before"
-    if sign.step is None:
+    if sign.since is None:
         return "after"
-    return "before" if sign.step <= onset else "after"
+    return "before" if sign.since < min(others) else "after"
 
 
 def _allowed(cause: Cause, precision: str | None) -> bool:
@@ -100,7 +103,7 @@ def _candidate(
     restarts: list[RestartVerdict],
 ) -> Candidate | None:
     explains = [s for s in symptoms if s.code in cause.symptoms or s.code in cause.signs]
-    onset = min((s.step for s in explains if s.step is not None), default=None)
+    onset = min((s.since for s in explains if s.since is not None), default=None)
     support = 0.0
     evidence: list[Evidence] = []
     notes: list[str] = []
@@ -108,7 +111,7 @@ def _candidate(
         strength = cause.signs.get(e.code)
         if strength is None or e.severity == Severity.INFO:
             continue
-        support += SUPPORT[(LOG, strength, _timing(e, onset))]
+        support += SUPPORT[(LOG, strength, _timing(e, explains))]
         evidence.append(e)
     if config is not None:
         for e in config.findings:
@@ -131,7 +134,7 @@ def _candidate(
     distinct = {s.code for s in symptoms}
     coverage = len({s.code for s in explains}) / len(distinct) if distinct else 1.0
     confidence = max(0.0, min(support, MAX_SUPPORT)) * (BASE + (1 - BASE) * coverage)
-    steps = [e.step for e in evidence if e.step is not None and e.kind != CONFIG]
+    steps = [e.since for e in evidence if e.since is not None and e.kind != CONFIG]
     first = min(steps, default=onset)
     return Candidate(cause, round(confidence, 2), round(support, 2), round(coverage, 2),
                      evidence, explains, first, notes)
