@@ -31,6 +31,7 @@ __all__ = [
     "STRONG",
     "WEAK",
     "Cause",
+    "causal_links",
     "causes_of",
     "produced_by",
 ]
@@ -223,3 +224,17 @@ def causes_of(code: str) -> list[tuple[Cause, str]]:
 def produced_by(code: str) -> list[Cause]:
     """The causes that can produce ``code`` as a symptom."""
     return [c for c in CAUSES if code in c.symptoms]
+
+
+def causal_links(code: str) -> dict[str, list[dict[str, str]]]:
+    """Where ``code`` stands in the map, for ``sapper explain``: the causes it is a sign
+    of (with the sign's strength) and the causes that can produce it as a symptom."""
+    return {
+        "sign_of": [
+            {"cause": c.id, "check": c.check, "title": c.title, "strength": strength}
+            for c, strength in causes_of(code)
+        ],
+        "symptom_of": [
+            {"cause": c.id, "check": c.check, "title": c.title} for c in produced_by(code)
+        ],
+    }
