@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sapper.diagnose.evidence import ConfigEvidence, Evidence, config_evidence, log_evidence
+from sapper.diagnose.onset import series
 from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
 from sapper.diagnose.restarts import restart_verdicts
 
@@ -137,9 +138,9 @@ def run_precision(plan: Plan | None, analyses: list[Analysis]) -> str | None:
     if plan is not None and "dtype" in plan.precision.model_fields_set:
         return plan.precision.dtype
     for a in analyses:
-        for rec in a.log.records:
-            if rec.loss_scale is not None and rec.loss_scale not in (0.0, 1.0):
-                return "fp16"
+        scales = series(a.log, "loss_scale", 0, len(a.log.records))
+        if any(scale not in (0.0, 1.0) for _, scale in scales):
+            return "fp16"
     return None
 
 

@@ -20,15 +20,19 @@ Any other sign begins where it was found.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from sapper.logs.analysis import Analysis
+    from sapper.logs.base import LogData
     from sapper.rules.model import Finding
     from sapper.runtime.records import StepRecord
 
-__all__ = ["onset_of"]
+__all__ = ["onset_of", "series"]
 
 #: Records walked back from a finding (a long log's onset is near its finding).
 MAX_WALK = 20_000
@@ -36,27 +40,49 @@ MAX_WALK = 20_000
 MEMORY_SLACK = 0.01
 #: Readings in a row that do not rise before a memory rise counts as begun after them.
 FLAT_READINGS = 3
+#: The memory a log may hold, most telling first.
+MEMORY_FIELDS = ("memory_allocated_gib", "memory_reserved_gib", "rss_gib")
 
 
-def _window(analysis: Analysis, f: Finding) -> Sequence[StepRecord]:
-    """The records of the finding's attempt up to its step, the last ``MAX_WALK``."""
-    records = analysis.log.records
+def _attempt_rows(analysis: Analysis, f: Finding) -> tuple[int, int]:
     attempt = int(f.data.get("attempt") or 1)
-    start, stop = 0, len(records)
     for summary in analysis.attempts:
         if summary.attempt.number == attempt:
-            start, stop = summary.attempt.start, summary.attempt.stop
-    part = records[start:stop]
-    end = len(part)
-    while end and part[end - 1].step > (f.step or 0):
-        end -= 1
-    return part[max(0, end - MAX_WALK) : end]
+            return summary.attempt.start, summary.attempt.stop
+    return 0, len(analysis.log.records)
 
 
-def _scale_decline(recs: Sequence[StepRecord]) -> int | None:
+def _rows(analysis: Analysis, f: Finding) -> tuple[int, int]:
+    """The rows of the finding's attempt up to its step, the last ``MAX_WALK``."""
+    log = analysis.log
+    start, stop = _attempt_rows(analysis, f)
+    columns = getattr(log, "columns", None)
+    step = f.step or 0
+    if columns is not None:  # steps ascend within an attempt
+        end = start + int(np.searchsorted(columns.steps[start:stop], step, side="right"))
+    else:
+        end = bisect_right(log.records, step, start, stop, key=lambda r: r.step)
+    return max(start, end - MAX_WALK), end
+
+
+def series(log: LogData, name: str, start: int, stop: int) -> list[tuple[int, float]]:
+    """``(step, value)`` of a record field over rows ``start:stop``, where logged: from
+    the columns of a log read into columns (no record is built), else the records."""
+    columns = getattr(log, "columns", None)
+    if columns is not None:
+        mask = columns.has(name)[start:stop]
+        steps = columns.steps[start:stop][mask]
+        values = columns.get(name)[start:stop][mask]
+        return list(zip(steps.tolist(), values.tolist(), strict=True))
+    return [
+        (r.step, v) for r in log.records[start:stop] if (v := getattr(r, name, None)) is not None
+    ]
+
+
+def _scale_decline(analysis: Analysis, rows: tuple[int, int]) -> int | None:
     """The first record below the peak the decline that ends at the finding fell from
     (a dynamic scale rises and halves all run long: the last peak, not the highest)."""
-    scales = [(r.step, r.loss_scale) for r in recs if r.loss_scale is not None]
+    scales = series(analysis.log, "loss_scale", *rows)
     if len(scales) < 2:
         return None
     i = len(scales) - 1
@@ -66,18 +92,15 @@ def _scale_decline(recs: Sequence[StepRecord]) -> int | None:
     return next((step for step, scale in scales[i:] if scale < peak), None)
 
 
-def _memory(r: StepRecord) -> float | None:
-    for value in (r.memory_allocated_gib, r.memory_reserved_gib, r.rss_gib):
-        if value is not None:
-            return value
-    return None
-
-
-def _memory_rise(recs: Sequence[StepRecord]) -> int | None:
+def _memory_rise(analysis: Analysis, rows: tuple[int, int]) -> int | None:
     """The first reading of the rise that ends at the finding: walking back, readings
     keep falling; up to ``FLAT_READINGS`` in a row that do not (noise, a pause in the
     leak) are crossed, more end the walk where the rise began."""
-    readings = [(r.step, m) for r in recs if (m := _memory(r)) is not None]
+    readings: list[tuple[int, float]] = []
+    for name in MEMORY_FIELDS:
+        readings = series(analysis.log, name, *rows)
+        if readings:
+            break
     if len(readings) < 2:
         return None
     began, flat = len(readings) - 1, 0
@@ -92,9 +115,13 @@ def _memory_rise(recs: Sequence[StepRecord]) -> int | None:
     return readings[min(began + 1, len(readings) - 1)][0]
 
 
-def _first_repeat(recs: Sequence[StepRecord]) -> int | None:
+def _records(analysis: Analysis, rows: tuple[int, int]) -> Sequence[StepRecord]:
+    return analysis.log.records[rows[0] : rows[1]]
+
+
+def _first_repeat(analysis: Analysis, rows: tuple[int, int]) -> int | None:
     seen: set[str] = set()
-    for r in recs:
+    for r in _records(analysis, rows):
         hashes = r.extra.get("sample_hashes")
         if not isinstance(hashes, list):
             continue
@@ -104,23 +131,21 @@ def _first_repeat(recs: Sequence[StepRecord]) -> int | None:
     return None
 
 
-def _first_step(recs: Sequence[StepRecord]) -> int | None:
-    return recs[0].step if recs else None
-
-
-def _per_micro(recs: Sequence[StepRecord]) -> int | None:
-    for r in recs:
+def _per_micro(analysis: Analysis, rows: tuple[int, int]) -> int | None:
+    for r in _records(analysis, rows):
         calls = r.extra.get("scheduler_steps")
         if isinstance(calls, int) and calls > 1:
             return r.step
     return None
 
 
-_WALKS: dict[str, Callable[[Sequence[StepRecord]], int | None]] = {
+#: Signs of a schedule that is wrong from the attempt's first step.
+FROM_START = frozenset({"R041", "R043", "R101"})
+
+_WALKS: dict[str, Callable[[Analysis, tuple[int, int]], int | None]] = {
     "R030": _scale_decline, "R031": _scale_decline,
     "R050": _memory_rise, "R051": _memory_rise,
     "R070": _first_repeat, "R072": _first_repeat,
-    "R041": _first_step, "R043": _first_step, "R101": _first_step,
     "R042": _per_micro,
 }
 
@@ -128,8 +153,14 @@ _WALKS: dict[str, Callable[[Sequence[StepRecord]], int | None]] = {
 def onset_of(analysis: Analysis, f: Finding) -> int | None:
     """The step the evidence of ``f`` began, never after its own step; its step when
     the records do not say."""
+    if f.step is None:
+        return None
+    if f.code in FROM_START:
+        start, stop = _attempt_rows(analysis, f)
+        first = analysis.log.records[start].step if stop > start else f.step
+        return min(first, f.step)
     walk = _WALKS.get(f.code)
-    if walk is None or f.step is None:
+    if walk is None:
         return f.step
-    began = walk(_window(analysis, f))
+    began = walk(analysis, _rows(analysis, f))
     return f.step if began is None else min(began, f.step)

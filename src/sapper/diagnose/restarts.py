@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sapper.diagnose.evidence import RESTART, Evidence
+from sapper.diagnose.onset import series
 from sapper.logs.analysis import TROUBLE
 from sapper.rules.model import Finding, Severity
 
@@ -80,11 +81,8 @@ def _attempt_of(f: Finding) -> int:
 
 def _lr_at(analysis: Analysis, summary: AttemptSummary, step: int) -> float | None:
     a = summary.attempt
-    best = None
-    for rec in analysis.log.records[a.start : a.stop]:
-        if rec.lr is not None and rec.step <= step:
-            best = rec.lr
-    return best
+    lrs = [lr for s, lr in series(analysis.log, "lr", a.start, a.stop) if s <= step]
+    return lrs[-1] if lrs else None
 
 
 def _verdict(
