@@ -172,3 +172,16 @@ def test_an_unreadable_log_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad.write_text("nothing here\n")
     res = runner.invoke(app, ["diagnose", str(bad)])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(("log", "precision"), [("overflow.jsonl", "fp16"),
+                                                ("restart-same-step.jsonl", "fp32")])
+def test_the_monitors_precision_decides_which_mechanics_are_in_play(
+    log: str, precision: str
+) -> None:
+    """The live monitor records the forward's precision (autocast fp16 over fp32
+    weights, or plain fp32): an fp32 run is never offered an fp16 cause."""
+    _, doc = diagnose(str(FAULTS / log))
+    assert doc["summary"]["precision"] == precision
+    offered = {c["cause"] for c in [*doc["causes"], *doc["considered"]]}
+    assert ("fp16-overflow" in offered) == (precision == "fp16")

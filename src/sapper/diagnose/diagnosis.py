@@ -132,11 +132,34 @@ def _chain(c: Candidate) -> list[dict[str, Any]]:
     return [{**e.to_json(), "role": role} for e, role in items]
 
 
+#: Records at the start of each attempt searched for the precision the monitor saw.
+PRECISION_RECORDS = 50
+
+
+def _monitored_precision(analysis: Analysis) -> str | None:
+    """What a sapper run log says the forward ran in: autocast's dtype, else the
+    trainable weights' (recorded at the first forward of each attempt)."""
+    records = analysis.log.records
+    starts = [s.attempt.start for s in analysis.attempts] or [0]
+    for start in starts:
+        for rec in records[start : start + PRECISION_RECORDS]:
+            extra = rec.extra
+            if "autocast_dtype" in extra or "param_dtype" in extra:
+                found = extra.get("autocast_dtype") or extra.get("param_dtype")
+                return str(found) if found in ("fp16", "bf16", "fp32") else None
+    return None
+
+
 def run_precision(plan: Plan | None, analyses: list[Analysis]) -> str | None:
-    """The compute dtype where it is known: the plan's, when the user set it, else fp16
-    when a log shows a dynamic loss scale other than 1 (only fp16 scales)."""
+    """The compute dtype where it is known: the plan's, when the user set it; else what
+    the live monitor saw (autocast's or the weights' dtype); else fp16 when a log shows
+    a dynamic loss scale other than 1 (only fp16 scales)."""
     if plan is not None and "dtype" in plan.precision.model_fields_set:
         return plan.precision.dtype
+    for a in analyses:
+        seen = _monitored_precision(a)
+        if seen is not None:
+            return seen
     for a in analyses:
         scales = series(a.log, "loss_scale", 0, len(a.log.records))
         if any(scale not in (0.0, 1.0) for _, scale in scales):
