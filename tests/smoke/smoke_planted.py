@@ -97,6 +97,25 @@ def sharded_loader(rank: int, world_size: int) -> DataLoader:
     return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_collate)
 
 
+def replicas_doubled_loader(rank: int, world_size: int) -> DataLoader:
+    """num_replicas counted twice (GPUs per node × nodes, with nodes already in it): the
+    ranks read disjoint samples, and half of the epoch is never read."""
+    data = _dataset()
+    sampler = DistributedSampler(data, num_replicas=2 * world_size, rank=rank, shuffle=False)
+    return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_collate)
+
+
+def rank_seeded_loader(rank: int, world_size: int) -> DataLoader:
+    """The sampler's shuffle seeded with the rank (``seed=SEED + rank``): every rank
+    takes its slice of a different permutation, so the shards overlap and leave samples
+    out; with this data the first micro-batches of the two ranks happen not to collide."""
+    data = _dataset()
+    sampler = DistributedSampler(
+        data, num_replicas=world_size, rank=rank, shuffle=True, seed=2 + rank
+    )
+    return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_collate)
+
+
 # ---- user models (not Hugging Face) -------------------------------------------------------
 class Block(nn.Module):
     def __init__(self, width: int, heads: int, dropout: float, scale: float) -> None:

@@ -24,7 +24,8 @@ def test_ddp_equals_one_process(llama) -> None:
     assert s007.value < 1e-4
     assert s007.data["ranks_max_abs_diff"] == 0.0
     assert s008.data["status"] == "pass"
-    assert s008.data["coverage_of_single_process_batch"] == 1.0
+    assert s008.data["whole_epoch"] is False  # synthetic tokens are a stream
+    assert s008.data["overlap"] == s008.data["missing"] == 0
 
 
 def test_users_sharded_loader_passes(llama) -> None:
@@ -36,8 +37,10 @@ def test_unsharded_sampler_is_caught(llama) -> None:
     report = run_smoke(llama, source=LoaderFactory(unsharded_loader), checks=["data_parallel"])
     s008 = _by_code(report)["S008"]
     assert s008.data["status"] == "fail"
-    assert s008.data["read_by_all_ranks"] == s008.data["samples"] // 2
-    assert s008.data["coverage_of_single_process_batch"] == 0.5
+    assert s008.data["whole_epoch"] is True
+    assert s008.data["overlap"] == s008.data["single_process_samples"] == 64
+    assert s008.data["read_by_several_ranks"] == 64
+    assert "64 extra read(s)" in s008.message
     assert report.exit_code() == 1
 
 
@@ -50,9 +53,10 @@ def test_per_rank_loss_normalisation_is_caught(llama) -> None:
 
 def test_a_rank_that_crashes_is_reported_not_hung(llama) -> None:
     report = run_smoke(llama, step=FailsOnRankOne(), checks=["data_parallel"])
-    (s007,) = report.findings
+    s007, s008 = report.findings
     assert s007.data["status"] == "fail"
     assert "shape mismatch on rank 1" in s007.message
+    assert s008.code == "S008" and s008.data["status"] == "pass"  # sharding is still read
 
 
 @pytest.mark.slow

@@ -271,6 +271,14 @@ class LoaderFactory:
         for item in self.fn(rank, world_size):
             yield normalize_batch(item)
 
+    def dataset_size(self) -> int | None:
+        """Samples in the dataset behind the loader (``len(loader.dataset)``), None when the
+        loader has no sized dataset (an iterable dataset, a generator)."""
+        try:
+            return len(self.fn(0, 1).dataset)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError, NotImplementedError):
+            return None
+
 
 def load_loader_factory(spec: str) -> LoaderFactory:
     """``module:function`` naming a loader factory ``(rank, world_size) -> iterable``."""

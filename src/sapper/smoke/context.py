@@ -54,6 +54,9 @@ class Tolerances:
     init_amplification: float = 16.0
     #: ... and max/min per-layer parameter-gradient std above this ratio warns.
     init_grad_spread: float = 10.0
+    #: sharding (S008): micro-batches read per rank to reach the end of the epoch; a source
+    #: that goes on (a stream) is compared over this many.
+    epoch_max_batches: int = 128
     #: measured vs estimated memory: model states within this relative error ...
     memory_states_rel_err: float = 0.1
     #: ... activations within this factor either way.

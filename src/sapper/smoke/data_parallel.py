@@ -10,8 +10,8 @@ read and compares:
 - S007: the DDP update against the single-process update (and the ranks against each
   other): per-rank loss normalisation with uneven token counts, a gradient that is not
   all-reduced, or ranks starting from different weights show here;
-- S008: the samples the ranks read: any sample read by two ranks, and the share of the
-  global batch one process would read (``world_size=1``) that the ranks covered.
+- S008 (:mod:`sapper.smoke.sharding`): over a whole epoch of the data source, every sample
+  read by exactly one rank; reported even when the DDP run itself failed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from sapper.rules.model import Finding
 from sapper.smoke.batches import BatchSource, fingerprints, take
 from sapper.smoke.context import SmokeContext, verdict
 from sapper.smoke.grads import compare_grads
-from sapper.smoke.rules import DATA_PARALLEL, UNSHARDED_SAMPLER
+from sapper.smoke.rules import DATA_PARALLEL
+from sapper.smoke.sharding import run_epoch_check
 from sapper.smoke.step import StepOptions, TrainStep
 from sapper.smoke.toy import ModelFactory
 
@@ -153,42 +154,6 @@ def _crashed(folder: Path, world: int, exc: BaseException) -> Finding:
     )
 
 
-def _sharding(ctx: SmokeContext, ranks: list[dict[str, Any]], k: int) -> Finding:
-    world = len(ranks)
-    seen = [set(r["fingerprints"]) for r in ranks]
-    shared = set.intersection(*seen) if seen else set()
-    reread = sum(len(s) for s in seen) - len(set.union(*seen))
-    single = take(ctx.source, world * k, 0, 1)
-    expected = {fp for b in single for fp in fingerprints(b)}
-    covered = len(expected & set.union(*seen)) / len(expected) if expected else 1.0
-    samples = sum(len(r["fingerprints"]) for r in ranks)
-    numbers = dict(
-        value=reread / samples if samples else 0.0,
-        threshold=0.0,
-        samples=samples,
-        read_by_several_ranks=reread,
-        read_by_all_ranks=len(shared),
-        coverage_of_single_process_batch=covered,
-    )
-    if reread:
-        return verdict(
-            UNSHARDED_SAMPLER,
-            False,
-            f"{reread} of {samples} samples were read by more than one rank "
-            f"({len(shared)} by all {world}); the ranks covered {covered:.0%} of the samples "
-            f"one process reads for the same global batch",
-            **numbers,
-        )
-    return verdict(
-        UNSHARDED_SAMPLER,
-        True,
-        f"{world} ranks read {samples} distinct samples, {covered:.0%} of what one process "
-        "reads for the same global batch",
-        warn=covered < 1.0,
-        **numbers,
-    )
-
-
 def run(ctx: SmokeContext) -> list[Finding]:
     tol = ctx.config.tolerances
     world = ctx.config.dp_world_size
@@ -198,7 +163,7 @@ def run(ctx: SmokeContext) -> list[Finding]:
         try:
             ranks = _spawn(ctx, folder, world, k)
         except Exception as exc:  # the user's step or model failed under DDP
-            return [_crashed(folder, world, exc)]
+            return [_crashed(folder, world, exc), run_epoch_check(ctx)]
     batches = [b for r in ranks for b in r["batches"]]
     model = ctx.fresh_model(train=False)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -236,4 +201,4 @@ def run(ctx: SmokeContext) -> list[Finding]:
         if spread:
             parts.append(f"ranks disagree by up to {spread:.2g}")
         message = "; ".join(parts)
-    return [verdict(DATA_PARALLEL, passed, message, **numbers), _sharding(ctx, ranks, k)]
+    return [verdict(DATA_PARALLEL, passed, message, **numbers), run_epoch_check(ctx)]
