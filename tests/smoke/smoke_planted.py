@@ -116,6 +116,73 @@ def rank_seeded_loader(rank: int, world_size: int) -> DataLoader:
     return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_collate)
 
 
+# ---- collators: padding in the labels ---------------------------------------------------
+def _pad_ids(samples: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(int(x.numel()) for x in samples)
+    ids = torch.zeros(len(samples), length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, x in enumerate(samples):
+        ids[i, : x.numel()] = x
+        mask[i, : x.numel()] = 1
+    return ids, mask
+
+
+def _labels_are_input_ids(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The common slip: pad, then copy the ids into the labels (pad id 0 left as a target)."""
+    ids, mask = _pad_ids(samples)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.clone()}
+
+
+def _no_mask_labels_are_input_ids(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same slip in a collator that returns no attention mask at all."""
+    ids, _ = _pad_ids(samples)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def unmasked_labels_loader(rank: int, world_size: int) -> DataLoader:
+    data = _dataset()
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=_labels_are_input_ids)
+
+
+def unmasked_labels_no_mask_loader(rank: int, world_size: int) -> DataLoader:
+    data = [x.clamp(min=1) for x in _dataset()]  # token 0 only as padding
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(
+        data, batch_size=4, sampler=sampler, collate_fn=_no_mask_labels_are_input_ids
+    )
+
+
+def _word_level_tokenizer(vocab: int = 512):
+    """A real transformers tokenizer built in memory (nothing downloaded): token ``t<i>``
+    has id i, ``t0`` is the pad token."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    backend = Tokenizer(models.WordLevel(words, unk_token="t1"))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="t0", unk_token="t1")
+
+
+def hf_collator_loader(rank: int, world_size: int) -> DataLoader:
+    """The healthy twin: transformers' DataCollatorForLanguageModeling(mlm=False)."""
+    from transformers import DataCollatorForLanguageModeling
+
+    data = [{"input_ids": x.clamp(min=1).tolist()} for x in _dataset()]
+    collator = DataCollatorForLanguageModeling(_word_level_tokenizer(), mlm=False)
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(data, batch_size=4, sampler=sampler, collate_fn=collator)
+
+
+class MasksByAttention(DefaultTrainStep):
+    """A step that ignores padding itself: targets where the attention mask is 0 are dropped,
+    whatever the collator put in the labels."""
+
+    def token_loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        labels = batch["labels"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+        return super().token_loss_sum(logits, {**batch, "labels": labels})
+
+
 # ---- user models (not Hugging Face) -------------------------------------------------------
 class Block(nn.Module):
     def __init__(self, width: int, heads: int, dropout: float, scale: float) -> None:

@@ -29,15 +29,15 @@ def test_shipped_example_passes_every_check_in_under_a_minute() -> None:
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert [c["check"] for c in payload["checks"]] == [
-        "overfit", "accumulation", "checkpointing", "precision", "data_parallel",
+        "overfit", "padding", "accumulation", "checkpointing", "precision", "data_parallel",
         "init_health", "measure",
     ]
     assert {c["status"] for c in payload["checks"]} == {"pass"}
     codes = {f["code"] for f in payload["findings"]}
-    assert codes == {f"S{i:03d}" for i in range(1, 11)}
+    assert codes == {f"S{i:03d}" for i in range(1, 12)}
     keys = {"code", "severity", "message", "fix", "data"}
     assert all(keys <= set(f) for f in payload["findings"])
-    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 7, "failed": 0}
+    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 8, "failed": 0}
     assert elapsed < 60
 
 
@@ -74,6 +74,13 @@ def test_users_loader_without_a_sampler_exits_1() -> None:
     assert res.exit_code == 1
     status = {f["code"]: f["data"]["status"] for f in json.loads(res.stdout)["findings"]}
     assert status == {"S007": "pass", "S008": "fail"}
+
+
+def test_users_collator_with_padding_in_the_labels_exits_1() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "padding",
+                 "--loader", "smoke_planted:unmasked_labels_loader")
+    assert res.exit_code == 1
+    assert "S011" in res.output and "FAIL" in res.output and "masked_fill" in res.output
 
 
 def test_non_finite_numbers_stay_valid_json() -> None:

@@ -10,7 +10,7 @@ the data-parallel check can ask every rank for its share and see whether they ov
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -63,10 +63,13 @@ def pad_samples(samples: Sequence[torch.Tensor], length: int | None = None) -> B
 
 
 def normalize_batch(item: Any) -> Batch:
-    """Accept what loaders commonly yield: a dict with ``input_ids`` (``attention_mask`` and
-    ``labels`` optional) or a bare [B, T] tensor of token ids."""
+    """Accept what loaders commonly yield: a mapping with ``input_ids`` (``attention_mask``
+    and ``labels`` optional; transformers' collators give a ``BatchEncoding``, a mapping but
+    not a dict) or a bare [B, T] tensor of token ids."""
     if isinstance(item, torch.Tensor):
         item = {"input_ids": item}
+    if isinstance(item, Mapping):
+        item = dict(item)
     if not isinstance(item, dict) or "input_ids" not in item:
         raise InputError(
             "the data loader yielded something that is not a batch",

@@ -26,6 +26,7 @@ from sapper.smoke import (
     init_health,
     measure,
     overfit,
+    padding,
     precision,
 )
 from sapper.smoke import rules as R
@@ -41,6 +42,7 @@ CheckFn = Callable[[SmokeContext], list[Finding]]
 #: name -> (check, the rule a crash of it is reported under), in run order.
 CHECKS: dict[str, tuple[CheckFn, Rule]] = {
     "overfit": (overfit.run, R.OVERFIT),
+    "padding": (padding.run, R.PADDING_IN_LABELS),
     "accumulation": (accumulation.run, R.ACCUMULATION),
     "checkpointing": (checkpointing.run, R.CHECKPOINTING),
     "precision": (precision.run, R.PRECISION_AGREEMENT),
