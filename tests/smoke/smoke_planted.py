@@ -42,6 +42,33 @@ class PerMicroBatchMean(DefaultTrainStep):
         return StepResult(loss=total, tokens=0)
 
 
+class TargetsFromInputIds(DefaultTrainStep):
+    """Builds its targets from input_ids (ignoring the labels' -100): padding is scored."""
+
+    def token_loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        shifted = logits[:, :-1].float()
+        return nn.functional.cross_entropy(
+            shifted.reshape(-1, shifted.shape[-1]),
+            batch["input_ids"][:, 1:].reshape(-1),
+            reduction="sum",
+        )
+
+
+class ZeroGradEachMicroBatch(DefaultTrainStep):
+    """Zeroes the gradients before every micro-batch's backward: only the last one counts."""
+
+    def token_loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        for p in self.model.parameters():
+            p.grad = None
+        return super().token_loss_sum(logits, batch)
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        self.model = model
+        return super().__call__(model, micro_batches, options)
+
+
 class NotShifted(DefaultTrainStep):
     """Scores the logits at position t against token t (the model sees it)."""
 
@@ -224,6 +251,38 @@ class TinyLM(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+class RunningCenter(nn.Module):
+    """Subtracts a running mean of its input that it updates on every call, in eval mode
+    too (a hand-written norm that forgot ``if self.training``)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x - self.mean
+        with torch.no_grad():
+            self.mean.mul_(0.5).add_(0.5 * x.detach().mean(dim=(0, 1)))
+        return out
+
+
+class StatefulLM(TinyLM):
+    def __init__(self) -> None:
+        super().__init__(dropout=0.0)
+        self.center = RunningCenter(32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        x = self.center(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def stateful_lm() -> nn.Module:
+    return StatefulLM()
 
 
 def tiny_lm() -> nn.Module:
