@@ -6,6 +6,7 @@ CLI can import them by ``module:name``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -79,6 +80,80 @@ class SharpenedLossInHalf(DefaultTrainStep):
         targets = batch["labels"][:, 1:]
         picked = log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return -(picked.float() * (targets != IGNORE_INDEX)).sum()
+
+
+# ---- steps that break the TrainStep contract ----------------------------------------------
+class ZeroesGradsItself(DefaultTrainStep):
+    """Starts with model.zero_grad(): the caller's accumulation is lost."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        model.zero_grad(set_to_none=True)
+        return super().__call__(model, micro_batches, options)
+
+
+class StepsTheOptimizer(DefaultTrainStep):
+    """Applies an SGD update inside the step (the caller's optimizer steps again)."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        res = super().__call__(model, micro_batches, options)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.sub_(1e-3 * p.grad)
+        return res
+
+
+class ForwardThroughModule(DefaultTrainStep):
+    """Unwraps DDP for the forward (model.module(...)): the all-reduce never happens."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        return super().__call__(getattr(model, "module", model), micro_batches, options)
+
+
+class NoSyncEveryMicroBatch(DefaultTrainStep):
+    """Runs every micro-batch under no_sync, the last one too."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        sync = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+        with sync:
+            inner = _HideNoSync(model)
+            return super().__call__(inner, micro_batches, options)
+
+
+class _HideNoSync(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return self.inner(*args, **kwargs)
+
+
+class ScaleNotReported(DefaultTrainStep):
+    """Multiplies the fp16 loss by the scale but reports grad_scale=1."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        res = super().__call__(model, micro_batches, options)
+        return StepResult(loss=res.loss, tokens=res.tokens, grad_scale=1.0)
+
+
+class IgnoresPrecision(DefaultTrainStep):
+    """Never opens autocast: bf16 and fp16 runs are fp32 runs."""
+
+    def __call__(
+        self, model: nn.Module, micro_batches: Sequence[Batch], options: StepOptions
+    ) -> StepResult:
+        return super().__call__(model, micro_batches, StepOptions())
 
 
 class NotShifted(DefaultTrainStep):

@@ -29,15 +29,15 @@ def test_shipped_example_passes_every_check_in_under_a_minute() -> None:
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert [c["check"] for c in payload["checks"]] == [
-        "overfit", "padding", "accumulation", "checkpointing", "precision", "data_parallel",
-        "init_health", "measure",
+        "contract", "overfit", "padding", "accumulation", "checkpointing", "precision",
+        "data_parallel", "init_health", "measure",
     ]
     assert {c["status"] for c in payload["checks"]} == {"pass"}
     codes = {f["code"] for f in payload["findings"]}
-    assert codes == {f"S{i:03d}" for i in range(1, 12)}
+    assert codes == {f"S{i:03d}" for i in range(1, 13)}
     keys = {"code", "severity", "message", "fix", "data"}
     assert all(keys <= set(f) for f in payload["findings"])
-    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 8, "failed": 0}
+    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 9, "failed": 0}
     assert elapsed < 60
 
 
@@ -83,6 +83,23 @@ def test_users_collator_with_padding_in_the_labels_exits_1() -> None:
     assert "S011" in res.output and "FAIL" in res.output and "masked_fill" in res.output
 
 
+def test_a_step_given_by_file_path() -> None:
+    steps = LLAMA_TOY.parent / "steps.py"
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "contract,accumulation",
+                 "--step", f"{steps}:HFLossStep", "-f", "json")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert [c["status"] for c in payload["checks"]] == ["pass", "pass"]
+
+
+def test_a_file_that_fails_to_import_is_an_input_error(tmp_path) -> None:
+    bad = tmp_path / "broken_model.py"
+    bad.write_text("raise RuntimeError('no GPU here')\n")
+    res = invoke("--factory", f"{bad}:build", "--checks", "overfit")
+    assert res.exit_code == 2, res.output
+    assert "RuntimeError: no GPU here" in res.output and "Traceback" not in res.output
+
+
 def test_non_finite_numbers_stay_valid_json() -> None:
     res = invoke("--factory", "smoke_planted:overflowing_lm", "--checks", "precision", "-f",
                  "json")
@@ -112,6 +129,10 @@ def test_token_file_as_data(tmp_path) -> None:
         (("--model", str(LLAMA_TOY), "--skip", "speed"), "unknown check"),
         (("--model", str(LLAMA_TOY), "--dtype", "fp8"), "unknown precision"),
         (("--factory", "nope"), "not a module:function"),
+        (("--factory", "missing/model.py:build"), "file not found"),
+        (("--factory", "smoke_planted:no_such_fn"), "has no attribute"),
+        (("--model", str(LLAMA_TOY), "--step", "tests/smoke/smoke_planted.py:Nope"),
+         "has no attribute"),
         (("--model", str(LLAMA_TOY), "--data", "x.csv"), "file not found"),
     ],
 )

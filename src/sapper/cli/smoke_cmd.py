@@ -54,7 +54,9 @@ def smoke(
     ] = None,
     factory: Annotated[
         str | None,
-        typer.Option("--factory", help="module:function returning your nn.Module.",
+        typer.Option("--factory", help="module:function (imported from the current "
+                     "directory or installed packages) or path/to/file.py:function returning "
+                     "your nn.Module.",
                      show_default=False),
     ] = None,
     data: Annotated[
@@ -66,12 +68,14 @@ def smoke(
     ] = "uint16",
     loader: Annotated[
         str | None,
-        typer.Option("--loader", help="module:function (rank, world_size) -> your batches.",
+        typer.Option("--loader", help="module:function or file.py:function; (rank, "
+                     "world_size) -> your batches.",
                      show_default=False),
     ] = None,
     step: Annotated[
         str | None,
-        typer.Option("--step", help="module:name of your TrainStep (a class or callable).",
+        typer.Option("--step", help="module:name or file.py:name of your TrainStep (a "
+                     "class or callable; docs/train-step.md).",
                      show_default=False),
     ] = None,
     checks: Annotated[

@@ -21,6 +21,7 @@ __all__ = [
     "PADDING_IN_LABELS",
     "PRECISION_AGREEMENT",
     "SMOKE_RULES",
+    "STEP_CONTRACT",
     "UNSHARDED_SAMPLER",
 ]
 
@@ -265,6 +266,32 @@ so the real EOS keeps its target.""",
     seed="§5.1 (7), §5.3",
 )
 
+STEP_CONTRACT = Rule(
+    code="S012",
+    name="train-step-contract-broken",
+    check="step",
+    severity=Severity.ERROR,
+    title="The training step breaks the TrainStep contract",
+    why="""\
+A hand-written training step is where the distributed and mixed-precision details live:
+whether gradients accumulate across micro-batches, whether the forward goes through the DDP
+wrapper (a forward through model.module is never all-reduced), whether the last
+micro-batch synchronises, whether the loss scale applied to the gradients is the one
+unscaled later, whether autocast is open. Each mistake trains without an error: on one
+rank's gradient, on the last micro-batch only, with a step 65536 times too large, or in
+fp32 at half the speed the plan assumed.""",
+    signs="""\
+Ranks whose weights drift apart; a loss that ignores the accumulation count; loss spikes on
+the first fp16 steps or a scaler that skips every step; a throughput well below the plan.""",
+    fix="""\
+Follow docs/train-step.md: zero gradients outside the step, call model(...) (the wrapper),
+backward once per micro-batch with all but the last under model.no_sync(), divide the loss
+by the target tokens of the whole step summed over ranks and multiply by the world size,
+open torch.autocast for the requested precision, and report the loss scale you multiplied
+by as StepResult.grad_scale.""",
+    seed="§4.1, §5.3",
+)
+
 SMOKE_RULES: tuple[Rule, ...] = tuple(
     register(r)
     for r in (
@@ -279,5 +306,6 @@ SMOKE_RULES: tuple[Rule, ...] = tuple(
         INIT_HEALTH,
         MEASURED_VS_ESTIMATE,
         PADDING_IN_LABELS,
+        STEP_CONTRACT,
     )
 )

@@ -22,6 +22,7 @@ from sapper.rules.model import Finding, Rule, Severity
 from sapper.smoke import (
     accumulation,
     checkpointing,
+    contract,
     data_parallel,
     init_health,
     measure,
@@ -41,6 +42,7 @@ CheckFn = Callable[[SmokeContext], list[Finding]]
 
 #: name -> (check, the rule a crash of it is reported under), in run order.
 CHECKS: dict[str, tuple[CheckFn, Rule]] = {
+    "contract": (contract.run, R.STEP_CONTRACT),
     "overfit": (overfit.run, R.OVERFIT),
     "padding": (padding.run, R.PADDING_IN_LABELS),
     "accumulation": (accumulation.run, R.ACCUMULATION),
