@@ -21,8 +21,14 @@ def test_default_step_keeps_every_clause(llama) -> None:
     assert s012.data["status"] == "pass", s012.message
     assert all(c["kept"] for c in s012.data["clauses"].values())
     assert set(s012.data["clauses"]) == {
-        "returns", "gradients", "no optimizer", "accumulates", "tokens", "grad_scale",
-        "precision", "wrapper",
+        "returns",
+        "gradients",
+        "no optimizer",
+        "accumulates",
+        "tokens",
+        "grad_scale",
+        "precision",
+        "wrapper",
     }
 
 

@@ -125,14 +125,10 @@ def _call(
         for h in handles:
             h.remove()
     changed = any(not torch.equal(before[n], p.detach()) for n, p in inner.named_parameters())
-    has_grad = any(
-        p.grad is not None and bool(p.grad.abs().sum() > 0) for p in inner.parameters()
-    )
+    has_grad = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in inner.parameters())
     scale = getattr(result, "grad_scale", 1.0)
     scale = scale if isinstance(scale, int | float) and scale > 0 else 1.0
-    return _Run(
-        result, collect_grads(inner, scale), changed, has_grad, torch.bfloat16 in dtypes
-    )
+    return _Run(result, collect_grads(inner, scale), changed, has_grad, torch.bfloat16 in dtypes)
 
 
 def _norm(grads: dict[str, torch.Tensor]) -> float:

@@ -37,9 +37,7 @@ def padded_positions(batch: Batch, pad_id: int | None) -> torch.Tensor:
     return torch.flip(torch.cumprod(torch.flip(is_pad.long(), [1]), dim=1), [1]).bool()
 
 
-def perturb_padded_labels(
-    batch: Batch, padded: torch.Tensor, vocab: int
-) -> tuple[Batch, int]:
+def perturb_padded_labels(batch: Batch, padded: torch.Tensor, vocab: int) -> tuple[Batch, int]:
     """A copy whose labels at padded positions that carry a target are another token id;
     the number changed."""
     labels = batch["labels"]
@@ -109,8 +107,9 @@ def run(ctx: SmokeContext) -> list[Finding]:
     loss_change = abs(loss_p - loss) / abs(loss) if loss else abs(loss_p - loss)
     if not math.isfinite(loss_change):
         loss_change = math.inf
-    numbers.update(loss=loss, loss_perturbed=loss_p, loss_rel_change=loss_change,
-                   grad_rel_err=cmp.rel_err)
+    numbers.update(
+        loss=loss, loss_perturbed=loss_p, loss_rel_change=loss_change, grad_rel_err=cmp.rel_err
+    )
     scored = loss_change > tol.fp32_rel_err or cmp.rel_err > tol.fp32_rel_err
     if scored:
         return [
