@@ -372,6 +372,22 @@ def stateful_lm() -> nn.Module:
     return StatefulLM()
 
 
+def hf_llama_lm() -> nn.Module:
+    """A user factory that builds a Hugging Face model in code (no config.json given)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+    )
+    return LlamaForCausalLM(config)
+
+
 def tiny_lm() -> nn.Module:
     return TinyLM()
 

@@ -54,7 +54,8 @@ def test_users_step_with_the_accumulation_bug_exits_1() -> None:
         "--step", "smoke_planted:PerMicroBatchMean",
     )
     assert res.exit_code == 1
-    assert "FAIL" in res.output and "averaged per micro-batch" in res.output
+    flat = " ".join(res.output.split())  # rich wraps long results at the console width
+    assert "FAIL" in flat and "averaged per micro-batch" in flat
     assert "num_items_in_batch" in res.output  # the fix is shown
 
 
@@ -165,3 +166,25 @@ def test_a_launch_config_names_the_model_to_scale(tmp_path) -> None:
     res = invoke("--config", str(hub))
     assert res.exit_code == 2
     assert "no local model config.json" in res.output and "--model" in res.output
+
+
+def test_piped_text_streams_each_check_and_shows_the_loaders_shapes() -> None:
+    """CliRunner's output is not a terminal: each check's row is printed as it finishes,
+    under one header line, and the header gives the shapes the loader chose."""
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "padding,accumulation",
+                 "--loader", "smoke_planted:sharded_loader", "--micro-batch", "7")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    head = " ".join(" ".join(lines[:3]).split())  # the header wraps at the console width
+    assert "micro-batches 4 × 22, 4 × 23 tokens (loader smoke_planted:sharded_loader)" in head
+    assert sum(line.startswith("check ") for line in lines) == 1
+    assert lines.index(next(x for x in lines if x.startswith("padding"))) < lines.index(
+        next(x for x in lines if x.startswith("accumulation"))
+    )
+
+
+def test_json_gives_the_batch_shapes() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "padding", "-f", "json",
+                 "--seq-len", "16", "--micro-batch", "3")
+    data = json.loads(res.stdout)["data"]
+    assert data == {"source": "synthetic tokens", "batch_shapes": [[3, 16], [3, 16]]}

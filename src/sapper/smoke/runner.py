@@ -36,7 +36,7 @@ from sapper.smoke.context import SmokeConfig, SmokeContext
 from sapper.smoke.step import DefaultTrainStep, TrainStep
 from sapper.smoke.toy import ModelFactory
 
-__all__ = ["CHECKS", "CheckOutcome", "SmokeReport", "run_smoke"]
+__all__ = ["CHECKS", "CheckOutcome", "SmokeObserver", "SmokeReport", "run_smoke"]
 
 CheckFn = Callable[[SmokeContext], list[Finding]]
 
@@ -75,6 +75,12 @@ class SmokeReport:
     vocab_size: int
     config: SmokeConfig
     outcomes: list[CheckOutcome] = field(default_factory=list)
+    #: Where the batches came from ("synthetic tokens", "loader mypkg:make", a file).
+    data: str = "synthetic tokens"
+    #: [sequences, tokens] of the first micro-batches the checks read, as the source gave
+    #: them (a loader decides its own shapes; --micro-batch/--seq-len only shape synthetic
+    #: tokens and token files).
+    batch_shapes: list[list[int]] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
@@ -117,6 +123,7 @@ class SmokeReport:
                 "dp_world_size": cfg.dp_world_size,
                 "tolerances": vars(cfg.tolerances),
             },
+            "data": {"source": self.data, "batch_shapes": self.batch_shapes},
             "checks": [
                 {
                     "check": o.name,
@@ -160,6 +167,29 @@ def _crashed(name: str, rule: Rule, exc: Exception) -> Finding:
     )
 
 
+class SmokeObserver:
+    """Told as the run goes, so a caller can stream results; every method is optional."""
+
+    def started(self, report: SmokeReport) -> None:
+        """The toy is built and the first batch read; no check has run yet."""
+
+    def check_started(self, name: str, index: int, total: int) -> None:
+        """Check ``name`` (``index`` of ``total``, from 1) begins."""
+
+    def check_done(self, outcome: CheckOutcome) -> None:
+        """A check finished with these findings."""
+
+
+def _describe(source: BatchSource | None) -> str:
+    if source is None:
+        return "synthetic tokens"
+    fn = getattr(source, "fn", None)
+    if fn is not None:
+        return f"loader {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+    path = getattr(source, "path", None)
+    return f"token file {path}" if path is not None else type(source).__name__
+
+
 def run_smoke(
     factory: ModelFactory,
     source: BatchSource | None = None,
@@ -167,11 +197,14 @@ def run_smoke(
     config: SmokeConfig | None = None,
     checks: Sequence[str] | None = None,
     threads: int | None = 1,
+    observer: SmokeObserver | None = None,
 ) -> SmokeReport:
     """Run the chosen checks (all by default) on the toy model and return the report.
 
     ``source`` defaults to synthetic variable-length tokens, ``step`` to
-    :class:`~sapper.smoke.step.DefaultTrainStep`."""
+    :class:`~sapper.smoke.step.DefaultTrainStep`; ``observer`` hears of each check as it
+    starts and ends."""
+    observer = observer or SmokeObserver()
     config = config or SmokeConfig()
     names = list(checks) if checks else list(CHECKS)
     unknown = [n for n in names if n not in CHECKS]
@@ -186,10 +219,19 @@ def run_smoke(
         torch.manual_seed(config.seed)
         ctx = SmokeContext.create(factory, source, step or DefaultTrainStep(), config)
         report = SmokeReport(
-            factory.description, list(factory.notes), ctx.num_params, ctx.vocab_size, config
+            factory.description,
+            list(factory.notes),
+            ctx.num_params,
+            ctx.vocab_size,
+            config,
+            data=_describe(source),
         )
-        for name in names:
+        first = ctx.batches(max(1, config.grad_accum))
+        report.batch_shapes = [list(b["input_ids"].shape) for b in first]
+        observer.started(report)
+        for i, name in enumerate(names, 1):
             fn, rule = CHECKS[name]
+            observer.check_started(name, i, len(names))
             torch.manual_seed(config.seed)
             start = time.perf_counter()
             try:
@@ -198,5 +240,7 @@ def run_smoke(
                 raise
             except Exception as exc:  # the user's model, data or step failed in this check
                 findings = [_crashed(name, rule, exc)]
-            report.outcomes.append(CheckOutcome(name, findings, time.perf_counter() - start))
+            outcome = CheckOutcome(name, findings, time.perf_counter() - start)
+            report.outcomes.append(outcome)
+            observer.check_done(outcome)
     return report
