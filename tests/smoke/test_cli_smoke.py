@@ -188,3 +188,11 @@ def test_json_gives_the_batch_shapes() -> None:
                  "--seq-len", "16", "--micro-batch", "3")
     data = json.loads(res.stdout)["data"]
     assert data == {"source": "synthetic tokens", "batch_shapes": [[3, 16], [3, 16]]}
+
+
+def test_token_ids_beyond_the_vocabulary_are_one_input_error() -> None:
+    res = invoke("--factory", "smoke_planted:tiny_lm", "--loader", "smoke_planted:sharded_loader")
+    assert res.exit_code == 2, res.output
+    assert "token ids span 0..509 but the model's vocabulary is 128" in " ".join(
+        res.output.split()
+    )

@@ -190,6 +190,21 @@ def _describe(source: BatchSource | None) -> str:
     return f"token file {path}" if path is not None else type(source).__name__
 
 
+def _check_token_ids(batches: list[dict[str, torch.Tensor]], vocab: int) -> None:
+    """Token ids outside the model's vocabulary fail every check with an IndexError deep in
+    the embedding; say it once, naming the numbers."""
+    ids = torch.cat([b["input_ids"].reshape(-1) for b in batches])
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        raise InputError(
+            f"the data's token ids span {low}..{high} but the model's vocabulary is {vocab}",
+            field="data",
+            value=high if high >= vocab else low,
+            expected=f"token ids in 0..{vocab - 1} (a model whose vocabulary covers the "
+            "data, or --vocab for a toy)",
+        )
+
+
 def run_smoke(
     factory: ModelFactory,
     source: BatchSource | None = None,
@@ -228,6 +243,7 @@ def run_smoke(
         )
         first = ctx.batches(max(1, config.grad_accum))
         report.batch_shapes = [list(b["input_ids"].shape) for b in first]
+        _check_token_ids(first, ctx.vocab_size)
         observer.started(report)
         for i, name in enumerate(names, 1):
             fn, rule = CHECKS[name]
