@@ -68,3 +68,14 @@ def test_spawned_ranks_rebuild_everything(llama) -> None:
         llama, source=LoaderFactory(sharded_loader), config=config, checks=["data_parallel"]
     )
     assert {f.code: f.data["status"] for f in report.findings} == {"S007": "pass", "S008": "pass"}
+
+
+def test_a_forward_around_ddp_is_not_all_reduced(llama) -> None:
+    """Real DDP confirms what the contract check (S012) infers from its wrapper."""
+    from smoke_planted import ForwardThroughModule
+
+    report = run_smoke(llama, step=ForwardThroughModule(), checks=["data_parallel"])
+    s007 = _by_code(report)["S007"]
+    assert s007.data["status"] == "fail"
+    assert s007.data["ranks_max_abs_diff"] > 0
+    assert "not all-reduced" in s007.message

@@ -199,6 +199,10 @@ def run(ctx: SmokeContext) -> list[Finding]:
     else:
         parts = [f"DP={world} update differs from one process's: rel err {cmp.rel_err:.2g}"]
         if spread:
-            parts.append(f"ranks disagree by up to {spread:.2g}")
+            parts.append(
+                f"ranks disagree by up to {spread:.2g}: their gradients were not all-reduced "
+                "(a forward through model.module, every micro-batch under no_sync, a "
+                "parameter outside DDP; the contract check, S012, names the clause)"
+            )
         message = "; ".join(parts)
     return [verdict(DATA_PARALLEL, passed, message, **numbers), run_epoch_check(ctx)]
