@@ -87,3 +87,18 @@ def _with_pad_id(factory: ModelFactory, pad: int) -> ModelFactory:
 
     config = dict(factory.hf_config or {}, pad_token_id=pad)
     return ModelFactory(functools.partial(build_hf_model, config), "llama toy, pad 0", config)
+
+
+def test_a_steps_own_negative_ignore_label_is_not_perturbed() -> None:
+    """A collator that marks padding with -1 for a step using ignore_index=-1 is correct:
+    negative labels are never changed into targets."""
+    from sapper.smoke.padding import perturb_padded_labels
+
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 0, 0]]),
+        "labels": torch.tensor([[5, 6, -1, 0]]),
+    }
+    out, changed = perturb_padded_labels(batch, padded_positions(batch, None), 8)
+    assert changed == 1
+    assert out["labels"].tolist() == [[5, 6, -1, 1]]

@@ -110,3 +110,21 @@ def test_unstable_samples_are_inconclusive_not_failed(llama, world: int) -> None
     assert s008.data["status"] == "warn"
     assert s008.data["reproducible"] is False
     assert "sharding not verified" in s008.message
+
+
+def _breaks_mid_epoch(rank: int, world_size: int):
+    for i, batch in enumerate(sharded_loader(rank, world_size)):
+        if i == 3:
+            raise OSError("shard file vanished")
+        yield batch
+
+
+def test_a_loader_that_fails_mid_epoch_is_reported_as_s008(llama) -> None:
+    from sapper.smoke.data_parallel import _epoch
+
+    ctx = SmokeContext.create(
+        llama, LoaderFactory(_breaks_mid_epoch), DefaultTrainStep(), SmokeConfig()
+    )
+    s008 = _epoch(ctx)
+    assert s008.code == "S008" and s008.data["status"] == "fail"
+    assert "OSError: shard file vanished" in s008.message

@@ -30,11 +30,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sapper.errors import SapperError
 from sapper.rules.model import Finding
 from sapper.smoke.batches import BatchSource, fingerprints, take
 from sapper.smoke.context import SmokeContext, verdict
 from sapper.smoke.grads import compare_grads
-from sapper.smoke.rules import DATA_PARALLEL
+from sapper.smoke.rules import DATA_PARALLEL, UNSHARDED_SAMPLER
 from sapper.smoke.sharding import run_epoch_check
 from sapper.smoke.step import StepOptions, TrainStep
 from sapper.smoke.toy import ModelFactory
@@ -163,7 +164,7 @@ def run(ctx: SmokeContext) -> list[Finding]:
         try:
             ranks = _spawn(ctx, folder, world, k)
         except Exception as exc:  # the user's step or model failed under DDP
-            return [_crashed(folder, world, exc), run_epoch_check(ctx)]
+            return [_crashed(folder, world, exc), _epoch(ctx)]
     batches = [b for r in ranks for b in r["batches"]]
     model = ctx.fresh_model(train=False)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -205,4 +206,20 @@ def run(ctx: SmokeContext) -> list[Finding]:
                 "parameter outside DDP; the contract check, S012, names the clause)"
             )
         message = "; ".join(parts)
-    return [verdict(DATA_PARALLEL, passed, message, **numbers), run_epoch_check(ctx)]
+    return [verdict(DATA_PARALLEL, passed, message, **numbers), _epoch(ctx)]
+
+
+def _epoch(ctx: SmokeContext) -> Finding:
+    """S008 over the epoch; a loader that fails part-way through it is S008's failure (the
+    DDP verdict above stands)."""
+    try:
+        return run_epoch_check(ctx)
+    except SapperError:
+        raise
+    except Exception as exc:  # the user's loader failed while reading a whole epoch
+        return verdict(
+            UNSHARDED_SAMPLER,
+            False,
+            f"reading a whole epoch of the data source failed: {type(exc).__name__}: {exc}",
+            crashed=True,
+        )

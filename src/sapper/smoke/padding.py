@@ -4,10 +4,11 @@ The other checks feed the step batches sapper pads itself, so a collator that se
 ``labels = input_ids`` without ``-100`` at padding passes them all. This check reads the
 data source's first micro-batches as they are and finds the padded positions:
 ``attention_mask == 0``, or, for a loader without a mask, the trailing run of the model's
-``pad_token_id`` in each row. Where a padded position carries a label (anything but
-``-100``), the label is changed to another token id and the step is run again on the same
-weights, fp32, dropout off: only those labels differ between the two runs, so any change
-of the loss or the gradients is the loss scoring padding. A step that masks padding by
+``pad_token_id`` in each row. Where a padded position carries a label (a token id: a
+negative label is an ignore marker, ``-100`` or a step's own), the label is changed to
+another token id and the step is run again on the same weights, fp32, dropout off: only
+those labels differ between the two runs, so any change of the loss or the gradients is
+the loss scoring padding. A step that masks padding by
 itself (from the attention mask) changes nothing and passes, with the count reported.
 """
 
@@ -18,7 +19,7 @@ import math
 import torch
 
 from sapper.rules.model import Finding
-from sapper.smoke.batches import IGNORE_INDEX, Batch
+from sapper.smoke.batches import Batch
 from sapper.smoke.context import SmokeContext, verdict
 from sapper.smoke.grads import collect_grads, compare_grads
 from sapper.smoke.rules import PADDING_IN_LABELS
@@ -38,12 +39,13 @@ def padded_positions(batch: Batch, pad_id: int | None) -> torch.Tensor:
 
 
 def perturb_padded_labels(batch: Batch, padded: torch.Tensor, vocab: int) -> tuple[Batch, int]:
-    """A copy whose labels at padded positions that carry a target are another token id;
-    the number changed."""
+    """A copy whose labels at padded positions that carry a target (a token id: any negative
+    label is some loss's ignore marker, -100 or a step's own -1) are another token id; the
+    number changed."""
     labels = batch["labels"]
-    scored = padded & (labels != IGNORE_INDEX)
+    scored = padded & (labels >= 0)
     new = labels.clone()
-    new[scored] = (labels[scored].clamp(min=0) + 1) % max(2, vocab)
+    new[scored] = (labels[scored] + 1) % max(2, vocab)
     return {**batch, "labels": new}, int(scored.sum())
 
 
@@ -97,7 +99,8 @@ def run(ctx: SmokeContext) -> list[Finding]:
                 PADDING_IN_LABELS,
                 True,
                 f"all {padded} padded positions ({how}) of the loader's first "
-                f"{len(batches)} micro-batch(es) are labelled -100",
+                f"{len(batches)} micro-batch(es) are labelled -100 (or another negative "
+                "ignore label)",
                 **numbers,
             )
         ]
@@ -117,7 +120,7 @@ def run(ctx: SmokeContext) -> list[Finding]:
                 PADDING_IN_LABELS,
                 False,
                 f"the loss scores padding: {changed} of {padded} padded positions ({how}) "
-                f"carry labels other than -100, and changing only those labels changes the "
+                f"carry token ids as labels, and changing only those labels changes the "
                 f"loss by {loss_change:.2g} (relative) and the gradients by rel err "
                 f"{cmp.rel_err:.2g}; the collator likely sets labels = input_ids without "
                 "masking padding",
