@@ -388,6 +388,13 @@ def hf_llama_lm() -> nn.Module:
     return LlamaForCausalLM(config)
 
 
+def partly_frozen_lm() -> nn.Module:
+    """A hand-written model whose position embedding is frozen (requires_grad=False)."""
+    model = TinyLM(dropout=0.0)
+    model.pos.weight.requires_grad_(False)
+    return model
+
+
 def tiny_lm() -> nn.Module:
     return TinyLM()
 

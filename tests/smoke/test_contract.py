@@ -32,6 +32,13 @@ def test_default_step_keeps_every_clause(llama) -> None:
     }
 
 
+def test_frozen_parameters_are_no_breach() -> None:
+    from sapper.smoke.toy import user_factory
+
+    s012 = _s012(user_factory(planted.partly_frozen_lm), DefaultTrainStep())
+    assert s012.data["status"] == "pass", s012.message
+
+
 @pytest.mark.parametrize(
     ("step", "clause", "words"),
     [

@@ -110,7 +110,8 @@ def _call(
     inner = getattr(model, "module", model)
     if preset is not None:
         for name, p in inner.named_parameters():
-            p.grad = preset[name].clone()
+            if name in preset:  # trainable parameters only (frozen ones never get a grad)
+                p.grad = preset[name].clone().to(p.device, p.dtype)
     before = {n: p.detach().clone() for n, p in inner.named_parameters()}
     dtypes: set[torch.dtype] = set()
 
@@ -181,7 +182,7 @@ def check_contract(ctx: SmokeContext) -> list[Clause]:
         return clauses
     preset = {n: torch.full_like(g, 0.5) for n, g in base.grads.items()}
     acc = _call(ctx, batches, StepOptions(), preset=preset)
-    added = {n: g - preset[n] / _scale(acc.result) for n, g in acc.grads.items()}
+    added = {n: g - preset[n] / _scale(acc.result) for n, g in acc.grads.items() if n in preset}
     err = compare_grads(added, base.grads).rel_err
     clauses.append(
         Clause(
