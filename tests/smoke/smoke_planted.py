@@ -190,6 +190,21 @@ class PerRankTokens(DefaultTrainStep):
         return local * world
 
 
+class NoWorldSizeFactor(DefaultTrainStep):
+    """Divides by the all-reduced token count but forgets that DDP averages the gradients."""
+
+    def count_tokens(self, micro_batches: Sequence[Batch], device: torch.device) -> int:
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        return super().count_tokens(micro_batches, device) * world
+
+
+class LocalTokenCount(DefaultTrainStep):
+    """Divides by this rank's own token count (no all-reduce), times the world size."""
+
+    def count_tokens(self, micro_batches: Sequence[Batch], device: torch.device) -> int:
+        return sum(target_tokens(b) for b in micro_batches)
+
+
 # ---- data: a dataset of variable-length sequences, loaded with and without a sampler ----
 def _dataset(n: int = 64, vocab: int = 512) -> list[torch.Tensor]:
     source = SyntheticTokens(vocab, 32, 1, seed=3)

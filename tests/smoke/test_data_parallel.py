@@ -4,7 +4,14 @@ step and sharded data; an unsharded loader and a per-rank loss normalisation are
 from __future__ import annotations
 
 import pytest
-from smoke_planted import FailsOnRankOne, PerRankTokens, sharded_loader, unsharded_loader
+from smoke_planted import (
+    FailsOnRankOne,
+    LocalTokenCount,
+    NoWorldSizeFactor,
+    PerRankTokens,
+    sharded_loader,
+    unsharded_loader,
+)
 
 from sapper.smoke.batches import LoaderFactory
 from sapper.smoke.context import SmokeConfig
@@ -49,6 +56,21 @@ def test_per_rank_loss_normalisation_is_caught(llama) -> None:
     s007 = _by_code(report)["S007"]
     assert s007.data["status"] == "fail"
     assert s007.value > 1e-3
+    assert s007.data["cause"] == "per-rank normalisation"
+
+
+@pytest.mark.parametrize(
+    ("step", "cause", "ratio"),
+    [
+        (NoWorldSizeFactor(), "no world-size factor", 0.5),
+        (LocalTokenCount(), "token count not all-reduced", 2.0),
+    ],
+)
+def test_the_size_of_the_update_names_the_normalisation(llama, step, cause, ratio) -> None:
+    s007 = _by_code(run_smoke(llama, step=step, checks=["data_parallel"]))["S007"]
+    assert s007.data["status"] == "fail"
+    assert s007.data["cause"] == cause, s007.message
+    assert abs(s007.data["norm_ratio"] / ratio - 1) < 0.25
 
 
 def test_a_rank_that_crashes_is_reported_not_hung(llama) -> None:

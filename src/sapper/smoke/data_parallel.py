@@ -181,10 +181,11 @@ def run(ctx: SmokeContext) -> list[Finding]:
         for r in ranks[1:]
         for n in ref
     )
-    numbers = dict(
+    numbers: dict[str, Any] = dict(
         value=cmp.rel_err,
         threshold=tol.fp32_rel_err,
         world_size=world,
+        norm_ratio=_norm_ratio(ranks[0]["updates"], ref),
         micro_batches_per_rank=k,
         cosine=cmp.cosine,
         ranks_max_abs_diff=spread,
@@ -205,8 +206,44 @@ def run(ctx: SmokeContext) -> list[Finding]:
                 "(a forward through model.module, every micro-batch under no_sync, a "
                 "parameter outside DDP; the contract check, S012, names the clause)"
             )
+        elif cmp.finite:
+            cause, text = _scale_cause(_norm_ratio(ranks[0]["updates"], ref), cmp.cosine, world)
+            numbers["cause"] = cause
+            parts.append(text)
         message = "; ".join(parts)
     return [verdict(DATA_PARALLEL, passed, message, **numbers), _epoch(ctx)]
+
+
+def _norm_ratio(test: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    """‖DDP update‖ / ‖one process's update‖."""
+    num = sum(float(test[n].double().pow(2).sum()) for n in ref)
+    den = sum(float(ref[n].double().pow(2).sum()) for n in ref)
+    return (num / den) ** 0.5 if den else float("inf")
+
+
+def _scale_cause(ratio: float, cosine: float, world: int) -> tuple[str, str]:
+    """Which normalisation the DDP update's size and direction point at. DDP averages the
+    ranks' gradients, so a loss not multiplied by the world size gives 1/world of the
+    update in the same direction; a token count that is only the rank's own (not
+    all-reduced) gives about world times it (tilted by the uneven counts); a per-rank mean
+    of the right size tilts the direction only."""
+    aligned = cosine > 0.999
+    if aligned and abs(ratio * world - 1.0) < 0.1:
+        return "no world-size factor", (
+            f"the update is 1/{world} of one process's in the same direction (×{ratio:.3g}): "
+            f"DDP averages gradients over ranks, so the loss must be multiplied by the world "
+            f"size ({world})"
+        )
+    if abs(ratio / world - 1.0) < 0.25:  # the per-rank counts also tilt it a little
+        return "token count not all-reduced", (
+            f"the update is about {world}× one process's (×{ratio:.3g}): each rank divides by "
+            "its own target tokens, not the count all-reduced over ranks"
+        )
+    return "per-rank normalisation", (
+        f"the update points elsewhere (cosine {cosine:.4g}, ×{ratio:.3g} in size): the loss "
+        "is normalised per rank, so with uneven token counts the ranks' tokens weigh "
+        "differently; divide by the token count summed over all ranks"
+    )
 
 
 def _epoch(ctx: SmokeContext) -> Finding:
