@@ -16,8 +16,9 @@ one process's epoch (``world_size=1``) as a multiset of sample fingerprints:
 A source that does not end within ``epoch_max_batches`` micro-batches per rank (a stream,
 or sapper's synthetic tokens) is compared over that many micro-batches per rank against
 the same number of samples of one process's stream. A source whose one-process epoch
-differs between two reads (random crops, masking drawn in the collator) has no stable
-sample identity; the counts are then reported as inconclusive.
+differs between two reads (its first micro-batches are read twice: random crops, masking
+drawn in the collator) has no stable sample identity; the counts are then reported as
+inconclusive.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from sapper.smoke.context import SmokeContext, verdict
 from sapper.smoke.rules import UNSHARDED_SAMPLER
 
 __all__ = ["EpochCoverage", "epoch_coverage", "run_epoch_check"]
+
+#: Micro-batches read a second time to see whether samples keep their identity.
+_REREAD_BATCHES = 8
 
 
 @dataclass
@@ -97,18 +101,18 @@ def epoch_coverage(
     per_rank = [_read(source, r, world, cap) for r in range(world)]
     ranks_fps = [fps for fps, _, _ in per_rank]
     single, _, single_done = _read(source, 0, 1, cap * world + world)
-    again, _, _ = _read(source, 0, 1, cap * world + world)
+    # sample identity: the first micro-batches of a second read must be the same samples
+    again, _, _ = _read(source, 0, 1, _REREAD_BATCHES)
     complete = single_done and all(done for _, _, done in per_rank)
     if not complete:  # a stream: compare against as many of one process's samples
         single = single[: sum(len(f) for f in ranks_fps)]
-        again = again[: len(single)]
     cov = EpochCoverage(
         world_size=world,
         complete=complete,
         batches_per_rank=[n for _, n, _ in per_rank],
         samples_per_rank=[len(f) for f in ranks_fps],
         single_samples=len(single),
-        reproducible=single == again,
+        reproducible=single[: len(again)] == again[: len(single)],
         dataset_size=dataset_size,
     )
     sizes = [len(f) // n for f, n, _ in per_rank if n]
