@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -95,7 +95,6 @@ class _Run:
     weights_changed: bool
     has_grad: bool
     bf16_outputs: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _call(
@@ -107,7 +106,7 @@ def _call(
     model: nn.Module | None = None,
 ) -> _Run:
     model = model if model is not None else ctx.fresh_model(train=False)
-    inner = getattr(model, "module", model)
+    inner = model.module if isinstance(model, DDPLike) else model
     if preset is not None:
         for name, p in inner.named_parameters():
             if name in preset:  # trainable parameters only (frozen ones never get a grad)
@@ -127,9 +126,8 @@ def _call(
             h.remove()
     changed = any(not torch.equal(before[n], p.detach()) for n, p in inner.named_parameters())
     has_grad = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in inner.parameters())
-    scale = getattr(result, "grad_scale", 1.0)
-    scale = scale if isinstance(scale, int | float) and scale > 0 else 1.0
-    return _Run(result, collect_grads(inner, scale), changed, has_grad, torch.bfloat16 in dtypes)
+    grads = collect_grads(inner, _scale(result))
+    return _Run(result, grads, changed, has_grad, torch.bfloat16 in dtypes)
 
 
 def _norm(grads: dict[str, torch.Tensor]) -> float:
