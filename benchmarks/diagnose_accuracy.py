@@ -19,8 +19,12 @@ Scored per method:
 
     python benchmarks/diagnose_accuracy.py [--json]
 
-Targets (tests/diagnose/test_accuracy.py): top-1 ≥ 90 %, no false alarm, no confident
-wrong answer, onset within 5 % of the run length.
+Each is reported for the planted faults, the public logs and all cases. Targets
+(tests/diagnose/test_accuracy.py): on every case no false alarm, no confident wrong
+answer, the onset within 5 % of the run's length; top-1 ≥ 90 % on the planted faults,
+whose logs hold the evidence by construction; on the public logs, better than the
+baseline. Public logs whose documented cause their few lines cannot show (a LoRA spike
+the maintainer blamed on the LR, a 3-line fp16 NaN) are kept in, and scored as misses.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class Answer:
 
 @dataclass
 class Case:
+    #: "planted" (a fault run written by make_fault_runs.py) or "public" (a real log).
+    group: str
     logs: list[str]
     expect: str
     onset: int | None
@@ -121,7 +127,8 @@ def run_cases(labels: Path = LABELS) -> list[Case]:
         args = [str(a) for a in item.get("args", [])]
         diagnosed = _invoke(runner, "diagnose", paths, args)
         analyzed = _invoke(runner, "analyze", paths, args)
-        cases.append(Case(item["logs"], item["expect"], item.get("onset"), item["source"],
+        group = "planted" if item["logs"][0].startswith("diagnose/") else "public"
+        cases.append(Case(group, item["logs"], item["expect"], item.get("onset"), item["source"],
                           _length(analyzed), _sapper_answer(diagnosed),
                           _baseline_answer(analyzed)))
     return cases
@@ -175,23 +182,27 @@ def score(cases: list[Case], method: str) -> Score:
     return s
 
 
-def _row(name: str, s: Score) -> str:
+def _row(name: str, group: str, s: Score) -> str:
     conf = [p for p, _ in s.confidences]
     calib = (
         f"{sum(conf) / len(conf):.2f} / {sum(r for _, r in s.confidences) / len(conf):.2f}"
         if conf else "-"
     )
-    return (f"| {name} | {s.top1}/{s.named} ({s.top1_rate:.0%}) | {s.worst_onset:.1%} | "
+    return (f"| {name} | {group} | {s.top1}/{s.named} ({s.top1_rate:.0%}) | {s.worst_onset:.1%} | "
             f"{s.false_alarms}/{s.healthy} | {s.confident_wrong} | {calib} |")
 
 
 def table(cases: list[Case]) -> str:
     lines = [
-        "| method | top-1 (named causes) | worst onset error | false alarms (healthy) "
+        "| method | cases | top-1 (named causes) | worst onset error | false alarms (healthy) "
         "| confident wrong | mean confidence / accuracy |",
-        "|---|---|---|---|---|---|",
-        _row("sapper diagnose", score(cases, "sapper")),
-        _row("first error of analyze", score(cases, "baseline")),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, name in (("sapper", "sapper diagnose"), ("baseline", "first error of analyze")):
+        for group in ("planted", "public", "all"):
+            chosen = [c for c in cases if group in ("all", c.group)]
+            lines.append(_row(name, group, score(chosen, method)))
+    lines += [
         "",
         "| case | expected | diagnose | baseline |",
         "|---|---|---|---|",

@@ -185,3 +185,15 @@ def test_the_monitors_precision_decides_which_mechanics_are_in_play(
     assert doc["summary"]["precision"] == precision
     offered = {c["cause"] for c in [*doc["causes"], *doc["considered"]]}
     assert ("fp16-overflow" in offered) == (precision == "fp16")
+
+
+def test_a_field_the_config_never_set_is_no_evidence() -> None:
+    """Only --dtype given: clipping is unknown, not off (the HF Trainer clips at 1.0 by
+    default), so "clipping is not set" does not point at no-clipping."""
+    log = REAL / "hf_console" / "llamafactory-4202-glm4-fp16-v100-nan.txt"
+    _, doc = diagnose(str(log), "--dtype", "fp16")
+    ranked = [*doc["causes"], *doc["considered"], *doc["causes"][0].get("candidates", [])]
+    assert "no-clipping" not in {c["cause"] for c in ranked}
+    _, doc = diagnose(str(log), "--dtype", "fp16", "--max-norm", "0")  # stated: off
+    ranked = [*doc["causes"], *doc["considered"], *doc["causes"][0].get("candidates", [])]
+    assert "no-clipping" in {c["cause"] for c in ranked}

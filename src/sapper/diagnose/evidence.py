@@ -106,12 +106,35 @@ class ConfigEvidence:
     source: str
 
 
+def _declared(plan: Any, path: str) -> bool | None:
+    """Whether the config set the plan field ``path`` (``clipping.max_norm``); ``None``
+    when ``path`` is not a plan field."""
+    node = plan
+    for part in path.split("."):
+        fields = getattr(node, "model_fields_set", None)
+        if fields is None or part not in type(node).model_fields:
+            return None
+        if part not in fields:
+            return False
+        node = getattr(node, part)
+    return True
+
+
 def config_evidence(report: CheckReport, codes: list[str]) -> ConfigEvidence:
-    """``report`` of ``sapper check`` over ``codes`` (every plan rule's code)."""
+    """``report`` of ``sapper check`` over ``codes`` (every plan rule's code). A finding
+    about a field the config never set ("clipping is not set" when only ``--dtype`` was
+    given) is what the config does not say, not evidence of what the run did: left out,
+    and its code counts as not evaluated."""
     source = ", ".join(report.sources) or "the config"
     unverified = {c for u in report.unverified for c in u.codes}
+    stated = []
+    for f in report.findings:
+        if f.source and _declared(report.plan, f.source) is False:
+            unverified.add(f.code)
+        else:
+            stated.append(f)
     return ConfigEvidence(
-        findings=_first_per_code(report.findings, source, CONFIG),
+        findings=_first_per_code(stated, source, CONFIG),
         evaluated=frozenset(codes) - unverified,
         source=source,
     )
