@@ -21,4 +21,5 @@ def test_no_norm_at_all_says_the_log_has_none() -> None:
     det = GradNormDetector()
     for s in range(5):
         det.update(StepRecord(step=s, loss=1.0))
-    assert det.unevaluated() == ["R010-R013 gradient norm: not evaluated — the log has no grad_norm"]
+    (line,) = det.unevaluated()
+    assert line == "R010-R013 gradient norm: not evaluated — the log has no grad_norm"
