@@ -1,0 +1,221 @@
+"""safetensors files read tensor by tensor through ``safe_open`` (memory-mapped).
+
+The header is validated here first, against the file's real size (the length prefix,
+the JSON, every dtype, shape and offset range), so a truncated file or a header that
+lies becomes one :class:`~sapper.errors.InputError` line rather than a library error or
+a read past the end. Large tensors are sliced along their leading dimensions so at most
+:data:`~sapper.checkpoint.stats.CHUNK_ELEMENTS` elements are copied at once, and the file
+is re-opened after every :data:`REMAP_BYTES` read: pages touched through the mapping count
+as the process's resident memory until it is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sapper.checkpoint.stats import CHUNK_ELEMENTS
+from sapper.errors import InputError
+
+__all__ = ["MAX_HEADER_BYTES", "REMAP_BYTES", "SafetensorsFile", "TensorEntry", "read_header"]
+
+#: A header larger than this is refused; the largest real ones (100k tensors) are ~10 MB.
+MAX_HEADER_BYTES = 32 << 20
+#: Bytes read through one mapping before it is closed and re-opened.
+REMAP_BYTES = 128 << 20
+
+ITEMSIZE = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+    "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def _bad(path: Path, problem: str, **kw: Any) -> InputError:
+    return InputError(problem, file=str(path), **kw)
+
+
+def read_header(path: Path) -> tuple[list[TensorEntry], dict[str, str]]:
+    """The tensors a safetensors file declares, each checked against the file's size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise _bad(
+                    path,
+                    "truncated safetensors file: no 8-byte header length",
+                    value=len(prefix),
+                    expected="at least 8 bytes",
+                )
+            length = int.from_bytes(prefix, "little")
+            if length > MAX_HEADER_BYTES:
+                raise _bad(
+                    path,
+                    "safetensors header too large",
+                    field="header length",
+                    value=length,
+                    expected=f"at most {MAX_HEADER_BYTES} bytes",
+                )
+            if 8 + length > size:
+                raise _bad(
+                    path,
+                    "safetensors header runs past the end of the file",
+                    field="header length",
+                    value=length,
+                    expected=f"at most {max(size - 8, 0)} (the file is {size} bytes)",
+                )
+            raw = fh.read(length)
+    except OSError as exc:
+        raise _bad(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise _bad(path, "safetensors header is not JSON", field="header") from None
+    if not isinstance(header, dict):
+        raise _bad(
+            path,
+            "safetensors header is not a JSON object",
+            field="header",
+            value=type(header).__name__,
+        )
+    data_size = size - 8 - length
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        metadata = {}
+    entries = [_entry(path, name, info, data_size) for name, info in header.items()]
+    entries.sort(key=lambda e: e.start)
+    return entries, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _entry(path: Path, name: str, info: Any, data_size: int) -> TensorEntry:
+    if not isinstance(info, dict):
+        raise _bad(path, "tensor entry is not an object", field=name, value=info)
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in ITEMSIZE:
+        raise _bad(
+            path, "unknown dtype", field=f"{name}.dtype", value=dtype, expected=", ".join(ITEMSIZE)
+        )
+    if not (
+        isinstance(shape, list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in shape)
+    ):
+        raise _bad(
+            path,
+            "bad shape",
+            field=f"{name}.shape",
+            value=shape,
+            expected="a list of non-negative integers",
+        )
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
+        raise _bad(
+            path,
+            "bad data_offsets",
+            field=f"{name}.data_offsets",
+            value=offsets,
+            expected="[start, end]",
+        )
+    start, end = offsets
+    if not 0 <= start <= end <= data_size:
+        raise _bad(
+            path,
+            "tensor data lies outside the file (truncated, or the header lies)",
+            field=f"{name}.data_offsets",
+            value=offsets,
+            expected=f"within the {data_size} data bytes",
+        )
+    want = math.prod(shape) * ITEMSIZE[dtype]
+    if end - start != want:
+        raise _bad(
+            path,
+            "tensor byte size does not match its shape and dtype",
+            field=f"{name}.data_offsets",
+            value=end - start,
+            expected=f"{want} bytes for {dtype} {shape}",
+        )
+    return TensorEntry(name, dtype, tuple(shape), start, end)
+
+
+class SafetensorsFile:
+    """One safetensors file: its validated entries and a reader of their chunks."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries, self.metadata = read_header(path)
+        self._handle: Any = None
+        self._read_since_open = 0
+
+    def _open(self) -> Any:
+        from safetensors import SafetensorError, safe_open
+
+        if self._handle is None or self._read_since_open > REMAP_BYTES:
+            self._handle = None
+            try:
+                self._handle = safe_open(str(self.path), framework="pt")
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise _bad(self.path, f"safetensors cannot open it: {exc}") from None
+            self._read_since_open = 0
+        return self._handle
+
+    def close(self) -> None:
+        self._handle = None
+
+    def chunks(self, entry: TensorEntry) -> Iterator[torch.Tensor]:
+        """The tensor's values in row-major pieces of at most CHUNK_ELEMENTS elements."""
+        numel = math.prod(entry.shape)
+        if numel == 0:
+            return
+        handle = self._open()
+        self._read_since_open += entry.nbytes
+        try:
+            if numel <= CHUNK_ELEMENTS or not entry.shape:
+                yield handle.get_tensor(entry.name)
+                return
+            part = handle.get_slice(entry.name)
+            for index in _slices(entry.shape, CHUNK_ELEMENTS):
+                yield part[index]
+        except InputError:
+            raise
+        except Exception as exc:  # the Rust reader's errors are not one class
+            raise _bad(self.path, f"cannot read tensor: {exc}", field=entry.name) from None
+
+    def tensor(self, entry: TensorEntry) -> torch.Tensor:
+        """The whole tensor (for small state: a step counter, a scale)."""
+        handle = self._open()
+        return handle.get_tensor(entry.name)
+
+
+def _slices(shape: tuple[int, ...], budget: int) -> Iterator[tuple[slice, ...]]:
+    """Index tuples covering ``shape`` in row-major order, each at most ``budget``
+    elements: whole trailing dimensions, a run of one dimension, single leading indices."""
+    inner = math.prod(shape[1:])
+    if inner <= budget or len(shape) == 1:
+        step = max(1, budget // max(inner, 1))
+        for start in range(0, shape[0], step):
+            yield (slice(start, min(start + step, shape[0])),)
+        return
+    for i in range(shape[0]):
+        for rest in _slices(shape[1:], budget):
+            yield (slice(i, i + 1), *rest)
