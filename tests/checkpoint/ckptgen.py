@@ -51,8 +51,9 @@ class Markov(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def hf_trainer_checkpoints(out: Path, steps: int = 4, save_steps: int = 2,
-                           tied: bool = False) -> list[Path]:
+def hf_trainer_checkpoints(
+    out: Path, steps: int = 4, save_steps: int = 2, tied: bool = False
+) -> list[Path]:
     """The checkpoint-N folders of a real HF Trainer run on CPU."""
     torch.set_num_threads(1)
     model = llama(tied=tied)

@@ -8,6 +8,7 @@ torch Distributed Checkpoint (one tensor at a time through its ``FileSystemReade
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +149,9 @@ class DcpSource(TensorSource):
         m = self._meta[key]
         target = {key: torch.empty(tuple(m.size), dtype=m.properties.dtype)}
         try:
-            dcp.load(target, storage_reader=self._reader, no_dist=True)
+            with warnings.catch_warnings():  # "assuming ... a single process": intended
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(target, storage_reader=self._reader, no_dist=True)
         except Exception as exc:  # a missing or truncated .distcp shard
             raise InputError(
                 f"cannot read tensor: {type(exc).__name__}: {str(exc)[:200]}",
