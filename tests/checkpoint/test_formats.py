@@ -27,7 +27,7 @@ def test_safetensors_single_file_stats_match_torch(tmp_path: Path) -> None:
     assert set(stats) == set(sd)
     for key, t in sd.items():
         assert stats[key].abs_max == pytest.approx(float(t.abs().max()))
-        assert stats[key].rms == pytest.approx(float(t.double().pow(2).mean().sqrt()), rel=1e-6)
+        assert stats[key].rms == pytest.approx(float(t.double().pow(2).mean().sqrt()), rel=1e-5)
 
 
 def test_sharded_safetensors_from_save_pretrained(tmp_path: Path) -> None:
@@ -46,6 +46,7 @@ def test_large_tensor_is_reduced_in_chunks(tmp_path: Path, monkeypatch) -> None:
     import sapper.checkpoint.safefile as safefile
 
     monkeypatch.setattr(safefile, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(safefile, "REMAP_BYTES", 5000)  # re-mapped inside each tensor
     t = torch.randn(70, 33)
     t[51, 7] = float("nan")
     big = torch.randn(3, 2500)  # rows larger than a chunk: sliced inside each row

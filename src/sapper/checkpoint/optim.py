@@ -25,6 +25,7 @@ import torch
 
 from sapper.checkpoint.checks import nonfinite_finding
 from sapper.checkpoint.naming import parse_name
+from sapper.checkpoint.pages import drop_pages
 from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW
 from sapper.checkpoint.scan import OptimizerState, Scan, number
 from sapper.checkpoint.stats import StatsAccumulator, TensorStats, flat_chunks
@@ -144,7 +145,7 @@ def _module_order(config: dict[str, Any]) -> list[str] | None:
 
 
 def _update_stats(
-    entry: dict[str, Any], group: dict[str, Any], key: str, file: str
+    entry: dict[str, Any], group: dict[str, Any], key: str, file: str, mapped: bool
 ) -> tuple[ParamUpdate, TensorStats, TensorStats]:
     m, v = entry["exp_avg"], entry["exp_avg_sq"]
     step = number(entry.get("step"))
@@ -176,6 +177,9 @@ def _update_stats(
             ratio_max = max(ratio_max, float(ratio.max()))
             ratio_sq += float(torch.sum(ratio.double() ** 2))
             count += int(ok.sum())
+        if mapped:  # memory-mapped moments: give their pages back as they are reduced
+            drop_pages(mc)
+            drop_pages(vc)
     lr = number(group.get("lr"))
     upd = ParamUpdate(
         index=None,
@@ -214,7 +218,8 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
                 continue
             if entry["exp_avg"].shape != entry["exp_avg_sq"].shape:
                 continue
-            upd, ms, vs = _update_stats(entry, group_of.get(index, {}), label, opt.file)
+            upd, ms, vs = _update_stats(entry, group_of.get(index, {}), label, opt.file, opt.mapped)
+
             upd.index = index
             updates.append(upd)
             moment_stats += [ms, vs]

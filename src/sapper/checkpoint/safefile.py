@@ -183,19 +183,27 @@ class SafetensorsFile:
         self._handle = None
 
     def chunks(self, entry: TensorEntry) -> Iterator[torch.Tensor]:
-        """The tensor's values in row-major pieces of at most CHUNK_ELEMENTS elements."""
+        """The tensor's values in row-major pieces of at most CHUNK_ELEMENTS elements; the
+        mapping is renewed inside a large tensor too, so the pages it keeps resident stay
+        near REMAP_BYTES whatever the tensor's size."""
         numel = math.prod(entry.shape)
         if numel == 0:
             return
-        handle = self._open()
-        self._read_since_open += entry.nbytes
         try:
             if numel <= CHUNK_ELEMENTS or not entry.shape:
+                handle = self._open()
+                self._read_since_open += entry.nbytes
                 yield handle.get_tensor(entry.name)
                 return
-            part = handle.get_slice(entry.name)
+            per_element = entry.nbytes // numel
+            part, opened = None, None
             for index in _slices(entry.shape, CHUNK_ELEMENTS):
-                yield part[index]
+                handle = self._open()
+                if handle is not opened:
+                    part, opened = handle.get_slice(entry.name), handle
+                piece = part[index]
+                self._read_since_open += piece.numel() * per_element
+                yield piece
         except InputError:
             raise
         except Exception as exc:  # the Rust reader's errors are not one class

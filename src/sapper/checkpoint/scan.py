@@ -18,7 +18,7 @@ import torch
 
 from sapper.checkpoint.layout import Layout, detect, read_json
 from sapper.checkpoint.source import DcpSource, SafetensorsSource, TensorSource, TorchSource
-from sapper.checkpoint.torchfile import iter_tensors, load_torch_file
+from sapper.checkpoint.torchfile import iter_tensors, load_torch_file, mapped
 from sapper.errors import InputError
 
 __all__ = ["OptimizerState", "Scan", "load_scan", "number"]
@@ -36,6 +36,8 @@ class OptimizerState:
     state: dict[Any, dict[str, Any]]
     param_groups: list[dict[str, Any]]
     file: str
+    #: Loaded with ``mmap=True`` (its tensors' pages may be dropped after reading).
+    mapped: bool = False
 
 
 @dataclass
@@ -92,7 +94,12 @@ def _tensor_dict(obj: Any) -> bool:
 
 def _optimizers(obj: Any, file: str) -> list[OptimizerState]:
     items = obj if isinstance(obj, list) else [obj]
-    return [OptimizerState(o["state"], o["param_groups"], file) for o in items if _is_optimizer(o)]
+    is_mapped = mapped(Path(file))
+    return [
+        OptimizerState(o["state"], o["param_groups"], file, is_mapped)
+        for o in items
+        if _is_optimizer(o)
+    ]
 
 
 def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torch.Tensor]:
@@ -141,9 +148,8 @@ def _weights_source(layout: Layout, scan_kw: dict[str, Any]) -> tuple[TensorSour
         merged: dict[str, torch.Tensor] = {}
         for path in layout.weights:
             merged.update(_split_torch(scan_kw, load_torch_file(path), str(path)))
-        return TorchSource(merged, ", ".join(str(p) for p in layout.weights)), str(
-            layout.weights[0]
-        )
+        files = ", ".join(str(p) for p in layout.weights)
+        return TorchSource(merged, files, all(mapped(p) for p in layout.weights)), files
     if layout.dcp is not None:
         return DcpSource(layout.dcp), str(layout.dcp)
     return TorchSource({}, str(layout.path)), str(layout.path)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from sapper.checkpoint.pages import drop_pages
 from sapper.checkpoint.safefile import SafetensorsFile, TensorEntry
 from sapper.checkpoint.stats import TensorStats, flat_chunks, stats_of
 from sapper.errors import InputError
@@ -92,9 +93,11 @@ class SafetensorsSource(TensorSource):
 class TorchSource(TensorSource):
     """Tensors of a loaded torch state dict (memory-mapped storages, paged on read)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], file: str) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], file: str, mapped: bool = False) -> None:
         self._tensors = tensors
         self._file = file
+        #: Loaded with ``mmap=True``: each tensor's pages are dropped once it is read.
+        self._mapped = mapped
 
     def keys(self) -> list[str]:
         return list(self._tensors)
@@ -104,7 +107,10 @@ class TorchSource(TensorSource):
         return TensorInfo(str(t.dtype).removeprefix("torch."), tuple(t.shape), self._file)
 
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
-        return flat_chunks(self._tensors[key])
+        for piece in flat_chunks(self._tensors[key]):
+            yield piece
+            if self._mapped:
+                drop_pages(piece)
 
     def tensor(self, key: str) -> torch.Tensor:
         return self._tensors[key]

@@ -22,8 +22,10 @@ __all__ = [
     "stats_of",
 ]
 
-#: Elements reduced at once: 4M fp32 temporaries are 16 MB each.
-CHUNK_ELEMENTS = 1 << 22
+#: Elements reduced at once: 1M fp32 temporaries are 4 MB each, so the few passes over a
+#: chunk (dot, aminmax, two counts) find it in cache (4M-element chunks measured ~1.7x
+#: slower on a 1 GB file).
+CHUNK_ELEMENTS = 1 << 20
 
 #: dtypes whose largest finite value a trained tensor can plausibly reach (clamped on
 #: overflow); fp32/fp64 saturation is not a failure mode seen in practice.
@@ -115,18 +117,47 @@ class StatsAccumulator:
         if x.dtype == torch.bool:
             x = x.to(torch.uint8)
         if not (x.is_floating_point() or x.is_complex()):
-            s.floating = False
-            s.zeros += int((x == 0).sum())
-            wide = x.to(torch.float64)
-            s.abs_max = max(s.abs_max, float(wide.abs().max()))
-            s.sum_sq += float((wide * wide).sum())
-            s.finite_min = min(s.finite_min, float(wide.min()))
-            s.finite_max = max(s.finite_max, float(wide.max()))
+            self._integers(x)
             return
         if x.is_complex():
             x = torch.view_as_real(x).reshape(-1)
+        work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+        sum_sq = float(torch.dot(work, work))
+        if math.isfinite(sum_sq):
+            self._finite(x, work, sum_sq)
+        else:  # a NaN/Inf in the chunk, or squares past the float range: the careful path
+            self._careful(x, work, offset)
+
+    def _integers(self, x: torch.Tensor) -> None:
+        s = self.stats
+        s.floating = False
+        s.zeros += x.numel() - int(torch.count_nonzero(x))
+        wide = x.to(torch.float64)
+        lo, hi = torch.aminmax(wide)
+        s.abs_max = max(s.abs_max, float(-lo), float(hi))
+        s.sum_sq += float(torch.dot(wide, wide))
+        s.finite_min = min(s.finite_min, float(lo))
+        s.finite_max = max(s.finite_max, float(hi))
+
+    def _finite(self, x: torch.Tensor, work: torch.Tensor, sum_sq: float) -> None:
+        """Every value finite: four fused passes (dot, aminmax, two count_nonzero)."""
+        s = self.stats
+        s.sum_sq += sum_sq
+        lo, hi = (float(v) for v in torch.aminmax(work))
+        s.finite_min = min(s.finite_min, lo)
+        s.finite_max = max(s.finite_max, hi)
+        top = max(-lo, hi)
+        s.abs_max = max(s.abs_max, top)
+        zeros, subnormal = _zeros_and_subnormals(x)
+        s.zeros += zeros
+        s.subnormal += subnormal
+        if x.dtype in _SATURABLE and top >= torch.finfo(x.dtype).max:
+            s.saturated += int((work.abs() >= torch.finfo(x.dtype).max).sum())
+
+    def _careful(self, x: torch.Tensor, work: torch.Tensor, offset: int) -> None:
+        s = self.stats
+        n = x.numel()
         native = x.dtype
-        work = x if native == torch.float64 else x.to(torch.float32)
         finite = torch.isfinite(work)
         n_finite = int(finite.sum())
         if n_finite < n:
@@ -142,11 +173,7 @@ class StatsAccumulator:
         s.zeros += int((work == 0).sum()) - (n - n_finite)
         if n_finite:
             s.abs_max = max(s.abs_max, float(mag.max()))
-            s.sum_sq += float(
-                torch.sum(mag.double() ** 2)
-                if native == torch.float64
-                else torch.sum(mag * mag, dtype=torch.float64)
-            )
+            s.sum_sq += float(torch.dot(mag.double(), mag.double()))
             lo = torch.where(finite, work, torch.full((), math.inf, dtype=work.dtype)).min()
             hi = torch.where(finite, work, torch.full((), -math.inf, dtype=work.dtype)).max()
             s.finite_min = min(s.finite_min, float(lo))
@@ -155,6 +182,34 @@ class StatsAccumulator:
         if native in _SATURABLE:
             s.saturated += int((mag >= info.max).sum())
         s.subnormal += int(((mag > 0) & (mag < info.tiny)).sum())
+
+
+#: (integer view, exponent mask) of the dtypes whose subnormals are counted from the bits:
+#: a non-zero value with an all-zero exponent is subnormal.
+_EXPONENT = {
+    torch.float32: (torch.int32, 0x7F800000),
+    torch.float64: (torch.int64, 0x7FF0000000000000),
+    torch.float16: (torch.int16, 0x7C00),
+    torch.bfloat16: (torch.int16, 0x7F80),
+}
+
+
+def _zeros_and_subnormals(x: torch.Tensor) -> tuple[int, int]:
+    """Zeros and subnormals of a finite chunk. Values with a non-zero exponent field are
+    normal; when every value is (the common case for weights) that one count settles
+    both, and only a chunk with zeros or subnormals pays a second count to split them."""
+    n = x.numel()
+    spec = _EXPONENT.get(x.dtype)
+    if spec is None:
+        nonzero = int(torch.count_nonzero(x))
+        mag = x.to(torch.float32).abs()
+        return n - nonzero, int(((mag > 0) & (mag < torch.finfo(x.dtype).tiny)).sum())
+    view, mask = spec
+    normal = int(torch.count_nonzero(torch.bitwise_and(x.view(view), mask)))
+    if normal == n:
+        return 0, 0
+    nonzero = int(torch.count_nonzero(x))
+    return n - nonzero, nonzero - normal
 
 
 def flat_chunks(tensor: torch.Tensor, size: int = CHUNK_ELEMENTS) -> Iterator[torch.Tensor]:

@@ -22,7 +22,7 @@ import torch
 
 from sapper.errors import InputError
 
-__all__ = ["SAFE_GLOBALS", "iter_tensors", "load_torch_file"]
+__all__ = ["SAFE_GLOBALS", "iter_tensors", "load_torch_file", "mapped"]
 
 #: Fully qualified names of the non-tensor globals that healthy checkpoints contain:
 #: numpy's RNG state (``rng_state.pth`` of the HF Trainer, numpy 1.x and 2.x module paths),
@@ -52,13 +52,21 @@ def _resolve(name: str) -> Callable[..., Any] | None:
         return None
 
 
-def _allowlist() -> list[Any]:
-    found = []
-    for name in SAFE_GLOBALS:
-        obj = _resolve(name)
-        if obj is not None:
-            found.append(obj)
-    return found
+#: Allowed without a retry: numpy (imported by torch already), in every healthy rng_state.
+_EAGER = tuple(n for n in SAFE_GLOBALS if n.startswith("numpy."))
+
+
+def _allowlist(names: tuple[str, ...]) -> list[Any]:
+    return [obj for obj in map(_resolve, names) if obj is not None]
+
+
+def mapped(path: Path) -> bool:
+    """Whether :func:`load_torch_file` memory-maps ``path`` (zip-format files only; the
+    legacy format is read into memory)."""
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 def load_torch_file(path: Path) -> Any:
@@ -68,44 +76,51 @@ def load_torch_file(path: Path) -> Any:
         is_zip = zipfile.is_zipfile(path)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
-    try:
-        with torch.serialization.safe_globals(_allowlist()):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
-    except pickle.UnpicklingError as exc:
-        text = str(exc)
-        wanted = _GLOBAL.search(text)
-        if wanted:
+    allowed = _EAGER
+    while True:
+        try:
+            with torch.serialization.safe_globals(_allowlist(allowed)):
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+        except pickle.UnpicklingError as exc:
+            name = _wanted(str(exc))
+            # A known safe type outside numpy (Lightning's AttributeDict) is imported only
+            # when a file needs it: importing its package costs seconds.
+            if name in SAFE_GLOBALS and name not in allowed and _resolve(name) is not None:
+                allowed = (*allowed, name)
+                continue
+            raise _refusal(path, name, str(exc)) from None
+        except _LOAD_ERRORS as exc:
             raise InputError(
-                "refused to unpickle: the file needs a global that could run code; "
-                "nothing in it was executed",
+                f"not a loadable torch file ({type(exc).__name__}: {_first_line(str(exc))})",
                 file=str(path),
-                field="pickle",
-                value=wanted.group(1),
-                expected="tensors, containers, numbers and the allowlisted types "
-                "(sapper.checkpoint.torchfile.SAFE_GLOBALS)",
             ) from None
-        raise InputError(
-            f"not a loadable torch file: {_first_line(text)}", file=str(path)
-        ) from None
-    except InputError:
-        raise
-    except (
-        RuntimeError,
-        EOFError,
-        ValueError,
-        OSError,
-        zipfile.BadZipFile,
-        KeyError,
-        IndexError,
-        TypeError,
-        AttributeError,
-        MemoryError,
-        OverflowError,
-    ) as exc:
-        raise InputError(
-            f"not a loadable torch file ({type(exc).__name__}: {_first_line(str(exc))})",
-            file=str(path),
-        ) from None
+
+
+#: What torch.load raises on a damaged file (a truncated zip, a pickle cut short, a
+#: storage whose size lies).
+_LOAD_ERRORS = (
+    RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, IndexError,
+    TypeError, AttributeError, MemoryError, OverflowError, UnicodeDecodeError,
+)  # fmt: skip
+
+
+def _wanted(text: str) -> str | None:
+    match = _GLOBAL.search(text)
+    return match.group(1) if match else None
+
+
+def _refusal(path: Path, name: str | None, text: str) -> InputError:
+    if name is None:
+        return InputError(f"not a loadable torch file: {_first_line(text)}", file=str(path))
+    return InputError(
+        "refused to unpickle: the file needs a global that could run code; "
+        "nothing in it was executed",
+        file=str(path),
+        field="pickle",
+        value=name,
+        expected="tensors, containers, numbers and the allowlisted types "
+        "(sapper.checkpoint.torchfile.SAFE_GLOBALS)",
+    )
 
 
 def _first_line(text: str) -> str:
