@@ -46,10 +46,10 @@ def test_large_tensor_is_reduced_in_chunks(tmp_path: Path, monkeypatch) -> None:
     import sapper.checkpoint.safefile as safefile
 
     monkeypatch.setattr(safefile, "CHUNK_ELEMENTS", 1000)
-    monkeypatch.setattr(safefile, "REMAP_BYTES", 5000)  # re-mapped inside each tensor
+    monkeypatch.setattr(safefile, "REMAP_BYTES", 5000)  # a fresh mapping for each tensor
     t = torch.randn(70, 33)
     t[51, 7] = float("nan")
-    big = torch.randn(3, 2500)  # rows larger than a chunk: sliced inside each row
+    big = torch.randn(3, 2500)  # eight pieces, the non-finite value in the last
     big[2, 2400] = float("-inf")
     save_file({"w": t, "b": big}, tmp_path / "m.safetensors")
     result = inspect_paths([tmp_path / "m.safetensors"])
@@ -58,6 +58,12 @@ def test_large_tensor_is_reduced_in_chunks(tmp_path: Path, monkeypatch) -> None:
     w = next(s for s in result.checkpoints[0].weights if s.key == "w")
     finite = torch.nan_to_num(t, nan=0.0)
     assert w.rms == pytest.approx(float(finite.double().pow(2).sum().div(t.numel() - 1).sqrt()))
+    # pages given back after each piece fault in again from the file, unchanged
+    twice = inspect_paths([tmp_path / "m.safetensors", tmp_path / "m.safetensors"])
+    assert [c.relative for c in twice.changes] == [0.0, 0.0]
+    assert [s.rms for s in twice.checkpoints[1].weights] == [
+        s.rms for s in result.checkpoints[0].weights
+    ]
 
 
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "weights.pt", "ckpt.pth", "no_extension"])

@@ -25,10 +25,10 @@ import torch
 
 from sapper.checkpoint.checks import nonfinite_finding
 from sapper.checkpoint.naming import parse_name
-from sapper.checkpoint.pages import drop_pages
+from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW
 from sapper.checkpoint.scan import OptimizerState, Scan, number
-from sapper.checkpoint.stats import StatsAccumulator, TensorStats, flat_chunks
+from sapper.checkpoint.stats import CHUNK_ELEMENTS, StatsAccumulator, TensorStats, flat_chunks
 from sapper.rules.model import Finding
 
 __all__ = ["JUMP_RATIO", "ParamUpdate", "optimizer_findings", "param_names"]
@@ -164,7 +164,10 @@ def _update_stats(
         TensorStats(f"{key}.exp_avg_sq", str(v.dtype).removeprefix("torch."), tuple(v.shape), file)
     )
     ratio_max, ratio_sq, underflow, count = 0.0, 0.0, 0, 0
-    for mc, vc in zip(flat_chunks(m), flat_chunks(v), strict=True):
+    pieces = zip(
+        streamed(m, CHUNK_ELEMENTS, mapped), streamed(v, CHUNK_ELEMENTS, mapped), strict=True
+    )
+    for mc, vc in pieces:
         m_acc.add(mc)
         v_acc.add(vc)
         mf, vf = mc.float(), vc.float()
@@ -177,9 +180,6 @@ def _update_stats(
             ratio_max = max(ratio_max, float(ratio.max()))
             ratio_sq += float(torch.sum(ratio.double() ** 2))
             count += int(ok.sum())
-        if mapped:  # memory-mapped moments: give their pages back as they are reduced
-            drop_pages(mc)
-            drop_pages(vc)
     lr = number(group.get("lr"))
     upd = ParamUpdate(
         index=None,

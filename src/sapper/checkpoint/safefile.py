@@ -3,10 +3,11 @@
 The header is validated here first, against the file's real size (the length prefix,
 the JSON, every dtype, shape and offset range), so a truncated file or a header that
 lies becomes one :class:`~sapper.errors.InputError` line rather than a library error or
-a read past the end. Large tensors are sliced along their leading dimensions so at most
-:data:`~sapper.checkpoint.stats.CHUNK_ELEMENTS` elements are copied at once, and the file
-is re-opened after every :data:`REMAP_BYTES` read: pages touched through the mapping count
-as the process's resident memory until it is closed.
+a read past the end. ``get_tensor`` gives views of the mapping; they are reduced in pieces
+of :data:`~sapper.checkpoint.stats.CHUNK_ELEMENTS` elements, each paged in at once and
+given back after (:func:`sapper.checkpoint.pages.streamed`). Where the kernel cannot drop
+pages (off Linux), re-opening the file after every :data:`REMAP_BYTES` read closes the
+old mapping, so the resident pages stay near that plus the largest tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.stats import CHUNK_ELEMENTS
 from sapper.errors import InputError
 
@@ -183,47 +185,23 @@ class SafetensorsFile:
         self._handle = None
 
     def chunks(self, entry: TensorEntry) -> Iterator[torch.Tensor]:
-        """The tensor's values in row-major pieces of at most CHUNK_ELEMENTS elements; the
-        mapping is renewed inside a large tensor too, so the pages it keeps resident stay
-        near REMAP_BYTES whatever the tensor's size."""
-        numel = math.prod(entry.shape)
-        if numel == 0:
+        """The tensor's values in row-major pieces of at most CHUNK_ELEMENTS elements.
+        ``get_tensor`` gives a view of the mapping (no copy); each piece is paged in at
+        once and its pages given back after it is reduced (:mod:`sapper.checkpoint.pages`),
+        so what stays resident is about one piece, whatever the tensor's size."""
+        if math.prod(entry.shape) == 0:
             return
         try:
-            if numel <= CHUNK_ELEMENTS or not entry.shape:
-                handle = self._open()
-                self._read_since_open += entry.nbytes
-                yield handle.get_tensor(entry.name)
-                return
-            per_element = entry.nbytes // numel
-            part, opened = None, None
-            for index in _slices(entry.shape, CHUNK_ELEMENTS):
-                handle = self._open()
-                if handle is not opened:
-                    part, opened = handle.get_slice(entry.name), handle
-                piece = part[index]
-                self._read_since_open += piece.numel() * per_element
-                yield piece
+            handle = self._open()
+            self._read_since_open += entry.nbytes
+            tensor = handle.get_tensor(entry.name)
         except InputError:
             raise
         except Exception as exc:  # the Rust reader's errors are not one class
             raise _bad(self.path, f"cannot read tensor: {exc}", field=entry.name) from None
+        yield from streamed(tensor, CHUNK_ELEMENTS, mapped=True)
 
     def tensor(self, entry: TensorEntry) -> torch.Tensor:
         """The whole tensor (for small state: a step counter, a scale)."""
         handle = self._open()
         return handle.get_tensor(entry.name)
-
-
-def _slices(shape: tuple[int, ...], budget: int) -> Iterator[tuple[slice, ...]]:
-    """Index tuples covering ``shape`` in row-major order, each at most ``budget``
-    elements: whole trailing dimensions, a run of one dimension, single leading indices."""
-    inner = math.prod(shape[1:])
-    if inner <= budget or len(shape) == 1:
-        step = max(1, budget // max(inner, 1))
-        for start in range(0, shape[0], step):
-            yield (slice(start, min(start + step, shape[0])),)
-        return
-    for i in range(shape[0]):
-        for rest in _slices(shape[1:], budget):
-            yield (slice(i, i + 1), *rest)

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from sapper.checkpoint.pages import drop_pages
+from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.safefile import SafetensorsFile, TensorEntry
-from sapper.checkpoint.stats import TensorStats, flat_chunks, stats_of
+from sapper.checkpoint.stats import CHUNK_ELEMENTS, TensorStats, flat_chunks, stats_of
 from sapper.errors import InputError
 
 __all__ = ["DcpSource", "SafetensorsSource", "TensorSource", "TorchSource"]
@@ -107,10 +107,7 @@ class TorchSource(TensorSource):
         return TensorInfo(str(t.dtype).removeprefix("torch."), tuple(t.shape), self._file)
 
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
-        for piece in flat_chunks(self._tensors[key]):
-            yield piece
-            if self._mapped:
-                drop_pages(piece)
+        return streamed(self._tensors[key], CHUNK_ELEMENTS, self._mapped)
 
     def tensor(self, key: str) -> torch.Tensor:
         return self._tensors[key]
