@@ -4,14 +4,15 @@ The naive route is what people do in a notebook: ``safetensors.torch.load_file``
 ``torch.load``) of the whole file, then a loop of ``torch.isnan(t).any()`` over the
 tensors. The inspect route is :func:`sapper.checkpoint.inspect_paths`, which computes far
 more per tensor (NaN/Inf counts, first index, zeros, abs-max, RMS, saturation, subnormals,
-peer outliers). Each route runs in its own subprocess that imports only what it needs,
-and reports its wall time and peak RSS (``ru_maxrss``), with the RSS after its imports so
-the reading itself can be told from torch's own footprint. ``cat FILE > /dev/null`` in the
-same run gives the disk (or page cache) speed. The files are generated here: a Llama-like
-fp32 state dict, the embedding the largest tensor. The page cache is warmed once by the
-first ``cat``; every route then reads from it, as a re-inspected checkpoint would. Run::
+peer outliers). Each route runs in fresh subprocesses that import only what they need (best
+and median of ``--repeat`` runs) and report wall time and peak RSS (``ru_maxrss``), with
+the RSS after the imports so the reading can be told from torch's own footprint.
+``cat FILE > /dev/null`` in the same run gives the disk (or page cache) speed. The files
+are generated here: a Llama-like fp32 state dict, the embedding the largest tensor. The
+page cache is warmed once by the first ``cat``; every route then reads from it, as a
+re-inspected checkpoint would. Run::
 
-    python benchmarks/inspect_speed.py [--gb 1.0] [--keep DIR] [--repeat 3]
+    python benchmarks/inspect_speed.py [--gb 1.0] [--keep DIR] [--repeat 5]
 
 Target: peak RSS <= max(2 x the largest tensor, 300 MB) above the import baseline, at least
 as fast as the naive route.
@@ -77,8 +78,17 @@ def _cat(path: Path) -> float:
 
 def _route(route: str, path: Path, repeat: int) -> dict:
     """The run with the shortest time of ``repeat`` fresh subprocesses (a shared machine's
-    noise only ever adds time); its peak RSS with it."""
-    return min((_route_once(route, path) for _ in range(repeat)), key=lambda r: r["seconds"])
+    noise only ever adds time), with the median time beside it; the peak RSS is the
+    largest of the runs."""
+    runs = [_route_once(route, path) for _ in range(repeat)]
+    best = min(runs, key=lambda r: r["seconds"])
+    times = sorted(r["seconds"] for r in runs)
+    return {
+        **best,
+        "median": times[len(times) // 2],
+        "peak": max(r["peak"] for r in runs),
+        "base": min(r["base"] for r in runs),
+    }
 
 
 def _route_once(route: str, path: Path) -> dict:
@@ -93,11 +103,32 @@ def _route_once(route: str, path: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _print(rows: list, layers: int, largest: int) -> None:
+    mb = 2**20
+    size = rows[0][1]
+    print(
+        f"file {size / 1e9:.2f} GB, {layers} layers, largest tensor {largest / mb:.0f} MB;"
+        f" target peak above imports <= {max(2 * largest, 300 * mb) / mb:.0f} MB"
+    )
+    print(
+        f"{'route':34} {'best s':>7} {'median s':>8} {'GB/s':>6} {'peak RSS MB':>12} "
+        f"{'above imports':>14} {'NaN tensors':>12}"
+    )
+    for name, nbytes, best, median, r in rows:
+        peak = f"{r['peak'] / mb:.0f}" if r else "-"
+        above = f"{(r['peak'] - r['base']) / mb:.0f}" if r else "-"
+        nan = r["nan_tensors"] if r else "-"
+        print(
+            f"{name:34} {best:7.2f} {median:8.2f} {nbytes / best / 1e9:6.2f} {peak:>12} "
+            f"{above:>14} {nan:>12}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=1.0, help="checkpoint size, about")
     parser.add_argument("--keep", type=Path, help="write the files here and keep them")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per route, best kept")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per route, best kept")
     args = parser.parse_args()
     hidden, vocab = 2048, 16384
     per_layer = 4 * hidden * hidden * 4
@@ -121,36 +152,12 @@ def main() -> None:
             path = stem.with_suffix(suffix)
             size = path.stat().st_size
             _cat(path)  # warm the page cache once, for every route alike
-            cat_s = min(_cat(path) for _ in range(args.repeat))
-            rows.append((f"cat {path.name}", cat_s, size / cat_s / 1e9, None, None, None))
+            cats = sorted(_cat(path) for _ in range(args.repeat))
+            rows.append((f"cat {path.name}", size, cats[0], cats[len(cats) // 2], None))
             for route in routes:
                 r = _route(route, path, args.repeat)
-                rows.append(
-                    (
-                        f"{route} {path.name}",
-                        r["seconds"],
-                        size / r["seconds"] / 1e9,
-                        r["peak"],
-                        r["peak"] - r["base"],
-                        r["nan_tensors"],
-                    )
-                )
-        mb = 2**20
-        print(
-            f"file {size / 1e9:.2f} GB, {layers} layers, largest tensor {largest / mb:.0f} MB;"
-            f" target peak above imports <= {max(2 * largest, 300 * mb) / mb:.0f} MB"
-        )
-        print(
-            f"{'route':34} {'time s':>7} {'GB/s':>6} {'peak RSS MB':>12} "
-            f"{'above imports':>14} {'NaN tensors':>12}"
-        )
-        for name, secs, gbs, peak, above, nan in rows:
-            peak_s = f"{peak / mb:.0f}" if peak is not None else "-"
-            above_s = f"{above / mb:.0f}" if above is not None else "-"
-            print(
-                f"{name:34} {secs:7.2f} {gbs:6.2f} {peak_s:>12} {above_s:>14} "
-                f"{'-' if nan is None else nan:>12}"
-            )
+                rows.append((f"{route} {path.name}", size, r["seconds"], r["median"], r))
+        _print(rows, layers, largest)
     finally:
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
