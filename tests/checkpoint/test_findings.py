@@ -184,3 +184,14 @@ def test_saturated_fp16(hf_run, tmp_path: Path) -> None:
     assert [f.value for f in hits if f.code == "K011"] == [4.0]
     # four values at 65504 also make that layer's RMS an outlier among its peers
     assert {f.data["tensor"] for f in hits} == {"model.layers.3.mlp.gate_proj.weight"}
+
+
+def test_dtype_disagrees_with_config(hf_run, copy_of) -> None:
+    folder = copy_of(hf_run[-1])
+    plant_weights(folder, lambda sd: sd.update({k: v.half() for k, v in sd.items()}))
+    hits = inspect_paths([folder]).findings
+    assert [(f.code, f.data["stored"], f.data["config_dtype"]) for f in hits] == [
+        ("K012", "float16", "float32")
+    ]
+    plant_json(folder / "config.json", lambda c: c.update(dtype="float16"))
+    assert inspect_paths([folder]).findings == []

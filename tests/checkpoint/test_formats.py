@@ -77,6 +77,20 @@ def test_torch_save_state_dict(tmp_path: Path, name: str) -> None:
     assert hit.code == "K001" and hit.data["tensor"] == "model.layers.1.self_attn.k_proj.weight"
 
 
+def test_legacy_torch_format_is_read_without_mmap(tmp_path: Path) -> None:
+    sd = _state()
+    sd["model.norm.weight"][1] = float("-inf")
+    torch.save(sd, tmp_path / "old.bin", _use_new_zipfile_serialization=False)
+    (hit,) = inspect_paths([tmp_path / "old.bin"]).findings
+    assert (hit.code, hit.data["tensor"], hit.data["neginf"]) == ("K001", "model.norm.weight", 1)
+    # read twice (a diff against itself): tensors in memory are never given back to the OS
+    assert [
+        c.relative
+        for c in inspect_paths([tmp_path / "old.bin"] * 2).changes
+        if c.key != "model.norm.weight"
+    ] == [0.0] * (len(sd) - 1)
+
+
 def test_custom_loop_checkpoint_with_wrapped_names(tmp_path: Path) -> None:
     """A plain loop's {"model", "optimizer", "scheduler", "step"} file of a compiled/DDP
     model: the _orig_mod./module. prefixes are understood and Adam's state is named."""

@@ -158,3 +158,14 @@ def test_corrupted_torch_files_never_crash(tmp_path_factory, cut: int, flips) ->
             inspect_paths([folder / "x.pt"])
         except InputError as exc:
             assert "x.pt" in str(exc)
+
+
+def test_sparse_and_meta_tensors_are_skipped_not_crashed_on(tmp_path: Path) -> None:
+    sd = {
+        "dense": torch.ones(4, 4),
+        "sparse": torch.eye(4).to_sparse(),
+        "meta": torch.empty(3, device="meta"),
+    }
+    torch.save(sd, tmp_path / "odd.pt")
+    result = inspect_paths([tmp_path / "odd.pt"])
+    assert [s.key for s in result.checkpoints[0].weights] == ["dense"]

@@ -17,6 +17,7 @@ from collections import defaultdict
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.rules import (
     DEAD_TENSOR,
+    DTYPE_VS_CONFIG,
     NONFINITE_TENSOR,
     SATURATED_TENSOR,
     SCALE_OUTLIER,
@@ -26,7 +27,14 @@ from sapper.checkpoint.source import TensorSource
 from sapper.checkpoint.stats import TensorStats
 from sapper.rules.model import Finding
 
-__all__ = ["OUTLIER", "first_index", "outlier_findings", "tensor_findings", "tied_findings"]
+__all__ = [
+    "OUTLIER",
+    "dtype_findings",
+    "first_index",
+    "outlier_findings",
+    "tensor_findings",
+    "tied_findings",
+]
 
 #: Outlier thresholds on log10(RMS): at least this many peers, a deviation of
 #: ``mads`` robust standard deviations and at least ``min_factor`` times the median.
@@ -186,3 +194,29 @@ def aligned(source: TensorSource, key: str, size: int = 1 << 22):
                 pending, held = [], 0
     if pending:
         yield torch.cat(pending) if len(pending) > 1 else pending[0]
+
+
+def dtype_findings(stats: list[TensorStats], config: dict | None) -> list[Finding]:
+    """K012: the floating dtype holding most of the values differs from config.json's."""
+    wanted = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
+    if not isinstance(wanted, str):
+        return []
+    wanted = wanted.removeprefix("torch.")
+    by_dtype: dict[str, int] = defaultdict(int)
+    for s in stats:
+        if s.floating:
+            by_dtype[s.dtype] += s.numel
+    if not by_dtype:
+        return []
+    stored = max(by_dtype, key=by_dtype.__getitem__)
+    if stored == wanted:
+        return []
+    share = by_dtype[stored] / sum(by_dtype.values())
+    return [
+        DTYPE_VS_CONFIG.finding(
+            f"config.json says dtype {wanted}, but {share:.0%} of the stored values are {stored}",
+            source="config.json",
+            stored=stored,
+            config_dtype=wanted,
+        )
+    ]

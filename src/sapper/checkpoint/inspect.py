@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sapper.checkpoint.checks import outlier_findings, tensor_findings, tied_findings
+from sapper.checkpoint.checks import (
+    dtype_findings,
+    outlier_findings,
+    tensor_findings,
+    tied_findings,
+)
 from sapper.checkpoint.diff import TensorChange, diff_scans
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.optim import ParamUpdate, optimizer_findings
@@ -125,6 +130,7 @@ def _report(scan: Scan) -> CheckpointReport:
         "exp_avg_sq",
     )
     findings += tied_findings(scan.weights, scan.config)
+    findings += dtype_findings(weights, scan.config)
     findings += resume_findings(scan)
     return CheckpointReport(
         str(scan.layout.path), scan.kind, weights, moments, updates, steps, findings, _pieces(scan)

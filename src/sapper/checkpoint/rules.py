@@ -16,6 +16,7 @@ __all__ = [
     "ADAM_V_UNDERFLOW",
     "CHECKPOINT_RULES",
     "DEAD_TENSOR",
+    "DTYPE_VS_CONFIG",
     "LAYER_MOVED",
     "LOSS_SCALE_COLLAPSED",
     "NONFINITE_APPEARED",
@@ -249,6 +250,27 @@ from a checkpoint whose values are in range.""",
     seed="§2.1",
 )
 
+DTYPE_VS_CONFIG = Rule(
+    code="K012",
+    name="dtype-disagrees-with-config",
+    check="checkpoint",
+    severity=Severity.WARNING,
+    title="The weights are stored in another dtype than config.json says",
+    why="""\
+Loaders build the model in the config's dtype (``dtype``/``torch_dtype``) and cast the
+stored weights into it. Weights saved in fp16 under a bf16 config (or bf16 under an fp16
+one) come back in a dtype whose range or precision they were not trained in: bf16 values
+above 65504 overflow to Inf in fp16, and fp16's fine steps are rounded away in bf16; fp32
+master weights saved under a half-precision config lose their low bits on the next load.""",
+    signs="""\
+A loss jump right after loading; Inf in the first forward of a resumed or fine-tuned
+run.""",
+    fix="""\
+Save with the dtype the model trained in and set config.json's dtype to it (or pass the
+dtype explicitly when loading).""",
+    seed="§2.1, §5.2",
+)
+
 LAYER_MOVED = Rule(
     code="K020",
     name="layer-moved-far-more",
@@ -299,6 +321,7 @@ CHECKPOINT_RULES: tuple[Rule, ...] = tuple(
         RESUME_INCOMPLETE,
         TIED_UNTIED,
         SATURATED_TENSOR,
+        DTYPE_VS_CONFIG,
         LAYER_MOVED,
         NONFINITE_APPEARED,
     )

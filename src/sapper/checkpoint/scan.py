@@ -115,7 +115,7 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
             expected="a dict of tensors or of training state",
         )
     if _tensor_dict(obj):
-        return dict(obj)
+        return dict(iter_tensors(obj))
     weights: dict[str, torch.Tensor] = {}
     for key in _WEIGHT_KEYS:
         if isinstance(obj.get(key), dict):

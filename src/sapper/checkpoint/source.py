@@ -45,7 +45,14 @@ class TensorSource:
 
     def stats(self, key: str) -> TensorStats:
         info = self.info(key)
-        return stats_of(key, self.chunks(key), info.dtype, info.shape, info.file)
+        try:
+            return stats_of(key, self.chunks(key), info.dtype, info.shape, info.file)
+        except (RuntimeError, TypeError, ValueError) as exc:  # a tensor torch cannot reduce
+            raise InputError(
+                f"cannot reduce tensor ({type(exc).__name__}: {str(exc)[:200]})",
+                file=info.file,
+                field=key,
+            ) from None
 
     def close(self) -> None:
         """Release mappings (a no-op where nothing is held)."""

@@ -132,7 +132,10 @@ def iter_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[s
     if depth > 64:
         return
     if isinstance(obj, torch.Tensor):
-        yield prefix, obj
+        # Dense CPU tensors only: a sparse, quantized or meta tensor has no flat values to
+        # stream (and its memory is not the file's mapping).
+        if obj.layout == torch.strided and obj.device.type == "cpu" and not obj.is_quantized:
+            yield prefix, obj
     elif isinstance(obj, dict):
         for key, value in obj.items():
             yield from iter_tensors(value, f"{prefix}.{key}" if prefix else str(key), depth + 1)
