@@ -47,3 +47,16 @@ def test_where_nonfinite_values_first_appear(hf_run, copy_of) -> None:
     appeared = [f.data["tensor"] for f in result.findings if f.code == "K021"]
     assert appeared == ["model.layers.3.mlp.down_proj.weight"]
     assert result.exit_code() == 1
+
+
+def test_tensor_that_did_not_move_is_named(hf_run, copy_of) -> None:
+    from safetensors.torch import load_file
+
+    later = copy_of(hf_run[-1])
+    key = "model.layers.3.self_attn.k_proj.weight"
+    earlier = load_file(hf_run[0] / "model.safetensors")[key]
+    plant_weights(later, lambda sd: sd[key].copy_(earlier))
+    result = inspect_paths([hf_run[0], later])
+    assert [(f.code, f.data["tensor"]) for f in result.findings] == [("K022", key)]
+    # the same checkpoint twice: nothing moved, nothing is singled out
+    assert inspect_paths([hf_run[0], hf_run[0]]).findings == []

@@ -16,7 +16,7 @@ from typing import Any
 
 from sapper.checkpoint.checks import aligned
 from sapper.checkpoint.naming import parse_name
-from sapper.checkpoint.rules import LAYER_MOVED, NONFINITE_APPEARED
+from sapper.checkpoint.rules import LAYER_FROZEN, LAYER_MOVED, NONFINITE_APPEARED
 from sapper.checkpoint.scan import Scan
 from sapper.rules.model import Finding
 
@@ -94,6 +94,7 @@ def diff_scans(a: Scan, b: Scan) -> tuple[list[Finding], list[TensorChange], dic
             )
         )
     findings += _moved(changes, b.weights_file)
+    findings += _frozen(changes, b.weights_file)
     summary = {
         "compared": len(changes),
         "only_in_first": sorted(set(a.weights.keys()) - keys_b)[:50],
@@ -136,6 +137,35 @@ def _moved(changes: list[TensorChange], file: str) -> list[Finding]:
                         layer=layer,
                         role=role,
                         factor=factor,
+                    )
+                )
+    return out
+
+
+def _frozen(changes: list[TensorChange], file: str) -> list[Finding]:
+    """K022: bit-identical while at least ``min_peers`` tensors of its role (others)
+    moved — a frozen tensor among trained ones, not a run saved twice at one step."""
+    peers: dict[str, list[tuple[int, TensorChange]]] = defaultdict(list)
+    for c in changes:
+        name = parse_name(c.key)
+        if name.layer is not None and c.nonfinite_a == c.nonfinite_b == 0 and c.norm_a > 0:
+            peers[name.role].append((name.layer, c))
+    out = []
+    for role, group in sorted(peers.items()):
+        moved = [c for _, c in group if c.norm_diff > 0]
+        if len(moved) < MOVED["min_peers"] - 1:
+            continue
+        for layer, c in group:
+            if c.norm_diff == 0:
+                median = statistics.median(m.relative for m in moved)
+                out.append(
+                    LAYER_FROZEN.finding(
+                        f"layer {layer} {role} is identical in both checkpoints while "
+                        f"{len(moved)} of its {len(group) - 1} peers moved (median {median:.3g})",
+                        source=file,
+                        tensor=c.key,
+                        layer=layer,
+                        role=role,
                     )
                 )
     return out

@@ -17,6 +17,7 @@ __all__ = [
     "CHECKPOINT_RULES",
     "DEAD_TENSOR",
     "DTYPE_VS_CONFIG",
+    "LAYER_FROZEN",
     "LAYER_MOVED",
     "LOSS_SCALE_COLLAPSED",
     "NONFINITE_APPEARED",
@@ -290,6 +291,26 @@ or clip harder; add QK-norm when it is an attention projection.""",
     seed="§2.1, §5.2",
 )
 
+LAYER_FROZEN = Rule(
+    code="K022",
+    name="tensor-did-not-move",
+    check="checkpoint-diff",
+    severity=Severity.WARNING,
+    title="A tensor did not change between the checkpoints while its peers did",
+    why="""\
+Every trained tensor moves between two checkpoints of a training run. One that is
+bit-identical while the same role in the other layers moved is frozen: requires_grad off
+by mistake, left out of the optimizer's param groups, or cut from the graph (a detach, a
+module that is never called). The model trains with fewer parameters than planned.""",
+    signs="""\
+A layer whose gradient norm is zero; a model that underperforms its size; K003 on the
+same tensor once it is a constant.""",
+    fix="""\
+Check requires_grad and the optimizer's param groups for the named tensor, and that its
+module is on the forward path; if it is frozen on purpose, nothing to do.""",
+    seed="§5.2",
+)
+
 NONFINITE_APPEARED = Rule(
     code="K021",
     name="nonfinite-appeared",
@@ -324,5 +345,6 @@ CHECKPOINT_RULES: tuple[Rule, ...] = tuple(
         DTYPE_VS_CONFIG,
         LAYER_MOVED,
         NONFINITE_APPEARED,
+        LAYER_FROZEN,
     )
 )
