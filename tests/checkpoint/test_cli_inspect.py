@@ -22,6 +22,7 @@ def test_healthy_checkpoint_exit_0_and_json_contract(hf_run: list[Path]) -> None
     assert payload["findings"] == []
     (ckpt,) = payload["summary"]["checkpoints"]
     assert ckpt["format"] == "hf-trainer" and ckpt["steps"]["trainer"] == 4.0
+    assert sorted(row["layer"] for row in ckpt["layers"]) == [0, 1, 2, 3]
 
 
 def test_error_finding_exit_1_with_tensor_in_json(hf_run, copy_of) -> None:
@@ -45,6 +46,7 @@ def test_warning_only_exit_0_and_text_view(hf_run, copy_of) -> None:
     assert res.exit_code == 0, res.output
     assert "K008 warning" in res.output
     assert "model.layers" in res.output and "abs max" in res.output
+    assert "layers, worst first" in res.output
 
 
 def test_two_checkpoints_text(hf_run: list[Path]) -> None:

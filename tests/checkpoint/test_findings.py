@@ -74,8 +74,10 @@ def test_nonfinite_adam_moment(hf_run, copy_of) -> None:
 def test_scale_outlier_names_the_layer(hf_run, copy_of) -> None:
     folder = copy_of(hf_run[-1])
     plant_weights(folder, lambda sd: sd["model.layers.2.self_attn.q_proj.weight"].mul_(30))
-    hits = [f for f in inspect_paths([folder]).findings if f.code == "K002"]
+    result = inspect_paths([folder])
+    hits = [f for f in result.findings if f.code == "K002"]
     assert [(f.data["layer"], f.data["role"]) for f in hits] == [(2, "self_attn.q_proj.weight")]
+    assert result.checkpoints[0].layers()[0]["layer"] == 2  # the worst layer first
     assert hits[0].data["factor"] == pytest.approx(30, rel=0.2)
 
 

@@ -7,6 +7,8 @@ result holds only statistics.
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,51 @@ class CheckpointReport:
     findings: list[Finding]
     pieces: dict[str, bool]
 
+    def layers(self) -> list[dict[str, Any]]:
+        """Per layer, rolled up over its tensors: values, non-finite count, abs-max, RMS,
+        the largest implied Adam update and the findings that name it; worst first."""
+        rows: dict[int, dict[str, Any]] = {}
+        sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for t in self.weights:
+            layer = parse_name(t.key).layer
+            if layer is None:
+                continue
+            row = rows.setdefault(
+                layer,
+                {
+                    "layer": layer,
+                    "tensors": 0,
+                    "values": 0,
+                    "nonfinite": 0,
+                    "abs_max": 0.0,
+                    "max_update": None,
+                    "findings": 0,
+                },
+            )
+            row["tensors"] += 1
+            row["values"] += t.numel
+            row["nonfinite"] += t.nonfinite
+            row["abs_max"] = max(row["abs_max"], t.abs_max)
+            sums[layer][0] += t.sum_sq
+            sums[layer][1] += t.finite
+        for u in self.updates:
+            layer = parse_name(u.name).layer
+            if layer in rows:
+                prev = rows[layer]["max_update"]
+                rows[layer]["max_update"] = u.ratio_max if prev is None else max(prev, u.ratio_max)
+        for f in self.findings:
+            tensor = f.data.get("tensor")
+            layer = parse_name(tensor).layer if isinstance(tensor, str) else None
+            if layer in rows:
+                rows[layer]["findings"] += 1
+        for layer, row in rows.items():
+            total, count = sums[layer]
+            row["rms"] = math.sqrt(total / count) if count else math.nan
+        return sorted(
+            rows.values(),
+            key=lambda r: (-r["findings"], -r["nonfinite"], -(r["max_update"] or 0.0), r["layer"]),
+        )
+
     def summary(self) -> dict[str, Any]:
         total = sum(s.numel for s in self.weights)
         worst = sorted(self.weights, key=lambda s: (-s.nonfinite, -s.abs_max))[:10]
@@ -55,6 +102,7 @@ class CheckpointReport:
             "nonfinite_tensors": sum(1 for s in self.weights + self.moments if s.nonfinite),
             "steps": self.steps,
             "pieces": self.pieces,
+            "layers": self.layers(),
             "largest_abs_max": [s.to_json() for s in worst],
             "worst_updates": [
                 u.to_json() for u in sorted(self.updates, key=lambda u: -u.ratio_max)[:10]

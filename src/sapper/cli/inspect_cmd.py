@@ -69,6 +69,27 @@ def format_inspect(result: InspectResult) -> Group:
                     _num(t.rms),
                 )
             parts.append(table)
+        layers = rep.layers()[:8]
+        if layers:
+            table = Table(
+                box=None,
+                pad_edge=False,
+                show_edge=False,
+                title_justify="left",
+                title="layers, worst first",
+            )
+            for col in ("layer", "findings", "non-finite", "abs max", "rms", "max update"):
+                table.add_column(col, justify="right")
+            for row in layers:
+                table.add_row(
+                    str(row["layer"]),
+                    str(row["findings"]),
+                    str(row["nonfinite"]),
+                    _num(row["abs_max"]),
+                    _num(row["rms"]),
+                    _num(row["max_update"]),
+                )
+            parts.append(table)
         jumps = sorted(rep.updates, key=lambda u: -u.ratio_max)[:5]
         if jumps:
             parts.append(Text("largest implied Adam update |m̂|/(√v̂+ε), in learning rates:"))
