@@ -42,6 +42,8 @@ def test_chunked_stats_match_direct(dtype, values, chunk) -> None:
     info = torch.finfo(dtype)
     mag = t.abs()
     assert s.subnormal == int(((mag > 0) & (mag < info.tiny) & torch.isfinite(t)).sum())
+    all_equal = bool(finite.all()) and bool((ref == ref[0]).all())
+    assert s.constant == (t.numel() > 1 and all_equal)
     if dtype in (torch.float16, torch.bfloat16):
         assert s.saturated == int((torch.isfinite(t) & (mag >= info.max)).sum())
 

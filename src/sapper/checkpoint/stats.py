@@ -57,6 +57,9 @@ class TensorStats:
     saturated: int = 0
     subnormal: int = 0
     floating: bool = True
+    #: Two different magnitudes seen (so not constant). ``finite_min``/``finite_max`` are
+    #: exact only while this is False: the fast path does not track them otherwise.
+    varied: bool = False
 
     @property
     def nonfinite(self) -> int:
@@ -77,7 +80,12 @@ class TensorStats:
     @property
     def constant(self) -> bool:
         """Every finite value equal (all zero included), over more than one element."""
-        return self.numel > 1 and self.finite == self.numel and self.finite_min == self.finite_max
+        return (
+            self.numel > 1
+            and self.finite == self.numel
+            and not self.varied
+            and self.finite_min == self.finite_max
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,9 +148,36 @@ class StatsAccumulator:
         s.finite_max = max(s.finite_max, float(hi))
 
     def _finite(self, x: torch.Tensor, work: torch.Tensor, sum_sq: float) -> None:
-        """Every value finite: four fused passes (dot, aminmax, two count_nonzero)."""
+        """Every value finite: three passes for the common dtypes. The magnitudes' bits
+        (sign masked off) are ordered like the magnitudes, so one integer aminmax gives
+        the abs-max and says whether any value is zero or subnormal (below the smallest
+        normal's bits); only then are they counted."""
         s = self.stats
         s.sum_sq += sum_sq
+        spec = _BITS.get(x.dtype)
+        if spec is None:
+            self._finite_generic(x, work)
+            return
+        view, mask, min_normal = spec
+        mags = torch.bitwise_and(x.view(view), mask)
+        lo_bits, hi_bits = (int(v) for v in torch.aminmax(mags))
+        top = float(torch.tensor([hi_bits], dtype=view).view(x.dtype)[0])
+        s.abs_max = max(s.abs_max, top)
+        if lo_bits == hi_bits:  # one magnitude throughout: constant unless the signs differ
+            lo, hi = (float(v) for v in torch.aminmax(work))
+            s.finite_min = min(s.finite_min, lo)
+            s.finite_max = max(s.finite_max, hi)
+        else:
+            s.varied = True
+        if lo_bits < min_normal:
+            zeros = x.numel() - int(torch.count_nonzero(mags))
+            s.zeros += zeros
+            s.subnormal += int(torch.count_nonzero(mags < min_normal)) - zeros
+        if x.dtype in _SATURABLE and top >= torch.finfo(x.dtype).max:
+            s.saturated += int((work.abs() >= torch.finfo(x.dtype).max).sum())
+
+    def _finite_generic(self, x: torch.Tensor, work: torch.Tensor) -> None:
+        s = self.stats
         lo, hi = (float(v) for v in torch.aminmax(work))
         s.finite_min = min(s.finite_min, lo)
         s.finite_max = max(s.finite_max, hi)
@@ -183,6 +218,15 @@ class StatsAccumulator:
             s.saturated += int((mag >= info.max).sum())
         s.subnormal += int(((mag > 0) & (mag < info.tiny)).sum())
 
+
+#: (integer view, magnitude mask, bits of the smallest normal) of the dtypes read from
+#: their bits on the fast path.
+_BITS = {
+    torch.float32: (torch.int32, 0x7FFFFFFF, 0x00800000),
+    torch.float64: (torch.int64, 0x7FFFFFFFFFFFFFFF, 0x0010000000000000),
+    torch.float16: (torch.int16, 0x7FFF, 0x0400),
+    torch.bfloat16: (torch.int16, 0x7FFF, 0x0080),
+}
 
 #: (integer view, exponent mask) of the dtypes whose subnormals are counted from the bits:
 #: a non-zero value with an all-zero exponent is subnormal.
