@@ -1,0 +1,215 @@
+"""What a checkpoint path is, from its content and layout, not its name's extension.
+
+A file is sniffed by its first bytes (a safetensors length prefix followed by ``{``, a
+zip archive or a pickle for torch, JSON with a ``weight_map`` for a shard index); a
+folder by the files in it (an HF Trainer ``checkpoint-N/`` folder, a sharded
+safetensors model, a torch Distributed Checkpoint's ``.metadata`` + ``*.distcp``).
+Every file is checked to be a regular file before it is opened: a FIFO would block a
+reader forever, and a symlink loop fails ``stat`` — both become one InputError line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sapper.errors import InputError
+
+__all__ = ["MAX_FOLDER_ENTRIES", "Layout", "detect", "regular_file", "sniff"]
+
+#: Entries of a folder looked at, at most: a folder of a million files is not a checkpoint.
+MAX_FOLDER_ENTRIES = 100_000
+_MAX_JSON_BYTES = 64 << 20
+
+
+@dataclass
+class Layout:
+    """The pieces of one checkpoint, each a file that exists and is regular."""
+
+    path: Path
+    kind: str
+    weights: list[Path] = field(default_factory=list)
+    #: Which format ``weights`` are in: ``safetensors`` or ``torch``.
+    weights_format: str = "safetensors"
+    optimizer: Path | None = None
+    scheduler: Path | None = None
+    scaler: Path | None = None
+    trainer_state: Path | None = None
+    rng: list[Path] = field(default_factory=list)
+    config: Path | None = None
+    #: A torch Distributed Checkpoint folder.
+    dcp: Path | None = None
+
+
+def regular_file(path: Path) -> Path:
+    """``path`` when it is a readable regular file (symlinks followed), else InputError."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise InputError(f"cannot open: {reason}", file=str(path)) from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "not a regular file"
+        raise InputError(
+            f"not a checkpoint file ({kind})", file=str(path), expected="a regular file"
+        )
+    return path
+
+
+def sniff(path: Path) -> str:
+    """``safetensors``, ``torch``, ``index`` (a shard index) or ``json``, from the bytes."""
+    regular_file(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{":
+        return "safetensors"
+    if head.lstrip()[:1] == b"{":
+        data = read_json(path)
+        return "index" if isinstance(data.get("weight_map"), dict) else "json"
+    if len(head) < 9:
+        raise InputError(
+            "truncated or empty file: not a checkpoint",
+            file=str(path),
+            value=len(head),
+            expected="at least 9 bytes",
+        )
+    raise InputError(
+        "not a checkpoint file",
+        file=str(path),
+        value=head[:9],
+        expected="safetensors, a torch zip or pickle, or a shard index",
+    )
+
+
+def read_json(path: Path) -> dict:
+    regular_file(path)
+    if path.stat().st_size > _MAX_JSON_BYTES:
+        raise InputError(
+            "JSON file too large", file=str(path), expected=f"at most {_MAX_JSON_BYTES} bytes"
+        )
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise InputError("not valid JSON", file=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("JSON is not an object", file=str(path), value=type(data).__name__)
+    return data
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files an index names, each in the index's folder (no path escapes)."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError("shard index has no weight_map", file=str(index), field="weight_map")
+    names = []
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise InputError(
+                "shard name is not a file in the index's folder",
+                file=str(index),
+                field=f"weight_map.{key}",
+                value=name,
+            )
+        if name not in names:
+            names.append(name)
+    return [regular_file(index.parent / n) for n in names]
+
+
+def _listing(folder: Path) -> dict[str, Path]:
+    entries: dict[str, Path] = {}
+    try:
+        with os.scandir(folder) as it:
+            for i, entry in enumerate(it):
+                if i >= MAX_FOLDER_ENTRIES:
+                    raise InputError(
+                        "folder has too many entries to be a checkpoint",
+                        file=str(folder),
+                        expected=f"at most {MAX_FOLDER_ENTRIES}",
+                    )
+                entries[entry.name] = Path(entry.path)
+    except OSError as exc:
+        raise InputError(f"cannot list folder: {exc.strerror or exc}", file=str(folder)) from None
+    return entries
+
+
+def detect(path: Path) -> Layout:
+    """The layout of ``path`` (file or folder); InputError when it is no checkpoint."""
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror or exc}", file=str(path)) from None
+    if not is_dir:
+        kind = sniff(path)
+        if kind == "safetensors":
+            return Layout(path, "safetensors", [path])
+        if kind == "torch":
+            return Layout(path, "torch", [path], weights_format="torch")
+        if kind == "index":
+            return Layout(path, "safetensors-sharded", _shards(path))
+        raise InputError(
+            "JSON file is not a safetensors shard index",
+            file=str(path),
+            field="weight_map",
+            expected="an object mapping tensor names to files",
+        )
+    return _folder(path)
+
+
+def _folder(path: Path) -> Layout:
+    files = _listing(path)
+    layout = Layout(path, "folder")
+    if ".metadata" in files and any(n.endswith(".distcp") for n in files):
+        regular_file(files[".metadata"])
+        layout.kind, layout.dcp = "torch-dcp", path
+    indexes = sorted(n for n in files if n.endswith(".safetensors.index.json"))
+    if indexes:
+        layout.weights = _shards(files[indexes[0]])
+    elif "model.safetensors" in files:
+        layout.weights = [regular_file(files["model.safetensors"])]
+    elif "pytorch_model.bin.index.json" in files:
+        layout.weights, layout.weights_format = (
+            _shards(files["pytorch_model.bin.index.json"]),
+            "torch",
+        )
+    elif "pytorch_model.bin" in files:
+        layout.weights, layout.weights_format = [regular_file(files["pytorch_model.bin"])], "torch"
+    else:
+        layout.weights = [
+            regular_file(p) for n, p in sorted(files.items()) if n.endswith(".safetensors")
+        ]
+    for attr, name in (
+        ("optimizer", "optimizer.pt"),
+        ("scheduler", "scheduler.pt"),
+        ("scaler", "scaler.pt"),
+        ("trainer_state", "trainer_state.json"),
+        ("config", "config.json"),
+    ):
+        if name in files:
+            setattr(layout, attr, regular_file(files[name]))
+    layout.rng = [
+        regular_file(p)
+        for n, p in sorted(files.items())
+        if n.startswith("rng_state") and n.endswith(".pth")
+    ]
+    if layout.trainer_state is not None or layout.optimizer is not None:
+        layout.kind = "hf-trainer"
+    elif layout.kind == "folder" and layout.weights:
+        layout.kind = "safetensors-folder" if layout.weights_format == "safetensors" else "torch"
+    if not layout.weights and layout.dcp is None and layout.optimizer is None:
+        raise InputError(
+            "no checkpoint files in the folder",
+            file=str(path),
+            expected="model*.safetensors, a *.safetensors.index.json, "
+            "pytorch_model.bin, optimizer.pt, or .metadata + *.distcp",
+        )
+    return layout

@@ -1,0 +1,268 @@
+"""Adam's saved moments: non-finite values (K001), a second moment that underflowed
+under a live first moment (K004), and the update they imply (K005).
+
+Adam's next update of an element is ``lr * m̂ / (√v̂ + ε)`` with the bias corrections
+``m̂ = m / (1 - β1^t)`` and ``v̂ = v / (1 - β2^t)``; the ratio ``|m̂| / (√v̂ + ε)`` is
+that update in learning rates. It is computed here chunk by chunk from the stored
+``exp_avg`` and ``exp_avg_sq`` of each parameter.
+
+A torch optimizer's state knows its parameters by index only. The names come from the
+order the optimizer received them: the weights' own order (a torch state dict keeps
+module order) with, for an HF Trainer checkpoint, the Trainer's split into a decay and a
+no-decay group (``Trainer.get_decay_parameter_names``: biases and norms without decay).
+An order is accepted only if every index's shape matches; otherwise a parameter is named
+by its index (``param 7``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sapper.checkpoint.checks import nonfinite_finding
+from sapper.checkpoint.naming import parse_name
+from sapper.checkpoint.pages import streamed
+from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW
+from sapper.checkpoint.scan import OptimizerState, Scan, number
+from sapper.checkpoint.stats import CHUNK_ELEMENTS, StatsAccumulator, TensorStats, flat_chunks
+from sapper.rules.model import Finding
+
+__all__ = ["JUMP_RATIO", "ParamUpdate", "optimizer_findings", "param_names"]
+
+#: |m̂|/(√v̂+ε) above this is a jump: with β1=0.9, β2=0.999 steady state stays below ~3.
+JUMP_RATIO = 10.0
+#: Parameters reported by K005 at most (the worst first); the summary keeps them all.
+MAX_JUMP_FINDINGS = 10
+_NO_DECAY = re.compile(
+    r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|ln_|\.ln\b", re.IGNORECASE
+)
+
+
+@dataclass
+class ParamUpdate:
+    index: Any
+    name: str
+    step: float | None
+    lr: float | None
+    numel: int
+    ratio_max: float
+    ratio_rms: float
+    underflow: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "param": str(self.index),
+            "tensor": self.name,
+            "step": self.step,
+            "lr": self.lr,
+            "update_ratio_max": self.ratio_max,
+            "update_ratio_rms": self.ratio_rms,
+            "v_underflow": self.underflow,
+        }
+
+
+def _match(
+    order: list[str], shapes: dict[str, tuple[int, ...]], wanted: list[tuple[Any, tuple[int, ...]]]
+) -> dict[Any, str] | None:
+    """Assign ``wanted`` (index, shape) in turn to the next key of ``order`` with that
+    shape (keys of other shapes are skipped: buffers, frozen tensors); None if one fails."""
+    names: dict[Any, str] = {}
+    pos = 0
+    for index, shape in wanted:
+        while pos < len(order) and shapes[order[pos]] != shape:
+            pos += 1
+        if pos == len(order):
+            return None
+        names[index] = order[pos]
+        pos += 1
+    return names
+
+
+def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
+    """Parameter index -> weight key, where an order consistent with every shape exists."""
+    shapes = {k: scan.weights.info(k).shape for k in scan.weights.keys()}
+    wanted_groups: list[list[tuple[Any, tuple[int, ...]]]] = []
+    for group in opt.param_groups:
+        ids = group.get("params", []) if isinstance(group, dict) else []
+        wanted_groups.append([(i, _moment_shape(opt.state.get(i))) for i in ids])
+    if any(shape is None for g in wanted_groups for _, shape in g):
+        return {}
+    order = list(shapes)
+    if scan.layout.weights_format == "safetensors" and scan.config is not None:
+        order = _module_order(scan.config) or []
+        order = [k for k in order if k in shapes]
+    if not order or (scan.layout.weights_format == "safetensors" and scan.config is None):
+        return {}
+    candidates = [[order] * len(wanted_groups)]
+    if len(wanted_groups) == 2:
+        decay = [k for k in order if not _NO_DECAY.search(k)]
+        no_decay = [k for k in order if _NO_DECAY.search(k)]
+        candidates.insert(0, [decay, no_decay])
+    for orders in candidates:
+        names: dict[Any, str] = {}
+        for keys, wanted in zip(orders, wanted_groups, strict=True):
+            got = _match(keys, shapes, wanted)
+            if got is None:
+                break
+            names.update(got)
+        else:
+            return names
+    return {}
+
+
+def _moment_shape(entry: Any) -> tuple[int, ...] | None:
+    if isinstance(entry, dict):
+        for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+            if isinstance(entry.get(key), torch.Tensor):
+                return tuple(entry[key].shape)
+    return None
+
+
+def _module_order(config: dict[str, Any]) -> list[str] | None:
+    """Parameter names in module order of the HF model ``config`` describes, built on the
+    meta device (no memory, no weights); None where transformers cannot build it."""
+    try:
+        import transformers
+
+        arch = (config.get("architectures") or [None])[0]
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        model_type = config.get("model_type")
+        if cls is None or not isinstance(model_type, str):
+            return None
+        cfg = transformers.AutoConfig.for_model(
+            model_type,
+            **{k: v for k, v in config.items() if k not in ("model_type", "transformers_version")},
+        )
+        with torch.device("meta"):
+            model = cls(cfg)
+        return [n for n, _ in model.named_parameters()]
+    except Exception:  # any config transformers cannot build: names by index then
+        return None
+
+
+def _update_stats(
+    entry: dict[str, Any], group: dict[str, Any], key: str, file: str, mapped: bool
+) -> tuple[ParamUpdate, TensorStats, TensorStats]:
+    m, v = entry["exp_avg"], entry["exp_avg_sq"]
+    step = number(entry.get("step"))
+    betas = group.get("betas", (0.9, 0.999))
+    b1, b2 = (
+        (float(betas[0]), float(betas[1])) if isinstance(betas, (list, tuple)) else (0.9, 0.999)
+    )
+    eps = float(group.get("eps", 1e-8) or 1e-8)
+    t = step if step and step > 0 else 1.0
+    bc1 = 1 - b1**t if b1 < 1 else 1.0
+    bc2 = 1 - b2**t if b2 < 1 else 1.0
+    m_acc = StatsAccumulator(
+        TensorStats(f"{key}.exp_avg", str(m.dtype).removeprefix("torch."), tuple(m.shape), file)
+    )
+    v_acc = StatsAccumulator(
+        TensorStats(f"{key}.exp_avg_sq", str(v.dtype).removeprefix("torch."), tuple(v.shape), file)
+    )
+    ratio_max, ratio_sq, underflow, count = 0.0, 0.0, 0, 0
+    pieces = zip(
+        streamed(m, CHUNK_ELEMENTS, mapped), streamed(v, CHUNK_ELEMENTS, mapped), strict=True
+    )
+    for mc, vc in pieces:
+        m_acc.add(mc)
+        v_acc.add(vc)
+        mf, vf = mc.float(), vc.float()
+        ok = torch.isfinite(mf) & torch.isfinite(vf)
+        live = mf != 0
+        underflow += int(((vf <= 0) & live & ok).sum())
+        ratio = (mf.abs() / bc1) / (torch.sqrt(vf.clamp(min=0) / bc2) + eps)
+        ratio = torch.where(ok, ratio, torch.zeros(()))
+        if ratio.numel():
+            ratio_max = max(ratio_max, float(ratio.max()))
+            ratio_sq += float(torch.sum(ratio.double() ** 2))
+            count += int(ok.sum())
+    lr = number(group.get("lr"))
+    upd = ParamUpdate(
+        index=None,
+        name=key,
+        step=step,
+        lr=lr,
+        numel=m.numel(),
+        ratio_max=ratio_max,
+        ratio_rms=math.sqrt(ratio_sq / count) if count else 0.0,
+        underflow=underflow,
+    )
+    return upd, m_acc.stats, v_acc.stats
+
+
+def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], list[TensorStats]]:
+    """K001 on moments, K004 and K005 for every Adam-like parameter state."""
+    findings: list[Finding] = []
+    updates: list[ParamUpdate] = []
+    moment_stats: list[TensorStats] = []
+    for n_opt, opt in enumerate(scan.optimizers):
+        names = param_names(scan, opt)
+        group_of = {
+            i: g for g in opt.param_groups if isinstance(g, dict) for i in g.get("params", [])
+        }
+        for index, entry in opt.state.items():
+            if not isinstance(entry, dict):
+                continue
+            label = names.get(index, f"optimizer{'' if n_opt == 0 else n_opt}.param {index}")
+            if not all(isinstance(entry.get(k), torch.Tensor) for k in ("exp_avg", "exp_avg_sq")):
+                for k, t in entry.items():
+                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
+                        s = _plain_stats(f"{label}.{k}", t, opt.file)
+                        moment_stats.append(s)
+                        if s.nonfinite:
+                            findings.append(nonfinite_finding(s, "optimizer state "))
+                continue
+            if entry["exp_avg"].shape != entry["exp_avg_sq"].shape:
+                continue
+            upd, ms, vs = _update_stats(entry, group_of.get(index, {}), label, opt.file, opt.mapped)
+
+            upd.index = index
+            updates.append(upd)
+            moment_stats += [ms, vs]
+            for s in (ms, vs):
+                if s.nonfinite:
+                    findings.append(nonfinite_finding(s, "optimizer state "))
+            if upd.underflow:
+                findings.append(
+                    ADAM_V_UNDERFLOW.finding(
+                        f"{label} ({parse_name(label).describe()}): exp_avg_sq is zero "
+                        f"where exp_avg is not in {upd.underflow} of {upd.numel} elements "
+                        f"({upd.underflow / upd.numel:.1%}); the update there is m/eps",
+                        value=upd.underflow / upd.numel,
+                        source=opt.file,
+                        tensor=label,
+                        param=str(index),
+                        dtype=vs.dtype,
+                    )
+                )
+    jumps = sorted(
+        (u for u in updates if u.ratio_max > JUMP_RATIO), key=lambda u: u.ratio_max, reverse=True
+    )
+    for u in jumps[:MAX_JUMP_FINDINGS]:
+        lr = f" (lr {u.lr:.3g}: a step of {u.ratio_max * u.lr:.3g})" if u.lr else ""
+        findings.append(
+            ADAM_UPDATE_JUMP.finding(
+                f"{u.name} ({parse_name(u.name).describe()}): the stored moments imply an update "
+                f"of up to {u.ratio_max:.3g} learning rates{lr}, RMS {u.ratio_rms:.3g}; "
+                f"{len(jumps)} parameter(s) over {JUMP_RATIO:g}",
+                value=u.ratio_max,
+                threshold=JUMP_RATIO,
+                source=scan.optimizers[0].file,
+                tensor=u.name,
+                param=str(u.index),
+            )
+        )
+    return findings, updates, moment_stats
+
+
+def _plain_stats(key: str, t: torch.Tensor, file: str) -> TensorStats:
+    acc = StatsAccumulator(
+        TensorStats(key, str(t.dtype).removeprefix("torch."), tuple(t.shape), file)
+    )
+    for chunk in flat_chunks(t):
+        acc.add(chunk)
+    return acc.stats

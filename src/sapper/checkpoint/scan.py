@@ -1,0 +1,204 @@
+"""One checkpoint read into what the checks need: its weights as a tensor source, and its
+optimizer, scheduler, scaler and trainer state as plain data.
+
+The pieces are found by :func:`sapper.checkpoint.layout.detect`; torch files are split
+by their content (an optimizer state dict has ``state`` and ``param_groups``; a
+Lightning checkpoint has ``state_dict`` and ``optimizer_states``; a custom loop's file
+often ``model``/``optimizer``/``scheduler``/``scaler``), not by their names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sapper.checkpoint.layout import Layout, detect, read_json
+from sapper.checkpoint.source import DcpSource, SafetensorsSource, TensorSource, TorchSource
+from sapper.checkpoint.torchfile import iter_tensors, load_torch_file, mapped
+from sapper.errors import InputError
+
+__all__ = ["OptimizerState", "Scan", "load_scan", "number"]
+
+_WEIGHT_KEYS = ("state_dict", "model", "model_state_dict", "module", "model_state")
+_OPTIM_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_states")
+_SCHED_KEYS = ("lr_schedulers", "scheduler", "lr_scheduler", "scheduler_state_dict")
+_SCALER_KEYS = ("scaler", "grad_scaler", "native_amp_scaling_state", "MixedPrecision")
+
+
+@dataclass
+class OptimizerState:
+    """A torch optimizer ``state_dict()`` and the file it came from."""
+
+    state: dict[Any, dict[str, Any]]
+    param_groups: list[dict[str, Any]]
+    file: str
+    #: Loaded with ``mmap=True`` (its tensors' pages may be dropped after reading).
+    mapped: bool = False
+
+
+@dataclass
+class Scan:
+    layout: Layout
+    weights: TensorSource
+    weights_file: str
+    optimizers: list[OptimizerState] = field(default_factory=list)
+    schedulers: list[dict[str, Any]] = field(default_factory=list)
+    scaler: dict[str, Any] | None = None
+    scaler_file: str = ""
+    trainer_state: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    rng: bool = False
+    #: Lightning's top-level bookkeeping (global_step, epoch, loops), when present.
+    lightning: dict[str, Any] | None = None
+    #: Whether this checkpoint carries training state at all (not a weights export).
+    training: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "lightning" if self.lightning is not None else self.layout.kind
+
+    def close(self) -> None:
+        self.weights.close()
+
+
+def number(value: Any) -> float | None:
+    """A plain float from a number or a one-element tensor; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.reshape(()).item())
+    return None
+
+
+def _is_optimizer(obj: Any) -> bool:
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("state"), dict)
+        and isinstance(obj.get("param_groups"), list)
+    )
+
+
+def _tensor_dict(obj: Any) -> bool:
+    return (
+        isinstance(obj, dict)
+        and bool(obj)
+        and all(isinstance(v, torch.Tensor) for v in obj.values())
+    )
+
+
+def _optimizers(obj: Any, file: str) -> list[OptimizerState]:
+    items = obj if isinstance(obj, list) else [obj]
+    is_mapped = mapped(Path(file))
+    return [
+        OptimizerState(o["state"], o["param_groups"], file, is_mapped)
+        for o in items
+        if _is_optimizer(o)
+    ]
+
+
+def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torch.Tensor]:
+    """Weights of a torch file's object; its optimizer/scheduler/scaler go to scan_kw."""
+    if _is_optimizer(obj):
+        scan_kw["optimizers"] += _optimizers(obj, file)
+        return {}
+    if not isinstance(obj, dict):
+        raise InputError(
+            "torch file holds no state dict",
+            file=file,
+            value=type(obj).__name__,
+            expected="a dict of tensors or of training state",
+        )
+    if _tensor_dict(obj):
+        return dict(iter_tensors(obj))
+    weights: dict[str, torch.Tensor] = {}
+    for key in _WEIGHT_KEYS:
+        if isinstance(obj.get(key), dict):
+            weights = {k: v for k, v in iter_tensors(obj[key])}
+            break
+    for key in _OPTIM_KEYS:
+        if key in obj:
+            scan_kw["optimizers"] += _optimizers(obj[key], file)
+    for key in _SCHED_KEYS:
+        value = obj.get(key)
+        scan_kw["schedulers"] += [
+            s for s in (value if isinstance(value, list) else [value]) if isinstance(s, dict)
+        ]
+    for key in _SCALER_KEYS:
+        if isinstance(obj.get(key), dict) and "scale" in obj[key]:
+            scan_kw["scaler"], scan_kw["scaler_file"] = obj[key], f"{file}: {key}"
+    if "state_dict" in obj and ("loops" in obj or "pytorch-lightning_version" in obj):
+        scan_kw["lightning"] = {
+            k: obj.get(k) for k in ("global_step", "epoch", "loops") if k in obj
+        }
+    if not weights and not scan_kw["optimizers"]:
+        weights = {k: v for k, v in iter_tensors(obj)}
+    return weights
+
+
+def _weights_source(layout: Layout, scan_kw: dict[str, Any]) -> tuple[TensorSource, str]:
+    if layout.weights and layout.weights_format == "safetensors":
+        return SafetensorsSource(layout.weights), ", ".join(str(p) for p in layout.weights)
+    if layout.weights:
+        merged: dict[str, torch.Tensor] = {}
+        for path in layout.weights:
+            merged.update(_split_torch(scan_kw, load_torch_file(path), str(path)))
+        files = ", ".join(str(p) for p in layout.weights)
+        return TorchSource(merged, files, all(mapped(p) for p in layout.weights)), files
+    if layout.dcp is not None:
+        return DcpSource(layout.dcp), str(layout.dcp)
+    return TorchSource({}, str(layout.path)), str(layout.path)
+
+
+def load_scan(path: Path) -> Scan:
+    """Read the layout of ``path`` and the small pieces of state; tensors stay unread."""
+    layout = detect(path)
+    kw: dict[str, Any] = {
+        "optimizers": [],
+        "schedulers": [],
+        "scaler": None,
+        "scaler_file": "",
+        "lightning": None,
+    }
+    weights, weights_file = _weights_source(layout, kw)
+    if layout.optimizer is not None:
+        obj = load_torch_file(layout.optimizer)
+        kw["optimizers"] += _optimizers(obj, str(layout.optimizer))
+        if not kw["optimizers"]:
+            raise InputError(
+                "optimizer file holds no optimizer state_dict",
+                file=str(layout.optimizer),
+                expected="'state' and 'param_groups'",
+            )
+    if layout.scheduler is not None:
+        obj = load_torch_file(layout.scheduler)
+        if isinstance(obj, dict):
+            kw["schedulers"].append(obj)
+    if layout.scaler is not None:
+        obj = load_torch_file(layout.scaler)
+        if isinstance(obj, dict):
+            kw["scaler"], kw["scaler_file"] = obj, str(layout.scaler)
+    for rng in layout.rng:
+        load_torch_file(rng)  # proves it loads (and needs nothing unsafe)
+    trainer_state = read_json(layout.trainer_state) if layout.trainer_state else None
+    config = read_json(layout.config) if layout.config else None
+    scan = Scan(
+        layout=layout,
+        weights=weights,
+        weights_file=weights_file,
+        trainer_state=trainer_state,
+        config=config,
+        rng=bool(layout.rng),
+        **kw,
+    )
+    scan.training = bool(scan.optimizers or trainer_state is not None or scan.lightning)
+    return scan
+
+
+def finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

@@ -1,0 +1,171 @@
+"""Named tensors of a checkpoint's weights, readable one at a time in bounded chunks.
+
+One interface over the formats, so the per-tensor checks and the diff of two checkpoints
+never care where a tensor lives: safetensors files (single or sharded, read through
+``safe_open``), a torch state dict (memory-mapped by ``torch.load(mmap=True)``) and a
+torch Distributed Checkpoint (one tensor at a time through its ``FileSystemReader``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sapper.checkpoint.pages import streamed
+from sapper.checkpoint.safefile import SafetensorsFile, TensorEntry
+from sapper.checkpoint.stats import CHUNK_ELEMENTS, TensorStats, flat_chunks, stats_of
+from sapper.errors import InputError
+
+__all__ = ["DcpSource", "SafetensorsSource", "TensorSource", "TorchSource"]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+
+
+class TensorSource:
+    """Tensors by key: ``keys``, ``info``, ``chunks`` and their ``stats``."""
+
+    def keys(self) -> list[str]:
+        raise NotImplementedError
+
+    def info(self, key: str) -> TensorInfo:
+        raise NotImplementedError
+
+    def chunks(self, key: str) -> Iterator[torch.Tensor]:
+        raise NotImplementedError
+
+    def stats(self, key: str) -> TensorStats:
+        info = self.info(key)
+        try:
+            return stats_of(key, self.chunks(key), info.dtype, info.shape, info.file)
+        except (RuntimeError, TypeError, ValueError) as exc:  # a tensor torch cannot reduce
+            raise InputError(
+                f"cannot reduce tensor ({type(exc).__name__}: {str(exc)[:200]})",
+                file=info.file,
+                field=key,
+            ) from None
+
+    def close(self) -> None:
+        """Release mappings (a no-op where nothing is held)."""
+
+
+_ST_DTYPE = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}  # fmt: skip
+
+
+class SafetensorsSource(TensorSource):
+    """Every tensor of one or more safetensors files (the shards of one model)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._files: list[SafetensorsFile] = []
+        self._where: dict[str, tuple[SafetensorsFile, TensorEntry]] = {}
+        for path in paths:
+            handle = SafetensorsFile(path)
+            self._files.append(handle)
+            for entry in handle.entries:
+                self._where.setdefault(entry.name, (handle, entry))
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def info(self, key: str) -> TensorInfo:
+        handle, entry = self._where[key]
+        return TensorInfo(_ST_DTYPE.get(entry.dtype, entry.dtype), entry.shape, str(handle.path))
+
+    def chunks(self, key: str) -> Iterator[torch.Tensor]:
+        handle, entry = self._where[key]
+        return handle.chunks(entry)
+
+    def metadata(self) -> dict[str, str]:
+        return self._files[0].metadata if self._files else {}
+
+    def close(self) -> None:
+        for handle in self._files:
+            handle.close()
+
+
+class TorchSource(TensorSource):
+    """Tensors of a loaded torch state dict (memory-mapped storages, paged on read)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], file: str, mapped: bool = False) -> None:
+        self._tensors = tensors
+        self._file = file
+        #: Loaded with ``mmap=True``: each tensor's pages are dropped once it is read.
+        self._mapped = mapped
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def info(self, key: str) -> TensorInfo:
+        t = self._tensors[key]
+        return TensorInfo(str(t.dtype).removeprefix("torch."), tuple(t.shape), self._file)
+
+    def chunks(self, key: str) -> Iterator[torch.Tensor]:
+        return streamed(self._tensors[key], CHUNK_ELEMENTS, self._mapped)
+
+    def tensor(self, key: str) -> torch.Tensor:
+        return self._tensors[key]
+
+
+class DcpSource(TensorSource):
+    """The tensors of a torch Distributed Checkpoint folder, each loaded alone through
+    ``torch.distributed.checkpoint``'s own reader (no process group needed)."""
+
+    def __init__(self, folder: Path) -> None:
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        self._folder = folder
+        try:
+            self._reader = FileSystemReader(str(folder))
+            meta = self._reader.read_metadata()
+        except Exception as exc:  # the reader raises what its unpickler meets
+            raise InputError(
+                f"cannot read the Distributed Checkpoint metadata: "
+                f"{type(exc).__name__}: {str(exc)[:200]}",
+                file=str(folder / ".metadata"),
+            ) from None
+        self._meta: dict[str, Any] = {
+            k: v
+            for k, v in meta.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata)
+        }
+
+    def keys(self) -> list[str]:
+        return list(self._meta)
+
+    def info(self, key: str) -> TensorInfo:
+        m = self._meta[key]
+        return TensorInfo(
+            str(m.properties.dtype).removeprefix("torch."), tuple(m.size), str(self._folder)
+        )
+
+    def chunks(self, key: str) -> Iterator[torch.Tensor]:
+        import torch.distributed.checkpoint as dcp
+
+        m = self._meta[key]
+        target = {key: torch.empty(tuple(m.size), dtype=m.properties.dtype)}
+        try:
+            with warnings.catch_warnings():  # "assuming ... a single process": intended
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(target, storage_reader=self._reader, no_dist=True)
+        except Exception as exc:  # a missing or truncated .distcp shard
+            raise InputError(
+                f"cannot read tensor: {type(exc).__name__}: {str(exc)[:200]}",
+                file=str(self._folder),
+                field=key,
+            ) from None
+        return flat_chunks(target[key])
