@@ -10,12 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sapper.diagnose.evidence import ConfigEvidence, Evidence, config_evidence, log_evidence
+from sapper.diagnose.evidence import (
+    ConfigEvidence,
+    Evidence,
+    checkpoint_evidence,
+    config_evidence,
+    log_evidence,
+)
 from sapper.diagnose.onset import series
 from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
 from sapper.diagnose.restarts import restart_verdicts
 
 if TYPE_CHECKING:
+    from sapper.checkpoint.inspect import InspectResult
     from sapper.checks.engine import CheckReport
     from sapper.logs.analysis import Analysis
     from sapper.plan.schema import Plan
@@ -34,6 +41,8 @@ class Diagnosis:
     precision: str | None
     #: Warnings of analyze that are no blow-up and that no cause explains (told, not judged).
     other: list[Evidence] = field(default_factory=list)
+    #: The checkpoints ``sapper inspect`` read for evidence.
+    checkpoints: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -115,6 +124,7 @@ class Diagnosis:
                 "onset": self.onset,
                 "logs": self.logs,
                 "config": self.config,
+                "checkpoints": self.checkpoints,
                 "precision": self.precision,
                 "undecided": self.reasoning.undecided or None,
                 "other_findings": [e.to_json() for e in self.other],
@@ -171,15 +181,18 @@ def diagnose(
     analyses: list[Analysis],
     report: CheckReport | None = None,
     checked: list[str] | None = None,
+    inspected: InspectResult | None = None,
 ) -> Diagnosis:
     """The cause of what the logs show, with the config's pre-flight findings (``report``
-    over the plan check codes ``checked``) as evidence when a config was given."""
+    over the plan check codes ``checked``) as evidence when a config was given, and the
+    findings of ``sapper inspect`` on the run's checkpoint(s) (``inspected``)."""
     config: ConfigEvidence | None = None
     if report is not None:
         config = config_evidence(report, checked or [])
     log = log_evidence(analyses)
     precision = run_precision(report.plan if report is not None else None, analyses)
-    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision)
+    stored = checkpoint_evidence(inspected) if inspected is not None else []
+    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision, stored)
     explained = {e.code for c in reasoning.candidates for e in c.evidence}
     explained |= {s.code for s in reasoning.symptoms}
     other = [e for e in log if e.code not in explained and e.severity.rank >= 1]
@@ -189,4 +202,5 @@ def diagnose(
         config.source if config is not None else None,
         precision,
         other,
+        [c.path for c in inspected.checkpoints] if inspected is not None else [],
     )

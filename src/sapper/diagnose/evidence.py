@@ -17,13 +17,16 @@ from sapper.rules.causes import BLOW_UP
 from sapper.rules.model import Finding, Severity
 
 if TYPE_CHECKING:
+    from sapper.checkpoint.inspect import InspectResult
     from sapper.checks.engine import CheckReport
     from sapper.logs.analysis import Analysis
 
-__all__ = ["ConfigEvidence", "Evidence", "config_evidence", "log_evidence"]
+__all__ = [
+    "ConfigEvidence", "Evidence", "checkpoint_evidence", "config_evidence", "log_evidence",
+]
 
 #: Where an item of evidence comes from.
-LOG, CONFIG, RESTART = "log", "config", "restart"
+LOG, CONFIG, RESTART, CHECKPOINT = "log", "config", "restart", "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -138,3 +141,21 @@ def config_evidence(report: CheckReport, codes: list[str]) -> ConfigEvidence:
         evaluated=frozenset(codes) - unverified,
         source=source,
     )
+
+
+def checkpoint_evidence(result: InspectResult) -> list[Evidence]:
+    """The findings of ``sapper inspect`` on the run's checkpoint(s), first per rule, at
+    the step the checkpoint was saved (the trainer's, else the optimizer's) when known."""
+    out: list[Evidence] = []
+    for report in result.checkpoints:
+        step = report.steps.get("trainer", report.steps.get("optimizer"))
+        at = int(step) if step is not None else None
+        mine = [f.model_copy(update={"step": at}) if f.step is None else f
+                for f in report.findings]
+        out += _first_per_code(mine, report.path, CHECKPOINT)
+    seen = {(e.code, e.source) for e in out}
+    # findings of the pair (what changed between the two checkpoints)
+    pair = [f for f in result.findings if (f.code, f.source or "") not in seen
+            and all(f not in r.findings for r in result.checkpoints)]
+    out += _first_per_code(pair, " → ".join(r.path for r in result.checkpoints), CHECKPOINT)
+    return out

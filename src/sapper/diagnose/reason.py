@@ -6,7 +6,8 @@ benchmarks/diagnose_accuracy.py) is its *support* times how much of what went wr
 
 - support adds one weight per item of evidence that points at the cause (``SUPPORT``): a
   sign found in the log counts more when it came **before** the first symptom it explains
-  (a precursor) than after it (then it may be one more symptom); a pre-flight finding on
+  (a precursor) than after it (then it may be one more symptom); so does a finding of
+  ``sapper inspect`` on a checkpoint, at the step it was saved; a pre-flight finding on
   the config that predicts the cause counts; a restart that came back (or did not) counts.
   A config whose checks for the cause ran clean lowers it (``CLEAN_CONFIG``).
 - coverage is the share of the blow-up's symptoms (distinct rules) the cause can produce:
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sapper.diagnose.evidence import CONFIG, LOG, ConfigEvidence, Evidence
+from sapper.diagnose.evidence import CHECKPOINT, CONFIG, LOG, ConfigEvidence, Evidence
 from sapper.diagnose.restarts import RestartVerdict
 from sapper.rules.causes import CAUSES, STRONG, Cause
 from sapper.rules.model import Severity
@@ -38,6 +39,12 @@ SUPPORT: dict[tuple[str, str, str], float] = {
     (LOG, "weak", "after"): 0.1,
     (CONFIG, STRONG, ""): 0.4,
     (CONFIG, "weak", ""): 0.2,
+    # The checkpoint's state is measured, not predicted: weighed as a log finding at
+    # the step it was saved (no step known: as if saved after the first symptom).
+    (CHECKPOINT, STRONG, "before"): 0.6,
+    (CHECKPOINT, STRONG, "after"): 0.35,
+    (CHECKPOINT, "weak", "before"): 0.2,
+    (CHECKPOINT, "weak", "after"): 0.1,
 }
 #: A restart that came back (or did not) where this cause says it would; more when the
 #: log shows the resumed run read the same samples (``RestartVerdict.verified``).
@@ -101,6 +108,7 @@ def _candidate(
     log: list[Evidence],
     config: ConfigEvidence | None,
     restarts: list[RestartVerdict],
+    checkpoint: list[Evidence],
 ) -> Candidate | None:
     explains = [s for s in symptoms if s.code in cause.symptoms or s.code in cause.signs]
     onset = min((s.since for s in explains if s.since is not None), default=None)
@@ -125,6 +133,11 @@ def _candidate(
         if ran and not fired & set(planned):
             support += CLEAN_CONFIG
             notes.append(f"the config's checks {', '.join(ran)} ran clean")
+    for e in checkpoint:
+        strength = cause.signs.get(e.code)
+        if strength is not None and e.severity != Severity.INFO:
+            support += SUPPORT[(CHECKPOINT, strength, _timing(e, explains))]
+            evidence.append(e)
     for r in restarts:
         if r.cause == cause.id:
             support += RESTART_VERIFIED if r.verified else RESTART_WEIGHT
@@ -145,6 +158,7 @@ def rank_causes(
     config: ConfigEvidence | None,
     restarts: list[RestartVerdict],
     precision: str | None,
+    checkpoint: list[Evidence] | None = None,
 ) -> Reasoning:
     """Score every cause of the map against the evidence and decide. A run with no
     blow-up is diagnosed only from what its own logs show (a strong sign such as wrapped
@@ -158,7 +172,8 @@ def rank_causes(
         return Reasoning([], [], None)
     candidates = [
         c for cause in CAUSES if _allowed(cause, precision)
-        if (c := _candidate(cause, symptoms, log, config, restarts)) is not None
+        if (c := _candidate(cause, symptoms, log, config, restarts, checkpoint or []))
+        is not None
     ]
     candidates.sort(key=lambda c: (-c.confidence, -c.coverage, c.cause.id))
     if not candidates:
