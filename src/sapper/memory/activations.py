@@ -74,9 +74,10 @@ def _dims(sh: Shape) -> tuple[int, int, int, int, float]:
     return q, kv, heads, _div(sh.ffn if not sh.moe else sh.expert_ffn, t), rep
 
 
-def _mask_bytes(sh: Shape, device: str, compute: int) -> int:
-    """A dropout mask: CUDA keeps a bool mask; the CPU kernel keeps a scaled noise tensor."""
-    if sh.dropout <= 0:
+def _mask_bytes(sh: Shape, site: str, device: str, compute: int) -> int:
+    """Bytes per element of the dropout mask at ``site`` (0 without dropout there): CUDA
+    keeps a bool mask; the CPU kernel keeps a scaled noise tensor."""
+    if sh.dropout_at(site) <= 0:
         return 0
     return 1 if device == "cuda" else compute
 
@@ -131,7 +132,9 @@ def _megatron(sh: Shape, device: str) -> BlockActivations:
     c = sh.recipe.compute
     h, s = sh.hidden, sh.seq // sh.cp
     q, kv, heads, f, rep = _dims(sh)
-    mask = _mask_bytes(sh, device, c)
+    mask = _mask_bytes(sh, "attention", device, c)
+    out_mask = _mask_bytes(sh, "hidden", device, c)
+    act_mask = _mask_bytes(sh, "activation", device, c)
     stats = 8 if sh.norm == "layernorm" else 4  # fp32 mean + rstd per token
     ln = (c * h + stats) * rep
     flash = sh.attn_impl != "eager"
@@ -141,15 +144,15 @@ def _megatron(sh: Shape, device: str) -> BlockActivations:
     else:
         scores = (c + (mask + c if mask else 0)) * heads * s  # softmax, dropout mask and output
         core = c * q  # context = out-proj input
-    attn = ln + c * h * rep + c * (q + 2 * kv) + core + mask * h * rep
+    attn = ln + c * h * rep + c * (q + 2 * kv) + core + out_mask * h * rep
     width = (2 * f if sh.gated else f) + f  # fc1 output(s) and activation output
-    mlp_one = c * width + _act_extra(sh.act) * c * f
+    mlp_one = c * width + _act_extra(sh.act) * c * f + act_mask * f
     if sh.moe:
         k = sh.top_k
         mlp = c * h * rep + 8 * sh.experts + k * (c * h + mlp_one) + k * c * h
     else:
         mlp = c * h * rep + mlp_one
-    mlp += ln + mask * h * rep
+    mlp += ln + out_mask * h * rep
     per_token = attn + scores + mlp
     n = tokens(sh)
     saved = int(per_token * n)
@@ -179,7 +182,9 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     c, r, ac = rc.compute, rc.residual, rc.autocast
     h, s = sh.hidden, sh.seq // sh.cp
     q, kv, heads, f, rep = _dims(sh)
-    mask = _mask_bytes(sh, device, c)
+    mask = _mask_bytes(sh, "attention", device, c)
+    out_mask = _mask_bytes(sh, "hidden", device, c)
+    act_mask = _mask_bytes(sh, "activation", device, c)
     # norms: what a norm keeps of its input x (the residual stream) and its output;
     # sequence parallelism shards them, like everything outside the TP regions
     if sh.norm == "layernorm":
@@ -217,9 +222,9 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
     if sh.fused_qkv and sh.rope:
         attn += c * (q + kv)  # rotated q and k next to the fused output v keeps alive
-    attn += mask * h * rep
+    attn += out_mask * h * rep
     width = (2 * f if sh.gated else f) + f + (f if sh.gated else 0)
-    mlp_one = c * width + _act_extra(sh.act) * c * f
+    mlp_one = c * width + _act_extra(sh.act) * c * f + act_mask * f
     n_mlp_proj = 2 if sh.gated else 1
     if sh.moe:
         k = sh.top_k
@@ -243,7 +248,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         mlp += norm - (r * h * rep if shares_input else 0)
     else:
         mlp += norm
-    mlp += mask * h * rep
+    mlp += out_mask * h * rep
     # sandwich placement: each sub-layer's output goes through its own norm as well
     post_norms = (sh.block_norms - 2) * norm
     mlp += post_norms
@@ -298,7 +303,7 @@ def attention_kernel(sh: Shape, device: str) -> str:
     to the composed math path, which keeps what eager attention keeps (scores,
     probabilities, the dropout mask). CUDA's fused kernels handle dropout themselves."""
     if sh.impl == "transformers" and sh.attn_impl == "sdpa" and device != "cuda" and (
-        sh.dropout > 0
+        sh.dropout_at("attention") > 0
     ):
         return "eager"
     return sh.attn_impl
@@ -316,5 +321,8 @@ def block_activations(sh: Shape, device: str = "cuda") -> BlockActivations:
 def embedding_saved(sh: Shape, device: str = "cuda") -> int:
     """What the embedding keeps for backward: the token ids (int64), and the embedding
     dropout's mask when dropout is on (Hugging Face models drop the summed embeddings)."""
-    mask = _mask_bytes(sh, device, sh.recipe.compute) if sh.impl == "transformers" else 0
+    mask = (
+        _mask_bytes(sh, "embedding", device, sh.recipe.compute)
+        if sh.impl == "transformers" else 0
+    )
     return 8 * tokens(sh) + int(mask * sh.hidden * tokens(sh) / (sh.tp if sh.sp else 1))

@@ -57,7 +57,7 @@ class Shape:
     attn_bias: bool
     mlp_bias: bool
     attn_impl: str  # eager / sdpa / flash
-    dropout: float
+    dropout: float  # the model's dropout; the per-site probabilities below default to it
     impl: str  # transformers / megatron
     num_params: int | None
     # batch
@@ -106,6 +106,19 @@ class Shape:
     optimizer_partitioned: bool = False
     #: ZeRO's buffer sizes and where they came from (memory/buckets.py).
     buckets: ZeroBuckets = dataclass_field(default_factory=default_buckets)
+    #: Dropout per site (None: ``dropout``): on the attention probabilities, on the
+    #: sub-layer outputs before the residual adds, on the embeddings, after the MLP's
+    #: activation (None there: no dropout).
+    attention_dropout: float | None = None
+    hidden_dropout: float | None = None
+    embedding_dropout: float | None = None
+    activation_dropout: float | None = None
+
+    def dropout_at(self, site: str) -> float:
+        own = getattr(self, f"{site}_dropout")
+        if own is not None:
+            return own
+        return 0.0 if site == "activation" else self.dropout
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)
@@ -280,6 +293,10 @@ def shape_from_plan(plan: Plan) -> Shape:
         attn_bias=m.attention_bias,
         mlp_bias=m.mlp_bias,
         dropout=m.dropout,
+        attention_dropout=m.dropout_at("attention"),
+        hidden_dropout=m.dropout_at("hidden"),
+        embedding_dropout=m.dropout_at("embedding"),
+        activation_dropout=m.dropout_at("activation"),
         impl=m.implementation,
         num_params=m.num_params,
         micro_batch=micro,

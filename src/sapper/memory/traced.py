@@ -352,9 +352,9 @@ def hf_config_from_plan(plan: Any) -> dict[str, Any]:
             "vocab_size": m.vocab_size,
             "n_positions": m.max_position_embeddings or plan.batch.seq_len or 1024,
             "activation_function": act,
-            "resid_pdrop": m.dropout,
-            "embd_pdrop": m.dropout,
-            "attn_pdrop": m.dropout,
+            "resid_pdrop": m.dropout_at("hidden"),
+            "embd_pdrop": m.dropout_at("embedding"),
+            "attn_pdrop": m.dropout_at("attention"),
             "tie_word_embeddings": m.tied_embeddings,
             "attn_implementation": m.attention_impl.value,
         }
@@ -369,7 +369,7 @@ def hf_config_from_plan(plan: Any) -> dict[str, Any]:
         "max_position_embeddings": m.max_position_embeddings or plan.batch.seq_len or 4096,
         "hidden_act": act,
         "tie_word_embeddings": m.tied_embeddings,
-        "attention_dropout": m.dropout,
+        "attention_dropout": m.dropout_at("attention"),
         "attn_implementation": m.attention_impl.value,
     }
     if fam == "mixtral":

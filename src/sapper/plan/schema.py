@@ -248,7 +248,26 @@ class ModelSpec(_Spec):
     attention_impl: AttentionImpl = Field(
         default=AttentionImpl.SDPA, description="eager keeps s×s scores; sdpa/flash do not."
     )
-    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="Dropout probability; each site below falls back to it when unset.",
+    )
+    attention_dropout: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="Dropout on the attention probabilities (HF attention_dropout, attn_pdrop).",
+    )
+    hidden_dropout: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="Dropout on the attention and MLP outputs before the residual add (HF "
+        "hidden_dropout, resid_pdrop; OPT's dropout).",
+    )
+    embedding_dropout: float | None = Field(
+        default=None, ge=0, lt=1, description="Dropout on the embeddings (HF embd_pdrop)."
+    )
+    activation_dropout: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="Dropout inside the MLP, after the activation (OPT, BART); unset: none.",
+    )
     hidden_act: str | None = Field(
         default=None,
         description="The activation's name in the source (HF hidden_act, e.g. 'gelu_new', "
@@ -289,6 +308,14 @@ class ModelSpec(_Spec):
         if self.rope_scaling and self.rope_scaling.original_max_position_embeddings:
             return self.rope_scaling.original_max_position_embeddings
         return self.max_position_embeddings
+
+    def dropout_at(self, site: str) -> float:
+        """The dropout probability at ``site`` (attention, hidden, embedding, activation):
+        its own field, else ``dropout`` (activation: else none, few models have it)."""
+        own = getattr(self, f"{site}_dropout")
+        if own is not None:
+            return own
+        return 0.0 if site == "activation" else self.dropout
 
     def estimated_params(self) -> int:
         """Parameter count: the loader's exact count if known, else a standard estimate

@@ -31,6 +31,7 @@ from sapper.plan.readers.hf_families import (
     activation,
     count_on_meta,
     dropout_of,
+    dropout_sites,
     generic,
     quiet_transformers,
 )
@@ -127,6 +128,7 @@ def read_hf_config(path: str | Path) -> PlanSource:
         _add_positions(family, cfg, raw)
         family.model["hidden_act"] = _hidden_act(cfg)
         dropout = dropout_of(cfg)
+        sites = dropout_sites(cfg)
     except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
         # The file was accepted but a value it left alone (a null width, a string where
         # a number goes) cannot describe a model: bad input, not a bug.
@@ -137,6 +139,9 @@ def read_hf_config(path: str | Path) -> PlanSource:
         ) from None
     if isinstance(dropout, (int, float)) and 0 <= dropout < 1:
         family.model["dropout"] = dropout
+        for site, p in sites.items():
+            if 0 <= p < 1:
+                family.model[f"{site}_dropout"] = p
 
     src = PlanSource(name=file)
     src.set("model.family", model_type, origin="model_type")

@@ -29,6 +29,7 @@ __all__ = [
     "activation",
     "count_on_meta",
     "dropout_of",
+    "dropout_sites",
     "generic",
     "quiet_transformers",
 ]
@@ -86,22 +87,39 @@ def activation(name: Any, gated: bool) -> Activation | None:
     return None
 
 
+#: The config keys of each dropout site, most specific first (families name them
+#: differently: GPT-2 resid_pdrop/attn_pdrop/embd_pdrop, OPT dropout/attention_dropout/
+#: activation_dropout, BERT hidden_dropout_prob/attention_probs_dropout_prob ...).
+DROPOUT_KEYS: dict[str, tuple[str, ...]] = {
+    "attention": ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"),
+    "hidden": ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout"),
+    "embedding": ("embd_pdrop", "embedding_dropout", "emb_dropout"),
+    "activation": ("activation_dropout",),
+}
+
+
+def _probability(cfg: Any, names: tuple[str, ...]) -> float | None:
+    for name in names:
+        v = getattr(cfg, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def dropout_sites(cfg: Any) -> dict[str, float]:
+    """The dropout probability of each site the config sets. The embeddings take the
+    hidden dropout where the family names none of its own (OPT, BERT, GPT-NeoX drop the
+    summed embeddings with it); a site the config does not name has no dropout."""
+    sites = {site: _probability(cfg, names) for site, names in DROPOUT_KEYS.items()}
+    if sites["embedding"] is None:
+        sites["embedding"] = sites["hidden"]
+    return {site: p if p is not None else 0.0 for site, p in sites.items()}
+
+
 def dropout_of(cfg: Any) -> float | None:
-    """The largest dropout probability the config sets (attention, hidden, embedding)."""
-    names = (
-        "attention_dropout",
-        "hidden_dropout",
-        "resid_pdrop",
-        "embd_pdrop",
-        "attn_pdrop",
-        "dropout",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-    )
+    """The largest dropout probability the config sets (any site)."""
     values = [
-        float(v)
-        for v in (getattr(cfg, n, None) for n in names)
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
+        p for names in DROPOUT_KEYS.values() if (p := _probability(cfg, names)) is not None
     ]
     return max(values) if values else None
 

@@ -338,7 +338,14 @@ def _model(m: _Map, tp: Any) -> None:
           "add_bias_linear")
     m.take("max_position_embeddings", "model.max_position_embeddings",
            m.integer("max_position_embeddings", "model.max_position_embeddings"))
-    m.take("hidden_dropout", "model.dropout", m.number("hidden_dropout", "model.dropout"), 0.1)
+    hidden = m.take("hidden_dropout", "model.dropout",
+                    m.number("hidden_dropout", "model.dropout"), 0.1)
+    # Megatron drops the residual-branch outputs and the embeddings with --hidden-dropout
+    # and the attention probabilities with --attention-dropout (both 0.1 by default).
+    if known(hidden):
+        m.put("model.hidden_dropout", hidden, "hidden_dropout")
+    m.take("attention_dropout", "model.attention_dropout",
+           m.number("attention_dropout", "model.attention_dropout"), 0.1)
     _vocab(m, tp)
     _experts(m)
     std = m.number("init_method_std", "init.std")

@@ -326,6 +326,10 @@ def _model(r: _Reader) -> None:
     r.take(f"{m}.kv_channels", "model.head_dim", "int", minimum=1)
     r.take(f"{m}.max_position_embeddings", "model.max_position_embeddings", "int", minimum=1)
     r.take(f"{m}.hidden_dropout", "model.dropout", "number", minimum=0, maximum=0.999)
+    r.take(f"{m}.hidden_dropout", "model.hidden_dropout", "number", minimum=0, maximum=0.999)
+    r.take(f"{m}.attention_dropout", "model.attention_dropout", "number", minimum=0,
+           maximum=0.999)
+    r.take(f"{m}.ffn_dropout", "model.activation_dropout", "number", minimum=0, maximum=0.999)
     r.take(f"{m}.num_moe_experts", "model.num_experts", "int", minimum=1)
     if r.given(f"{m}.num_moe_experts"):
         r.take(f"{m}.moe_router_topk", "model.experts_top_k", "int", minimum=1)
