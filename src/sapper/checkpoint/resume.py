@@ -132,7 +132,8 @@ def _lr_findings(scan: Scan, steps: dict[str, float]) -> list[Finding]:
         return out
     opt = scan.optimizers[0]
     group_lrs = [number(g.get("lr")) for g in opt.param_groups if isinstance(g, dict)]
-    sched_lrs: list[Any] = scan.schedulers[0].get("_last_lr") or [] if scan.schedulers else []
+    last = scan.schedulers[0].get("_last_lr") if scan.schedulers else None
+    sched_lrs: list[Any] = list(last) if isinstance(last, (list, tuple)) else []
     for i, (g_lr, s_lr) in enumerate(zip(group_lrs, sched_lrs, strict=False)):
         s_val = number(s_lr)
         if g_lr is not None and s_val is not None and not _close(g_lr, s_val):
