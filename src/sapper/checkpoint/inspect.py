@@ -176,6 +176,7 @@ def _report(scan: Scan) -> CheckpointReport:
             if s.key.endswith(".exp_avg_sq") and parse_name(s.key).layer is not None
         ],
         "exp_avg_sq",
+        power=0.5,
     )
     findings += tied_findings(scan.weights, scan.config)
     findings += dtype_findings(weights, scan.config)

@@ -112,6 +112,14 @@ def _wanted(text: str) -> str | None:
 def _refusal(path: Path, name: str | None, text: str) -> InputError:
     if name is None:
         return InputError(f"not a loadable torch file: {_first_line(text)}", file=str(path))
+    if name in SAFE_GLOBALS:
+        return InputError(
+            "the file pickles a type sapper allows, but its package is not installed here",
+            file=str(path),
+            field="pickle",
+            value=name,
+            expected=f"the package of {name} installed",
+        )
     return InputError(
         "refused to unpickle: the file needs a global that could run code; "
         "nothing in it was executed",
