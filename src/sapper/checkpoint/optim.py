@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,6 +93,9 @@ def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
     if any(shape is None for g in wanted_groups for _, shape in g):
         return {}
     order = list(shapes)
+    rank = Path(opt.file).parent.name + "/"
+    if any(k.startswith(rank) for k in order):  # Megatron ranks: this rank's weights only
+        order = [k for k in order if k.startswith(rank)]
     if scan.layout.weights_format == "safetensors" and scan.config is not None:
         order = _module_order(scan.config) or []
         order = [k for k in order if k in shapes]

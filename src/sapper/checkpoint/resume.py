@@ -89,6 +89,10 @@ def steps_of(scan: Scan) -> dict[str, float]:
         gs = number(scan.lightning.get("global_step"))
         if gs is not None:
             steps["trainer"] = gs
+    if scan.megatron is not None:
+        it = number(scan.megatron.get("iteration"))
+        if it is not None:
+            steps["trainer"] = it
     return steps
 
 
@@ -205,6 +209,8 @@ def _missing(scan: Scan) -> list[str]:
         if "loops" not in scan.lightning:
             missing.append("Lightning loop state (the data position)")
         return missing
+    if scan.megatron is not None and not scan.rng:
+        missing.append("rng_state (dropout masks and data order)")
     if scan.layout.kind == "hf-trainer":
         if scan.trainer_state is None:
             missing.append("trainer_state.json (global step and data position)")
