@@ -56,6 +56,11 @@ def test_rules_and_explain() -> None:
     assert res.exit_code == 0
     for heading in ("Why it explodes", "Early signs", "How to defuse"):
         assert heading in res.output
+    # Its place in diagnose's causal map: a strong sign of broken loss scaling.
+    assert "strong sign of loss-scaling" in res.output
+    res = invoke("explain", "R001", "--format", "json")
+    links = json.loads(res.stdout)["causes"]
+    assert not links["sign_of"] and "fp16-overflow" in {c["cause"] for c in links["symptom_of"]}
 
 
 def test_unknown_code_is_input_error() -> None:

@@ -59,6 +59,15 @@ def test_every_runtime_error_rule_is_a_symptom_or_a_sign() -> None:
         ("accum.jsonl", "accumulation", "accumulation"),
         ("cycle.jsonl", "data-repeat", "data"),
         ("unscale.jsonl", "scaler-misuse", "scaler"),
+        ("overflow.jsonl", "fp16-overflow", "precision"),
+        ("schedule.jsonl", "lr-schedule", "lr"),
+        ("leak.jsonl", "memory", "memory"),
+        ("setup.jsonl", "optimizer-setup", "init"),
+        # A NaN from one corrupt record at step 25; the run resumed from step 11 with
+        # the data position restored, and it came back at step 25 ...
+        ("restart-same-step.jsonl", "bad-data", "data"),
+        # ... or (a transient fault at step 25) it did not, reading the same samples.
+        ("restart-gone.jsonl", "hardware", "hardware"),
     ],
 )
 def test_a_planted_fault_is_named_by_its_cause(log: str, cause: str, check: str) -> None:
@@ -70,6 +79,25 @@ def test_a_planted_fault_is_named_by_its_cause(log: str, cause: str, check: str)
     assert all({"code", "step", "source", "message"} <= set(e) for e in named["evidence"])
 
 
+def test_each_attempts_stored_findings_stay_its_own() -> None:
+    """A resumed run logs its NaN again at the same step: the run log's stored findings
+    are tagged with their attempt, so the second one is not merged into the first."""
+    from sapper.cli.analyze_cmd import analyze_logs, load_logs
+
+    loaded, _ = load_logs([FAULTS / "restart-same-step.jsonl"], None, None)
+    (analysis,) = analyze_logs(loaded, None, [], [])
+    nans = [(f.step, f.data.get("attempt")) for f in analysis.findings if f.code == "R001"]
+    assert nans == [(25, 1), (25, 2)]
+
+
+def test_restart_evidence_says_the_samples_were_the_same() -> None:
+    _, doc = diagnose(str(FAULTS / "restart-same-step.jsonl"))
+    (named,) = doc["causes"]
+    restart = next(e for e in named["evidence"] if "attempts 1-2" in e["source"])
+    assert "came back at step 25" in restart["message"]
+    assert "the same samples" in restart["message"]
+
+
 def test_a_healthy_run_has_no_cause_and_exits_0() -> None:
     code, doc = diagnose(str(FAULTS / "healthy.jsonl"))
     assert (code, doc["causes"], doc["summary"]["verdict"]) == (0, [], "healthy")
@@ -78,7 +106,8 @@ def test_a_healthy_run_has_no_cause_and_exits_0() -> None:
 def test_fp16_scale_collapse_before_the_nan_is_the_precision_cause() -> None:
     _, doc = diagnose(str(SCALE_COLLAPSE))
     (named,) = doc["causes"]
-    assert named["cause"] == "fp16-overflow" and named["first_step"] == 600
+    # The scale fell from its peak of 64 at the record of 500; R030 was sure at 600.
+    assert named["cause"] == "fp16-overflow" and named["first_step"] == 500
     assert [e["code"] for e in named["evidence"]] == ["R030", "R001"]  # in time order
 
 
@@ -143,3 +172,28 @@ def test_an_unreadable_log_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad.write_text("nothing here\n")
     res = runner.invoke(app, ["diagnose", str(bad)])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(("log", "precision"), [("overflow.jsonl", "fp16"),
+                                                ("restart-same-step.jsonl", "fp32")])
+def test_the_monitors_precision_decides_which_mechanics_are_in_play(
+    log: str, precision: str
+) -> None:
+    """The live monitor records the forward's precision (autocast fp16 over fp32
+    weights, or plain fp32): an fp32 run is never offered an fp16 cause."""
+    _, doc = diagnose(str(FAULTS / log))
+    assert doc["summary"]["precision"] == precision
+    offered = {c["cause"] for c in [*doc["causes"], *doc["considered"]]}
+    assert ("fp16-overflow" in offered) == (precision == "fp16")
+
+
+def test_a_field_the_config_never_set_is_no_evidence() -> None:
+    """Only --dtype given: clipping is unknown, not off (the HF Trainer clips at 1.0 by
+    default), so "clipping is not set" does not point at no-clipping."""
+    log = REAL / "hf_console" / "llamafactory-4202-glm4-fp16-v100-nan.txt"
+    _, doc = diagnose(str(log), "--dtype", "fp16")
+    ranked = [*doc["causes"], *doc["considered"], *doc["causes"][0].get("candidates", [])]
+    assert "no-clipping" not in {c["cause"] for c in ranked}
+    _, doc = diagnose(str(log), "--dtype", "fp16", "--max-norm", "0")  # stated: off
+    ranked = [*doc["causes"], *doc["considered"], *doc["causes"][0].get("candidates", [])]
+    assert "no-clipping" in {c["cause"] for c in ranked}

@@ -4,6 +4,7 @@ analytic model agrees with it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from memory_plans import LLAMA_7B, TINY_LLAMA, make_plan
@@ -84,3 +85,41 @@ def test_7b_traces_well_under_a_minute() -> None:
     # bf16 weights + grads, fp32 master + m + v: 16 bytes per parameter
     states = sum(traced.phases["optimizer"][k] for k in ("params", "grads", "optimizer"))
     assert states == pytest.approx(16 * traced.num_params, rel=1e-3)
+
+
+def _memory_json(*args: str):
+    import json
+
+    from typer.testing import CliRunner
+
+    from sapper.cli.app import _register_commands, app
+
+    _register_commands()
+    res = CliRunner().invoke(app, ["memory", *args, "--format", "json"])
+    return res.exit_code, json.loads(res.stdout)
+
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+
+
+def test_traced_builds_the_users_own_config() -> None:
+    """OPT is no family the Plan rebuilds (its 512-wide embeddings projected to 1024,
+    learned positions at offset 2): --traced builds opt-350m.json itself, in the plan's
+    fp32 although the file records float16."""
+    code, doc = _memory_json("--model", str(HF / "opt-350m.json"), "--micro-batch", "1",
+                             "--seq-len", "256", "--traced")
+    assert code == 0 and "traced_skipped" not in doc
+    traced = doc["traced"]
+    assert traced["num_params"] == 331_196_416 == doc["estimate"]["num_params"]
+    assert traced["phases"]["optimizer"]["params"] >= 4 * traced["num_params"]  # fp32
+    assert any("opt-350m.json describes" in n for n in traced["notes"])
+
+
+def test_a_model_that_cannot_be_traced_keeps_the_analytic_answer() -> None:
+    """A config that needs its repository's code: no prompt, no trace, the analytic JSON
+    with the reason, and the exit code of the verdict (it fits on an 80 GB GPU)."""
+    code, doc = _memory_json("--model", str(HF / "falcon-7b-legacy.json"), "--micro-batch",
+                             "1", "--seq-len", "256", "--gpu", "H100-80GB", "--zero", "0",
+                             "--dtype", "bf16", "--traced")
+    assert "traced" not in doc and "custom code" in doc["traced_skipped"]
+    assert code == (0 if doc["verdict"]["fits"] else 1)

@@ -343,3 +343,19 @@ def test_hf_trainer_setups(tmp_path: Path) -> None:
     partly = gpt2()
     _lora_like(partly)
     assert _trainer_run(tmp_path, partly) == {}
+
+
+def test_the_first_forward_records_its_precision() -> None:
+    """The weights' dtype and autocast's, when it is on around the forward."""
+    from sapper.monitor.setup import forward_precision
+
+    model = gpt2()
+    params = list(model.parameters())
+    assert forward_precision(params) == {"param_dtype": "fp32"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert forward_precision(params) == {"param_dtype": "fp32", "autocast_dtype": "bf16"}
+    model.half()
+    assert forward_precision(list(model.parameters())) == {"param_dtype": "fp16"}
+    run = train(gpt2(), fp16=True, steps=2)
+    first = run.monitor.history[0].extra
+    assert (first["param_dtype"], first["autocast_dtype"]) == ("fp32", "fp16")

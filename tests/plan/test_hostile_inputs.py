@@ -335,6 +335,19 @@ def test_smoke_model_device() -> None:
     assert "is a device" in refused("smoke", "--model", "/dev/zero", within=30.0)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="FIFOs")
+def test_smoke_factory_file_that_is_a_fifo_is_never_imported(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.py"
+    os.mkfifo(fifo)  # importing it would block forever on the read
+    line = refused("smoke", "--factory", f"{fifo}:build", within=30.0)
+    assert "not a regular file" in line
+
+
+def test_smoke_factory_file_named_unlike_a_module(tmp_path: Path) -> None:
+    path = write(tmp_path, "my-model.py", "def build():\n    return None\n")
+    assert "not a Python module name" in refused("smoke", "--factory", f"{path}:build")
+
+
 # ---- found by the property tests ------------------------------------------------------
 @pytest.mark.parametrize("key", ["n_embd", "hidden_size"])
 @pytest.mark.parametrize("value", [None, "wide", 0])

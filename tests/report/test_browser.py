@@ -238,6 +238,32 @@ def test_hf_report_without_plan(browser, examples: Path, tmp_path: Path) -> None
     _check_charts(page, data)
     assert page.get_attribute("#chart-memory", "data-empty") == "1"
     assert not page.is_visible("#checklist-section")
+    assert not page.is_visible("#diagnosis-section")  # no diagnosis given
+    assert problems == []
+
+
+def test_the_diagnosis_is_a_timeline_marked_on_the_curves(browser, tmp_path: Path) -> None:
+    """A planted fp16 overflow: the cause heads the page, its evidence is listed in time
+    order, and the charts carry its span and a mark per item of evidence."""
+    from sapper.diagnose.diagnosis import diagnose
+
+    fault = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose" / "overflow.jsonl"
+    analysis = analyze_log(read_log(fault), detectors_for(None))
+    data = build_report_data(analysis, diagnosis=diagnose([analysis]).to_json())
+    out = tmp_path / "overflow.html"
+    write_report(out, data)
+    page, problems = _open(browser, out, "diagnosis-overflow")
+    _check_charts(page, data)
+    assert page.is_visible("#diagnosis-section")
+    assert page.get_attribute("#diagnosis-cause", "data-cause") == "fp16-overflow"
+    cause = data["diagnosis"]["causes"][0]
+    codes = page.locator("#diagnosis-timeline li").evaluate_all(
+        "items => items.map(li => li.dataset.code)")
+    assert codes == [e["code"] for e in cause["evidence"]]
+    got = page.evaluate("window.sapperReport.diagnosis")
+    assert got["cause"] == "fp16-overflow" and got["span"][0] == cause["first_step"]
+    drawn = page.evaluate("window.sapperReport.charts")
+    assert all(drawn[c["id"]]["evidence"] > 0 for c in data["charts"] if c["series"])
     assert problems == []
 
 

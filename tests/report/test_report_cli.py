@@ -41,6 +41,26 @@ def test_sapper_log_without_plan(examples: Path, tmp_path: Path) -> None:
     assert charts["throughput"]["unit"] == "tokens/s"
 
 
+FAULTS = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose"
+
+
+def test_the_diagnosis_heads_the_page(tmp_path: Path) -> None:
+    """The page carries diagnose's answer: the same cause and evidence as the command."""
+    out = tmp_path / "leak.html"
+    res = invoke(FAULTS / "leak.jsonl", "-o", out)
+    assert res.exit_code == 0, res.output
+    (cause,) = page_data(out.read_text())["diagnosis"]["causes"]
+    assert cause["cause"] == "memory" and cause["first_step"] == 11
+    assert [e["code"] for e in cause["evidence"]] == ["R051"]
+
+
+def test_a_healthy_run_has_no_diagnosis(examples: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ok.html"
+    res = invoke(examples / "sapper-gpt2-healthy.jsonl", "-o", out, "--select", "R00")
+    assert res.exit_code == 0, res.output
+    assert page_data(out.read_text())["diagnosis"]["causes"] == []
+
+
 def test_bad_input_and_unwritable_output(examples: Path, tmp_path: Path) -> None:
     empty = tmp_path / "e.log"
     empty.write_text("")

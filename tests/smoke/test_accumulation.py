@@ -41,3 +41,24 @@ def test_packed_data_alone_hides_the_bug(llama) -> None:
     assert accumulation_vs_batch(ctx, ctx.batches(2)).rel_err < TOL
     ctx.step = DefaultTrainStep()
     assert accumulation_vs_batch(ctx, ctx.batches(2)).rel_err < TOL
+
+
+def test_each_cause_is_named_by_its_probe(llama) -> None:
+    """Four different bugs fail S003; the probes tell them apart and give each its fix."""
+    from smoke_planted import TargetsFromInputIds, ZeroGradEachMicroBatch, stateful_lm
+
+    from sapper.smoke.toy import user_factory
+
+    cases = [
+        (llama, PerMicroBatchMean(), "per-micro-batch average", "averaged per micro-batch"),
+        (llama, TargetsFromInputIds(), "unmasked padding", "padding reaches the loss"),
+        (user_factory(stateful_lm), DefaultTrainStep(), "stateful layer", "carries state"),
+        (llama, ZeroGradEachMicroBatch(), "not summed", "zero_grad"),
+    ]
+    for factory, step, cause, words in cases:
+        (s003,) = run_smoke(factory, step=step, checks=["accumulation"]).findings
+        assert s003.data["status"] == "fail", (cause, s003.message)
+        assert s003.data["cause"] == cause, (cause, s003.data["probes"], s003.message)
+        assert words in s003.message
+        if cause != "per-micro-batch average":
+            assert "num_items_in_batch" not in s003.fix  # the fix of the cause, not the rule's

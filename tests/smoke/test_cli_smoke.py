@@ -29,15 +29,15 @@ def test_shipped_example_passes_every_check_in_under_a_minute() -> None:
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert [c["check"] for c in payload["checks"]] == [
-        "overfit", "accumulation", "checkpointing", "precision", "data_parallel",
-        "init_health", "measure",
+        "contract", "overfit", "padding", "accumulation", "checkpointing", "precision",
+        "data_parallel", "init_health", "measure",
     ]
     assert {c["status"] for c in payload["checks"]} == {"pass"}
     codes = {f["code"] for f in payload["findings"]}
-    assert codes == {f"S{i:03d}" for i in range(1, 11)}
+    assert codes == {f"S{i:03d}" for i in range(1, 13)}
     keys = {"code", "severity", "message", "fix", "data"}
     assert all(keys <= set(f) for f in payload["findings"])
-    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 7, "failed": 0}
+    assert payload["summary"] == {"errors": 0, "warnings": 0, "passed": 9, "failed": 0}
     assert elapsed < 60
 
 
@@ -54,7 +54,8 @@ def test_users_step_with_the_accumulation_bug_exits_1() -> None:
         "--step", "smoke_planted:PerMicroBatchMean",
     )
     assert res.exit_code == 1
-    assert "FAIL" in res.output and "averaged per micro-batch" in res.output
+    flat = " ".join(res.output.split())  # rich wraps long results at the console width
+    assert "FAIL" in flat and "averaged per micro-batch" in flat
     assert "num_items_in_batch" in res.output  # the fix is shown
 
 
@@ -74,6 +75,30 @@ def test_users_loader_without_a_sampler_exits_1() -> None:
     assert res.exit_code == 1
     status = {f["code"]: f["data"]["status"] for f in json.loads(res.stdout)["findings"]}
     assert status == {"S007": "pass", "S008": "fail"}
+
+
+def test_users_collator_with_padding_in_the_labels_exits_1() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "padding",
+                 "--loader", "smoke_planted:unmasked_labels_loader")
+    assert res.exit_code == 1
+    assert "S011" in res.output and "FAIL" in res.output and "masked_fill" in res.output
+
+
+def test_a_step_given_by_file_path() -> None:
+    steps = LLAMA_TOY.parent / "steps.py"
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "contract,accumulation",
+                 "--step", f"{steps}:HFLossStep", "-f", "json")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert [c["status"] for c in payload["checks"]] == ["pass", "pass"]
+
+
+def test_a_file_that_fails_to_import_is_an_input_error(tmp_path) -> None:
+    bad = tmp_path / "broken_model.py"
+    bad.write_text("raise RuntimeError('no GPU here')\n")
+    res = invoke("--factory", f"{bad}:build", "--checks", "overfit")
+    assert res.exit_code == 2, res.output
+    assert "RuntimeError: no GPU here" in res.output and "Traceback" not in res.output
 
 
 def test_non_finite_numbers_stay_valid_json() -> None:
@@ -105,6 +130,10 @@ def test_token_file_as_data(tmp_path) -> None:
         (("--model", str(LLAMA_TOY), "--skip", "speed"), "unknown check"),
         (("--model", str(LLAMA_TOY), "--dtype", "fp8"), "unknown precision"),
         (("--factory", "nope"), "not a module:function"),
+        (("--factory", "missing/model.py:build"), "file not found"),
+        (("--factory", "smoke_planted:no_such_fn"), "has no attribute"),
+        (("--model", str(LLAMA_TOY), "--step", "tests/smoke/smoke_planted.py:Nope"),
+         "has no attribute"),
         (("--model", str(LLAMA_TOY), "--data", "x.csv"), "file not found"),
     ],
 )
@@ -137,3 +166,33 @@ def test_a_launch_config_names_the_model_to_scale(tmp_path) -> None:
     res = invoke("--config", str(hub))
     assert res.exit_code == 2
     assert "no local model config.json" in res.output and "--model" in res.output
+
+
+def test_piped_text_streams_each_check_and_shows_the_loaders_shapes() -> None:
+    """CliRunner's output is not a terminal: each check's row is printed as it finishes,
+    under one header line, and the header gives the shapes the loader chose."""
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "padding,accumulation",
+                 "--loader", "smoke_planted:sharded_loader", "--micro-batch", "7")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    head = " ".join(" ".join(lines[:3]).split())  # the header wraps at the console width
+    assert "micro-batches 4 × 22, 4 × 23 tokens (loader smoke_planted:sharded_loader)" in head
+    assert sum(line.startswith("check ") for line in lines) == 1
+    assert lines.index(next(x for x in lines if x.startswith("padding"))) < lines.index(
+        next(x for x in lines if x.startswith("accumulation"))
+    )
+
+
+def test_json_gives_the_batch_shapes() -> None:
+    res = invoke("--model", str(LLAMA_TOY), "--checks", "padding", "-f", "json",
+                 "--seq-len", "16", "--micro-batch", "3")
+    data = json.loads(res.stdout)["data"]
+    assert data == {"source": "synthetic tokens", "batch_shapes": [[3, 16], [3, 16]]}
+
+
+def test_token_ids_beyond_the_vocabulary_are_one_input_error() -> None:
+    res = invoke("--factory", "smoke_planted:tiny_lm", "--loader", "smoke_planted:sharded_loader")
+    assert res.exit_code == 2, res.output
+    assert "token ids span 0..509 but the model's vocabulary is 128" in " ".join(
+        res.output.split()
+    )

@@ -49,6 +49,16 @@ def test_a_factory_model_is_measured_without_estimate() -> None:
     assert "no estimate" in s010.message
 
 
+def test_a_factory_hf_model_is_estimated_from_its_config() -> None:
+    """--factory returning a Hugging Face model: S010 reads model.config."""
+    (s010,) = run_smoke(user_factory(smoke_planted.hf_llama_lm), checks=["measure"]).findings
+    estimated, measured = s010.data["estimated"], s010.data["measured"]
+    assert estimated is not None, s010.message
+    for cat in ("params", "grads", "optimizer"):
+        assert measured[cat] == estimated[cat]
+    assert s010.data["status"] == "pass", s010.message
+
+
 def test_saved_tensor_meter_counts_activations_once() -> None:
     w = torch.randn(64, 64, requires_grad=True)
     x = torch.randn(32, 64)

@@ -5,8 +5,9 @@ Reads the logs as ``analyze`` does (all of them one run: a run resumed into new 
 one history with several attempts), runs ``check`` on the run's config when one is
 given (``--config``, ``--model``, ``--deepspeed``, ``--plan``, or the plan a sapper run
 log stores), and reasons over both with the causal map beside the rules
-(:mod:`sapper.rules.causes`; docs/diagnose.md). Exit 0 when nothing blew up, 1 when a
-cause (or ``unknown``) is reported, 2 when an input cannot be read.
+(:mod:`sapper.rules.causes`; docs/diagnose.md); ``--checkpoint`` adds what ``sapper
+inspect`` finds in the run's checkpoint. Exit 0 when nothing blew up, 1 when a cause (or
+``unknown``) is reported, 2 when an input cannot be read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ def diagnose(
     ],
     log_format: LogFormatOpt = None,
     mapping: MapOpt = None,
+    checkpoint: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--checkpoint",
+            help="A checkpoint of the run (once, or twice: an earlier and a later one), read "
+            "by `sapper inspect` for evidence.",
+            show_default=False,
+        ),
+    ] = None,
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Why did the run blow up? The first cause, its evidence in time order, the fix, and
@@ -80,7 +90,12 @@ def diagnose(
         if cross is not None:
             analyses.append(cross)
         report = run_checklist(config) if config is not None else None
-        result = run_diagnosis(analyses, report, plan_check_codes())
+        inspected = None
+        if checkpoint:
+            from sapper.checkpoint import inspect_paths
+
+            inspected = inspect_paths(checkpoint)
+        result = run_diagnosis(analyses, report, plan_check_codes(), inspected)
         for exc in failed:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if fmt == OutputFormat.json:

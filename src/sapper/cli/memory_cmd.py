@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
 
 from sapper.cli.options import (
@@ -11,6 +15,28 @@ from sapper.cli.options import (
     with_plan_options,
 )
 from sapper.cli.output import FormatOpt, OutputFormat, console, emit_json, run_guarded
+
+if TYPE_CHECKING:
+    from sapper.plan.load import LoadedPlan
+
+#: A config.json is a few KB; a larger .json among the sources is something else.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _hf_config_of(inputs: PlanInputs, loaded: LoadedPlan) -> Path | None:
+    """The user's own config.json: --model, else a source of the plan that is one (a
+    plan's ``hf_config``, a launch config's model), so --traced builds the real model."""
+    candidates = [inputs.model] if inputs.model is not None else []
+    candidates += [Path(name) for name in loaded.sources if name.endswith(".json")]
+    for path in candidates:
+        try:
+            if path.is_file() and path.stat().st_size < MAX_CONFIG_BYTES:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(data, dict) and isinstance(data.get("model_type"), str):
+                    return path
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 @with_plan_options
@@ -35,11 +61,15 @@ def memory(
             return 1
         plan = loaded.plan
         v = verdict(plan)
-        trace = None
+        trace, skipped = None, None
         if traced:
+            from sapper.errors import SapperError
             from sapper.memory.traced import trace_plan
 
-            trace = trace_plan(plan)
+            try:
+                trace = trace_plan(plan, _hf_config_of(inputs, loaded))
+            except SapperError as exc:  # InputError too: tracing is an extra, not the verdict
+                skipped = str(exc)
         if fmt == OutputFormat.json:
             payload: dict[str, object] = {
                 "estimate": v.estimate.to_json(),
@@ -47,6 +77,8 @@ def memory(
             }
             if trace is not None:
                 payload["traced"] = trace.to_json()
+            if skipped is not None:
+                payload["traced_skipped"] = skipped
             emit_json(payload)
         else:
             console.print(render_memory(plan, v))
@@ -61,6 +93,8 @@ def memory(
                 )
                 for note in trace.notes:
                     console.print(f"note: {note}", style="dim")
+            if skipped is not None:
+                console.print(f"\ntraced: skipped — {skipped}", style="yellow", highlight=False)
         return 1 if v.estimate.fits is False else 0
 
     run_guarded(body)

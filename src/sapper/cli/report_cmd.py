@@ -4,6 +4,8 @@ The same reading and analysis as ``sapper analyze`` (so the same findings), draw
 five curves of seed §5.2 plus loss scale and skipped steps, each finding marked where it
 fired; with a plan (``--plan``, ``--model`` ...) the pre-flight checklist is summarised
 and the declared LR schedule and device memory are drawn next to the measured ones.
+When something blew up, ``sapper diagnose``'s answer heads the page: the cause, its
+evidence as a timeline, and the span from its first sign to the symptom on the curves.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def report(
 
     def body() -> int:
         # Imported here so ``sapper --help`` does not load the report builder.
-        from sapper.checks.engine import run_checklist
+        from sapper.checks.engine import plan_check_codes, run_checklist
+        from sapper.diagnose.diagnosis import diagnose
         from sapper.report.html import build_report_data, write_report
         from sapper.report.terminal import safe_markup as escape
 
@@ -80,12 +83,19 @@ def report(
         checklist = None
         if has_plan_inputs(inputs):
             checklist = run_checklist(load_from_options(inputs), select_codes, ignore_codes)
+        # The diagnosis reads every finding: --select/--ignore shape the page, not it.
+        whole, config = analysis, checklist
+        if select_codes or ignore_codes:
+            whole = analyze_logs(loaded, plan, [], [])[0]
+            config = run_checklist(load_from_options(inputs)) if checklist else None
+        diagnosis = diagnose([whole], config, plan_check_codes()).to_json()
         data = build_report_data(
             analysis,
             plan=plan,
             checklist=checklist,
             expected_tokens_per_s=expected_tokens_per_s,
             title=title,
+            diagnosis=diagnosis,
         )
         try:
             size = write_report(output, data)

@@ -86,15 +86,17 @@ def explain(
     """Why it explodes, the early signs, and how to defuse it — for one rule."""
 
     def body() -> int:
+        from sapper.rules.causes import causal_links
         from sapper.rules.registry import get_rule
 
         rule = get_rule(code)
+        links = causal_links(rule.code)
         if fmt == OutputFormat.json:
-            emit_json(rule.model_dump(mode="json"))
+            emit_json({**rule.model_dump(mode="json"), "causes": links})
         else:
             from sapper.report.terminal import render_rule
 
-            console.print(render_rule(rule))
+            console.print(render_rule(rule, links))
         return 0
 
     run_guarded(body)

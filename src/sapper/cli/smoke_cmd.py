@@ -9,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from sapper.cli.output import FormatOpt, OutputFormat, console, emit_json, run_guarded
+from sapper.cli.output import (
+    FormatOpt,
+    OutputFormat,
+    console,
+    emit_json,
+    err_console,
+    run_guarded,
+)
 from sapper.errors import InputError
 
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -54,7 +61,9 @@ def smoke(
     ] = None,
     factory: Annotated[
         str | None,
-        typer.Option("--factory", help="module:function returning your nn.Module.",
+        typer.Option("--factory", help="module:function (imported from the current "
+                     "directory or installed packages) or path/to/file.py:function returning "
+                     "your nn.Module.",
                      show_default=False),
     ] = None,
     data: Annotated[
@@ -66,12 +75,14 @@ def smoke(
     ] = "uint16",
     loader: Annotated[
         str | None,
-        typer.Option("--loader", help="module:function (rank, world_size) -> your batches.",
+        typer.Option("--loader", help="module:function or file.py:function; (rank, "
+                     "world_size) -> your batches.",
                      show_default=False),
     ] = None,
     step: Annotated[
         str | None,
-        typer.Option("--step", help="module:name of your TrainStep (a class or callable).",
+        typer.Option("--step", help="module:name or file.py:name of your TrainStep (a "
+                     "class or callable; docs/train-step.md).",
                      show_default=False),
     ] = None,
     checks: Annotated[
@@ -116,9 +127,10 @@ def smoke(
 
         import torch
 
+        from sapper.cli.smoke_progress import Progress, Streaming
         from sapper.smoke.batches import LoaderFactory, TokenFile
         from sapper.smoke.context import SmokeConfig
-        from sapper.smoke.render import render_smoke_report
+        from sapper.smoke.render import render_footer, render_smoke_report
         from sapper.smoke.runner import CHECKS, run_smoke
         from sapper.smoke.toy import ToySize, hf_toy_factory, user_factory
         from sapper.smoke.userref import import_callable
@@ -184,11 +196,17 @@ def smoke(
             device=str(dev),
             dp_world_size=dp,
         )
+        observer = None
+        if fmt != OutputFormat.json:
+            observer = Streaming(console) if not console.is_terminal else Progress(err_console)
         report = run_smoke(
-            toy, source, train_step, config, [c for c in chosen if c not in dropped]
+            toy, source, train_step, config, [c for c in chosen if c not in dropped],
+            observer=observer,
         )
         if fmt == OutputFormat.json:
             emit_json(report.to_json())
+        elif isinstance(observer, Streaming):
+            console.print(render_footer(report))
         else:
             console.print(render_smoke_report(report))
         return report.exit_code(strict)

@@ -10,11 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sapper.diagnose.evidence import ConfigEvidence, Evidence, config_evidence, log_evidence
+from sapper.diagnose.evidence import (
+    ConfigEvidence,
+    Evidence,
+    checkpoint_evidence,
+    config_evidence,
+    log_evidence,
+)
+from sapper.diagnose.onset import series
 from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
 from sapper.diagnose.restarts import restart_verdicts
 
 if TYPE_CHECKING:
+    from sapper.checkpoint.inspect import InspectResult
     from sapper.checks.engine import CheckReport
     from sapper.logs.analysis import Analysis
     from sapper.plan.schema import Plan
@@ -33,6 +41,8 @@ class Diagnosis:
     precision: str | None
     #: Warnings of analyze that are no blow-up and that no cause explains (told, not judged).
     other: list[Evidence] = field(default_factory=list)
+    #: The checkpoints ``sapper inspect`` read for evidence.
+    checkpoints: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -40,14 +50,14 @@ class Diagnosis:
 
     @property
     def onset(self) -> int | None:
-        return min((s.step for s in self.reasoning.symptoms if s.step is not None),
+        return min((s.since for s in self.reasoning.symptoms if s.since is not None),
                    default=None)
 
     def exit_code(self) -> int:
         return 0 if self.healthy else 1
 
     def _cause_json(self, c: Candidate) -> dict[str, Any]:
-        onset = min((s.step for s in c.explains if s.step is not None), default=None)
+        onset = min((s.since for s in c.explains if s.since is not None), default=None)
         lead = onset - c.first_step if onset is not None and c.first_step is not None else None
         return {
             "check": c.cause.check,
@@ -114,6 +124,7 @@ class Diagnosis:
                 "onset": self.onset,
                 "logs": self.logs,
                 "config": self.config,
+                "checkpoints": self.checkpoints,
                 "precision": self.precision,
                 "undecided": self.reasoning.undecided or None,
                 "other_findings": [e.to_json() for e in self.other],
@@ -127,19 +138,42 @@ def _chain(c: Candidate) -> list[dict[str, Any]]:
     signs = [(e, "sign") for e in c.evidence]
     seen = {(e.code, e.step, e.source) for e in c.evidence}
     symptoms = [(e, "symptom") for e in c.explains if (e.code, e.step, e.source) not in seen]
-    items = sorted(signs + symptoms, key=lambda p: (p[0].step is not None, p[0].step or 0))
+    items = sorted(signs + symptoms, key=lambda p: (p[0].since is not None, p[0].since or 0))
     return [{**e.to_json(), "role": role} for e, role in items]
 
 
+#: Records at the start of each attempt searched for the precision the monitor saw.
+PRECISION_RECORDS = 50
+
+
+def _monitored_precision(analysis: Analysis) -> str | None:
+    """What a sapper run log says the forward ran in: autocast's dtype, else the
+    trainable weights' (recorded at the first forward of each attempt)."""
+    records = analysis.log.records
+    starts = [s.attempt.start for s in analysis.attempts] or [0]
+    for start in starts:
+        for rec in records[start : start + PRECISION_RECORDS]:
+            extra = rec.extra
+            if "autocast_dtype" in extra or "param_dtype" in extra:
+                found = extra.get("autocast_dtype") or extra.get("param_dtype")
+                return str(found) if found in ("fp16", "bf16", "fp32") else None
+    return None
+
+
 def run_precision(plan: Plan | None, analyses: list[Analysis]) -> str | None:
-    """The compute dtype where it is known: the plan's, when the user set it, else fp16
-    when a log shows a dynamic loss scale other than 1 (only fp16 scales)."""
+    """The compute dtype where it is known: the plan's, when the user set it; else what
+    the live monitor saw (autocast's or the weights' dtype); else fp16 when a log shows
+    a dynamic loss scale other than 1 (only fp16 scales)."""
     if plan is not None and "dtype" in plan.precision.model_fields_set:
         return plan.precision.dtype
     for a in analyses:
-        for rec in a.log.records:
-            if rec.loss_scale is not None and rec.loss_scale not in (0.0, 1.0):
-                return "fp16"
+        seen = _monitored_precision(a)
+        if seen is not None:
+            return seen
+    for a in analyses:
+        scales = series(a.log, "loss_scale", 0, len(a.log.records))
+        if any(scale not in (0.0, 1.0) for _, scale in scales):
+            return "fp16"
     return None
 
 
@@ -147,15 +181,18 @@ def diagnose(
     analyses: list[Analysis],
     report: CheckReport | None = None,
     checked: list[str] | None = None,
+    inspected: InspectResult | None = None,
 ) -> Diagnosis:
     """The cause of what the logs show, with the config's pre-flight findings (``report``
-    over the plan check codes ``checked``) as evidence when a config was given."""
+    over the plan check codes ``checked``) as evidence when a config was given, and the
+    findings of ``sapper inspect`` on the run's checkpoint(s) (``inspected``)."""
     config: ConfigEvidence | None = None
     if report is not None:
         config = config_evidence(report, checked or [])
     log = log_evidence(analyses)
     precision = run_precision(report.plan if report is not None else None, analyses)
-    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision)
+    stored = checkpoint_evidence(inspected) if inspected is not None else []
+    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision, stored)
     explained = {e.code for c in reasoning.candidates for e in c.evidence}
     explained |= {s.code for s in reasoning.symptoms}
     other = [e for e in log if e.code not in explained and e.severity.rank >= 1]
@@ -165,4 +202,5 @@ def diagnose(
         config.source if config is not None else None,
         precision,
         other,
+        [c.path for c in inspected.checkpoints] if inspected is not None else [],
     )

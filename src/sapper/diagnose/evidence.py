@@ -7,20 +7,26 @@ is what orders causes in time, so each rule keeps its first finding and a count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from sapper.diagnose.onset import onset_of
 from sapper.rules.causes import BLOW_UP
 from sapper.rules.model import Finding, Severity
 
 if TYPE_CHECKING:
+    from sapper.checkpoint.inspect import InspectResult
     from sapper.checks.engine import CheckReport
     from sapper.logs.analysis import Analysis
 
-__all__ = ["ConfigEvidence", "Evidence", "config_evidence", "log_evidence"]
+__all__ = [
+    "ConfigEvidence", "Evidence", "checkpoint_evidence", "config_evidence", "log_evidence",
+]
 
 #: Where an item of evidence comes from.
-LOG, CONFIG, RESTART = "log", "config", "restart"
+LOG, CONFIG, RESTART, CHECKPOINT = "log", "config", "restart", "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,13 @@ class Evidence:
     severity: Severity
     kind: str
     count: int = 1
+    #: The step this evidence began, read back from the records (``diagnose.onset``):
+    #: a leak began before the step it was sure of. ``step`` when they do not say.
+    began: int | None = None
+
+    @property
+    def since(self) -> int | None:
+        return self.began if self.began is not None else self.step
 
     @property
     def is_symptom(self) -> bool:
@@ -49,6 +62,8 @@ class Evidence:
         }
         if self.count > 1:
             out["count"] = self.count
+        if self.began is not None and self.began != self.step:
+            out["began"] = self.began
         return out
 
 
@@ -58,23 +73,28 @@ def _when(f: Finding) -> tuple[int, int]:
     return (int(f.data.get("attempt") or 1), f.step if f.step is not None else 1 << 62)
 
 
-def _first_per_code(findings: list[Finding], source: str, kind: str) -> list[Evidence]:
+def _first_per_code(
+    findings: list[Finding], source: str, kind: str,
+    began: Callable[[Finding], int | None] | None = None,
+) -> list[Evidence]:
     first: dict[str, Finding] = {}
     counts: dict[str, int] = {}
     for f in sorted(findings, key=_when):
         counts[f.code] = counts.get(f.code, 0) + 1
         first.setdefault(f.code, f)
     return [
-        Evidence(code, f.step, f.source or source, f.message, f.severity, kind, counts[code])
+        Evidence(code, f.step, f.source or source, f.message, f.severity, kind, counts[code],
+                 began(f) if began is not None else None)
         for code, f in first.items()
     ]
 
 
 def log_evidence(analyses: list[Analysis]) -> list[Evidence]:
-    """The logs' findings, first per rule and log, in step order."""
+    """The logs' findings, first per rule and log, in step order, each with the step
+    its evidence began."""
     out: list[Evidence] = []
     for a in analyses:
-        out += _first_per_code(a.findings, a.log.path, LOG)
+        out += _first_per_code(a.findings, a.log.path, LOG, partial(onset_of, a))
     return sorted(out, key=lambda e: (e.step is None, e.step or 0, e.code))
 
 
@@ -89,12 +109,53 @@ class ConfigEvidence:
     source: str
 
 
+def _declared(plan: Any, path: str) -> bool | None:
+    """Whether the config set the plan field ``path`` (``clipping.max_norm``); ``None``
+    when ``path`` is not a plan field."""
+    node = plan
+    for part in path.split("."):
+        fields = getattr(node, "model_fields_set", None)
+        if fields is None or part not in type(node).model_fields:
+            return None
+        if part not in fields:
+            return False
+        node = getattr(node, part)
+    return True
+
+
 def config_evidence(report: CheckReport, codes: list[str]) -> ConfigEvidence:
-    """``report`` of ``sapper check`` over ``codes`` (every plan rule's code)."""
+    """``report`` of ``sapper check`` over ``codes`` (every plan rule's code). A finding
+    about a field the config never set ("clipping is not set" when only ``--dtype`` was
+    given) is what the config does not say, not evidence of what the run did: left out,
+    and its code counts as not evaluated."""
     source = ", ".join(report.sources) or "the config"
     unverified = {c for u in report.unverified for c in u.codes}
+    stated = []
+    for f in report.findings:
+        if f.source and _declared(report.plan, f.source) is False:
+            unverified.add(f.code)
+        else:
+            stated.append(f)
     return ConfigEvidence(
-        findings=_first_per_code(report.findings, source, CONFIG),
+        findings=_first_per_code(stated, source, CONFIG),
         evaluated=frozenset(codes) - unverified,
         source=source,
     )
+
+
+def checkpoint_evidence(result: InspectResult) -> list[Evidence]:
+    """The findings of ``sapper inspect`` on the run's checkpoint(s), first per rule, at
+    the step the checkpoint was saved (the trainer's, else the optimizer's) when known."""
+    out: list[Evidence] = []
+    for report in result.checkpoints:
+        step = report.steps.get("trainer", report.steps.get("optimizer"))
+        at = int(step) if step is not None else None
+        mine = [f.model_copy(update={"step": at}) if f.step is None else f
+                for f in report.findings]
+        out += _first_per_code(mine, report.path, CHECKPOINT)
+    seen = {(e.code, e.source) for e in out}
+    # findings of the pair (what changed between the two checkpoints)
+    pair = [f for f in result.findings if (f.code, f.source or "") not in seen
+            and all(f not in r.findings for r in result.checkpoints)]
+    out += _first_per_code(pair, " → ".join(r.path for r in result.checkpoints), CHECKPOINT)
+    return out

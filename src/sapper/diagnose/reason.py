@@ -6,7 +6,8 @@ benchmarks/diagnose_accuracy.py) is its *support* times how much of what went wr
 
 - support adds one weight per item of evidence that points at the cause (``SUPPORT``): a
   sign found in the log counts more when it came **before** the first symptom it explains
-  (a precursor) than after it (then it may be one more symptom); a pre-flight finding on
+  (a precursor) than after it (then it may be one more symptom); so does a finding of
+  ``sapper inspect`` on a checkpoint, at the step it was saved; a pre-flight finding on
   the config that predicts the cause counts; a restart that came back (or did not) counts.
   A config whose checks for the cause ran clean lowers it (``CLEAN_CONFIG``).
 - coverage is the share of the blow-up's symptoms (distinct rules) the cause can produce:
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sapper.diagnose.evidence import CONFIG, LOG, ConfigEvidence, Evidence
+from sapper.diagnose.evidence import CHECKPOINT, CONFIG, LOG, ConfigEvidence, Evidence
 from sapper.diagnose.restarts import RestartVerdict
 from sapper.rules.causes import CAUSES, STRONG, Cause
 from sapper.rules.model import Severity
@@ -38,9 +39,17 @@ SUPPORT: dict[tuple[str, str, str], float] = {
     (LOG, "weak", "after"): 0.1,
     (CONFIG, STRONG, ""): 0.4,
     (CONFIG, "weak", ""): 0.2,
+    # The checkpoint's state is measured, not predicted: weighed as a log finding at
+    # the step it was saved (no step known: as if saved after the first symptom).
+    (CHECKPOINT, STRONG, "before"): 0.6,
+    (CHECKPOINT, STRONG, "after"): 0.35,
+    (CHECKPOINT, "weak", "before"): 0.2,
+    (CHECKPOINT, "weak", "after"): 0.1,
 }
-#: A restart that came back (or did not) where this cause says it would.
+#: A restart that came back (or did not) where this cause says it would; more when the
+#: log shows the resumed run read the same samples (``RestartVerdict.verified``).
 RESTART_WEIGHT = 0.45
+RESTART_VERIFIED = 0.6
 #: The config's checks for this cause ran and found nothing.
 CLEAN_CONFIG = -0.2
 MAX_SUPPORT = 0.95
@@ -75,14 +84,17 @@ class Reasoning:
     undecided: str = ""
 
 
-def _timing(sign: Evidence, onset: int | None) -> str:
-    """A sign at or before the first symptom it explains is a precursor; with nothing to
-    explain, the sign is the first evidence there is."""
-    if onset is None:
+def _timing(sign: Evidence, explains: list[Evidence]) -> str:
+    """A sign that began before the first *other* symptom the cause explains is a
+    precursor; one logged at the same step may be one more symptom (a logging interval
+    hides their order). With nothing else to explain, the sign is the first evidence
+    there is."""
+    others = [s.since for s in explains if s is not sign and s.since is not None]
+    if not others:
         return "before"
-    if sign.step is None:
+    if sign.since is None:
         return "after"
-    return "before" if sign.step <= onset else "after"
+    return "before" if sign.since < min(others) else "after"
 
 
 def _allowed(cause: Cause, precision: str | None) -> bool:
@@ -96,9 +108,10 @@ def _candidate(
     log: list[Evidence],
     config: ConfigEvidence | None,
     restarts: list[RestartVerdict],
+    checkpoint: list[Evidence],
 ) -> Candidate | None:
     explains = [s for s in symptoms if s.code in cause.symptoms or s.code in cause.signs]
-    onset = min((s.step for s in explains if s.step is not None), default=None)
+    onset = min((s.since for s in explains if s.since is not None), default=None)
     support = 0.0
     evidence: list[Evidence] = []
     notes: list[str] = []
@@ -106,7 +119,7 @@ def _candidate(
         strength = cause.signs.get(e.code)
         if strength is None or e.severity == Severity.INFO:
             continue
-        support += SUPPORT[(LOG, strength, _timing(e, onset))]
+        support += SUPPORT[(LOG, strength, _timing(e, explains))]
         evidence.append(e)
     if config is not None:
         for e in config.findings:
@@ -120,16 +133,21 @@ def _candidate(
         if ran and not fired & set(planned):
             support += CLEAN_CONFIG
             notes.append(f"the config's checks {', '.join(ran)} ran clean")
+    for e in checkpoint:
+        strength = cause.signs.get(e.code)
+        if strength is not None and e.severity != Severity.INFO:
+            support += SUPPORT[(CHECKPOINT, strength, _timing(e, explains))]
+            evidence.append(e)
     for r in restarts:
         if r.cause == cause.id:
-            support += RESTART_WEIGHT
+            support += RESTART_VERIFIED if r.verified else RESTART_WEIGHT
             evidence.append(r.evidence)
     if not evidence:
         return None
     distinct = {s.code for s in symptoms}
     coverage = len({s.code for s in explains}) / len(distinct) if distinct else 1.0
     confidence = max(0.0, min(support, MAX_SUPPORT)) * (BASE + (1 - BASE) * coverage)
-    steps = [e.step for e in evidence if e.step is not None and e.kind != CONFIG]
+    steps = [e.since for e in evidence if e.since is not None and e.kind != CONFIG]
     first = min(steps, default=onset)
     return Candidate(cause, round(confidence, 2), round(support, 2), round(coverage, 2),
                      evidence, explains, first, notes)
@@ -140,6 +158,7 @@ def rank_causes(
     config: ConfigEvidence | None,
     restarts: list[RestartVerdict],
     precision: str | None,
+    checkpoint: list[Evidence] | None = None,
 ) -> Reasoning:
     """Score every cause of the map against the evidence and decide. A run with no
     blow-up is diagnosed only from what its own logs show (a strong sign such as wrapped
@@ -153,7 +172,8 @@ def rank_causes(
         return Reasoning([], [], None)
     candidates = [
         c for cause in CAUSES if _allowed(cause, precision)
-        if (c := _candidate(cause, symptoms, log, config, restarts)) is not None
+        if (c := _candidate(cause, symptoms, log, config, restarts, checkpoint or []))
+        is not None
     ]
     candidates.sort(key=lambda c: (-c.confidence, -c.coverage, c.cause.id))
     if not candidates:

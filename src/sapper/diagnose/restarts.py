@@ -9,8 +9,15 @@ chronicles): resume from a checkpoint before the event and watch the same steps 
   learning rate: the optimisation is unstable at that LR, not one batch.
 - It **does not come back** although the resumed run went past that step with the same
   data: a transient fault (hardware, a bit flip), not something the run will hit again.
+  With other data (a skipped batch) that tells nothing: the batch or a transient.
 
 A resumed attempt that stopped before reaching the step tells nothing and says so.
+
+Whether the resumed run read the same data is known where the log says which samples
+each step read (a sapper run log's ``sample_hashes``): the same samples at the last step
+both attempts logged them, at or before the event, make the first and the last verdict
+firmer (``VERIFIED``); other samples there make "the same batches" false, so a
+recurrence at the same step is then not read as a bad batch.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sapper.diagnose.evidence import RESTART, Evidence
+from sapper.diagnose.onset import series
 from sapper.logs.analysis import TROUBLE
 from sapper.rules.model import Finding, Severity
 
@@ -37,10 +45,34 @@ SAME_LR = 0.1
 
 @dataclass(frozen=True)
 class RestartVerdict:
-    """What one restart says: the cause it points at and the evidence."""
+    """What one restart says: the cause it points at and the evidence; ``verified`` when
+    the log shows the resumed run read the same samples up to the event."""
 
     cause: str
     evidence: Evidence
+    verified: bool = False
+
+
+def _hashes(analysis: Analysis, summary: AttemptSummary, step: int) -> dict[int, tuple]:
+    a = summary.attempt
+    out: dict[int, tuple] = {}
+    for rec in analysis.log.records[a.start : a.stop]:
+        hashes = rec.extra.get("sample_hashes") if rec.step <= step else None
+        if isinstance(hashes, list) and hashes:
+            out[rec.step] = tuple(map(str, hashes))
+    return out
+
+
+def _same_data(
+    analysis: Analysis, prev: AttemptSummary, nxt: AttemptSummary, step: int
+) -> bool | None:
+    """Did both attempts read the same samples at the last step both logged them, at or
+    before ``step``? ``None`` when the log does not say."""
+    before, after = _hashes(analysis, prev, step), _hashes(analysis, nxt, step)
+    common = sorted(before.keys() & after.keys())
+    if not common:
+        return None
+    return before[common[-1]] == after[common[-1]]
 
 
 def _attempt_of(f: Finding) -> int:
@@ -49,11 +81,8 @@ def _attempt_of(f: Finding) -> int:
 
 def _lr_at(analysis: Analysis, summary: AttemptSummary, step: int) -> float | None:
     a = summary.attempt
-    best = None
-    for rec in analysis.log.records[a.start : a.stop]:
-        if rec.lr is not None and rec.step <= step:
-            best = rec.lr
-    return best
+    lrs = [lr for s, lr in series(analysis.log, "lr", a.start, a.stop) if s <= step]
+    return lrs[-1] if lrs else None
 
 
 def _verdict(
@@ -70,28 +99,33 @@ def _verdict(
     where = f"{analysis.log.path} (attempts {prev.attempt.number}-{nxt.attempt.number})"
     what = TROUBLE.get(event.code, event.code)
     resumed = f"after resuming from step {nxt.attempt.first_step:,}"
+    data = _same_data(analysis, prev, nxt, s)
+    checked = " (the same samples, by the log's sample hashes)" if data else ""
     same = [f for f in later if abs(f.step - s) <= window]  # type: ignore[operator]
-    if same:
+    if same and data is not False:
         again = min(same, key=lambda f: abs(f.step - s))  # type: ignore[operator]
         msg = (f"{what} at step {s:,} came back at step {again.step:,} {resumed}: the same "
-               "batches at the same position (unless the data order was changed)")
+               + ("batches at the same position" + checked if data else
+                  "batches at the same position (unless the data order was changed)"))
         return RestartVerdict("bad-data", Evidence(
-            event.code, s, where, msg, Severity.WARNING, RESTART))
+            event.code, s, where, msg, Severity.WARNING, RESTART), bool(data))
     if later:
         again = later[0]
         lr_then, lr_now = _lr_at(analysis, prev, s), _lr_at(analysis, nxt, again.step or 0)
         level = ""
         if lr_then and lr_now and abs(lr_now - lr_then) <= SAME_LR * lr_then:
             level = f" at the same learning rate ({lr_now:.3g})"
-        msg = (f"{what} at step {s:,} came back {resumed} at another step, "
-               f"{again.step:,}{level}: not one batch, the optimisation")
+        where_now = (f"at step {again.step:,} with other samples" if same else
+                     f"at another step, {again.step:,}")
+        msg = (f"{what} at step {s:,} came back {resumed} {where_now}{level}: not one "
+               "batch, the optimisation")
         return RestartVerdict("lr-too-high", Evidence(
             event.code, again.step, where, msg, Severity.WARNING, RESTART))
-    if nxt.attempt.last_step >= s + window:
+    if nxt.attempt.last_step >= s + window and data is not False:
         msg = (f"{what} at step {s:,} did not come back {resumed}, though the run went on "
-               f"to step {nxt.attempt.last_step:,}: a transient fault")
+               f"to step {nxt.attempt.last_step:,}{checked}: a transient fault")
         return RestartVerdict("hardware", Evidence(
-            event.code, s, where, msg, Severity.WARNING, RESTART))
+            event.code, s, where, msg, Severity.WARNING, RESTART), bool(data))
     return None
 
 

@@ -268,9 +268,9 @@ def analyze_log(
         f"{_numbers(numbers)}: {line}" if many else line for line, numbers in missed.items()
     ]
     # The live monitor's own findings (a sapper run log) win over their replay.
-    stored = {_key(f)[:3] for f in log.findings}
+    stored = {_key(f)[:4] for f in log.findings}
     merged: dict[tuple[Any, ...], Finding] = {}
-    for f in [*log.findings, *(f for f in found if _key(f)[:3] not in stored)]:
+    for f in [*log.findings, *(f for f in found if _key(f)[:4] not in stored)]:
         merged.setdefault(_key(f), f)
     findings = [
         f if f.source else f.model_copy(update={"source": log.path}) for f in merged.values()

@@ -97,9 +97,7 @@ def _number_map(value: Any) -> dict[str, float] | None:
     return out
 
 
-def _step_record(
-    obj: dict[str, Any], nonfinite: bool, bad: Counter[str]
-) -> StepRecord | None:
+def _step_record(obj: dict[str, Any], nonfinite: bool, bad: Counter[str]) -> StepRecord | None:
     """``StepRecord.from_json`` without its per-call overhead (it runs a million times):
     the record's ``__dict__`` is filled directly. ``nonfinite`` says whether the line
     spells a float as "nan"/"inf"; most lines do not and skip the conversion. A field
@@ -150,14 +148,16 @@ class RunLogParser(LogParser):
 
     format = "sapper"
 
-    def __init__(
-        self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None
-    ) -> None:
+    def __init__(self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None) -> None:
         super().__init__(source, mapping)
         self._line = 0
         self._bad: list[int] = []
         self._last: int | None = None
         self._bad_fields: Counter[str] = Counter()  # field name -> values left out
+        #: Restarts seen so far, and the attempt each stored finding was written in: a
+        #: resumed run logs a finding again at the same step, in its own attempt.
+        self._restarts = 0
+        self._finding_attempts: list[int] = []
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         texts = lines if isinstance(lines, list) else list(lines)
@@ -203,6 +203,7 @@ class RunLogParser(LogParser):
                     tracker.emitted(out[mark:])
                     mark = len(out)
                     tracker.restart()
+                    self._restarts += 1
                 if self.mapping:
                     self._map(rec)
                 out.append(rec)
@@ -257,14 +258,25 @@ class RunLogParser(LogParser):
             self.findings.append(Finding.model_validate(obj))
         except ValidationError:
             self._bad.append(line)
+            return
+        self._finding_attempts.append(self._restarts + 1)
 
     def finish(self) -> list[StepRecord]:
+        if self._restarts:  # tagged as analyze tags the findings of each attempt
+            self.findings[:] = [
+                f
+                if "attempt" in f.data
+                else f.model_copy(update={"data": {**f.data, "attempt": n}})
+                for f, n in zip(self.findings, self._finding_attempts, strict=True)
+            ]
         if self._bad:
             last = self._bad[-1] == self._line
             shown = ", ".join(map(str, self._bad[:5])) + (" ..." if len(self._bad) > 5 else "")
-            what = "a torn last line (the run was still writing or crashed)" if (
-                last and len(self._bad) == 1
-            ) else f"{len(self._bad)} unreadable line(s): {shown}"
+            what = (
+                "a torn last line (the run was still writing or crashed)"
+                if (last and len(self._bad) == 1)
+                else f"{len(self._bad)} unreadable line(s): {shown}"
+            )
             self.notes.append(f"skipped {what}")
         if self._bad_fields:
             shown = ", ".join(f"{quote(k)} ×{n}" for k, n in self._bad_fields.most_common(10))

@@ -13,26 +13,12 @@ from dataclasses import field as dataclass_field
 
 from sapper.errors import InputError
 from sapper.memory.buckets import ZeroBuckets, default_buckets, zero_buckets
+from sapper.memory.optimizers import state_tensors
 from sapper.memory.stages import stage_split
 from sapper.memory.units import DTYPE_BYTES
 from sapper.plan.schema import Plan
 
 __all__ = ["MissingInput", "Recipe", "Shape", "shape_from_plan"]
-
-#: Optimizer -> number of full-size state tensors per parameter (momentum-like buffers).
-_STATE_TENSORS: dict[str, int] = {
-    "adam": 2,
-    "adamw": 2,
-    "fusedadam": 2,
-    "lamb": 2,
-    "lion": 1,
-    "adagrad": 1,
-    "rmsprop": 1,
-    "muon": 1,
-    "sgd": 0,  # + one when momentum > 0
-    "adafactor": 0,  # factored: rows + columns per matrix (see states.py)
-}
-
 
 @dataclass(frozen=True)
 class Recipe:
@@ -192,10 +178,7 @@ def _act_kernel(activation: str, hidden_act: str | None) -> str:
 def _recipe(plan: Plan) -> Recipe:
     p, opt = plan.precision, plan.optimizer
     dtype = p.dtype
-    kind = opt.type.replace("_", "").replace("-", "")
-    n_states = _STATE_TENSORS.get(kind, 2)
-    if kind == "sgd" and opt.momentum > 0:
-        n_states = 1
+    n_states = state_tensors(opt.type, opt.momentum)
     if opt.eight_bit or p.optimizer_states == "int8":
         # bitsandbytes block-wise 8-bit: one byte per moment plus an fp32 scale per 256 values.
         state_bytes = n_states * (1 + 4 / 256)

@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -307,7 +308,9 @@ def trace_hf_config(config: Any, cfg: StepConfig, *, fake: bool = True) -> Trace
         config = AutoConfig.for_model(model_type, **data)
 
     def build() -> nn.Module:
-        return AutoModelForCausalLM.from_config(config)
+        # The step's weights dtype (set as the default around the build), not the dtype a
+        # config.json records its checkpoint in (OPT's says float16).
+        return AutoModelForCausalLM.from_config(config, dtype=torch.get_default_dtype())
 
     return trace_step(build, cfg, config.vocab_size, fake=fake)
 
@@ -415,10 +418,40 @@ def step_config_from_plan(plan: Any) -> StepConfig:
     )
 
 
-def trace_plan(plan: Any) -> TracedMemory:
-    """Trace the Plan's model (built by transformers from its architecture) for one
-    step on one device, with the Plan's batch, precision, optimizer and checkpointing."""
-    result = trace_hf_config(hf_config_from_plan(plan), step_config_from_plan(plan))
+def trace_plan(plan: Any, hf_config: Path | None = None) -> TracedMemory:
+    """Trace the model for one step on one device, with the Plan's batch, precision,
+    optimizer and checkpointing. ``hf_config``: the user's own ``config.json``, traced as
+    it is (its family, dropout sites, biases, position table: what the Plan's fields
+    cannot all say); without it, a model transformers builds from the Plan's
+    architecture fields, and the notes say so."""
+    cfg = step_config_from_plan(plan)
+    if hf_config is not None:
+        from transformers import AutoConfig
+
+        options: dict[str, Any] = {}
+        if plan.model is not None and "attention_impl" in plan.model.model_fields_set:
+            options["attn_implementation"] = plan.model.attention_impl.value
+        try:
+            # never the repository's own code (and never transformers' prompt for it)
+            config = AutoConfig.from_pretrained(
+                str(hf_config), trust_remote_code=False, **options
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SapperError(
+                f"transformers cannot build the model of {hf_config} ({first})"
+            ) from None
+        result = trace_hf_config(config, cfg)
+        result.notes.append(
+            f"Traced the model {hf_config.name} describes, as transformers builds it."
+        )
+    else:
+        built = hf_config_from_plan(plan)
+        result = trace_hf_config(built, cfg)
+        result.notes.append(
+            f"Traced a {built['model_type']} model rebuilt from the plan's architecture "
+            "fields; give the model's config.json (--model) to trace the model itself."
+        )
     par = plan.parallel
     if par.tp * par.pp * par.cp > 1 or par.zero_stage or par.ep > 1:
         result.notes.append(

@@ -619,7 +619,7 @@ class Monitor:
         if not self._call_based:
             self._sealed.append(slot)
 
-    def _setup_facts(self, slot: StepSlot, read: Callable[[], dict[str, int]]) -> None:
+    def _setup_facts(self, slot: StepSlot, read: Callable[[], dict[str, Any]]) -> None:
         """Record host-side setup counts into the step and report at once what they
         show (the detector fires each rule once; the record at the next read repeats
         nothing)."""

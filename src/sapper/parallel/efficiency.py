@@ -70,7 +70,6 @@ __all__ = [
     "LINK_FRACTION",
     "MAMF",
     "NETWORK_FRACTION",
-    "OPTIMIZER_BYTES_PER_PARAM",
     "PCIE_GBPS",
     "attention_fraction",
     "best_published_mfu",
@@ -200,11 +199,6 @@ COMM_SMS = 16
 
 #: Host-device bandwidth for offloaded optimizer states (PCIe Gen4 x16 sustained, GB/s).
 PCIE_GBPS = 25.0
-
-#: HBM traffic of one optimizer update per parameter (bytes): Adam-family reads and
-#: writes the fp32 master weight, both moments (3 x 4 B x 2), reads the gradient (4 B)
-#: and writes the low-precision weight copy (2 B); momentum-free optimizers about half.
-OPTIMIZER_BYTES_PER_PARAM = {"adam": 30.0, "other": 16.0}
 
 #: The highest model-FLOP utilization a published large-scale training run reached on a
 #: GPU (model FLOPs / datasheet peak), and where: a prediction above it is a claim no

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sapper.errors import InputError
-from sapper.parallel.efficiency import OPTIMIZER_BYTES_PER_PARAM
+from sapper.memory.optimizers import update_bytes_per_param
 from sapper.plan.schema import AttentionImpl, Plan, PositionEncoding
 
 __all__ = ["Gemm", "Workload", "padded_vocab"]
@@ -204,7 +204,16 @@ class Workload:
         grad_dtype = plan.precision.grad_dtype
         grad_bytes = 4 if grad_dtype == "fp32" else 2 if grad_dtype or low else 4
         opt = plan.optimizer.type
-        adam_like = "adam" in opt or opt == "lamb"
+        layer_params = float(attn_params + norm_params + dense_mlp + router)
+        embed_params = float(m.vocab_size * h)
+        head_params = 0.0 if m.tied_embeddings else float(m.vocab_size * h)
+        if m.num_params:
+            # A loader knew the exact count: keep the split, scale to the exact total
+            # (as the memory model does), so check, memory and plan say one number.
+            total = m.num_layers * (layer_params + expert_params) + embed_params + head_params
+            f = m.num_params / total if total else 1.0
+            layer_params, expert_params = layer_params * f, expert_params * f
+            embed_params, head_params = embed_params * f, head_params * f
         return cls(
             hidden=h,
             layers=m.num_layers,
@@ -224,11 +233,11 @@ class Workload:
             elem_scores=scores * h,
             act_bytes=act_bytes,
             grad_bytes=grad_bytes,
-            layer_params=float(attn_params + norm_params + dense_mlp + router),
+            layer_params=layer_params,
             expert_params=float(expert_params),
-            embed_params=float(m.vocab_size * h),
-            head_params=0.0 if m.tied_embeddings else float(m.vocab_size * h),
-            optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM["adam" if adam_like else "other"],
+            embed_params=embed_params,
+            head_params=head_params,
+            optimizer_bytes=update_bytes_per_param(opt, plan.optimizer.momentum),
             gemms=tuple(gemms),
             elem_kernels=kernels,
             ce_bytes=_CE_BYTES["fused" if fused else "transformers"],

@@ -15,8 +15,15 @@ from sapper.report.safe import safe_markup as escape
 __all__ = ["render_diagnosis"]
 
 
-def _step(step: Any) -> str:
-    return f"step {step:,}" if isinstance(step, int) else "config"
+def _step(step: Any, began: Any = None) -> str:
+    if not isinstance(step, int):
+        return "config"
+    return f"steps {began:,}–{step:,}" if isinstance(began, int) else f"step {step:,}"
+
+
+def _since(e: dict[str, Any]) -> tuple[bool, int]:
+    when = e.get("began", e["step"])
+    return (when is not None, when or 0)
 
 
 def _evidence(
@@ -24,13 +31,13 @@ def _evidence(
 ) -> list[Text]:
     """One line per item in time order; the source is named unless it is the only log."""
     lines = []
-    ordered = sorted(items, key=lambda e: (e["step"] is not None, e["step"] or 0))
+    ordered = sorted(items, key=_since)
     for e in ordered:
         more = f" (×{e['count']})" if e.get("count", 1) > 1 else ""
         role = "sign" if e.get("role") == "sign" else ""
         where = "" if logs == [e["source"]] else f"  [dim]{escape(e['source'])}[/]"
         lines.append(Text.from_markup(
-            f"{indent}[bold]{_step(e['step']):>12}[/]  {escape(e['code'])}{more} "
+            f"{indent}[bold]{_step(e['step'], e.get('began')):>12}[/]  {escape(e['code'])}{more} "
             f"[cyan]{role:4}[/] {escape(e['message'])}{where}"
         ))
     return lines
@@ -43,7 +50,7 @@ def _cause(c: dict[str, Any], logs: list[str]) -> list[Any]:
     )]
     lead = c.get("steps_before_symptom")
     if c["first_step"] is not None:
-        when = f"  its first sign is at step {c['first_step']:,}"
+        when = f"  its evidence begins at step {c['first_step']:,}"
         if lead:
             when += f", {lead:,} steps before the first symptom it explains"
         parts.append(Text(when))

@@ -360,8 +360,10 @@ def build_report_data(
     checklist: CheckReport | None = None,
     expected_tokens_per_s: float | None = None,
     title: str | None = None,
+    diagnosis: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything the page shows, as one JSON-ready dict."""
+    """Everything the page shows, as one JSON-ready dict; ``diagnosis``: what ``sapper
+    diagnose`` says of the run (its JSON), drawn as a timeline with the cause marked."""
     docs = {r.code: r for r in all_rules()}
     with gc_paused():
         charts = _charts(analysis.log, plan, expected_tokens_per_s)
@@ -391,6 +393,7 @@ def build_report_data(
         "counts": counts,
         "checklist": _checklist(checklist, docs) if checklist is not None else None,
         "notes": analysis.notes,
+        "diagnosis": diagnosis,
     })
 
 

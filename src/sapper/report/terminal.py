@@ -97,7 +97,9 @@ def render_check_report(report: CheckReport) -> Group:
     return Group(*parts)
 
 
-def render_rule(rule: Rule) -> Panel:
+def render_rule(rule: Rule, links: dict[str, list[dict[str, str]]] | None = None) -> Panel:
+    """A rule's explanation; ``links``: its place in the causal map
+    (:func:`sapper.rules.causes.causal_links`), what ``sapper diagnose`` reads it as."""
     body = Text.from_markup(
         f"[bold]{escape(rule.title)}[/]\n"
         f"check: {rule.check} · default severity: {rule.severity.value}"
@@ -105,5 +107,25 @@ def render_rule(rule: Rule) -> Panel:
         + f"\n\n[bold]Why it explodes[/]\n{escape(rule.why.strip())}"
         + f"\n\n[bold]Early signs[/]\n{escape(rule.signs.strip())}"
         + f"\n\n[bold]How to defuse[/]\n{escape(rule.fix.strip())}"
+        + _causal_section(links or {})
     )
     return Panel(body, title=f"{rule.code} {rule.name}", title_align="left")
+
+
+def _causal_section(links: dict[str, list[dict[str, str]]]) -> str:
+    """One line per cause the rule is a sign or a symptom of (or both)."""
+    roles: dict[str, list[str]] = {}
+    titles: dict[str, str] = {}
+    for link in links.get("sign_of", []):
+        roles.setdefault(link["cause"], []).append(f"{link['strength']} sign")
+        titles[link["cause"]] = link["title"]
+    for link in links.get("symptom_of", []):
+        roles.setdefault(link["cause"], []).append("symptom")
+        titles[link["cause"]] = link["title"]
+    if not roles:
+        return ""
+    lines = [
+        f"  {' and '.join(r)} of [bold]{escape(cause)}[/]: {escape(titles[cause])}"
+        for cause, r in roles.items()
+    ]
+    return "\n\n[bold]In sapper diagnose[/] (the causal map)\n" + "\n".join(lines)

@@ -5,8 +5,10 @@ shows it).
 A blow-up prints many true findings at once: the loss scale collapsing, a spike, a
 gradient-norm surge, NaN. They are symptoms of one cause, and what tells the causes apart
 is a *sign*: a finding that a cause produces and the others do not (clipping before
-``unscale_`` for a scaler bug, wrapped position ids for a position bug), or a pre-flight
-finding on the run's config that predicts it (fp16 with a static loss scale). Each
+``unscale_`` for a scaler bug, wrapped position ids for a position bug), a pre-flight
+finding on the run's config that predicts it (fp16 with a static loss scale), or a
+finding of ``sapper inspect`` on its checkpoint (a scheduler a step behind the optimizer,
+a weight frozen while its peers moved). Each
 :class:`Cause` lists:
 
 - ``signs``: codes that point at this cause, each ``STRONG`` (specific to it) or ``WEAK``
@@ -31,6 +33,7 @@ __all__ = [
     "STRONG",
     "WEAK",
     "Cause",
+    "causal_links",
     "causes_of",
     "produced_by",
 ]
@@ -83,7 +86,7 @@ CAUSES: tuple[Cause, ...] = (
        "fp16's range is exceeded: activations or gradients overflow 65504",
        "Train in bf16 where the GPU has it; otherwise find the overflowing module (the "
        "monitor's first non-finite module) and keep it in fp32, or lower the LR there.",
-       strong="R030 S006 N107", weak="R020 R031",
+       strong="R030 S006 N107 K006 K011", weak="R020 R031 K004",
        symptoms="R001 R002 R010 R013 R020 R030 R031 X001",
        next_test="re-run the last good checkpoint in bf16 (or fp32) over the same batches: "
                  "if the blow-up does not come back, fp16's range was the cause",
@@ -115,7 +118,7 @@ CAUSES: tuple[Cause, ...] = (
        "by layer",
        "Use std ≈ 0.02 (or 1/sqrt(hidden)) and scale the residual output projections by "
        "1/sqrt(2·layers).",
-       strong="R100 S009", weak="N301 N302 N303",
+       strong="R100 S009", weak="N301 N302 N303 K002",
        symptoms="R001 R002 R003 R013 R020",
        next_test="measure per-layer activation RMS at step 0 (sapper smoke's init check)"),
     _c("optimizer-setup", "init",
@@ -123,7 +126,7 @@ CAUSES: tuple[Cause, ...] = (
        "(or none trainable) of the model's parameters, or no gradient reaches them",
        "Build the optimizer on the model you train, after freezing and wrapping "
        "(model.parameters() of the same object), and call backward on the loss.",
-       strong="R120 R121 R122", weak="R021 R012",
+       strong="R120 R121 R122 K022", weak="R021 R012 K003",
        symptoms="R003 R012",
        next_test="compare the parameters in optimizer.param_groups with the model's "
                  "trainable parameters (id() of each tensor)"),
@@ -136,7 +139,7 @@ CAUSES: tuple[Cause, ...] = (
     _c("lr-too-high", "lr",
        "The learning rate is too high for this batch and model (or its warmup is missing)",
        "Lower the peak LR (scale it with the batch size you train at) and keep a warmup.",
-       strong="R041 R043 R082 D105", weak="R013 R042",
+       strong="R041 R043 R082 D105", weak="R013 R042 K005 K020",
        symptoms="R001 R002 R004 R010 R013",
        next_test="re-run from the last good checkpoint at half the LR: if the blow-up does "
                  "not come back at the same LR level, the LR was the cause"),
@@ -144,7 +147,7 @@ CAUSES: tuple[Cause, ...] = (
        "The learning-rate schedule is not the one declared (stuck, past its end, stepped "
        "per micro-batch)",
        "Step the scheduler once per optimizer step and make its length match the run's.",
-       strong="R040 R044 R045", weak="R042",
+       strong="R040 R042 R044 R045 K007 K008",
        symptoms="R002 R003 R004 R111",
        next_test="plot the logged LR against the declared schedule"),
     _c("positions", "data",
@@ -161,7 +164,7 @@ CAUSES: tuple[Cause, ...] = (
        "that read the same data)",
        "Shard by rank (DistributedSampler with set_epoch), check the dataset's length and "
        "the resume position.",
-       strong="R070 R072 X004 S008",
+       strong="R070 R072 X004 S008", weak="K009",
        symptoms="R003 R110",
        next_test="hash the samples of two epochs and of two ranks and compare"),
     _c("bad-data", "data",
@@ -170,7 +173,7 @@ CAUSES: tuple[Cause, ...] = (
        "Filter the dataset (token ids < vocab size, lengths, empty samples); skip the "
        "batch at the step it recurs.",
        strong="D103",
-       symptoms="R001 R002 R010",
+       symptoms="R001 R002 R010 R020",
        next_test="re-run the step from the checkpoint before it with the same batch, then "
                  "with a different one"),
     _c("accumulation", "accumulation",
@@ -209,7 +212,7 @@ CAUSES: tuple[Cause, ...] = (
        "Find the node (per-rank step times, ECC and Xid errors), exclude it, resume from "
        "the last good checkpoint.",
        strong="X002", weak="X001",
-       symptoms="R001 R002 R010 R060 R061 X001 X002",
+       symptoms="R001 R002 R010 R020 R060 R061 X001 X002",
        next_test="re-run the step from the checkpoint before it with the same batch: if it "
                  "does not reproduce, suspect the hardware"),
 )
@@ -223,3 +226,17 @@ def causes_of(code: str) -> list[tuple[Cause, str]]:
 def produced_by(code: str) -> list[Cause]:
     """The causes that can produce ``code`` as a symptom."""
     return [c for c in CAUSES if code in c.symptoms]
+
+
+def causal_links(code: str) -> dict[str, list[dict[str, str]]]:
+    """Where ``code`` stands in the map, for ``sapper explain``: the causes it is a sign
+    of (with the sign's strength) and the causes that can produce it as a symptom."""
+    return {
+        "sign_of": [
+            {"cause": c.id, "check": c.check, "title": c.title, "strength": strength}
+            for c, strength in causes_of(code)
+        ],
+        "symptom_of": [
+            {"cause": c.id, "check": c.check, "title": c.title} for c in produced_by(code)
+        ],
+    }

@@ -10,7 +10,7 @@ the data-parallel check can ask every rank for its share and see whether they ov
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -63,10 +63,13 @@ def pad_samples(samples: Sequence[torch.Tensor], length: int | None = None) -> B
 
 
 def normalize_batch(item: Any) -> Batch:
-    """Accept what loaders commonly yield: a dict with ``input_ids`` (``attention_mask`` and
-    ``labels`` optional) or a bare [B, T] tensor of token ids."""
+    """Accept what loaders commonly yield: a mapping with ``input_ids`` (``attention_mask``
+    and ``labels`` optional; transformers' collators give a ``BatchEncoding``, a mapping but
+    not a dict) or a bare [B, T] tensor of token ids."""
     if isinstance(item, torch.Tensor):
         item = {"input_ids": item}
+    if isinstance(item, Mapping):
+        item = dict(item)
     if not isinstance(item, dict) or "input_ids" not in item:
         raise InputError(
             "the data loader yielded something that is not a batch",
@@ -270,6 +273,14 @@ class LoaderFactory:
     def batches(self, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
         for item in self.fn(rank, world_size):
             yield normalize_batch(item)
+
+    def dataset_size(self) -> int | None:
+        """Samples in the dataset behind the loader (``len(loader.dataset)``), None when the
+        loader has no sized dataset (an iterable dataset, a generator)."""
+        try:
+            return len(self.fn(0, 1).dataset)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError, NotImplementedError):
+            return None
 
 
 def load_loader_factory(spec: str) -> LoaderFactory:

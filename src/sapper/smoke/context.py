@@ -54,6 +54,9 @@ class Tolerances:
     init_amplification: float = 16.0
     #: ... and max/min per-layer parameter-gradient std above this ratio warns.
     init_grad_spread: float = 10.0
+    #: sharding (S008): micro-batches read per rank to reach the end of the epoch; a source
+    #: that goes on (a stream) is compared over this many.
+    epoch_max_batches: int = 128
     #: measured vs estimated memory: model states within this relative error ...
     memory_states_rel_err: float = 0.1
     #: ... activations within this factor either way.
@@ -99,6 +102,8 @@ class SmokeContext:
     vocab_size: int
     initial_state: dict[str, torch.Tensor]
     num_params: int = 0
+    #: The model config's pad_token_id (HF models), for loaders that give no attention mask.
+    pad_token_id: int | None = None
     _batches: list[Batch] = field(default_factory=list)
 
     @classmethod
@@ -129,7 +134,9 @@ class SmokeContext:
             )
         if source is None:
             source = SyntheticTokens(vocab, config.seq_len, config.micro_batch, seed=config.seed)
-        return cls(factory, source, step, config, vocab, state, n_params)
+        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        pad = pad if isinstance(pad, int) and not isinstance(pad, bool) else None
+        return cls(factory, source, step, config, vocab, state, n_params, pad)
 
     @property
     def device(self) -> torch.device:

@@ -10,8 +10,8 @@ read and compares:
 - S007: the DDP update against the single-process update (and the ranks against each
   other): per-rank loss normalisation with uneven token counts, a gradient that is not
   all-reduced, or ranks starting from different weights show here;
-- S008: the samples the ranks read: any sample read by two ranks, and the share of the
-  global batch one process would read (``world_size=1``) that the ranks covered.
+- S008 (:mod:`sapper.smoke.sharding`): over a whole epoch of the data source, every sample
+  read by exactly one rank; reported even when the DDP run itself failed.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sapper.errors import SapperError
 from sapper.rules.model import Finding
 from sapper.smoke.batches import BatchSource, fingerprints, take
 from sapper.smoke.context import SmokeContext, verdict
 from sapper.smoke.grads import compare_grads
 from sapper.smoke.rules import DATA_PARALLEL, UNSHARDED_SAMPLER
+from sapper.smoke.sharding import run_epoch_check
 from sapper.smoke.step import StepOptions, TrainStep
 from sapper.smoke.toy import ModelFactory
 
@@ -153,42 +155,6 @@ def _crashed(folder: Path, world: int, exc: BaseException) -> Finding:
     )
 
 
-def _sharding(ctx: SmokeContext, ranks: list[dict[str, Any]], k: int) -> Finding:
-    world = len(ranks)
-    seen = [set(r["fingerprints"]) for r in ranks]
-    shared = set.intersection(*seen) if seen else set()
-    reread = sum(len(s) for s in seen) - len(set.union(*seen))
-    single = take(ctx.source, world * k, 0, 1)
-    expected = {fp for b in single for fp in fingerprints(b)}
-    covered = len(expected & set.union(*seen)) / len(expected) if expected else 1.0
-    samples = sum(len(r["fingerprints"]) for r in ranks)
-    numbers = dict(
-        value=reread / samples if samples else 0.0,
-        threshold=0.0,
-        samples=samples,
-        read_by_several_ranks=reread,
-        read_by_all_ranks=len(shared),
-        coverage_of_single_process_batch=covered,
-    )
-    if reread:
-        return verdict(
-            UNSHARDED_SAMPLER,
-            False,
-            f"{reread} of {samples} samples were read by more than one rank "
-            f"({len(shared)} by all {world}); the ranks covered {covered:.0%} of the samples "
-            f"one process reads for the same global batch",
-            **numbers,
-        )
-    return verdict(
-        UNSHARDED_SAMPLER,
-        True,
-        f"{world} ranks read {samples} distinct samples, {covered:.0%} of what one process "
-        "reads for the same global batch",
-        warn=covered < 1.0,
-        **numbers,
-    )
-
-
 def run(ctx: SmokeContext) -> list[Finding]:
     tol = ctx.config.tolerances
     world = ctx.config.dp_world_size
@@ -198,7 +164,7 @@ def run(ctx: SmokeContext) -> list[Finding]:
         try:
             ranks = _spawn(ctx, folder, world, k)
         except Exception as exc:  # the user's step or model failed under DDP
-            return [_crashed(folder, world, exc)]
+            return [_crashed(folder, world, exc), _epoch(ctx)]
     batches = [b for r in ranks for b in r["batches"]]
     model = ctx.fresh_model(train=False)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -215,10 +181,11 @@ def run(ctx: SmokeContext) -> list[Finding]:
         for r in ranks[1:]
         for n in ref
     )
-    numbers = dict(
+    numbers: dict[str, Any] = dict(
         value=cmp.rel_err,
         threshold=tol.fp32_rel_err,
         world_size=world,
+        norm_ratio=_norm_ratio(ranks[0]["updates"], ref),
         micro_batches_per_rank=k,
         cosine=cmp.cosine,
         ranks_max_abs_diff=spread,
@@ -234,6 +201,62 @@ def run(ctx: SmokeContext) -> list[Finding]:
     else:
         parts = [f"DP={world} update differs from one process's: rel err {cmp.rel_err:.2g}"]
         if spread:
-            parts.append(f"ranks disagree by up to {spread:.2g}")
+            parts.append(
+                f"ranks disagree by up to {spread:.2g}: their gradients were not all-reduced "
+                "(a forward through model.module, every micro-batch under no_sync, a "
+                "parameter outside DDP; the contract check, S012, names the clause)"
+            )
+        elif cmp.finite:
+            cause, text = _scale_cause(_norm_ratio(ranks[0]["updates"], ref), cmp.cosine, world)
+            numbers["cause"] = cause
+            parts.append(text)
         message = "; ".join(parts)
-    return [verdict(DATA_PARALLEL, passed, message, **numbers), _sharding(ctx, ranks, k)]
+    return [verdict(DATA_PARALLEL, passed, message, **numbers), _epoch(ctx)]
+
+
+def _norm_ratio(test: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    """‖DDP update‖ / ‖one process's update‖."""
+    num = sum(float(test[n].double().pow(2).sum()) for n in ref)
+    den = sum(float(ref[n].double().pow(2).sum()) for n in ref)
+    return (num / den) ** 0.5 if den else float("inf")
+
+
+def _scale_cause(ratio: float, cosine: float, world: int) -> tuple[str, str]:
+    """Which normalisation the DDP update's size and direction point at. DDP averages the
+    ranks' gradients, so a loss not multiplied by the world size gives 1/world of the
+    update in the same direction; a token count that is only the rank's own (not
+    all-reduced) gives about world times it (tilted by the uneven counts); a per-rank mean
+    of the right size tilts the direction only."""
+    aligned = cosine > 0.999
+    if aligned and abs(ratio * world - 1.0) < 0.1:
+        return "no world-size factor", (
+            f"the update is 1/{world} of one process's in the same direction (×{ratio:.3g}): "
+            f"DDP averages gradients over ranks, so the loss must be multiplied by the world "
+            f"size ({world})"
+        )
+    if abs(ratio / world - 1.0) < 0.25:  # the per-rank counts also tilt it a little
+        return "token count not all-reduced", (
+            f"the update is about {world}× one process's (×{ratio:.3g}): each rank divides by "
+            "its own target tokens, not the count all-reduced over ranks"
+        )
+    return "per-rank normalisation", (
+        f"the update points elsewhere (cosine {cosine:.4g}, ×{ratio:.3g} in size): the loss "
+        "is normalised per rank, so with uneven token counts the ranks' tokens weigh "
+        "differently; divide by the token count summed over all ranks"
+    )
+
+
+def _epoch(ctx: SmokeContext) -> Finding:
+    """S008 over the epoch; a loader that fails part-way through it is S008's failure (the
+    DDP verdict above stands)."""
+    try:
+        return run_epoch_check(ctx)
+    except SapperError:
+        raise
+    except Exception as exc:  # the user's loader failed while reading a whole epoch
+        return verdict(
+            UNSHARDED_SAMPLER,
+            False,
+            f"reading a whole epoch of the data source failed: {type(exc).__name__}: {exc}",
+            crashed=True,
+        )

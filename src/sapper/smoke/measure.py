@@ -204,18 +204,39 @@ def measure_step(
     }
 
 
-def toy_plan(ctx: SmokeContext, batch: Batch) -> Any:
-    """The Plan of the toy: its HF config read like any config.json, plus the smoke batch,
-    fp32 and the optimizer the check runs. None for a user factory (no config to read)."""
+def hf_config_of(model: nn.Module) -> dict[str, Any] | None:
+    """The Hugging Face config of a model a user factory returned (``model.config``), or
+    None for a model without one."""
+    cfg = getattr(model, "config", None)
+    if not hasattr(cfg, "to_dict") or not isinstance(getattr(cfg, "model_type", None), str):
+        return None
+    try:
+        raw = cfg.to_dict()
+    except Exception:  # a config object that cannot describe itself
+        return None
+    if not isinstance(raw, dict) or not raw.get("model_type"):
+        return None
+    raw.pop("dtype", None)
+    raw.pop("torch_dtype", None)
+    return raw
+
+
+def toy_plan(ctx: SmokeContext, batch: Batch, model: nn.Module | None = None) -> Any:
+    """The Plan of the toy: its HF config read like any config.json (the scaled config, or
+    ``model.config`` when a user factory returned a Hugging Face model), plus the smoke
+    batch, fp32 and the optimizer the check runs. None when there is no config to read."""
     from sapper.plan.load import build_plan
     from sapper.plan.readers.hf_config import read_hf_config
     from sapper.plan.sources import PlanSource
 
-    if ctx.factory.hf_config is None:
+    config = ctx.factory.hf_config
+    if config is None and model is not None:
+        config = hf_config_of(model)
+    if config is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
-        path.write_text(json.dumps(ctx.factory.hf_config, default=str))
+        path.write_text(json.dumps(config, default=str))
         model_src = read_hf_config(path)
     model_src.name = "toy config"
     over = PlanSource(name="smoke")
@@ -230,12 +251,14 @@ def toy_plan(ctx: SmokeContext, batch: Batch) -> Any:
     return build_plan([model_src, over]).plan
 
 
-def estimate_toy(ctx: SmokeContext, batch: Batch) -> dict[str, Any] | None:
+def estimate_toy(
+    ctx: SmokeContext, batch: Batch, model: nn.Module | None = None
+) -> dict[str, Any] | None:
     """The memory estimator's numbers for the toy (tensor bytes only, CPU kernels when the
     toy runs on CPU)."""
     from sapper.memory import MemoryOptions, estimate
 
-    plan = toy_plan(ctx, batch)
+    plan = toy_plan(ctx, batch, model)
     if plan is None:
         return None
     device = "cuda" if ctx.device.type == "cuda" else "cpu"
@@ -268,9 +291,9 @@ def run(ctx: SmokeContext) -> list[Finding]:
     batch = ctx.batches(1)[0]
     model = ctx.fresh_model(train=True)
     measured = measure_step(ctx, model, batch)
-    why_none = "a model factory has no config for the estimator"
+    why_none = "the model has no Hugging Face config (model.config) for the estimator"
     try:
-        est = estimate_toy(ctx, batch)
+        est = estimate_toy(ctx, batch, model)
     except SapperError as exc:  # the estimator cannot read this architecture
         est, why_none = None, f"the estimator cannot read the toy ({exc})"
     numbers: dict[str, Any] = {"measured": measured, "estimated": est}

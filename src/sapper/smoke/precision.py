@@ -9,7 +9,14 @@ scale that worked.
 
 Headroom (S006): forward hooks on every module record the largest |output| of an fp32
 forward — the value fp16 would have to hold — against fp16's maximum 65504; an fp16
-autocast forward then names the first module whose output is no longer finite.
+autocast forward then names the first module whose output is no longer finite. When every
+module fits, the user's whole step runs under fp16 autocast at loss scale 1 through
+:mod:`sapper.smoke.trace`: the loss computation outside the model (the user's own softmax,
+``exp``, sums) must stay finite and its fp16 values below 65504.
+
+When low-precision gradients are not finite (S005), the same trace says where the first
+non-finite value appeared — a module's forward, the loss, or only the backward — so the
+message blames the loss scale only when the forward and the loss were finite.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from sapper.smoke.context import SmokeContext, Tolerances, verdict
 from sapper.smoke.grads import GradComparison, collect_grads, compare_grads
 from sapper.smoke.rules import FP16_HEADROOM, PRECISION_AGREEMENT
 from sapper.smoke.step import Precision, StepOptions, autocast, logits_of
+from sapper.smoke.trace import StepTrace, trace_step
 
 __all__ = ["FP16_MAX", "activation_maxima", "run"]
 
@@ -131,13 +139,37 @@ def _agreement(
     where = f"worst layer {worst.layer}" if worst else "no layers"
     if not cmp.finite:
         bad = [d.layer for d in cmp.layers if not d.finite]
-        return verdict(
-            PRECISION_AGREEMENT,
-            False,
-            f"{precision} gradients are not finite in {len(bad)} layer(s) (first: {bad[0]}) "
-            f"even at loss scale {extra.get('loss_scale', 1):g}",
-            **numbers,
+        origin: StepTrace | None = extra.pop("origin", None)
+        grads = f"{precision} gradients are not finite in {len(bad)} layer(s) (first: {bad[0]})"
+        fix = None
+        if origin is None or origin.phase in (None, "backward"):
+            message = f"{grads} even at loss scale {extra.get('loss_scale', 1):g}"
+            if origin is not None:
+                message += "; the forward and the loss are finite: the backward overflows"
+        elif origin.phase == "forward":
+            message = (
+                f"{grads}: the first non-finite value appears in {origin.where()}, before any "
+                "loss scaling — an activation overflows (see S006)"
+            )
+            fix = (
+                f"keep {origin.module} in fp32 (or train in bf16), or rescale it (init, a norm "
+                "before it); a loss scale cannot help with a forward overflow"
+            )
+        else:
+            message = (
+                f"{grads}: the first non-finite value appears in {origin.where()}: the loss "
+                f"is computed in {precision}, where it overflows; no loss scale fixes that"
+            )
+            fix = (
+                "compute the loss in fp32: logits.float() before the softmax, exp or sum "
+                "(torch.nn.functional.cross_entropy on fp32 logits), outside autocast"
+            )
+        numbers.update(
+            first_nonfinite_phase=origin.phase if origin else None,
+            first_nonfinite_module=origin.module if origin else None,
+            first_nonfinite_op=origin.op if origin else None,
         )
+        return verdict(PRECISION_AGREEMENT, False, message, fix=fix, **numbers)
     passed = cmp.min_cosine >= min_cos and cmp.max_rel_err <= max_rel
     summary = (
         f"{precision} vs fp32 gradients: min layer cosine {cmp.min_cosine:.5f} "
@@ -154,9 +186,14 @@ def _headroom(ctx: SmokeContext, batch: Batch) -> Finding:
     top = sorted(maxima.items(), key=lambda kv: -kv[1])[:5]
     largest_name, largest = top[0] if top else ("<none>", 0.0)
     first_bad = None
+    loss: StepTrace | None = None
     if "fp16" in ctx.config.precisions:
         fp16 = activation_maxima(ctx.fresh_model(train=False), batch, ctx.device, "fp16")
         first_bad = next((n for n, v in fp16.items() if not math.isfinite(v)), None)
+        if first_bad is None:  # the model's outputs fit: does the loss computation?
+            loss = trace_step(ctx.fresh_model(train=False), ctx.step, [batch], "fp16", 1.0)
+    loss_max = loss.loss_max_low if loss else 0.0
+    loss_overflow = loss is not None and (loss.phase == "loss" or loss_max >= FP16_MAX)
     numbers = dict(
         value=largest,
         threshold=FP16_MAX,
@@ -164,7 +201,26 @@ def _headroom(ctx: SmokeContext, batch: Batch) -> Finding:
         largest_module=largest_name,
         top_modules=[{"module": n, "max_abs": v} for n, v in top],
         first_nonfinite_in_fp16=first_bad,
+        loss_fp16_max_abs=loss_max,
+        loss_fp16_max_op=loss.loss_max_op if loss else None,
+        loss_first_nonfinite_op=loss.op if loss and loss.phase == "loss" else None,
     )
+    if loss_overflow and largest < FP16_MAX:
+        assert loss is not None
+        what = (
+            f"the first non-finite value appears in {loss.where()}"
+            if loss.phase == "loss"
+            else f"its fp16 values reach {loss_max:.4g} ({loss.loss_max_op})"
+        )
+        return verdict(
+            FP16_HEADROOM,
+            False,
+            f"the loss computation overflows fp16 (loss scale 1): {what}; the model's "
+            f"activations fit (largest {largest:.4g} in {largest_name})",
+            fix="compute the loss in fp32: logits.float() before any softmax, exp or sum, "
+            "or call torch.nn.functional.cross_entropy on fp32 logits",
+            **numbers,
+        )
     if largest >= FP16_MAX or first_bad is not None:
         where = f"; under fp16 autocast the first non-finite output is {first_bad}" if (
             first_bad
@@ -205,6 +261,11 @@ def run(ctx: SmokeContext) -> list[Finding]:
         extra: dict[str, Any] = {"flushed_to_zero": _flushed(test, ref)}
         if precision == "fp16":
             extra.update(loss_scale=scale, backoffs=backoffs)
+        if not all(bool(torch.isfinite(g).all()) for g in test.values()):
+            model = ctx.fresh_model(train=False)
+            extra["origin"] = trace_step(
+                model, ctx.step, [batch], precision, scale if precision == "fp16" else None
+            )
         findings.append(_agreement(ctx, precision, compare_grads(test, ref), extra))
     findings.append(_headroom(ctx, batch))
     return findings

@@ -18,8 +18,10 @@ __all__ = [
     "LABEL_SHIFT",
     "MEASURED_VS_ESTIMATE",
     "OVERFIT",
+    "PADDING_IN_LABELS",
     "PRECISION_AGREEMENT",
     "SMOKE_RULES",
+    "STEP_CONTRACT",
     "UNSHARDED_SAMPLER",
 ]
 
@@ -238,6 +240,58 @@ optimizer, dtype, checkpointing) or the estimator before sizing the big run.""",
     seed="§3.1",
 )
 
+PADDING_IN_LABELS = Rule(
+    code="S011",
+    name="padding-scored-by-the-loss",
+    check="data",
+    severity=Severity.ERROR,
+    title="The loss is taken on padding tokens",
+    why="""\
+Padded positions hold no text: the loss must ignore them (label -100, or a mask the loss
+applies). A collator that copies labels = input_ids after padding, without replacing the
+padding with -100, makes the model learn to predict pad tokens after every short sequence:
+the loss falls quickly on the easy pad-after-pad targets, the real tokens get a smaller
+share of every gradient (the average is over padding too), the loss depends on how much
+padding a batch happens to have, and the model learns to emit padding. Nothing raises an
+error, and sapper's own probe batches never show it.""",
+    signs="""\
+A loss that falls fast early and then plateaus above a packed run's; the loss of a batch
+that rises or falls with its padding; generations that end in runs of the pad or EOS token;
+token counts per step that equal batch × sequence length although sequences are shorter.""",
+    fix="""\
+Set labels to -100 where attention_mask is 0 (labels = input_ids.masked_fill(attention_mask
+== 0, -100)), or use transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False),
+which does it; when pad and EOS are the same id, mask by the attention mask, not by the id,
+so the real EOS keeps its target.""",
+    seed="§5.1 (7), §5.3",
+)
+
+STEP_CONTRACT = Rule(
+    code="S012",
+    name="train-step-contract-broken",
+    check="step",
+    severity=Severity.ERROR,
+    title="The training step breaks the TrainStep contract",
+    why="""\
+A hand-written training step is where the distributed and mixed-precision details live:
+whether gradients accumulate across micro-batches, whether the forward goes through the DDP
+wrapper (a forward through model.module is never all-reduced), whether the last
+micro-batch synchronises, whether the loss scale applied to the gradients is the one
+unscaled later, whether autocast is open. Each mistake trains without an error: on one
+rank's gradient, on the last micro-batch only, with a step 65536 times too large, or in
+fp32 at half the speed the plan assumed.""",
+    signs="""\
+Ranks whose weights drift apart; a loss that ignores the accumulation count; loss spikes on
+the first fp16 steps or a scaler that skips every step; a throughput well below the plan.""",
+    fix="""\
+Follow docs/train-step.md: zero gradients outside the step, call model(...) (the wrapper),
+backward once per micro-batch with all but the last under model.no_sync(), divide the loss
+by the target tokens of the whole step summed over ranks and multiply by the world size,
+open torch.autocast for the requested precision, and report the loss scale you multiplied
+by as StepResult.grad_scale.""",
+    seed="§4.1, §5.3",
+)
+
 SMOKE_RULES: tuple[Rule, ...] = tuple(
     register(r)
     for r in (
@@ -251,5 +305,7 @@ SMOKE_RULES: tuple[Rule, ...] = tuple(
         UNSHARDED_SAMPLER,
         INIT_HEALTH,
         MEASURED_VS_ESTIMATE,
+        PADDING_IN_LABELS,
+        STEP_CONTRACT,
     )
 )

@@ -22,10 +22,12 @@ from sapper.rules.model import Finding, Rule, Severity
 from sapper.smoke import (
     accumulation,
     checkpointing,
+    contract,
     data_parallel,
     init_health,
     measure,
     overfit,
+    padding,
     precision,
 )
 from sapper.smoke import rules as R
@@ -34,13 +36,15 @@ from sapper.smoke.context import SmokeConfig, SmokeContext
 from sapper.smoke.step import DefaultTrainStep, TrainStep
 from sapper.smoke.toy import ModelFactory
 
-__all__ = ["CHECKS", "CheckOutcome", "SmokeReport", "run_smoke"]
+__all__ = ["CHECKS", "CheckOutcome", "SmokeObserver", "SmokeReport", "run_smoke"]
 
 CheckFn = Callable[[SmokeContext], list[Finding]]
 
 #: name -> (check, the rule a crash of it is reported under), in run order.
 CHECKS: dict[str, tuple[CheckFn, Rule]] = {
+    "contract": (contract.run, R.STEP_CONTRACT),
     "overfit": (overfit.run, R.OVERFIT),
+    "padding": (padding.run, R.PADDING_IN_LABELS),
     "accumulation": (accumulation.run, R.ACCUMULATION),
     "checkpointing": (checkpointing.run, R.CHECKPOINTING),
     "precision": (precision.run, R.PRECISION_AGREEMENT),
@@ -71,6 +75,12 @@ class SmokeReport:
     vocab_size: int
     config: SmokeConfig
     outcomes: list[CheckOutcome] = field(default_factory=list)
+    #: Where the batches came from ("synthetic tokens", "loader mypkg:make", a file).
+    data: str = "synthetic tokens"
+    #: [sequences, tokens] of the first micro-batches the checks read, as the source gave
+    #: them (a loader decides its own shapes; --micro-batch/--seq-len only shape synthetic
+    #: tokens and token files).
+    batch_shapes: list[list[int]] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
@@ -113,6 +123,7 @@ class SmokeReport:
                 "dp_world_size": cfg.dp_world_size,
                 "tolerances": vars(cfg.tolerances),
             },
+            "data": {"source": self.data, "batch_shapes": self.batch_shapes},
             "checks": [
                 {
                     "check": o.name,
@@ -156,6 +167,44 @@ def _crashed(name: str, rule: Rule, exc: Exception) -> Finding:
     )
 
 
+class SmokeObserver:
+    """Told as the run goes, so a caller can stream results; every method is optional."""
+
+    def started(self, report: SmokeReport) -> None:
+        """The toy is built and the first batch read; no check has run yet."""
+
+    def check_started(self, name: str, index: int, total: int) -> None:
+        """Check ``name`` (``index`` of ``total``, from 1) begins."""
+
+    def check_done(self, outcome: CheckOutcome) -> None:
+        """A check finished with these findings."""
+
+
+def _describe(source: BatchSource | None) -> str:
+    if source is None:
+        return "synthetic tokens"
+    fn = getattr(source, "fn", None)
+    if fn is not None:
+        return f"loader {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+    path = getattr(source, "path", None)
+    return f"token file {path}" if path is not None else type(source).__name__
+
+
+def _check_token_ids(batches: list[dict[str, torch.Tensor]], vocab: int) -> None:
+    """Token ids outside the model's vocabulary fail every check with an IndexError deep in
+    the embedding; say it once, naming the numbers."""
+    ids = torch.cat([b["input_ids"].reshape(-1) for b in batches])
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        raise InputError(
+            f"the data's token ids span {low}..{high} but the model's vocabulary is {vocab}",
+            field="data",
+            value=high if high >= vocab else low,
+            expected=f"token ids in 0..{vocab - 1} (a model whose vocabulary covers the "
+            "data, or --vocab for a toy)",
+        )
+
+
 def run_smoke(
     factory: ModelFactory,
     source: BatchSource | None = None,
@@ -163,11 +212,14 @@ def run_smoke(
     config: SmokeConfig | None = None,
     checks: Sequence[str] | None = None,
     threads: int | None = 1,
+    observer: SmokeObserver | None = None,
 ) -> SmokeReport:
     """Run the chosen checks (all by default) on the toy model and return the report.
 
     ``source`` defaults to synthetic variable-length tokens, ``step`` to
-    :class:`~sapper.smoke.step.DefaultTrainStep`."""
+    :class:`~sapper.smoke.step.DefaultTrainStep`; ``observer`` hears of each check as it
+    starts and ends."""
+    observer = observer or SmokeObserver()
     config = config or SmokeConfig()
     names = list(checks) if checks else list(CHECKS)
     unknown = [n for n in names if n not in CHECKS]
@@ -182,10 +234,20 @@ def run_smoke(
         torch.manual_seed(config.seed)
         ctx = SmokeContext.create(factory, source, step or DefaultTrainStep(), config)
         report = SmokeReport(
-            factory.description, list(factory.notes), ctx.num_params, ctx.vocab_size, config
+            factory.description,
+            list(factory.notes),
+            ctx.num_params,
+            ctx.vocab_size,
+            config,
+            data=_describe(source),
         )
-        for name in names:
+        first = ctx.batches(max(1, config.grad_accum))
+        report.batch_shapes = [list(b["input_ids"].shape) for b in first]
+        _check_token_ids(first, ctx.vocab_size)
+        observer.started(report)
+        for i, name in enumerate(names, 1):
             fn, rule = CHECKS[name]
+            observer.check_started(name, i, len(names))
             torch.manual_seed(config.seed)
             start = time.perf_counter()
             try:
@@ -194,5 +256,7 @@ def run_smoke(
                 raise
             except Exception as exc:  # the user's model, data or step failed in this check
                 findings = [_crashed(name, rule, exc)]
-            report.outcomes.append(CheckOutcome(name, findings, time.perf_counter() - start))
+            outcome = CheckOutcome(name, findings, time.perf_counter() - start)
+            report.outcomes.append(outcome)
+            observer.check_done(outcome)
     return report

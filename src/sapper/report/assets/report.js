@@ -17,10 +17,17 @@
   var SEVERITY = { error: "#c62828", warning: "#d08400", info: "#1565c0" };
   var NONFINITE = "rgba(198, 40, 40, 0.85)";
   var BAND = "rgba(239, 108, 0, 0.16)";
+  var CAUSE = "rgba(106, 27, 154, 0.14)";  // the diagnosed cause: first sign to symptom
+  var CAUSE_MARK = "#6a1b9a";
   var HEIGHT = 240;
   var Y_AXIS = 84;  // fixed, so every chart's plot area starts at the same x: aligned steps
   var SYNC = "sapper-steps";
   var charts = [];
+  var diagnosis = DATA.diagnosis || null;
+  var cause = diagnosis && diagnosis.causes && diagnosis.causes.length ? diagnosis.causes[0] : null;
+  var causeSteps = cause ? cause.evidence.filter(function (e) { return typeof e.step === "number"; })
+    .map(function (e) { return e.step; }) : [];
+  var causeSpan = causeSpanOf(cause);
   var full = fullRange();
   var view = full.slice();
   var syncing = false;
@@ -50,6 +57,18 @@
   function findingStep(f) {
     var attempt = f.data && typeof f.data.attempt === "number" ? ", attempt " + f.data.attempt : "";
     return "step " + fmtStep(f.step) + attempt;
+  }
+
+  /* From the first sign of the cause to the first symptom it explains (or to its last
+   * evidence when the sign is all there is). */
+  function causeSpanOf(c) {
+    if (!c || typeof c.first_step !== "number") return null;
+    var steps = c.evidence.map(function (e) { return typeof e.began === "number" ? e.began : e.step; })
+      .filter(function (v) { return typeof v === "number"; });
+    if (!steps.length) return null;
+    var end = typeof c.steps_before_symptom === "number" && c.steps_before_symptom > 0
+      ? c.first_step + c.steps_before_symptom : Math.max.apply(null, steps);
+    return [c.first_step, Math.max(end, c.first_step)];
   }
 
   function fullRange() {
@@ -392,8 +411,13 @@
 
   Chart.prototype.drawBands = function (u) {
     var ctx = plotClip(u), b = u.bbox;
-    ctx.fillStyle = BAND;
     var px = uPlot.pxRatio;
+    if (causeSpan) {
+      var c0 = u.valToPos(causeSpan[0], "x", true), c1 = u.valToPos(causeSpan[1], "x", true);
+      ctx.fillStyle = CAUSE;
+      ctx.fillRect(c0 - px, b.top, Math.max(2 * px, c1 - c0 + 2 * px), b.height);
+    }
+    ctx.fillStyle = BAND;
     this.spec.bands.forEach(function (band) {
       band.ranges.forEach(function (r) {
         if (r[1] < u.scales.x.min || r[0] > u.scales.x.max) return;
@@ -459,6 +483,18 @@
       ctx.closePath(); ctx.fill();
       self.markerHits.push({ x: u.valToPos(f.step, "x"), idx: idx });
     });
+    // the diagnosed cause's evidence: diamonds on the bottom edge
+    var evidenceDrawn = 0;
+    ctx.fillStyle = CAUSE_MARK;
+    causeSteps.forEach(function (step) {
+      if (step < x0 || step > x1) return;
+      var x = u.valToPos(step, "x", true), y = b.top + b.height - 6 * px;
+      ctx.beginPath();
+      ctx.moveTo(x, y - 5 * px); ctx.lineTo(x + 5 * px, y); ctx.lineTo(x, y + 5 * px); ctx.lineTo(x - 5 * px, y);
+      ctx.closePath(); ctx.fill();
+      evidenceDrawn++;
+    });
+    this.evidenceDrawn = evidenceDrawn;
     ctx.restore();
     this.drawn = drawn;
     this.box.dataset.rendered = "1";
@@ -482,6 +518,7 @@
         };
       }),
       markers: this.markerHits.length,
+      evidence: this.evidenceDrawn || 0,
       markerSteps: this.markerHits.map(function (m) { return DATA.findings[m.idx].step; }),
       lines: this.spec.lines.map(function (l) { return l.name; }),
       bands: this.spec.bands.reduce(function (n, band) { return n + band.ranges.length; }, 0),
@@ -701,6 +738,67 @@
     cl.findings.forEach(function (f, i) { list.appendChild(findingCard(f, "plan-" + i, false)); });
   }
 
+  function stepText(e) {
+    if (typeof e.step !== "number") return "config";
+    return typeof e.began === "number" && e.began !== e.step
+      ? "steps " + fmtStep(e.began) + "–" + fmtStep(e.step) : "step " + fmtStep(e.step);
+  }
+
+  function renderDiagnosis() {
+    if (!cause) return;
+    document.getElementById("diagnosis-section").hidden = false;
+    document.getElementById("toc-diagnosis").hidden = false;
+    var box = document.getElementById("diagnosis-cause");
+    box.dataset.cause = cause.cause;
+    var head = cause.cause === "unknown" ? "Cause unknown: " + cause.title
+      : "Cause: " + cause.title;
+    box.appendChild(el("div", "cause", head));
+    var meta = [cause.check];
+    if (typeof cause.confidence === "number") meta.push("confidence " + cause.confidence.toFixed(2));
+    if (typeof cause.first_step === "number") meta.push("evidence begins at step " + fmtStep(cause.first_step));
+    if (cause.steps_before_symptom) meta.push(fmtStep(cause.steps_before_symptom) + " steps before the first symptom");
+    box.appendChild(el("div", "meta", meta.join(" · ")));
+    (cause.notes || []).forEach(function (n) { box.appendChild(el("div", "meta", n)); });
+    var fix = el("div");
+    fix.appendChild(el("strong", null, cause.cause === "unknown" ? "Next: " : "Fix: "));
+    fix.appendChild(document.createTextNode(cause.fix));
+    box.appendChild(fix);
+    if (cause.cause !== "unknown") {
+      var confirm = el("div");
+      confirm.appendChild(el("strong", null, "To confirm: "));
+      confirm.appendChild(document.createTextNode(cause.next_test));
+      box.appendChild(confirm);
+    }
+    var list = document.getElementById("diagnosis-timeline");
+    cause.evidence.forEach(function (e) {
+      var li = el("li", e.role === "sign" ? "sign" : "symptom");
+      li.dataset.code = e.code;
+      var when = el("span", "when");
+      if (typeof e.step === "number") {
+        var a = el("a", null, stepText(e));
+        a.addEventListener("click", function () {
+          var lo = typeof e.began === "number" ? e.began : e.step;
+          var w = Math.max(20, (full[1] - full[0]) * 0.04);
+          setView([lo - w, e.step + w]);
+          document.getElementById("charts").scrollIntoView({ behavior: "smooth" });
+        });
+        when.appendChild(a);
+      } else {
+        when.textContent = stepText(e);
+      }
+      li.appendChild(when);
+      li.appendChild(el("span", "code", e.code));
+      li.appendChild(el("span", "role", e.role || "symptom"));
+      li.appendChild(el("span", "msg", e.message));
+      list.appendChild(li);
+    });
+    var others = (diagnosis.considered || []).concat(cause.candidates || []);
+    if (others.length) {
+      document.getElementById("diagnosis-considered").textContent = "Also considered: " +
+        others.map(function (c) { return c.cause + " (" + c.confidence.toFixed(2) + ")"; }).join(", ");
+    }
+  }
+
   function renderNotes() {
     if (!DATA.notes.length) return;
     document.getElementById("notes-section").hidden = false;
@@ -712,6 +810,7 @@
   try {
     if (typeof uPlot !== "function") throw new Error("the charting library (uPlot) is missing from the page");
     renderHeader();
+    renderDiagnosis();
     DATA.charts.forEach(function (spec) {
       var c = new Chart(spec);
       if (c.u) charts.push(c);
@@ -730,6 +829,7 @@
     api.reset = function () { setView(full.slice()); };
     api.fullRange = full.slice();
     api.findings = DATA.findings.length;
+    api.diagnosis = cause ? { cause: cause.cause, span: causeSpan, evidence: causeSteps.length } : null;
     api.uplot = uPlot;
     api.plot = function (id) {
       for (var i = 0; i < charts.length; i++) if (charts[i].spec.id === id) return charts[i].u;

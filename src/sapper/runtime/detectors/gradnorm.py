@@ -402,6 +402,9 @@ class GradNormDetector(RuleDetector):
     def unevaluated(self) -> list[str]:
         """What R010-R013 could not look at: no gradient norm in the log, no clipping
         threshold (R011), too few norms for the windows."""
+        if self.count == 0 and self.first_step is not None:
+            # R010 read the norms: every one was non-finite, so nothing else can be judged.
+            return ["R011-R013 gradient norm: not evaluated — no finite grad_norm in the log"]
         if self.count == 0:
             if self.layer_logs:
                 return ["R010-R012 gradient norm: not evaluated — the log has no global grad_norm"]

@@ -51,7 +51,7 @@ TWINS: dict[type, Twin] = _twins()
 #: this digest is updated.
 FINGERPRINTS: dict[str, str] = {
     "LossDetector": "073511fae8e489f7",
-    "GradNormDetector": "21f4743fbe99d976",
+    "GradNormDetector": "b962a70e9b7a6362",
     "MemoryDetector": "6e5e12556ff8c509",
     "ThroughputDetector": "721d3c4fdf5c6557",
     "AccumulationDetector": "b7d57ea595e27c7b",
