@@ -78,6 +78,8 @@ def test_scale_outlier_names_the_layer(hf_run, copy_of) -> None:
     hits = [f for f in result.findings if f.code == "K002"]
     assert [(f.data["layer"], f.data["role"]) for f in hits] == [(2, "self_attn.q_proj.weight")]
     assert result.checkpoints[0].layers()[0]["layer"] == 2  # the worst layer first
+    (q,) = [r for r in result.checkpoints[0].roles() if r["role"] == "self_attn.q_proj.weight"]
+    assert (q["layers"], q["max_layer"]) == (4, 2)
     assert hits[0].data["factor"] == pytest.approx(30, rel=0.2)
 
 

@@ -8,6 +8,7 @@ result holds only statistics.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -90,6 +91,30 @@ class CheckpointReport:
             key=lambda r: (-r["findings"], -r["nonfinite"], -(r["max_update"] or 0.0), r["layer"]),
         )
 
+    def roles(self) -> list[dict[str, Any]]:
+        """Per role (``self_attn.q_proj.weight``) across the layers: how many, and the
+        median, smallest and largest RMS with the layers that hold the extremes."""
+        by_role: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for t in self.weights:
+            name = parse_name(t.key)
+            if name.layer is not None and math.isfinite(t.rms):
+                by_role[name.role].append((name.layer, t.rms))
+        out = []
+        for role, items in sorted(by_role.items()):
+            lo, hi = min(items, key=lambda i: i[1]), max(items, key=lambda i: i[1])
+            out.append(
+                {
+                    "role": role,
+                    "layers": len(items),
+                    "median_rms": statistics.median(r for _, r in items),
+                    "min_rms": lo[1],
+                    "min_layer": lo[0],
+                    "max_rms": hi[1],
+                    "max_layer": hi[0],
+                }
+            )
+        return out
+
     def summary(self) -> dict[str, Any]:
         total = sum(s.numel for s in self.weights)
         worst = sorted(self.weights, key=lambda s: (-s.nonfinite, -s.abs_max))[:10]
@@ -103,6 +128,7 @@ class CheckpointReport:
             "steps": self.steps,
             "pieces": self.pieces,
             "layers": self.layers(),
+            "roles": self.roles(),
             "largest_abs_max": [s.to_json() for s in worst],
             "worst_updates": [
                 u.to_json() for u in sorted(self.updates, key=lambda u: -u.ratio_max)[:10]
