@@ -9,7 +9,6 @@ often ``model``/``optimizer``/``scheduler``/``scaler``), not by their names.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,7 +222,3 @@ def load_scan(path: Path) -> Scan:
         scan.optimizers or trainer_state is not None or scan.lightning or scan.megatron
     )
     return scan
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
