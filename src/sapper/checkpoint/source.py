@@ -58,7 +58,7 @@ class TensorSource(abc.ABC):
                 field=key,
             ) from None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: only the mapped sources hold anything
         """Release mappings (a no-op where nothing is held)."""
 
 
