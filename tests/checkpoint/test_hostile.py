@@ -84,6 +84,24 @@ def test_header_that_lies_about_offsets(tmp_path: Path) -> None:
     _exit2(tmp_path / "size.safetensors", "does not match its shape")
 
 
+def test_offsets_with_a_gap_or_an_overlap(tmp_path: Path) -> None:
+    for name, header, data in (
+        ("gap", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, 16),
+        (
+            "overlap",
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            },
+            8,
+        ),
+    ):
+        raw = json.dumps(header).encode()
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data)
+        _exit2(path, "invalid offset")
+
+
 def test_header_of_100_mb(tmp_path: Path) -> None:
     path = tmp_path / "huge.safetensors"
     with open(path, "wb") as fh:
