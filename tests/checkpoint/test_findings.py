@@ -78,6 +78,8 @@ def test_scale_outlier_names_the_layer(hf_run, copy_of) -> None:
     hits = [f for f in result.findings if f.code == "K002"]
     assert [(f.data["layer"], f.data["role"]) for f in hits] == [(2, "self_attn.q_proj.weight")]
     assert result.checkpoints[0].layers()[0]["layer"] == 2  # the worst layer first
+    (q,) = [r for r in result.checkpoints[0].roles() if r["role"] == "self_attn.q_proj.weight"]
+    assert (q["layers"], q["max_layer"]) == (4, 2)
     assert hits[0].data["factor"] == pytest.approx(30, rel=0.2)
 
 
@@ -197,3 +199,16 @@ def test_dtype_disagrees_with_config(hf_run, copy_of) -> None:
     ]
     plant_json(folder / "config.json", lambda c: c.update(dtype="float16"))
     assert inspect_paths([folder]).findings == []
+
+
+def test_second_moment_outlier_is_judged_on_the_gradient_scale(hf_run, copy_of) -> None:
+    order = _trainer_param_order()
+    name = "model.layers.2.self_attn.q_proj.weight"
+    for mult, fires in ((9.0, False), (1000.0, True)):  # 3x the gradient is not a finding
+        folder = copy_of(hf_run[-1]) if mult == 9.0 else copy_of(hf_run[0])
+        plant_torch(
+            folder / "optimizer.pt",
+            lambda o, m=mult: o["state"][order.index(name)]["exp_avg_sq"].mul_(m),
+        )
+        hits = [f for f in inspect_paths([folder]).findings if f.code == "K002"]
+        assert [f.data["tensor"] for f in hits] == ([f"{name}.exp_avg_sq"] if fires else [])

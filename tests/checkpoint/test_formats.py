@@ -3,6 +3,7 @@ healthy files stay silent, and a planted NaN is found wherever it is stored."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,31 @@ def test_sharded_safetensors_from_save_pretrained(tmp_path: Path) -> None:
         result = inspect_paths([target])
         assert result.findings == []
         assert len(result.checkpoints[0].weights) == len(dict(model.named_parameters()))
+
+
+def test_jobs_over_shards_give_the_same_result(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sapper.cli.app import _register_commands, app
+
+    model = llama()
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    shard = sorted((tmp_path / "sharded").glob("model-*.safetensors"))[1]
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(shard), framework="pt") as handle:
+        key = sorted(handle.keys())[0]
+    sd = load_file(shard)
+    sd[key].view(-1)[2] = float("nan")
+    save_file(sd, shard, metadata={"format": "pt"})
+    one = inspect_paths([tmp_path / "sharded"]).to_json()
+    two = inspect_paths([tmp_path / "sharded"], jobs=2).to_json()
+    assert one == two
+    assert [f["tensor"] for f in one["findings"]] == [key]
+    _register_commands()
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "sharded"), "-j", "2", "-f", "json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["findings"][0]["tensor"] == key
 
 
 def test_large_tensor_is_reduced_in_chunks(tmp_path: Path, monkeypatch) -> None:

@@ -4,6 +4,7 @@ never a traceback and never a command run from a pickle."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 from tests.fuzz import stable_settings, time_limit
@@ -81,6 +82,24 @@ def test_header_that_lies_about_offsets(tmp_path: Path) -> None:
     raw = json.dumps(header).encode()
     (tmp_path / "size.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 8)
     _exit2(tmp_path / "size.safetensors", "does not match its shape")
+
+
+def test_offsets_with_a_gap_or_an_overlap(tmp_path: Path) -> None:
+    for name, header, data in (
+        ("gap", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, 16),
+        (
+            "overlap",
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            },
+            8,
+        ),
+    ):
+        raw = json.dumps(header).encode()
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data)
+        _exit2(path, "invalid offset")
 
 
 def test_header_of_100_mb(tmp_path: Path) -> None:
@@ -169,3 +188,58 @@ def test_sparse_and_meta_tensors_are_skipped_not_crashed_on(tmp_path: Path) -> N
     torch.save(sd, tmp_path / "odd.pt")
     result = inspect_paths([tmp_path / "odd.pt"])
     assert [s.key for s in result.checkpoints[0].weights] == ["dense"]
+
+
+_JSONISH = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_PIECES = {
+    "trainer_state.json": ("global_step", "log_history", "best_metric"),
+    "config.json": ("tie_word_embeddings", "dtype", "architectures", "model_type"),
+    "scheduler.pt": ("last_epoch", "_last_lr", "base_lrs"),
+    "optimizer.pt": ("param_groups", "state"),
+    "scaler.pt": ("scale", "_growth_tracker"),
+}
+
+
+@given(piece=st.sampled_from(sorted(_PIECES)), pick=st.integers(0, 3), value=_JSONISH)
+@example(piece="scheduler.pt", pick=1, value=5)
+@example(piece="optimizer.pt", pick=0, value=[{"params": 3, "betas": "x", "eps": [1]}])
+@example(piece="optimizer.pt", pick=0, value=[{"params": [[0]], "lr": "high"}])
+@example(piece="optimizer.pt", pick=1, value={0: {"exp_avg": 1, "step": [2]}})
+@example(piece="trainer_state.json", pick=1, value=[{"step": 4, "learning_rate": "x"}, 7])
+@example(piece="config.json", pick=2, value=17)
+@example(piece="scaler.pt", pick=0, value=math.nan)
+@stable_settings(200)
+def test_odd_values_in_training_state_never_crash(
+    hf_run, tmp_path_factory, piece: str, pick: int, value
+) -> None:
+    import shutil
+
+    from ckptgen import plant_json, plant_torch
+
+    folder = tmp_path_factory.mktemp("odd") / "ckpt"
+    shutil.copytree(hf_run[0], folder)
+    keys = _PIECES[piece]
+    key = keys[pick % len(keys)]
+    if piece.endswith(".json"):
+        plant_json(folder / piece, lambda d: d.update({key: value}))
+    elif piece == "scaler.pt":
+        torch.save({"scale": 65536.0, "_growth_tracker": 0, key: value}, folder / piece)
+    else:
+        plant_torch(folder / piece, lambda d: d.update({key: value}))
+    with time_limit(30):
+        try:
+            inspect_paths([folder]).to_json()
+        except InputError as exc:
+            assert str(folder) in str(exc)

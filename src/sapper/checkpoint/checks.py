@@ -109,8 +109,13 @@ def tensor_findings(stats: list[TensorStats], trained: bool) -> list[Finding]:
     return out
 
 
-def outlier_findings(stats: list[TensorStats], what: str = "weight") -> list[Finding]:
-    """K002: a tensor whose RMS is an outlier among the same role in other layers."""
+def outlier_findings(
+    stats: list[TensorStats], what: str = "weight", power: float = 1.0
+) -> list[Finding]:
+    """K002: a tensor whose RMS is an outlier among the same role in other layers.
+    ``power`` maps the RMS to the scale compared: 0.5 for Adam's ``exp_avg_sq``, a
+    squared gradient, so its outliers are judged on the gradient's scale (a 3x gradient
+    difference between depths is common, and 9x in ``exp_avg_sq``)."""
     peers: dict[str, list[tuple[int, TensorStats]]] = defaultdict(list)
     for s in stats:
         name = parse_name(s.key)
@@ -121,7 +126,7 @@ def outlier_findings(stats: list[TensorStats], what: str = "weight") -> list[Fin
     for role, group in sorted(peers.items()):
         if len(group) < OUTLIER["min_peers"]:
             continue
-        logs = [math.log10(s.rms) for _, s in group]
+        logs = [power * math.log10(s.rms) for _, s in group]
         med = statistics.median(logs)
         mad = statistics.median(abs(x - med) for x in logs)
         spread = max(1.4826 * mad, OUTLIER["mad_floor"])
@@ -135,7 +140,7 @@ def outlier_findings(stats: list[TensorStats], what: str = "weight") -> list[Fin
                         f"layer {layer} {role}: {what} RMS {s.rms:.3g} is {factor:.1f}x {way} "
                         f"than the median of its {len(group)} peers ({10**med:.3g})",
                         value=s.rms,
-                        threshold=10**med,
+                        threshold=10 ** (med / power),
                         source=s.file,
                         tensor=s.key,
                         layer=layer,

@@ -165,8 +165,45 @@ def detect(path: Path) -> Layout:
     return _folder(path)
 
 
-def _folder(path: Path) -> Layout:
+def _megatron(path: Path, files: dict[str, Path], depth: int) -> Layout | None:
+    """A Megatron-LM save folder (``latest_checkpointed_iteration.txt`` naming an
+    ``iter_NNNNNNN``/``release`` folder) or one iteration's folder of
+    ``mp_rank_XX[_YYY]/model_optim_rng.pt`` files, as its checkpointing code writes them."""
+    marker = files.get("latest_checkpointed_iteration.txt")
+    if marker is not None and depth == 0:
+        regular_file(marker)
+        text = marker.read_bytes()[:64].decode("ascii", "replace").strip()
+        name = (
+            "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
+        )
+        if name is None or name not in files:
+            raise InputError(
+                "latest_checkpointed_iteration.txt names no iteration folder",
+                file=str(marker),
+                value=text,
+                expected="an iteration saved here",
+            )
+        return _folder(files[name], depth + 1)
+    ranks = sorted(n for n in files if n.startswith("mp_rank_"))
+    if not ranks:
+        return None
+    layout = Layout(path, "megatron", weights_format="torch")
+    for rank in ranks:
+        for name in ("model_optim_rng.pt", "model_rng.pt"):
+            candidate = files[rank] / name
+            if candidate.exists() or candidate.is_symlink():
+                layout.weights.append(regular_file(candidate))
+                break
+    if not layout.weights:
+        raise InputError("Megatron rank folders hold no model_optim_rng.pt", file=str(path))
+    return layout
+
+
+def _folder(path: Path, depth: int = 0) -> Layout:
     files = _listing(path)
+    megatron = _megatron(path, files, depth)
+    if megatron is not None:
+        return megatron
     layout = Layout(path, "folder")
     if ".metadata" in files and any(n.endswith(".distcp") for n in files):
         regular_file(files[".metadata"])

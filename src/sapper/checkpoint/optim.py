@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -87,11 +88,14 @@ def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
     shapes = {k: scan.weights.info(k).shape for k in scan.weights.keys()}
     wanted_groups: list[list[tuple[Any, tuple[int, ...]]]] = []
     for group in opt.param_groups:
-        ids = group.get("params", []) if isinstance(group, dict) else []
+        ids = _param_ids(group)
         wanted_groups.append([(i, _moment_shape(opt.state.get(i))) for i in ids])
     if any(shape is None for g in wanted_groups for _, shape in g):
         return {}
     order = list(shapes)
+    rank = Path(opt.file).parent.name + "/"
+    if any(k.startswith(rank) for k in order):  # Megatron ranks: this rank's weights only
+        order = [k for k in order if k.startswith(rank)]
     if scan.layout.weights_format == "safetensors" and scan.config is not None:
         order = _module_order(scan.config) or []
         order = [k for k in order if k in shapes]
@@ -112,6 +116,25 @@ def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
         else:
             return names
     return {}
+
+
+def _dense(t: Any) -> bool:
+    """A dense CPU tensor (what can be streamed); sparse, quantized or meta are skipped."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and t.device.type == "cpu"
+        and not t.is_quantized
+    )
+
+
+def _param_ids(group: Any) -> list[Any]:
+    """The parameter indices of a param group (hashable ones only: a damaged file may put
+    anything there)."""
+    ids = group.get("params") if isinstance(group, dict) else None
+    if not isinstance(ids, (list, tuple)):
+        return []
+    return [i for i in ids if isinstance(i, (int, str)) and not isinstance(i, bool)]
 
 
 def _moment_shape(entry: Any) -> tuple[int, ...] | None:
@@ -149,14 +172,15 @@ def _update_stats(
 ) -> tuple[ParamUpdate, TensorStats, TensorStats]:
     m, v = entry["exp_avg"], entry["exp_avg_sq"]
     step = number(entry.get("step"))
-    betas = group.get("betas", (0.9, 0.999))
-    b1, b2 = (
-        (float(betas[0]), float(betas[1])) if isinstance(betas, (list, tuple)) else (0.9, 0.999)
-    )
-    eps = float(group.get("eps", 1e-8) or 1e-8)
-    t = step if step and step > 0 else 1.0
-    bc1 = 1 - b1**t if b1 < 1 else 1.0
-    bc2 = 1 - b2**t if b2 < 1 else 1.0
+    betas = group.get("betas")
+    pair = [number(b) for b in betas[:2]] if isinstance(betas, (list, tuple)) else []
+    b1, b2 = (pair[0], pair[1]) if len(pair) == 2 and None not in pair else (0.9, 0.999)
+    eps = number(group.get("eps"))
+    eps = eps if eps is not None and math.isfinite(eps) and eps > 0 else 1e-8
+    t = step if step is not None and math.isfinite(step) and step > 0 else 1.0
+    bc1 = 1 - b1**t if 0 <= b1 < 1 else 1.0  # type: ignore[operator]
+    bc2 = 1 - b2**t if 0 <= b2 < 1 else 1.0  # type: ignore[operator]
+    bc1, bc2 = (bc1 if bc1 > 0 else 1.0), (bc2 if bc2 > 0 else 1.0)
     m_acc = StatsAccumulator(
         TensorStats(f"{key}.exp_avg", str(m.dtype).removeprefix("torch."), tuple(m.shape), file)
     )
@@ -201,22 +225,21 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
     moment_stats: list[TensorStats] = []
     for n_opt, opt in enumerate(scan.optimizers):
         names = param_names(scan, opt)
-        group_of = {
-            i: g for g in opt.param_groups if isinstance(g, dict) for i in g.get("params", [])
-        }
+        group_of = {i: g for g in opt.param_groups for i in _param_ids(g)}
         for index, entry in opt.state.items():
             if not isinstance(entry, dict):
                 continue
             label = names.get(index, f"optimizer{'' if n_opt == 0 else n_opt}.param {index}")
             if not all(isinstance(entry.get(k), torch.Tensor) for k in ("exp_avg", "exp_avg_sq")):
                 for k, t in entry.items():
-                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
+                    if _dense(t) and t.is_floating_point() and t.numel() > 1:
                         s = _plain_stats(f"{label}.{k}", t, opt.file)
                         moment_stats.append(s)
                         if s.nonfinite:
                             findings.append(nonfinite_finding(s, "optimizer state "))
                 continue
-            if entry["exp_avg"].shape != entry["exp_avg_sq"].shape:
+            m, v = entry["exp_avg"], entry["exp_avg_sq"]
+            if m.shape != v.shape or not (_dense(m) and _dense(v)):
                 continue
             upd, ms, vs = _update_stats(entry, group_of.get(index, {}), label, opt.file, opt.mapped)
 

@@ -89,6 +89,10 @@ def steps_of(scan: Scan) -> dict[str, float]:
         gs = number(scan.lightning.get("global_step"))
         if gs is not None:
             steps["trainer"] = gs
+    if scan.megatron is not None:
+        it = number(scan.megatron.get("iteration"))
+        if it is not None:
+            steps["trainer"] = it
     return steps
 
 
@@ -132,7 +136,8 @@ def _lr_findings(scan: Scan, steps: dict[str, float]) -> list[Finding]:
         return out
     opt = scan.optimizers[0]
     group_lrs = [number(g.get("lr")) for g in opt.param_groups if isinstance(g, dict)]
-    sched_lrs: list[Any] = scan.schedulers[0].get("_last_lr") or [] if scan.schedulers else []
+    last = scan.schedulers[0].get("_last_lr") if scan.schedulers else None
+    sched_lrs: list[Any] = list(last) if isinstance(last, (list, tuple)) else []
     for i, (g_lr, s_lr) in enumerate(zip(group_lrs, sched_lrs, strict=False)):
         s_val = number(s_lr)
         if g_lr is not None and s_val is not None and not _close(g_lr, s_val):
@@ -204,6 +209,8 @@ def _missing(scan: Scan) -> list[str]:
         if "loops" not in scan.lightning:
             missing.append("Lightning loop state (the data position)")
         return missing
+    if scan.megatron is not None and not scan.rng:
+        missing.append("rng_state (dropout masks and data order)")
     if scan.layout.kind == "hf-trainer":
         if scan.trainer_state is None:
             missing.append("trainer_state.json (global step and data position)")

@@ -200,8 +200,3 @@ class SafetensorsFile:
         except Exception as exc:  # the Rust reader's errors are not one class
             raise _bad(self.path, f"cannot read tensor: {exc}", field=entry.name) from None
         yield from streamed(tensor, CHUNK_ELEMENTS, mapped=True)
-
-    def tensor(self, entry: TensorEntry) -> torch.Tensor:
-        """The whole tensor (for small state: a step counter, a scale)."""
-        handle = self._open()
-        return handle.get_tensor(entry.name)

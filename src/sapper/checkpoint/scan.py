@@ -9,7 +9,6 @@ often ``model``/``optimizer``/``scheduler``/``scaler``), not by their names.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,9 @@ __all__ = ["OptimizerState", "Scan", "load_scan", "number"]
 
 _WEIGHT_KEYS = ("state_dict", "model", "model_state_dict", "module", "model_state")
 _OPTIM_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_states")
-_SCHED_KEYS = ("lr_schedulers", "scheduler", "lr_scheduler", "scheduler_state_dict")
+_SCHED_KEYS = (
+    "lr_schedulers", "scheduler", "lr_scheduler", "scheduler_state_dict", "opt_param_scheduler",
+)  # fmt: skip
 _SCALER_KEYS = ("scaler", "grad_scaler", "native_amp_scaling_state", "MixedPrecision")
 
 
@@ -54,12 +55,16 @@ class Scan:
     rng: bool = False
     #: Lightning's top-level bookkeeping (global_step, epoch, loops), when present.
     lightning: dict[str, Any] | None = None
+    #: Megatron-LM's iteration and whether its RNG state is saved, when present.
+    megatron: dict[str, Any] | None = None
     #: Whether this checkpoint carries training state at all (not a weights export).
     training: bool = False
 
     @property
     def kind(self) -> str:
-        return "lightning" if self.lightning is not None else self.layout.kind
+        if self.lightning is not None:
+            return "lightning"
+        return "megatron" if self.megatron is not None else self.layout.kind
 
     def close(self) -> None:
         self.weights.close()
@@ -94,6 +99,11 @@ def _tensor_dict(obj: Any) -> bool:
 
 def _optimizers(obj: Any, file: str) -> list[OptimizerState]:
     items = obj if isinstance(obj, list) else [obj]
+    # Megatron-LM wraps the torch optimizer's state: {"optimizer": {...}, "grad_scaler": ...}
+    items = [
+        o["optimizer"] if isinstance(o, dict) and _is_optimizer(o.get("optimizer")) else o
+        for o in items
+    ]
     is_mapped = mapped(Path(file))
     return [
         OptimizerState(o["state"], o["param_groups"], file, is_mapped)
@@ -132,6 +142,13 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
     for key in _SCALER_KEYS:
         if isinstance(obj.get(key), dict) and "scale" in obj[key]:
             scan_kw["scaler"], scan_kw["scaler_file"] = obj[key], f"{file}: {key}"
+    wrapped = obj.get("optimizer")
+    if isinstance(wrapped, dict) and isinstance(wrapped.get("grad_scaler"), dict):
+        if "scale" in wrapped["grad_scaler"]:  # Megatron-LM's DynamicGradScaler state
+            scan_kw["scaler"] = wrapped["grad_scaler"]
+            scan_kw["scaler_file"] = f"{file}: optimizer.grad_scaler"
+    if "iteration" in obj and "model" in obj:  # Megatron-LM's model_optim_rng.pt
+        scan_kw["megatron"] = {"iteration": obj.get("iteration"), "rng": "rng_state" in obj}
     if "state_dict" in obj and ("loops" in obj or "pytorch-lightning_version" in obj):
         scan_kw["lightning"] = {
             k: obj.get(k) for k in ("global_step", "epoch", "loops") if k in obj
@@ -147,7 +164,11 @@ def _weights_source(layout: Layout, scan_kw: dict[str, Any]) -> tuple[TensorSour
     if layout.weights:
         merged: dict[str, torch.Tensor] = {}
         for path in layout.weights:
-            merged.update(_split_torch(scan_kw, load_torch_file(path), str(path)))
+            part = _split_torch(scan_kw, load_torch_file(path), str(path))
+            if layout.kind == "megatron" and len(layout.weights) > 1:
+                # tensor-parallel ranks hold slices under the same keys: keep them apart
+                part = {f"{path.parent.name}/{k}": v for k, v in part.items()}
+            merged.update(part)
         files = ", ".join(str(p) for p in layout.weights)
         return TorchSource(merged, files, all(mapped(p) for p in layout.weights)), files
     if layout.dcp is not None:
@@ -159,6 +180,7 @@ def load_scan(path: Path) -> Scan:
     """Read the layout of ``path`` and the small pieces of state; tensors stay unread."""
     layout = detect(path)
     kw: dict[str, Any] = {
+        "megatron": None,
         "optimizers": [],
         "schedulers": [],
         "scaler": None,
@@ -193,12 +215,10 @@ def load_scan(path: Path) -> Scan:
         weights_file=weights_file,
         trainer_state=trainer_state,
         config=config,
-        rng=bool(layout.rng),
+        rng=bool(layout.rng) or bool((kw["megatron"] or {}).get("rng")),
         **kw,
     )
-    scan.training = bool(scan.optimizers or trainer_state is not None or scan.lightning)
+    scan.training = bool(
+        scan.optimizers or trainer_state is not None or scan.lightning or scan.megatron
+    )
     return scan
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

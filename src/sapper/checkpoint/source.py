@@ -8,6 +8,7 @@ torch Distributed Checkpoint (one tensor at a time through its ``FileSystemReade
 
 from __future__ import annotations
 
+import abc
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from sapper.checkpoint.safefile import SafetensorsFile, TensorEntry
 from sapper.checkpoint.stats import CHUNK_ELEMENTS, TensorStats, flat_chunks, stats_of
 from sapper.errors import InputError
 
-__all__ = ["DcpSource", "SafetensorsSource", "TensorSource", "TorchSource"]
+__all__ = ["DcpSource", "SafetensorsSource", "TensorInfo", "TensorSource", "TorchSource"]
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,20 @@ class TensorInfo:
     file: str
 
 
-class TensorSource:
+class TensorSource(abc.ABC):
     """Tensors by key: ``keys``, ``info``, ``chunks`` and their ``stats``."""
 
+    @abc.abstractmethod
     def keys(self) -> list[str]:
-        raise NotImplementedError
+        """The tensors' keys, in the order the format stores them."""
 
+    @abc.abstractmethod
     def info(self, key: str) -> TensorInfo:
-        raise NotImplementedError
+        """dtype, shape and file of one tensor, without reading its values."""
 
+    @abc.abstractmethod
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
-        raise NotImplementedError
+        """The tensor's values, flat, in row-major pieces of bounded size."""
 
     def stats(self, key: str) -> TensorStats:
         info = self.info(key)
@@ -54,7 +58,7 @@ class TensorSource:
                 field=key,
             ) from None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: only the mapped sources hold anything
         """Release mappings (a no-op where nothing is held)."""
 
 
@@ -115,9 +119,6 @@ class TorchSource(TensorSource):
 
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
         return streamed(self._tensors[key], CHUNK_ELEMENTS, self._mapped)
-
-    def tensor(self, key: str) -> torch.Tensor:
-        return self._tensors[key]
 
 
 class DcpSource(TensorSource):

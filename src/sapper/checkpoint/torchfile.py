@@ -26,7 +26,8 @@ __all__ = ["SAFE_GLOBALS", "iter_tensors", "load_torch_file", "mapped"]
 
 #: Fully qualified names of the non-tensor globals that healthy checkpoints contain:
 #: numpy's RNG state (``rng_state.pth`` of the HF Trainer, numpy 1.x and 2.x module paths),
-#: and Lightning's hyper-parameter dict.
+#: the ``argparse.Namespace`` of Megatron-LM's ``args`` (an attribute bag), and Lightning's
+#: hyper-parameter dict.
 SAFE_GLOBALS: tuple[str, ...] = (
     "numpy._core.multiarray._reconstruct",
     "numpy.core.multiarray._reconstruct",
@@ -35,6 +36,7 @@ SAFE_GLOBALS: tuple[str, ...] = (
     "numpy.dtypes.UInt32DType",
     "numpy.dtypes.Float64DType",
     "numpy.dtypes.Int64DType",
+    "argparse.Namespace",
     "lightning.fabric.utilities.data.AttributeDict",
     "pytorch_lightning.utilities.parsing.AttributeDict",
 )
@@ -52,8 +54,9 @@ def _resolve(name: str) -> Callable[..., Any] | None:
         return None
 
 
-#: Allowed without a retry: numpy (imported by torch already), in every healthy rng_state.
-_EAGER = tuple(n for n in SAFE_GLOBALS if n.startswith("numpy."))
+#: Allowed without a retry: numpy (imported by torch already, in every healthy rng_state)
+#: and the standard library's argparse.
+_EAGER = tuple(n for n in SAFE_GLOBALS if n.startswith(("numpy.", "argparse.")))
 
 
 def _allowlist(names: tuple[str, ...]) -> list[Any]:
@@ -112,6 +115,14 @@ def _wanted(text: str) -> str | None:
 def _refusal(path: Path, name: str | None, text: str) -> InputError:
     if name is None:
         return InputError(f"not a loadable torch file: {_first_line(text)}", file=str(path))
+    if name in SAFE_GLOBALS:
+        return InputError(
+            "the file pickles a type sapper allows, but its package is not installed here",
+            file=str(path),
+            field="pickle",
+            value=name,
+            expected=f"the package of {name} installed",
+        )
     return InputError(
         "refused to unpickle: the file needs a global that could run code; "
         "nothing in it was executed",

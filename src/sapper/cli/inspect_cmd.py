@@ -131,6 +131,12 @@ def inspect(
             "already ~4 GB/s).",
         ),
     ] = 1,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs", "-j", min=1, help="Worker processes over the shards of a sharded checkpoint."
+        ),
+    ] = 1,
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Find NaNs, runaway layers, broken optimizer moments and resume mismatches in a
@@ -139,7 +145,7 @@ def inspect(
     def body() -> int:
         from sapper.checkpoint.inspect import inspect_paths
 
-        result = inspect_paths(paths, threads=threads)
+        result = inspect_paths(paths, threads=threads, jobs=jobs)
         if fmt == OutputFormat.json:
             emit_json(result.to_json())
         else:
