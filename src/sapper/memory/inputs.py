@@ -16,7 +16,7 @@ from sapper.memory.buckets import ZeroBuckets, default_buckets, zero_buckets
 from sapper.memory.optimizers import state_tensors
 from sapper.memory.stages import stage_split
 from sapper.memory.units import DTYPE_BYTES
-from sapper.plan.schema import Plan
+from sapper.plan.schema import Plan, dropout_at
 
 __all__ = ["MissingInput", "Recipe", "Shape", "shape_from_plan"]
 
@@ -115,10 +115,7 @@ class Shape:
     activation_dropout: float | None = None
 
     def dropout_at(self, site: str) -> float:
-        own = getattr(self, f"{site}_dropout")
-        if own is not None:
-            return own
-        return 0.0 if site == "activation" else self.dropout
+        return dropout_at(self, site)
 
     def replace(self, **changes: object) -> Shape:
         return replace(self, **changes)

@@ -12,7 +12,7 @@ global = micro × GA × DP ...) is reported by rules, with the arithmetic, as fi
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -41,6 +41,7 @@ __all__ = [
     "RopeScalingSpec",
     "ScheduleSpec",
     "bounds_text",
+    "dropout_at",
     "field_info",
     "fmt_bound",
 ]
@@ -172,6 +173,16 @@ class AttentionImpl(str, enum.Enum):
     EAGER = "eager"
     SDPA = "sdpa"
     FLASH = "flash"
+
+
+def dropout_at(model: Any, site: str) -> float:
+    """The dropout probability at ``site`` (attention, hidden, embedding, activation) of
+    anything with ``dropout`` and ``<site>_dropout`` (a ModelSpec, the memory model's
+    Shape): its own value, else ``dropout`` (activation: else none, few models have it)."""
+    own = getattr(model, f"{site}_dropout")
+    if own is not None:
+        return float(own)
+    return 0.0 if site == "activation" else float(model.dropout)
 
 
 class RopeScalingSpec(_Spec):
@@ -310,12 +321,7 @@ class ModelSpec(_Spec):
         return self.max_position_embeddings
 
     def dropout_at(self, site: str) -> float:
-        """The dropout probability at ``site`` (attention, hidden, embedding, activation):
-        its own field, else ``dropout`` (activation: else none, few models have it)."""
-        own = getattr(self, f"{site}_dropout")
-        if own is not None:
-            return own
-        return 0.0 if site == "activation" else self.dropout
+        return dropout_at(self, site)
 
     def estimated_params(self) -> int:
         """Parameter count: the loader's exact count if known, else a standard estimate
