@@ -244,3 +244,54 @@ def test_lightning_callback_hands_over_the_validation_loss(tmp_path: Path) -> No
     assert cb.monitor is not None
     got = [r.eval_loss for r in cb.monitor.history if r.eval_loss is not None]
     assert len(module.seen) == 3 and got == pytest.approx(module.seen)
+
+
+class _PoisonAt:
+    """A TrainerCallback that sets one weight to +inf after the optimizer step ``at``: the
+    checkpoint saved after it holds the Inf."""
+
+    def __init__(self, at: int) -> None:
+        from transformers import TrainerCallback
+
+        self.at = at
+        self.base = TrainerCallback
+
+    def as_callback(self):
+        at = self.at
+
+        class Poison(self.base):
+            def on_step_end(self, args, state, control, model=None, **kwargs):
+                if state.global_step == at and model is not None:
+                    with torch.no_grad():
+                        model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
+
+        return Poison()
+
+
+def test_inspect_on_save_flags_a_poisoned_checkpoint(tmp_path: Path) -> None:
+    """checkpoint-4 is written after a weight went Inf at step 3; the scan of checkpoint-2
+    is clean. K001 names the checkpoint and reaches the run log. (Saving at all needs the
+    scheduler's state to pickle: the monitor reads its step counter, it sets nothing on
+    it.)"""
+    pytest.importorskip("accelerate")
+    from transformers import Trainer, TrainingArguments
+
+    from sapper.monitor.hf import SapperCallback
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=5, save_steps=2, logging_steps=1,
+        per_device_train_batch_size=4, learning_rate=1e-3, report_to=[], use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    cb = SapperCallback(console=False, run_log=tmp_path / "run.jsonl", inspect_on_save=True,
+                        detector_options=FAST)
+    trainer = Trainer(model=gpt2(), args=args, train_dataset=_Tokens(64),
+                      callbacks=[cb, _PoisonAt(3).as_callback()])
+    trainer.train()
+    flagged = [f for f in cb.monitor.findings if f.code.startswith("K")]
+    assert {f.code for f in flagged} == {"K001"}
+    # checkpoint-2 is clean; checkpoint-4 (and the final one) hold the Inf
+    assert min(f.step for f in flagged) == 4 and "checkpoint-4" in flagged[0].message
+    assert not any("checkpoint-2" in f.message for f in flagged)
+    logged = [f for f in read_runlog(tmp_path / "run.jsonl").findings if f.code == "K001"]
+    assert logged and "checkpoint-4" in logged[0].message

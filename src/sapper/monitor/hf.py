@@ -13,10 +13,14 @@ Step numbers are the Trainer's: the Trainer increments ``state.global_step`` bef
 ``on_step_end``, so the first optimizer step is step 1, and the record of each step
 carries the ``global_step`` that ``trainer_state.json``'s ``log_history`` logs for it
 (also after ``resume_from_checkpoint``). A run log and the Trainer's own logs line up.
+
+``SapperCallback(inspect_on_save=True)`` scans every ``checkpoint-N`` the Trainer saves,
+in the background, for what makes it unfit to resume from (sapper.monitor.checkpoints).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
@@ -91,6 +95,14 @@ class SapperCallback(TrainerCallback):
                 self.monitor.eval_loss(value)
             elif key.startswith("eval_") and key.endswith("_loss"):
                 self.monitor.eval_loss(value, name=key[len("eval_") : -len("_loss")])
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer has written checkpoint-<global_step> (transformers' _save_checkpoint)
+        # and calls on_save after it: with inspect_on_save the monitor scans it.
+        if self.monitor is not None:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                self.monitor.checkpoint_saved(folder)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

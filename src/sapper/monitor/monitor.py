@@ -52,6 +52,7 @@ from torch import nn
 
 from sapper.distributed.bridge import MonitorBridge
 from sapper.monitor import durable
+from sapper.monitor.checkpoints import CheckpointWatch
 from sapper.monitor.collect import StepCollector, StepSlot
 from sapper.monitor.cpuwait import RunQueueClock
 from sapper.monitor.dtensor import global_norm
@@ -120,6 +121,10 @@ class Monitor:
             per code, alerts), ``"mlflow"`` (tags and a findings artifact), or ``Sink``
             objects; None (the default) adds one for each of W&B and MLflow whose run is
             active when the monitor starts, ``[]`` none (see sapper.monitor.trackers).
+        inspect_on_save: scan each checkpoint :meth:`checkpoint_saved` is told of (the HF
+            callback tells it at every save) off the training thread, for what makes it
+            unfit to resume from: NaN/Inf (K001), a collapsed loss scale (K006), values at
+            the dtype's limit (K011) (sapper.monitor.checkpoints).
         halt_on: severities ("error") and/or codes or prefixes ("R001", "R03") that raise
             :class:`SapperHalt` from :meth:`step`.
         detectors: detectors to run instead of :func:`default_detectors`.
@@ -168,6 +173,7 @@ class Monitor:
         step_on_call: bool = False,
         distributed: bool | dict[str, Any] = True,
         sinks: Iterable[str | Sink] | None = None,
+        inspect_on_save: bool = False,
     ) -> None:
         for field, value in (
             ("log_every", log_every),
@@ -249,6 +255,7 @@ class Monitor:
         self._last_call_t = self._last_read_t
         self._held_found: list[Finding] = []
         self._arm_later: list[tuple[StepRecord, list[Finding]]] = []
+        self._checkpoints = CheckpointWatch() if inspect_on_save else None
         self._noted: set[str] = set()
         self._attaching = True
         self._undo_exit: Callable[[], None] | None = None
@@ -351,6 +358,8 @@ class Monitor:
                 found = self.guard("step", self._step, loss, batch, skipped) or []
                 if self._held_found or self._arm_later:
                     found = self._take_background() + found
+                if self._checkpoints is not None:
+                    found = self._take_checkpoints() + found
             finally:
                 self._busy -= 1
                 self._last_call_t = time.monotonic()
@@ -417,6 +426,8 @@ class Monitor:
     def close(self) -> list[Finding]:
         """Read what is pending, finish the detectors, remove every hook; returns all
         findings of the run. Safe to call twice."""
+        if self._checkpoints is not None and not self._closed:
+            self._checkpoints.wait()  # a checkpoint scan still running: its findings count
         with self._lock:
             self._busy += 1
             self._owner = threading.get_ident()
@@ -445,6 +456,8 @@ class Monitor:
         self._seal_pending()
         if read:
             self.guard("read", self._read)
+        if self._checkpoints is not None:
+            self._take_checkpoints()
         self._dispatch(self.detectors.finish())
         for sink in self.sinks:
             self.guard("sinks", sink.close)
@@ -838,6 +851,24 @@ class Monitor:
         finally:
             self._busy -= 1
             self._lock.release()
+
+    def checkpoint_saved(self, path: str | Path) -> None:
+        """A checkpoint of this run was just written at ``path``: with
+        ``inspect_on_save``, scan it in the background (the findings arrive with a later
+        step); otherwise nothing."""
+        if self._checkpoints is not None and not self._closed:
+            step = max(self.next_step - 1, 0)
+            self.guard("checkpoint", self._checkpoints.saved, path, step)
+
+    def _take_checkpoints(self) -> list[Finding]:
+        """The finished scans' findings, dispatched from the training thread."""
+        assert self._checkpoints is not None
+        found, errors = self._checkpoints.take()
+        for error in errors:
+            self._note(f"inspect:{error}", error)
+        if found:
+            self._dispatch(found, check_halt=False)
+        return found
 
     def _take_background(self) -> list[Finding]:
         """Findings of reads done off the training thread (they halt here), and the

@@ -7,7 +7,8 @@ misuse is recognised without touching a gradient: the optimizer stepping while g
 are still scaled, or clipping measuring scaled gradients. Everything observed here is a
 host-side flag or a device tensor kept for later; nothing is synchronised.
 
-Wrappers are set on the instances (scaler, scheduler) and removed by :meth:`close`;
+Wrappers are set on the scaler's instance and removed by :meth:`close`; a scheduler's
+calls are read from its own step counter (wrapped only when it has none);
 ``torch.nn.utils.clip_grad_norm_`` and ``clip_grads_with_norm_`` are patched
 process-wide while at least one monitor is open, and pass every call through unchanged.
 """
@@ -148,7 +149,13 @@ class TrainingObserver:
         self.clip_norm: torch.Tensor | None = None
         self.clip_max: float | None = None
         self.clip_before_unscale = False
-        self.scheduler_calls = 0
+        self._scheduler_calls = 0
+        #: The scheduler's own step counter (torch's ``last_epoch``, DeepSpeed's
+        #: ``last_batch_iteration``), read rather than wrapped where it has one: a wrapper
+        #: set on the instance would land in ``state_dict()`` (torch's is the instance
+        #: ``__dict__``) and break every checkpoint save.
+        self._counter = _step_counter(scheduler)
+        self._counted_from = self._count()
         self.closure = False
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
@@ -157,7 +164,11 @@ class TrainingObserver:
             self._wrap(self.scaler, "scale", self._scale)
             self._wrap(self.scaler, "unscale_", self._unscale)
             self._wrap(self.scaler, "step", self._scaler_step)
-        if scheduler is not None and callable(getattr(scheduler, "step", None)):
+        if (
+            scheduler is not None
+            and self._counter is None
+            and callable(getattr(scheduler, "step", None))
+        ):
             self._wrap(scheduler, "step", self._scheduler_step)
         _OBSERVERS.add(self)
         _install_clip_patch()
@@ -210,8 +221,19 @@ class TrainingObserver:
                 self.listener.guard("optimizer", self._boundary, True)
 
     def _scheduler_step(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self.scheduler_calls += 1
+        self._scheduler_calls += 1
         return original(*args, **kwargs)
+
+    def _count(self) -> int:
+        value = getattr(self.scheduler, self._counter, 0) if self._counter else 0
+        return value if isinstance(value, int) else 0
+
+    @property
+    def scheduler_calls(self) -> int:
+        """``scheduler.step()`` calls since the last optimizer step."""
+        if self._counter is not None:
+            return self._count() - self._counted_from
+        return self._scheduler_calls
 
     def before_clip(self) -> None:
         if self.scaler is not None and self.scaled and not self.unscaled:
@@ -263,7 +285,18 @@ class TrainingObserver:
         """Start the next step's call-order record."""
         self.scaled = self.unscaled = self.clip_before_unscale = False
         self.clip_norm, self.clip_max = None, None
-        self.scheduler_calls = 0
+        self._scheduler_calls = 0
+        self._counted_from = self._count()
+
+
+def _step_counter(scheduler: Any) -> str | None:
+    """The attribute a scheduler counts its steps in, if it has one."""
+    for name in ("last_epoch", "last_batch_iteration"):
+        if isinstance(getattr(scheduler, name, None), int) and not isinstance(
+            getattr(scheduler, name), bool
+        ):
+            return name
+    return None
 
 
 def _scaler_enabled(scaler: Any) -> bool:
