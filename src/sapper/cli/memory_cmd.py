@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,13 @@ if TYPE_CHECKING:
 
 #: A config.json is a few KB; a larger .json among the sources is something else.
 MAX_CONFIG_BYTES = 1 << 20
+
+
+class Device(str, enum.Enum):
+    """Where the step runs, for the memory model's overheads and kernels."""
+
+    cuda = "cuda"
+    cpu = "cpu"
 
 
 def _hf_config_of(inputs: PlanInputs, loaded: LoadedPlan) -> Path | None:
@@ -48,6 +56,13 @@ def memory(
         "--traced",
         help="Also run one step of the real model on fake tensors (exact, one device).",
     ),
+    device: Device = typer.Option(
+        Device.cuda,
+        "--device",
+        help="cuda: the CUDA context, NCCL buffers and the caching allocator's slack on top "
+        "of the tensors, bool dropout masks, GPU kernels; cpu: the tensors alone, as a CPU "
+        "run allocates them (torch's CPU defaults: the per-tensor optimizer loop).",
+    ),
 ) -> None:
     """Estimate per-GPU memory: parameters, gradients, optimizer states, activations and
     temporaries per pipeline stage, whether it fits, and what to change first."""
@@ -60,7 +75,14 @@ def memory(
         if stop_on_layout_errors(loaded, fmt == OutputFormat.json):
             return 1
         plan = loaded.plan
-        v = verdict(plan)
+        from sapper.memory import MemoryOptions
+
+        options = (
+            MemoryOptions(context_bytes=0, nccl_bytes=0, fragmentation=0.0, device="cpu")
+            if device == Device.cpu
+            else MemoryOptions()
+        )
+        v = verdict(plan, options)
         trace, skipped = None, None
         if traced:
             from sapper.errors import SapperError

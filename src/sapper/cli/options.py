@@ -187,6 +187,15 @@ LrOpt = Annotated[
 WarmupOpt = Annotated[
     int | None, typer.Option("--warmup", help="Warmup steps.", show_default=False)
 ]
+OptimizerImplOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--optimizer-impl",
+        help="How the optimizer step runs: for_loop / foreach / fused / deepspeed_fused / "
+        "deepspeed_cpu / apex / bnb_8bit (default: torch's default for the device).",
+        show_default=False,
+    ),
+]
 MaxNormOpt = Annotated[
     float | None, typer.Option("--max-norm", help="Clipping threshold.", show_default=False)
 ]
@@ -219,6 +228,7 @@ _PLAN_PARAMS: dict[str, Any] = {
     "dtype": DtypeOpt,
     "loss_scale": LossScaleOpt,
     "lr": LrOpt,
+    "optimizer_impl": OptimizerImplOpt,
     "warmup": WarmupOpt,
     "max_norm": MaxNormOpt,
     "dataset": DatasetOpt,

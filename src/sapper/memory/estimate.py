@@ -156,6 +156,7 @@ def estimate_shape(
     sh: Shape, gpu_bytes: int | None, gpus_per_node: int, opts: MemoryOptions
 ) -> MemoryEstimate:
     """The estimate of an already-read :class:`Shape` (what-if variants reuse this)."""
+    sh, step_note = _optimizer_step(sh, opts.device)
     which = peak_candidates(sh) if opts.worst_only else None
     stages = [_stage_memory(sh, sp, opts) for sp in stage_peaks(sh, opts.device, which)]
     worst = max(stages, key=lambda s: s.peak_bytes)
@@ -167,7 +168,7 @@ def estimate_shape(
     nvme = max(s.nvme_bytes for s in stages) * gpus_per_node
     from sapper.memory.states import _full_model
 
-    notes = []
+    notes = [step_note]
     if sh.ckpt == "selective" and sh.impl == "transformers":
         notes.append("Hugging Face modules have no selective recompute: counted as none.")
     return MemoryEstimate(
@@ -184,6 +185,26 @@ def estimate_shape(
         nvme_bytes_per_node=nvme,
         num_params=sh.num_params or sum(_full_model(sh)),
         notes=notes,
+    )
+
+
+def _optimizer_step(sh: Shape, device: str) -> tuple[Shape, str]:
+    """The optimizer step the estimate assumes, and the note that says which and why:
+    ``optimizer.impl`` when given; else fused when ``optimizer.fused``, else torch's
+    default for the device (multi-tensor foreach on CUDA, the per-tensor loop on CPU)."""
+    if sh.optimizer_impl != "auto":
+        kind = "fused" if sh.fused else "foreach" if sh.foreach else "for_loop"
+        return sh, f"optimizer step: {sh.optimizer_impl} ({kind} temporaries), as given"
+    if sh.fused:
+        return sh, "optimizer step: fused (optimizer.fused), no temporaries"
+    if device == "cpu":
+        return sh.replace(foreach=False), (
+            "optimizer step: for_loop, torch's default on CPU (one tensor's temporaries at a "
+            "time); set optimizer.impl (--optimizer-impl) if the step runs otherwise"
+        )
+    return sh, (
+        "optimizer step: foreach, torch's default on CUDA (temporaries over every parameter "
+        "at once); set optimizer.impl (--optimizer-impl) if the step runs otherwise"
     )
 
 

@@ -88,6 +88,9 @@ class Shape:
     family: str
     foreach: bool  # multi-tensor step: temporaries over all parameters at once
     fused: bool  # fused step: no temporaries
+    #: ``optimizer.impl`` as given ("auto": torch's default for the device, decided by
+    #: the estimate, which knows the device).
+    optimizer_impl: str = "auto"
     #: Norms per block: 2 (pre or post placement) or 4 (sandwich: each sub-layer's
     #: output is normed too before it joins the residual stream).
     block_norms: int = 2
@@ -185,11 +188,31 @@ def _act_kernel(activation: str, hidden_act: str | None) -> str:
     return name
 
 
+#: ``optimizer.impl`` -> (foreach, fused): whether the step's temporaries span every
+#: parameter at once (multi-tensor), one tensor at a time (torch's per-tensor loop), or
+#: none (a fused kernel; CPUAdam and bitsandbytes run fused kernels too).
+IMPL_KIND: dict[str, tuple[bool, bool]] = {
+    "for_loop": (False, False),
+    "foreach": (True, False),
+    "fused": (False, True),
+    "deepspeed_fused": (False, True),
+    "deepspeed_cpu": (False, True),
+    "apex": (False, True),
+    "bnb_8bit": (False, True),
+}
+
+
+def _step_kind(plan: Plan) -> dict[str, object]:
+    opt = plan.optimizer
+    foreach, fused = IMPL_KIND.get(opt.impl, (not opt.fused, opt.fused))
+    return {"foreach": foreach, "fused": fused, "optimizer_impl": opt.impl}
+
+
 def _recipe(plan: Plan) -> Recipe:
     p, opt = plan.precision, plan.optimizer
     dtype = p.dtype
     n_states = state_tensors(opt.type, opt.momentum)
-    if opt.eight_bit or p.optimizer_states == "int8":
+    if opt.eight_bit or opt.impl == "bnb_8bit" or p.optimizer_states == "int8":
         # bitsandbytes block-wise 8-bit: one byte per moment plus an fp32 scale per 256 values.
         state_bytes = n_states * (1 + 4 / 256)
     else:
@@ -307,7 +330,9 @@ def shape_from_plan(plan: Plan) -> Shape:
         sp=par.sequence_parallel and par.tp > 1,
         zero=par.zero_stage,
         optimizer_partitioned=par.optimizer_partitioned,
-        offload_optimizer=par.offload_optimizer,
+        offload_optimizer=(
+            "cpu" if plan.optimizer.impl == "deepspeed_cpu" else par.offload_optimizer
+        ),
         offload_params=par.offload_params,
         ckpt=par.checkpointing.granularity,
         ckpt_every=par.checkpointing.every_k_layers,
@@ -320,8 +345,7 @@ def shape_from_plan(plan: Plan) -> Shape:
         momentum=plan.optimizer.momentum,
         weight_decay=plan.optimizer.weight_decay,
         family=(m.family or '').lower(),
-        foreach=not plan.optimizer.fused,
-        fused=plan.optimizer.fused,
+        **_step_kind(plan),
         buckets=zero_buckets(plan),
         **_traits(plan),  # type: ignore[arg-type]
     )

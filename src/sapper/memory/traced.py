@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from sapper.errors import InputError, SapperError
+from sapper.memory.inputs import IMPL_KIND
 from sapper.memory.tracker import LiveBytes
 
 __all__ = [
@@ -400,6 +401,10 @@ def step_config_from_plan(plan: Any) -> StepConfig:
         field_ = "batch.micro_batch_size" if b.micro_batch_size is None else "batch.seq_len"
         raise InputError("missing value: needed to trace a step", field=field_)
     low = p.dtype in ("bf16", "fp16")
+    # optimizer.impl as the memory model reads it (auto: multi-tensor, as on CUDA)
+    foreach, fused = IMPL_KIND.get(
+        plan.optimizer.impl, (not plan.optimizer.fused, plan.optimizer.fused)
+    )
     autocast = p.dtype if (low and p.autocast) else None
     weights = p.dtype if (low and not p.autocast) else "fp32"
     master = low and not p.autocast and p.master_weights == "fp32"
@@ -411,8 +416,8 @@ def step_config_from_plan(plan: Any) -> StepConfig:
         weights=weights,
         master=master,
         checkpointing=plan.parallel.checkpointing.granularity == "full",
-        foreach=not plan.optimizer.fused,
-        fused=plan.optimizer.fused or master,
+        foreach=foreach,
+        fused=fused or master,
         momentum=plan.optimizer.momentum,
         weight_decay=plan.optimizer.weight_decay,
     )

@@ -28,6 +28,7 @@ OPTION_FIELDS: dict[str, str] = {
     "dtype": "precision.dtype",
     "loss_scale": "precision.loss_scaling",
     "lr": "optimizer.lr",
+    "optimizer_impl": "optimizer.impl",
     "warmup": "schedule.warmup_steps",
     "max_norm": "clipping.max_norm",
     "dataset": "data.path",

@@ -408,7 +408,18 @@ class OptimizerSpec(_Spec):
     weight_decay: float = Field(default=0.0, ge=0, description="Decoupled weight decay.")
     momentum: float = Field(default=0.0, ge=0, description="SGD momentum.")
     eight_bit: bool = Field(default=False, description="8-bit optimizer states (bitsandbytes).")
-    fused: bool = Field(default=False, description="Fused / foreach implementation.")
+    fused: bool = Field(default=False, description="A fused optimizer step (no temporaries).")
+    impl: Literal[
+        "auto", "for_loop", "foreach", "fused", "deepspeed_fused", "deepspeed_cpu", "apex",
+        "bnb_8bit",
+    ] = Field(
+        default="auto",
+        description="How the step runs, which decides its temporaries: for_loop (torch's "
+        "per-tensor loop: its CPU default, foreach=False), foreach (multi-tensor: torch's "
+        "CUDA default), fused (torch fused=True), deepspeed_fused (FusedAdam), "
+        "deepspeed_cpu (CPUAdam: the step on the host), apex (FusedAdam), bnb_8bit "
+        "(bitsandbytes 8-bit states); auto: fused when `fused`, else torch's default.",
+    )
 
     @field_validator("type")
     @classmethod
