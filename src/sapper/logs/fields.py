@@ -64,6 +64,7 @@ STEP_NAMES: tuple[str, ...] = (
     "iter",
     "steps",
     "optimizer_step",
+    "num_updates",  # fairseq: the optimizer updates so far
     "_step",
 )
 

@@ -2,7 +2,9 @@
 
 Many loops print one line per logged step and no file: nanoGPT's
 ``iter 100: loss 2.3450, time 123.45ms, mfu 40.12%`` and ``step 500: train loss 2.1,
-val loss 2.2``; torchtitan's ``step: 10  loss:  9.7869  grad_norm:  0.83  memory:
+val loss 2.2``; fairseq's ``| epoch 028 | loss 3.976 | ... | num_updates 9165 | gnorm 0.635
+| loss_scale 0.000`` (its validation lines, ``valid on 'valid' subset``, give the eval
+loss); torchtitan's ``step: 10  loss:  9.7869  grad_norm:  0.83  memory:
 22.63GiB(23.82%)  tps: 2,345  tflops: 123.4  mfu: 12.3%`` behind a logger prefix
 (``[rank0]:[titan] 2025-01-01 12:00:00,000 - root - INFO -``) and colour codes; the
 ``step N | loss X | lr Y | grad_norm Z`` lines of hand-written loops. This reader takes
@@ -190,6 +192,18 @@ def _metrics(pairs: list[Pair]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 Read = tuple[int, dict[str, Any], dict[str, Any], int | None]
 
+#: fairseq's validation line, ``| epoch 028 | valid on 'valid' subset | loss 9.329 | ...
+#: | num_updates 9165``: its loss is the eval loss of that subset (named unless 'valid').
+_EVAL_LINE = re.compile(r"\bvalid on '(?P<subset>[^'\n]{1,60})' subset\b")
+
+
+def _as_eval(values: dict[str, Any], subset: str) -> dict[str, Any]:
+    """A validation line's fields: its loss as the eval loss, nothing of training's."""
+    loss = values.get("loss", values.get("eval_loss"))
+    if loss is None:
+        return {}
+    return {"eval_loss": loss} if subset == "valid" else {"eval_losses": {subset: loss}}
+
 
 def read_line(line: str) -> Read | None:
     """``(step, fields, extra, total)`` of a line with a step and a metric, else None."""
@@ -210,28 +224,38 @@ def read_line(line: str) -> Read | None:
     if best is None:
         return None
     values, extra = _metrics(rest)
+    evaluation = _EVAL_LINE.search(line)
+    if evaluation is not None:
+        values = _as_eval(values, evaluation.group("subset"))
+        extra = {"eval_losses": values.pop("eval_losses")} if "eval_losses" in values else {}
+        return (best[1], values, extra, total) if values or extra else None
     return (best[1], values, extra, total) if values else None
 
 
-def read_bar(part: str) -> Read | None:
+def read_bar(part: str) -> tuple[Read, bool] | None:
     """A tqdm progress bar with metrics after its rate (Lightning's ``Epoch 2:  45%|####
-    | 45/100 [00:10<00:12, 4.50it/s, loss=0.123, v_num=1]``): the step is the bar's
-    position, counted over the epochs the description names (epoch × total + n)."""
+    | 45/100 [00:10<00:12, 4.50it/s, loss=0.123, v_num=1]``), and whether its step is the
+    bar's position: counted over the epochs the description names (epoch × total + n),
+    unless the metrics hold a step counter of their own (fairseq's ``num_updates=``)."""
     match = _BAR.search(part)
     if match is None:
         return None
     pieces = match["inside"].split(",", 2)
     if len(pieces) < 3:
         return None  # no metrics after the time and the rate
-    values, extra = _metrics([(w, t, u) for w, t, _, u in pairs_of(pieces[2])])
+    pairs = pairs_of(pieces[2])
+    counted = [s for w, t, _, u in pairs if (s := _step_of(w, t, u)) is not None]
+    values, extra = _metrics([(w, t, u) for w, t, _, u in pairs])
     if not values:
         return None
+    if counted:
+        return (min(counted)[1], values, extra, None), False
     n, total = to_count(int(match["n"])), to_count(int(match["total"]))
     epoch = to_count(int(match["epoch"])) if match["epoch"] else 0
     if n is None or total is None or epoch is None:
         return None
     step = to_count(epoch * total + n)
-    return None if step is None else (step, values, extra, None)
+    return None if step is None else ((step, values, extra, None), True)
 
 
 class KeyValueParser(LogParser):
@@ -266,9 +290,11 @@ class KeyValueParser(LogParser):
             bars = False
             if "%" in line and "[" in line:
                 for part in line.split("\r"):  # each redraw of a bar is one state
-                    read = read_bar(part) if "%" in part else None
-                    if read is not None:
-                        bars = self._bars = True
+                    found = read_bar(part) if "%" in part else None
+                    if found is not None:
+                        read, by_position = found
+                        bars = True
+                        self._bars = self._bars or by_position
                         self._put(read, part)
             if bars:
                 continue
