@@ -246,37 +246,23 @@ def test_lightning_callback_hands_over_the_validation_loss(tmp_path: Path) -> No
     assert len(module.seen) == 3 and got == pytest.approx(module.seen)
 
 
-class _PoisonAt:
-    """A TrainerCallback that sets one weight to +inf after the optimizer step ``at``: the
-    checkpoint saved after it holds the Inf."""
-
-    def __init__(self, at: int) -> None:
-        from transformers import TrainerCallback
-
-        self.at = at
-        self.base = TrainerCallback
-
-    def as_callback(self):
-        at = self.at
-
-        class Poison(self.base):
-            def on_step_end(self, args, state, control, model=None, **kwargs):
-                if state.global_step == at and model is not None:
-                    with torch.no_grad():
-                        model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
-
-        return Poison()
-
-
 def test_inspect_on_save_flags_a_poisoned_checkpoint(tmp_path: Path) -> None:
     """checkpoint-4 is written after a weight went Inf at step 3; the scan of checkpoint-2
     is clean. K001 names the checkpoint and reaches the run log. (Saving at all needs the
     scheduler's state to pickle: the monitor reads its step counter, it sets nothing on
     it.)"""
     pytest.importorskip("accelerate")
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from sapper.monitor.hf import SapperCallback
+
+    class PoisonAtStep3(TrainerCallback):
+        """One weight set to +inf after the optimizer step 3."""
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 3 and model is not None:
+                with torch.no_grad():
+                    model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
 
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=5, save_steps=2, logging_steps=1,
@@ -286,7 +272,7 @@ def test_inspect_on_save_flags_a_poisoned_checkpoint(tmp_path: Path) -> None:
     cb = SapperCallback(console=False, run_log=tmp_path / "run.jsonl", inspect_on_save=True,
                         detector_options=FAST)
     trainer = Trainer(model=gpt2(), args=args, train_dataset=_Tokens(64),
-                      callbacks=[cb, _PoisonAt(3).as_callback()])
+                      callbacks=[cb, PoisonAtStep3()])
     trainer.train()
     flagged = [f for f in cb.monitor.findings if f.code.startswith("K")]
     assert {f.code for f in flagged} == {"K001"}

@@ -153,9 +153,8 @@ def checkpoint_evidence(result: InspectResult) -> list[Evidence]:
         mine = [f.model_copy(update={"step": at}) if f.step is None else f
                 for f in report.findings]
         out += _first_per_code(mine, report.path, CHECKPOINT)
-    seen = {(e.code, e.source) for e in out}
-    # findings of the pair (what changed between the two checkpoints)
-    pair = [f for f in result.findings if (f.code, f.source or "") not in seen
-            and all(f not in r.findings for r in result.checkpoints)]
+    # findings of the pair (what changed between the two checkpoints): the rest
+    own = {id(f) for report in result.checkpoints for f in report.findings}
+    pair = [f for f in result.findings if id(f) not in own]
     out += _first_per_code(pair, " → ".join(r.path for r in result.checkpoints), CHECKPOINT)
     return out
