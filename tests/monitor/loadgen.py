@@ -85,10 +85,14 @@ class SlowMarkov(Markov):
 class ComputeStall:
     """An ``inject`` for :func:`tinytrain.train` that makes the forward pass of the steps
     where ``when(step)`` is true ``seconds`` slower (a sleep in a forward hook: the step
-    gets slower, the data wait does not, and no CPU is waited for)."""
+    gets slower, the data wait does not, and no CPU is waited for). ``base``: a sleep in
+    every step, so that a toy step's own wandering (~12 ms of compute that varies by 20%
+    from one second to the next on a shared machine) is small against the step time."""
 
-    def __init__(self, when: Callable[[int], bool], seconds: float = 0.01) -> None:
-        self.when, self.seconds = when, seconds
+    def __init__(
+        self, when: Callable[[int], bool], seconds: float = 0.01, base: float = 0.0
+    ) -> None:
+        self.when, self.seconds, self.base = when, seconds, base
         self.step = -1
         self.hooked = False
 
@@ -99,5 +103,6 @@ class ComputeStall:
             self.hooked = True
 
     def _hook(self, *args: object) -> None:
-        if self.when(self.step):
-            time.sleep(self.seconds)
+        delay = self.base + (self.seconds if self.when(self.step) else 0.0)
+        if delay:
+            time.sleep(delay)
