@@ -21,11 +21,12 @@ from tests.fuzz import stable_settings
 from sapper.errors import InputError
 from sapper.memory import estimate
 from sapper.memory.buckets import DEEPSPEED_DEFAULTS, Bucket, zero_buckets
-from sapper.memory.inputs import MissingInput, shape_from_plan
+from sapper.memory.inputs import shape_from_plan
 from sapper.memory.report import render_memory
 from sapper.memory.states import block_params, stage_param_count
 from sapper.memory.temporaries import comm_buffers, master_grad_elements
 from sapper.memory.verdict import verdict
+from sapper.model import MissingInput
 from sapper.plan.load import load_plan
 from sapper.plan.readers.deepspeed import read_deepspeed_config
 from sapper.plan.schema import Plan

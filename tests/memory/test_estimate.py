@@ -10,7 +10,7 @@ from memory_plans import LLAMA_7B, make_plan
 
 from sapper.errors import InputError
 from sapper.memory import MemoryEstimate, estimate
-from sapper.memory.inputs import MissingInput
+from sapper.model import MissingInput
 from sapper.plan.load import load_plan
 
 CATS = {"params", "grads", "optimizer", "activations", "temporaries", "overheads"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sapper.memory.inputs import shape_from_plan
-from sapper.memory.optimizers import state_tensors, update_bytes_per_param
+from sapper.model.optimizers import state_tensors, update_bytes_per_param
 from sapper.parallel.workload import Workload
 from sapper.plan.schema import Plan
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from sapper.memory import estimate
+from sapper.model import architecture_from_plan, total_params
 from sapper.parallel import predict_step, search, validate
 from sapper.parallel.published import FLOP_DEFINITIONS, PUBLISHED_RUNS, PublishedRun
 from sapper.rules.model import Severity
@@ -35,7 +36,7 @@ def test_held_out_rows_span_sizes_gpus_and_context() -> None:
     held = [r for r in PUBLISHED_RUNS if r.held_out]
     mcore = [r for r in held if r.flops == "mcore"]
     assert len(mcore) == 9  # 1.7B ... 462B on H100
-    sizes = [r.to_plan().model.estimated_params() for r in mcore]  # type: ignore[union-attr]
+    sizes = [total_params(architecture_from_plan(r.to_plan())) for r in mcore]
     assert sizes == sorted(sizes) and sizes[0] < 2e9 and sizes[-1] > 4.5e11
     assert any(r.flops == "bloom" and r.to_plan().gpu.name == "A100-80GB" for r in held)  # type: ignore[union-attr]
     assert any(r.to_plan().batch.seq_len == 131072 for r in held)

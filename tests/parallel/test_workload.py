@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sapper.model import architecture_from_plan, total_params
 from sapper.parallel.published import PUBLISHED_RUNS
 from sapper.parallel.workload import Workload, padded_vocab
 
@@ -24,17 +25,17 @@ def test_llama_model_flops_close_to_6n() -> None:
     plan = PUBLISHED_RUNS[10].to_plan()
     w = Workload.from_plan(plan)
     assert plan.model is not None
-    n = plan.model.estimated_params() - plan.model.vocab_size * plan.model.hidden_size
+    n = total_params(architecture_from_plan(plan)) - w.vocab * w.hidden
     attention = 3 * w.layers * w.attn_flops
     assert w.model_flops_per_token() - attention == pytest.approx(6 * n, rel=0.01)
 
 
-def test_parameters_match_the_schema_estimate() -> None:
-    plan = PUBLISHED_RUNS[10].to_plan()
+@pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=lambda r: r.name)
+def test_the_cost_model_prices_the_models_own_parameter_count(run) -> None:
+    plan = run.to_plan()
     w = Workload.from_plan(plan)
-    assert plan.model is not None
     total = w.layers * (w.layer_params + w.expert_params) + w.embed_params + w.head_params
-    assert total == pytest.approx(plan.model.estimated_params(), rel=1e-4)
+    assert total == pytest.approx(total_params(architecture_from_plan(plan)), rel=1e-9)
 
 
 def test_eager_attention_executes_the_whole_square() -> None:

@@ -9,6 +9,8 @@ norm is not set by a few huge matrices.
 from __future__ import annotations
 
 from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
+from sapper.model import total_params
+from sapper.model.derived import plan_architecture
 from sapper.plan.schema import Plan
 from sapper.rules.model import Rule, Severity
 
@@ -236,7 +238,10 @@ def vocab_param_share(plan: Plan) -> tuple[int, int, float] | None:
     if m is None:
         return None
     vocab = m.vocab_size * m.hidden_size * (1 if m.tied_embeddings else 2)
-    total = m.estimated_params()
+    arch = plan_architecture(plan)
+    if arch is None:
+        return None
+    total = total_params(arch)
     return vocab, total, vocab / total
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 
 from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
+from sapper.model.derived import plan_architecture
+from sapper.model.flops import model_flops_per_token
 from sapper.plan.schema import Plan, PositionEncoding
 from sapper.rules.model import Rule, Severity
 
@@ -21,7 +23,6 @@ __all__ = [
     "POSITION_OVERFLOW",
     "ROPE_BEYOND_CONTEXT",
     "TOKEN_IDS_OUT_OF_VOCAB",
-    "compute_params",
     "effective_batch",
     "planned_tokens_per_sec_per_gpu",
     "training_flops_per_token",
@@ -268,29 +269,14 @@ def token_ids_out_of_vocab(plan: Plan) -> CheckOutput:
 # ---- throughput ----------------------------------------------------------------------
 
 
-def compute_params(plan: Plan) -> int | None:
-    """Parameters a token's matmuls touch: active parameters minus the input embedding
-    lookup and a learned position table (a tied head still costs its V × h matmul)."""
-    m = plan.model
-    if m is None:
-        return None
-    n = m.active_params()
-    if m.position_encoding == PositionEncoding.LEARNED and m.max_position_embeddings:
-        n -= m.max_position_embeddings * m.hidden_size
-    if not m.tied_embeddings:
-        n -= m.vocab_size * m.hidden_size
-    return n
-
-
 def training_flops_per_token(plan: Plan) -> float | None:
-    """Forward + backward FLOPs per token: 6·N + 12·L·(a·d_head)·s (the attention score
-    and value matmuls, counted as in PaLM's MFU definition)."""
-    m, s = plan.model, plan.batch.seq_len
-    n = compute_params(plan)
-    if m is None or s is None or n is None:
+    """Forward + backward FLOPs per token in the reported convention (PaLM's MFU:
+    6·N + 12·L·(a·d_head)·s, N the parameters a token's matmuls touch), the count the
+    step-cost model reports MFU over (:func:`sapper.model.flops.model_flops_per_token`)."""
+    arch, s = plan_architecture(plan), plan.batch.seq_len
+    if arch is None or s is None:
         return None
-    attention = 12 * m.num_layers * m.num_heads * m.head_size * s
-    return 6.0 * n + attention
+    return model_flops_per_token(arch, s)
 
 
 def planned_tokens_per_sec_per_gpu(plan: Plan) -> float | None:

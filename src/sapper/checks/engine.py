@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sapper.model.derived import derived
 from sapper.plan.schema import Plan
 from sapper.rules.model import CHECKLIST_ITEMS, Finding, Rule, Severity
 from sapper.rules.registry import load_rules, register, select_rules
@@ -149,7 +150,7 @@ class CheckReport:
                 "warnings": self.warnings,
                 "infos": sum(f.severity == Severity.INFO for f in self.findings),
                 "items": {i.item: i.status for i in self.items()},
-                "derived": self.plan.derived(),
+                "derived": derived(self.plan),
                 "sources": self.sources,
                 "unresolved": list(dict.fromkeys([*self.plan.unresolved,
                                                   *self.missing_inputs()])),

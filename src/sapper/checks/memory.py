@@ -145,8 +145,8 @@ def _gib(n: int) -> float:
 
 
 def _verdict(plan: Plan) -> MemoryVerdict | None:
-    from sapper.memory.inputs import MissingInput
     from sapper.memory.verdict import verdict
+    from sapper.model import MissingInput
 
     try:
         return verdict(plan)
@@ -196,8 +196,8 @@ def _fits_without_gpu(plan: Plan) -> CheckOutput:
     """No GPU named: an estimate above the largest GPU sapper knows fails on any GPU;
     anything else depends on the GPU and stays unknown."""
     from sapper.memory.estimate import estimate
-    from sapper.memory.inputs import MissingInput
     from sapper.memory.units import GIB, fmt_bytes
+    from sapper.model import MissingInput
 
     try:
         est = estimate(plan)
@@ -315,8 +315,9 @@ def check_fits(plan: Plan) -> CheckOutput:
 @plan_check(HOST_MEMORY)
 def check_host_memory(plan: Plan) -> CheckOutput:
     from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
-    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.inputs import shape_from_plan
     from sapper.memory.units import GIB, fmt_bytes
+    from sapper.model import MissingInput
 
     host = plan.hardware.host_memory_gib
     par = plan.parallel
@@ -344,8 +345,9 @@ def check_host_memory(plan: Plan) -> CheckOutput:
 @plan_check(ZERO3_UNNEEDED, OFFLOAD_UNNEEDED)
 def check_sharding_choice(plan: Plan) -> CheckOutput:
     from sapper.memory.estimate import MemoryOptions, estimate_shape, gpu_bytes_of
-    from sapper.memory.inputs import MissingInput, shape_from_plan
+    from sapper.memory.inputs import shape_from_plan
     from sapper.memory.units import fmt_bytes
+    from sapper.model import MissingInput
 
     par = plan.parallel
     if plan.gpu is None or (par.zero_stage < 3 and par.offload_optimizer == "none"

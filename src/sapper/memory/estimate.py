@@ -18,6 +18,7 @@ from sapper.memory.inputs import Shape, shape_from_plan
 from sapper.memory.phases import CATEGORIES, StagePeak, stage_peaks
 from sapper.memory.pipeline import peak_candidates
 from sapper.memory.units import GIB
+from sapper.model import total_params
 from sapper.plan.hardware import find_gpu
 from sapper.plan.schema import Plan
 
@@ -166,8 +167,6 @@ def estimate_shape(
         fits = headroom >= 0
     host = max(s.host_bytes for s in stages) * gpus_per_node
     nvme = max(s.nvme_bytes for s in stages) * gpus_per_node
-    from sapper.memory.states import _full_model
-
     notes = [step_note]
     if sh.ckpt == "selective" and sh.impl == "transformers":
         notes.append("Hugging Face modules have no selective recompute: counted as none.")
@@ -183,7 +182,7 @@ def estimate_shape(
         headroom_bytes=headroom,
         host_bytes_per_node=host,
         nvme_bytes_per_node=nvme,
-        num_params=sh.num_params or sum(_full_model(sh)),
+        num_params=total_params(sh),
         notes=notes,
     )
 

@@ -25,7 +25,6 @@ from sapper.memory.activations import BlockActivations, block_activations, embed
 from sapper.memory.inputs import Shape
 from sapper.memory.pipeline import chunk_layers, in_flight
 from sapper.memory.states import (
-    ParamCount,
     block_params,
     stage_param_count,
     stage_params,
@@ -38,6 +37,7 @@ from sapper.memory.temporaries import (
     optimizer_temporaries,
     weight_casts,
 )
+from sapper.model.params import ParamCount
 
 __all__ = ["CATEGORIES", "PHASES", "StagePeak", "stage_peaks"]
 

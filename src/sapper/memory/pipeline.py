@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sapper.memory.inputs import Shape
-from sapper.memory.stages import stage_split
+from sapper.model.stages import stage_split
 
 __all__ = [
     "InFlight",

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from sapper.memory.activations import tokens
 from sapper.memory.buckets import DEEPSPEED_DEFAULTS, DS_KEYS, Bucket
-from sapper.memory.inputs import MissingInput, Shape
-from sapper.memory.states import ParamCount, block_params
+from sapper.memory.inputs import Shape
+from sapper.memory.states import block_params
+from sapper.model import MissingInput
+from sapper.model.params import ParamCount
 
 __all__ = [
     "HeadCost",

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from sapper.errors import InputError, SapperError
-from sapper.memory.inputs import IMPL_KIND
 from sapper.memory.tracker import LiveBytes
+from sapper.model.optimizers import IMPL_KIND
 
 __all__ = [
     "StepConfig",

@@ -1,23 +1,13 @@
-"""Byte sizes of dtypes and the one way sapper writes a byte count.
+"""The one way sapper writes a byte count (dtype sizes: :mod:`sapper.model.dtypes`).
 
 Estimates are kept in bytes (ints) everywhere; GiB (2^30) appear only when shown.
 """
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_BYTES", "GIB", "fmt_bytes"]
+__all__ = ["GIB", "fmt_bytes"]
 
 GIB = 1 << 30
-
-#: Bytes per element of the dtype names a Plan uses.
-DTYPE_BYTES: dict[str, int] = {
-    "fp32": 4,
-    "tf32": 4,  # tf32 is fp32 storage with reduced-precision matmuls
-    "fp16": 2,
-    "bf16": 2,
-    "fp8": 1,
-    "int8": 1,
-}
 
 
 def fmt_bytes(n: float) -> str:

@@ -8,12 +8,13 @@ and search the space of layouts for the fastest that fits.
   with :func:`sapper.memory.estimate`, each with the reasons it wins.
 """
 
+from sapper.model.flops import padded_vocab
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.cost import BREAKDOWN, StepCost, predict_step
 from sapper.parallel.layout import Layout, placement, split_layers
 from sapper.parallel.search import Candidate, SearchResult, search
 from sapper.parallel.validate import LayoutIssue, bubble_fraction, validate
-from sapper.parallel.workload import Workload, padded_vocab
+from sapper.parallel.workload import Workload
 
 __all__ = [
     "BREAKDOWN",

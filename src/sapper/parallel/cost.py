@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from sapper.errors import InputError
+from sapper.model.flops import padded_vocab
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.collectives import (
     ALL_GATHER,
@@ -160,11 +161,6 @@ class LayoutBatch:
         return cls(**{k: np.asarray(v) for k, v in cols.items()})
 
 
-def _padded_vocab(vocab: int, tp: np.ndarray) -> np.ndarray:
-    unit = 128 * tp
-    return -(-vocab // unit) * unit
-
-
 def _layer_gemms(
     w: Workload, cluster: Cluster, tokens: np.ndarray, tp: np.ndarray, ep: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -237,7 +233,7 @@ def _kernel_times(
     tokens = um * w.seq_len / uc
     g_fwd, g_bwd = _layer_gemms(w, cluster, tokens, ut, ue)
     a_fwd, a_bwd = _attention(w, cluster, um, ut, uc)
-    vpad = _padded_vocab(w.vocab, ut.astype(np.int64)).astype(float)
+    vpad = padded_vocab(w.vocab, ut.astype(np.int64)).astype(float)
     h_fwd = gemm_time(gpu, peak, tokens, vpad / ut, w.hidden, in_bytes=ab, out_bytes=ab)
     h_bwd = gemm_time(gpu, peak, tokens, w.hidden, vpad / ut, in_bytes=ab, out_bytes=ab) + (
         gemm_time(gpu, peak, vpad / ut, w.hidden, tokens, in_bytes=ab,
@@ -319,7 +315,7 @@ def evaluate(w: Workload, cluster: Cluster, b: LayoutBatch) -> dict[str, np.ndar
 
     # -- stages: balanced, the last stage also runs the output head ----------------------
     layers_max, layers_last = f(b.l_max), f(b.l_last)
-    vpad = _padded_vocab(w.vocab, b.tp).astype(float)
+    vpad = padded_vocab(w.vocab, b.tp).astype(float)
     t_head = h_fwd + h_bwd + tokens * vpad / tp * w.ce_bytes / hbm
     t_head_tp = collective_time(ALL_REDUCE, act, tp, b.bw_tp)
     per_layer = t_compute + t_tp + t_ep + t_cp

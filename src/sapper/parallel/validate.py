@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from sapper.model.flops import padded_vocab
 from sapper.parallel.cluster import Cluster
 from sapper.parallel.layout import Layout, group_span, parse_rank_order, split_layers
-from sapper.parallel.workload import padded_vocab
 from sapper.plan.schema import AttentionImpl, ModelSpec, Plan, PositionEncoding
 from sapper.rules.model import Severity
 

@@ -323,36 +323,6 @@ class ModelSpec(_Spec):
     def dropout_at(self, site: str) -> float:
         return dropout_at(self, site)
 
-    def estimated_params(self) -> int:
-        """Parameter count: the loader's exact count if known, else a standard estimate
-        (embeddings, attention with GQA, dense or MoE MLP, norms, untied head)."""
-        if self.num_params is not None:
-            return self.num_params
-        h, v = self.hidden_size, self.vocab_size
-        q = h * self.num_heads * self.head_size
-        kv = 2 * h * self.kv_heads * self.head_size
-        attn = q + kv + self.num_heads * self.head_size * h
-        mats = 3 if self.activation.gated else 2
-        expert = mats * h * (self.moe_ffn_hidden_size or self.ffn_size)
-        mlp = self.num_experts * expert + (h * self.num_experts if self.is_moe else 0)
-        norms = 2 * h * (2 if self.norm_type == NormType.LAYERNORM else 1)
-        per_layer = attn + mlp + norms
-        emb = v * h
-        if self.position_encoding == PositionEncoding.LEARNED and self.max_position_embeddings:
-            emb += self.max_position_embeddings * h
-        head = 0 if self.tied_embeddings else v * h
-        return self.num_layers * per_layer + emb + head + h
-
-    def active_params(self) -> int:
-        """Parameters a token passes through (MoE: top-k of the experts)."""
-        total = self.estimated_params()
-        if not self.is_moe:
-            return total
-        mats = 3 if self.activation.gated else 2
-        expert = mats * self.hidden_size * (self.moe_ffn_hidden_size or self.ffn_size)
-        idle = self.num_layers * (self.num_experts - self.experts_top_k) * expert
-        return total - idle
-
 
 class LossScalingSpec(_Spec):
     """Loss scaling for fp16 (seed §2.2): none, a static value, or dynamic."""
@@ -844,16 +814,3 @@ class Plan(_Spec):
     def tokens_per_step(self) -> int | None:
         g, s = self.global_batch, self.batch.seq_len
         return None if g is None or s is None else g * s
-
-    def derived(self) -> dict[str, object]:
-        """The derived numbers reports show up front (nanoGPT-style)."""
-        m = self.model
-        return {
-            "parameters": m.estimated_params() if m else None,
-            "active_parameters": m.active_params() if m and m.is_moe else None,
-            "world_size": self.world_size,
-            "dp": self.dp_degree,
-            "gradient_accumulation": self.grad_accum,
-            "global_batch": self.global_batch,
-            "tokens_per_step": self.tokens_per_step,
-        }

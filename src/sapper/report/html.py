@@ -32,6 +32,7 @@ from sapper.checks.engine import CheckReport
 from sapper.errors import SapperError
 from sapper.logs.analysis import Analysis
 from sapper.logs.base import LogData, gc_paused
+from sapper.model.derived import derived
 from sapper.plan.schema import Plan
 from sapper.report.html_data import (
     ChartData,
@@ -339,8 +340,8 @@ def _finding_json(f: Finding, docs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _checklist(report: CheckReport, docs: dict[str, Any]) -> dict[str, Any]:
-    derived = {k: v for k, v in report.plan.derived().items() if v is not None}
-    facts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in derived.items())
+    shown = {k: v for k, v in derived(report.plan).items() if v is not None}
+    facts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in shown.items())
     return {
         "facts": (report.plan.name or "plan") + (f": {facts}" if facts else ""),
         "items": [

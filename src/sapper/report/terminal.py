@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sapper.checks.engine import CheckReport
+from sapper.model.derived import derived
 from sapper.plan.flags import describe_input
 from sapper.report.safe import safe_markup
 from sapper.rules.model import Finding, Rule, Severity
@@ -60,9 +61,9 @@ def render_findings(findings: Iterable[Finding]) -> Group:
 
 def render_check_report(report: CheckReport) -> Group:
     parts: list[object] = []
-    derived = {k: v for k, v in report.plan.derived().items() if v is not None}
-    if derived:
-        facts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in derived.items())
+    shown = {k: v for k, v in derived(report.plan).items() if v is not None}
+    if shown:
+        facts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in shown.items())
         parts.append(Text.from_markup(f"[bold]{_safe(report.plan.name or 'plan')}[/]: {facts}"))
     if report.plan.unresolved:
         parts.append(Text(f"unresolved ('auto'): {', '.join(report.plan.unresolved)}", style="dim"))

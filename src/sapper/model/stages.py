@@ -1,8 +1,9 @@
-"""How many layers each pipeline stage holds: the one split every memory module uses.
+"""How many layers each pipeline stage holds: the one split memory, parallel and the
+parameter counts per stage use.
 
-Apart from :mod:`sapper.memory.pipeline` (which also schedules micro-batches over the
-stages) because reading a plan (:mod:`sapper.memory.inputs`) already needs it to reject an
-explicit first/last split that cannot work; both import it from here, neither the other.
+Reading a plan already needs it (an explicit first/last split that cannot work is rejected
+there, naming the field), and so do the memory model's pipeline schedule and the per-stage
+parameter counts; all import it from here.
 """
 
 from __future__ import annotations
