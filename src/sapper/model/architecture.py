@@ -57,6 +57,18 @@ class Architecture:
     impl: str  # transformers / megatron
     num_params: int | None  # the loader's exact count, when it knew one
     family: str = ""
+    #: Inner width of the MLP every token meets beside its routed experts (0: none).
+    shared_ffn: int = 0
+    #: Leading blocks of a MoE model with a dense MLP of ``ffn`` instead of experts.
+    first_dense: int = 0
+    #: Multi-head latent attention (0: plain attention): keys and values come up from a
+    #: ``kv_lora``-wide latent, queries from a ``q_lora``-wide one (0: directly), the
+    #: rotary ``rope_dim`` part of each query/key head from its own projection, the values
+    #: ``v_head_dim`` wide per head (``head_dim`` outside MLA).
+    kv_lora: int = 0
+    q_lora: int = 0
+    rope_dim: int = 0
+    v_head_dim: int = 0
     #: Norms per block: 2 (pre or post placement) or 4 (sandwich: each sub-layer's
     #: output is normed too before it joins the residual stream).
     block_norms: int = 2
@@ -84,6 +96,20 @@ class Architecture:
     @property
     def moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora > 0
+
+    @property
+    def value_dim(self) -> int:
+        """Per-head width of the values."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks with routed experts (all of them, less the leading dense ones)."""
+        return self.layers - self.first_dense if self.moe else 0
 
 
 def architecture_fields(arch: Architecture) -> dict[str, object]:
@@ -184,13 +210,28 @@ def architecture_from_plan(plan: Plan) -> Architecture:
             value=m.experts_top_k,
             expected=f"at most {m.num_experts}",
         )
+    layers = need(m.num_layers, "model.num_layers", "number of transformer blocks")
+    if m.first_dense_layers > layers:
+        raise InputError(
+            f"first_dense_layers {m.first_dense_layers} exceeds the {layers} layers",
+            field="model.first_dense_layers",
+            value=m.first_dense_layers,
+            expected=f"at most {layers}",
+        )
+    if m.kv_lora_rank and m.qk_rope_head_dim and m.qk_rope_head_dim > m.head_size:
+        raise InputError(
+            f"qk_rope_head_dim {m.qk_rope_head_dim} exceeds head_dim {m.head_size}",
+            field="model.qk_rope_head_dim",
+            value=m.qk_rope_head_dim,
+            expected=f"the rotary part of head_dim, at most {m.head_size}",
+        )
     positions = 0
     if m.position_encoding.value == "learned":
         positions = m.max_position_embeddings or plan.batch.seq_len or 0
     ffn = m.ffn_size
     return Architecture(
         hidden=hidden,
-        layers=need(m.num_layers, "model.num_layers", "number of transformer blocks"),
+        layers=layers,
         heads=heads,
         kv_heads=kv,
         head_dim=m.head_size,
@@ -215,5 +256,11 @@ def architecture_from_plan(plan: Plan) -> Architecture:
         impl=m.implementation,
         num_params=m.num_params,
         family=(m.family or "").lower(),
+        shared_ffn=(m.shared_expert_ffn_hidden_size or 0) if m.is_moe else 0,
+        first_dense=m.first_dense_layers if m.is_moe else 0,
+        kv_lora=m.kv_lora_rank or 0,
+        q_lora=(m.q_lora_rank or 0) if m.kv_lora_rank else 0,
+        rope_dim=(m.qk_rope_head_dim or 0) if m.kv_lora_rank else 0,
+        v_head_dim=m.v_head_dim or 0,
         **_traits(plan),  # type: ignore[arg-type]
     )

@@ -62,35 +62,65 @@ class Gemm:
     split: str
     #: Routed-expert GEMM: each token passes through ``top_k`` of the experts.
     expert: bool = False
+    #: Share of the blocks that run it (a MoE model's leading dense blocks run a dense
+    #: MLP, the others their experts): a per-layer mean.
+    share: float = 1.0
+
+    def flops(self, top_k: int) -> float:
+        """Forward FLOPs per token, a mean over the blocks."""
+        return 2.0 * self.n * self.k * (top_k if self.expert else 1) * self.share
+
+
+def _attention_gemms(arch: Architecture) -> list[Gemm]:
+    h, a, d = arch.hidden, arch.heads, arch.head_dim
+    proj = Gemm("proj", h, a * arch.value_dim, "k")
+    if not arch.mla:
+        return [Gemm("qkv", a * d + arch.kv_heads * (d + arch.value_dim), h, "n"), proj]
+    gemms = [
+        Gemm("kv_down", arch.kv_lora + arch.rope_dim, h, "none"),
+        Gemm("kv_up", a * (d - arch.rope_dim + arch.value_dim), arch.kv_lora, "n"),
+    ]
+    if arch.q_lora:
+        gemms += [Gemm("q_down", arch.q_lora, h, "none"), Gemm("q_up", a * d, arch.q_lora, "n")]
+    else:
+        gemms.append(Gemm("q", a * d, h, "n"))
+    return [*gemms, proj]
 
 
 def layer_gemms(arch: Architecture) -> tuple[Gemm, ...]:
-    """The weight GEMMs one token passes through in one block."""
-    h, a, kv, d = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
+    """The weight GEMMs one token passes through in one block (a mean block: the share of
+    each says how many blocks run it)."""
+    h = arch.hidden
     up = 2 if arch.gated else 1
-    gemms = [Gemm("qkv", (a + 2 * kv) * d, h, "n"), Gemm("proj", h, a * d, "k")]
-    if arch.moe:
-        gemms += [
-            Gemm("router", arch.experts, h, "none"),
-            Gemm("expert_up", up * arch.expert_ffn, h, "n", expert=True),
-            Gemm("expert_down", h, arch.expert_ffn, "k", expert=True),
-        ]
-    else:
-        gemms += [Gemm("mlp_up", up * arch.ffn, h, "n"), Gemm("mlp_down", h, arch.ffn, "k")]
+    gemms = _attention_gemms(arch)
+    if not arch.moe:
+        return (*gemms, Gemm("mlp_up", up * arch.ffn, h, "n"), Gemm("mlp_down", h, arch.ffn, "k"))
+    moe = arch.moe_layers / arch.layers
+    if arch.first_dense:
+        dense = arch.first_dense / arch.layers
+        gemms += [Gemm("mlp_up", up * arch.ffn, h, "n", share=dense),
+                  Gemm("mlp_down", h, arch.ffn, "k", share=dense)]
+    gemms += [
+        Gemm("router", arch.experts, h, "none", share=moe),
+        Gemm("expert_up", up * arch.expert_ffn, h, "n", expert=True, share=moe),
+        Gemm("expert_down", h, arch.expert_ffn, "k", expert=True, share=moe),
+    ]
+    if arch.shared_ffn:
+        gemms += [Gemm("shared_up", up * arch.shared_ffn, h, "n", share=moe),
+                  Gemm("shared_down", h, arch.shared_ffn, "k", share=moe)]
     return tuple(gemms)
 
 
 def gemm_flops(arch: Architecture) -> float:
-    """Forward GEMM FLOPs per token per layer, without the attention core (QKV, output
-    projection, MLP or the routed experts and router)."""
-    return float(sum(
-        2 * g.n * g.k * (arch.top_k if g.expert else 1) for g in layer_gemms(arch)
-    ))
+    """Forward GEMM FLOPs per token per layer, without the attention core (the attention
+    projections, the MLP or the routed experts, router and shared experts)."""
+    return float(sum(g.flops(arch.top_k) for g in layer_gemms(arch)))
 
 
 def attention_flops(arch: Architecture, seq_len: int) -> float:
-    """Forward attention-core FLOPs per token per layer, reported convention (4·s·a·d)."""
-    return float(4 * seq_len * arch.heads * arch.head_dim)
+    """Forward attention-core FLOPs per token per layer, reported convention: Q·Kᵀ and
+    P·V over the full square, 2·s·a·(d_qk + d_v) (4·s·a·d when both widths are d)."""
+    return float(2 * seq_len * arch.heads * (arch.head_dim + arch.value_dim))
 
 
 def attention_executed_fraction(arch: Architecture) -> float:

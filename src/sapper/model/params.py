@@ -22,6 +22,7 @@ __all__ = [
     "ParamCount",
     "active_params",
     "block_params",
+    "blocks_params",
     "model_params",
     "stage_params",
     "total_params",
@@ -91,31 +92,66 @@ def _norm(arch: Architecture) -> ParamCount:
     return _vector(arch.hidden * (2 if arch.norm == "layernorm" else 1))
 
 
-@lru_cache(maxsize=1024)
-def block_params(arch: Architecture, tp: int = 1, ep: int = 1) -> ParamCount:
-    """One transformer block on one GPU (after TP and EP), before any exact-count scaling."""
-    h = arch.hidden
-    q = arch.heads * arch.head_dim
-    kv = arch.kv_heads * arch.head_dim
-    pc = _norm(arch) + _norm(arch)
-    pc += _matrix(h, _div(q + 2 * kv, tp)) + _matrix(_div(q, tp), h)
+def _attention(arch: Architecture, tp: int) -> ParamCount:
+    """Projections (and their biases) of one block's attention on one TP rank."""
+    h, heads = arch.hidden, arch.heads
+    out = _matrix(_div(heads * arch.value_dim, tp), h)
+    if arch.mla:
+        # DeepSeek's multi-head latent attention: the down projections (to the latents,
+        # and the shared rotary key) are whole on every TP rank, the up projections and
+        # the output split by heads.
+        q = heads * arch.head_dim
+        pc = _matrix(h, arch.kv_lora + arch.rope_dim) + _vector(arch.kv_lora)
+        pc += _matrix(arch.kv_lora, _div(heads * (arch.head_dim - arch.rope_dim
+                                                  + arch.value_dim), tp))
+        if arch.q_lora:
+            pc += _matrix(h, arch.q_lora) + _vector(arch.q_lora)
+            pc += _matrix(arch.q_lora, _div(q, tp))
+        else:
+            pc += _matrix(h, _div(q, tp))
+        if arch.attn_bias:
+            pc += _vector(arch.q_lora) + _vector(arch.kv_lora + arch.rope_dim) + _vector(h)
+        return pc + out
+    qkv = heads * arch.head_dim + arch.kv_heads * (arch.head_dim + arch.value_dim)
+    pc = _matrix(h, _div(qkv, tp)) + out
     if arch.attn_bias:
-        pc += _vector(_div(q + 2 * kv, tp)) + _vector(h)
-    mats = 3 if arch.gated else 2
-    in_mats = mats - 1
-    if arch.moe:
-        local = _div(arch.experts, ep)
-        f = _div(arch.expert_ffn, tp)
-        pc += _matrix(h, f, expert=True, count=local * in_mats)
-        pc += _matrix(f, h, expert=True, count=local)
-        if arch.mlp_bias:
-            pc += _vector(local * (in_mats * f + h), expert=True)
-        pc += _matrix(h, arch.experts)  # router
+        pc += _vector(_div(qkv, tp)) + _vector(h)
+    return pc
+
+
+def _mlp(arch: Architecture, width: int, tp: int, *, expert: bool = False,
+         count: int = 1) -> ParamCount:
+    """``count`` MLPs of inner ``width`` (gated: gate and up, then down) on one TP rank."""
+    h, f = arch.hidden, _div(width, tp)
+    in_mats = 2 if arch.gated else 1
+    pc = _matrix(h, f, expert=expert, count=count * in_mats)
+    pc += _matrix(f, h, expert=expert, count=count)
+    if arch.mlp_bias:
+        pc += _vector(count * (in_mats * f + h), expert=expert)
+    return pc
+
+
+@lru_cache(maxsize=1024)
+def block_params(arch: Architecture, tp: int = 1, ep: int = 1, dense: bool = False) -> ParamCount:
+    """One transformer block on one GPU (after TP and EP), before any exact-count scaling:
+    a MoE model's expert block unless ``dense`` (its leading dense blocks)."""
+    pc = _norm(arch) + _norm(arch) + _attention(arch, tp)
+    if arch.moe and not dense:
+        pc += _mlp(arch, arch.expert_ffn, tp, expert=True, count=_div(arch.experts, ep))
+        pc += _matrix(arch.hidden, arch.experts)  # router
+        if arch.shared_ffn:
+            pc += _mlp(arch, arch.shared_ffn, tp)
     else:
-        f = _div(arch.ffn, tp)
-        pc += _matrix(h, f, count=in_mats) + _matrix(f, h)
-        if arch.mlp_bias:
-            pc += _vector(in_mats * f + h)
+        pc += _mlp(arch, arch.ffn, tp)
+    return pc
+
+
+def blocks_params(arch: Architecture, start: int, n: int, tp: int = 1, ep: int = 1) -> ParamCount:
+    """Blocks ``start`` … ``start + n - 1`` on one GPU (the leading ones may be dense)."""
+    dense = max(0, min(start + n, arch.first_dense) - start) if arch.moe else 0
+    pc = block_params(arch, tp, ep).times(n - dense)
+    if dense:
+        pc += block_params(arch, tp, ep, dense=True).times(dense)
     return pc
 
 
@@ -138,7 +174,7 @@ def _head(arch: Architecture, tp: int, shares_embedding: bool) -> ParamCount:
 def _unscaled_total(arch: Architecture) -> int:
     """The whole model on one GPU: every block, the embeddings, the final norm and head."""
     return (
-        block_params(arch).total * arch.layers
+        blocks_params(arch, 0, arch.layers).total
         + _embedding(arch, 1).total
         + _head(arch, 1, shares_embedding=arch.tied).total
     )
@@ -157,11 +193,12 @@ def stage_params(
     """Parameters on one GPU of each pipeline stage, ``split`` giving each stage's blocks
     (:func:`sapper.model.stages.stage_split`)."""
     f = exact_scale(arch)
-    block = block_params(arch, tp, ep)
     last = len(split) - 1
     out = []
+    start = 0
     for i, n in enumerate(split):
-        pc = block.times(n)
+        pc = blocks_params(arch, start, n, tp, ep)
+        start += n
         if i == 0:
             pc += _embedding(arch, tp)
         if i == last:
@@ -183,14 +220,15 @@ def active_params(arch: Architecture) -> int:
     if not arch.moe:
         return total
     idle = block_params(arch).expert * (arch.experts - arch.top_k) // arch.experts
-    return total - round(idle * arch.layers * exact_scale(arch))
+    return total - round(idle * arch.moe_layers * exact_scale(arch))
 
 
 @dataclass(frozen=True)
 class ModelParams:
     """The unsharded count split the way the step-cost model prices it (scaled to the
-    exact count): per block outside and inside the experts, the embeddings (with a learned
-    position table), the final norm with the untied head."""
+    exact count): per block (the mean over the blocks) outside and inside the experts,
+    the embeddings (with a learned position table), the final norm with the untied
+    head."""
 
     layer: float
     expert: float
@@ -203,10 +241,10 @@ def model_params(arch: Architecture) -> ModelParams:
     """The unsharded split of :class:`ModelParams`; its parts add up to
     :func:`total_params`."""
     f = exact_scale(arch)
-    block = block_params(arch)
+    blocks = blocks_params(arch, 0, arch.layers)
     return ModelParams(
-        layer=block.dense * f,
-        expert=block.expert * f,
+        layer=blocks.dense / arch.layers * f,
+        expert=blocks.expert / arch.layers * f,
         embedding=_embedding(arch, 1).total * f,
         head=_head(arch, 1, shares_embedding=arch.tied).total * f,
     )

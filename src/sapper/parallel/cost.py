@@ -181,10 +181,14 @@ def _layer_gemms(
             batch = local
         else:
             m, batch = tokens, 1.0
-        fwd = fwd + gemm_time(gpu, peak, m, n, k, batch=batch, in_bytes=ab, out_bytes=ab)
-        bwd = bwd + gemm_time(
+        # (a GEMM only some blocks run, such as a MoE model's leading dense MLPs, counts
+        # at its share of the mean layer)
+        fwd = fwd + g.share * gemm_time(
+            gpu, peak, m, n, k, batch=batch, in_bytes=ab, out_bytes=ab
+        )
+        bwd = bwd + g.share * (gemm_time(
             gpu, peak, m, k, n, batch=batch, in_bytes=ab, out_bytes=ab
-        ) + gemm_time(gpu, peak, n, k, m, batch=batch, in_bytes=ab, out_bytes=wgrad_out)
+        ) + gemm_time(gpu, peak, n, k, m, batch=batch, in_bytes=ab, out_bytes=wgrad_out))
     return fwd, bwd
 
 

@@ -125,7 +125,11 @@ class Workload(Architecture):
             )
         arch = architecture_from_plan(plan)
         h, a, kv, d = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
-        mlp_width = arch.top_k * arch.expert_ffn if arch.moe else arch.ffn
+        mlp_width = float(arch.ffn)
+        if arch.moe:  # the mean block: leading dense ones, then routed (and shared) experts
+            moe = arch.moe_layers / arch.layers
+            routed = arch.top_k * arch.expert_ffn + arch.shared_ffn
+            mlp_width = moe * routed + (1 - moe) * arch.ffn
         dropout = arch.dropout > 0
         fused = arch.impl != "transformers"
         rms = arch.norm == "rmsnorm"

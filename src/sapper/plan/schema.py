@@ -251,6 +251,49 @@ class ModelSpec(_Spec):
         le=MAX_WIDTH,
         description="Inner width of one expert; defaults to ffn_hidden_size.",
     )
+    shared_expert_ffn_hidden_size: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WIDTH,
+        description="Inner width of the MLP every token passes through beside its routed "
+        "experts (all shared experts together: DeepSeek's n_shared_experts × "
+        "moe_intermediate_size, Qwen-MoE's shared_expert_intermediate_size); unset: none.",
+    )
+    first_dense_layers: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_LAYERS,
+        description="Leading blocks of a MoE model with a dense MLP of ffn_hidden_size "
+        "instead of experts (DeepSeek's first_k_dense_replace).",
+    )
+    kv_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WIDTH,
+        description="Multi-head latent attention: width keys and values are compressed to "
+        "(DeepSeek-V2/V3); head_dim is then the query/key width per head (nope + rope "
+        "parts). Unset: plain multi-head attention.",
+    )
+    q_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WIDTH,
+        description="Multi-head latent attention: width queries are compressed to; unset: "
+        "queries projected directly.",
+    )
+    qk_rope_head_dim: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WIDTH,
+        description="Multi-head latent attention: the rotary part of head_dim, projected "
+        "once for all heads beside the compressed keys and values.",
+    )
+    v_head_dim: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WIDTH,
+        description="Per-head width of the values when it differs from head_dim (MLA).",
+    )
     attention_bias: bool = Field(default=False, description="Biases on q/k/v/o projections.")
     mlp_bias: bool = Field(default=False, description="Biases on MLP projections.")
     parallel_residual: bool = Field(

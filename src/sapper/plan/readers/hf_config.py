@@ -80,6 +80,11 @@ _POSITIVE_INTS: dict[str, int] = {
     "vocab_size": MAX_VOCAB,
     **dict.fromkeys(("max_position_embeddings", "n_positions"), MAX_TOKENS),
     **dict.fromkeys(("num_local_experts", "num_experts_per_tok"), MAX_EXPERTS),
+    **dict.fromkeys(
+        ("moe_intermediate_size", "shared_expert_intermediate_size", "kv_lora_rank",
+         "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"),
+        MAX_WIDTH,
+    ),
 }
 
 #: Plan model field -> config.json keys that state it (the first present names the source).
@@ -88,7 +93,7 @@ _ORIGIN: dict[str, tuple[str, ...]] = {
     "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
     "num_heads": ("num_attention_heads", "n_head", "num_heads"),
     "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query"),
-    "head_dim": ("head_dim",),
+    "head_dim": ("head_dim", "qk_nope_head_dim"),
     "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
     "activation": ("hidden_act", "activation_function", "activation", "hidden_activation"),
     "hidden_act": ("hidden_activation", "hidden_act", "activation_function", "activation"),
@@ -101,6 +106,12 @@ _ORIGIN: dict[str, tuple[str, ...]] = {
     "tied_embeddings": ("tie_word_embeddings",),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "experts_top_k": ("num_experts_per_tok", "moe_top_k"),
+    "shared_expert_ffn_hidden_size": ("shared_expert_intermediate_size", "n_shared_experts"),
+    "first_dense_layers": ("first_k_dense_replace",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "q_lora_rank": ("q_lora_rank",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
     "attention_bias": ("attention_bias", "bias", "enable_bias"),
     "mlp_bias": ("mlp_bias", "bias", "enable_bias"),
     "parallel_residual": ("use_parallel_residual", "parallel_attn", "new_decoder_architecture"),

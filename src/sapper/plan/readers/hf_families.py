@@ -449,6 +449,42 @@ def _first_int(cfg: Any, *names: str) -> int | None:
     return None
 
 
+def _moe_extras(cfg: Any, expert_ffn: int | None) -> dict[str, Any]:
+    """The MLP every token meets beside its routed experts (Qwen-MoE's one shared expert
+    of its own width; DeepSeek's n_shared_experts of the routed width) and DeepSeek's
+    leading dense blocks (first_k_dense_replace)."""
+    out: dict[str, Any] = {}
+    shared = _first_int(cfg, "shared_expert_intermediate_size")
+    n_shared = _first_int(cfg, "n_shared_experts")
+    if shared is None and n_shared and expert_ffn:
+        shared = n_shared * expert_ffn
+    if shared:
+        out["shared_expert_ffn_hidden_size"] = shared
+    dense = _first_int(cfg, "first_k_dense_replace")
+    if dense:
+        out["first_dense_layers"] = dense
+    return out
+
+
+def _latent_attention(cfg: Any) -> dict[str, Any]:
+    """DeepSeek-V2/V3's multi-head latent attention: the latent widths, and head_dim as
+    the query/key width per head (its nope and rope parts; transformers' own head_dim
+    attribute is the rope part only)."""
+    kv_lora = _first_int(cfg, "kv_lora_rank")
+    if not kv_lora:
+        return {}
+    nope, rope = _first_int(cfg, "qk_nope_head_dim"), _first_int(cfg, "qk_rope_head_dim")
+    out: dict[str, Any] = {
+        "kv_lora_rank": kv_lora,
+        "q_lora_rank": _first_int(cfg, "q_lora_rank"),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": _first_int(cfg, "v_head_dim"),
+    }
+    if nope is not None and rope is not None:
+        out["head_dim"] = nope + rope
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def generic(cfg: Any, model_type: str) -> Family:
     """Fields every transformers config spells the same way (``attribute_map`` resolves
     legacy names); anything the config does not state is left unset."""
@@ -468,6 +504,8 @@ def generic(cfg: Any, model_type: str) -> Family:
         model["num_experts"] = experts
         model["experts_top_k"] = _first_int(cfg, "num_experts_per_tok", "moe_top_k", "top_k")
         model["moe_ffn_hidden_size"] = _first_int(cfg, "moe_intermediate_size")
+        model.update(_moe_extras(cfg, model["moe_ffn_hidden_size"]))
+    model.update(_latent_attention(cfg))
     tied = getattr(cfg, "tie_word_embeddings", None)
     if isinstance(tied, bool):
         model["tied_embeddings"] = tied

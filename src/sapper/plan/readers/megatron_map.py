@@ -348,6 +348,7 @@ def _model(m: _Map, tp: Any) -> None:
            m.number("attention_dropout", "model.attention_dropout"), 0.1)
     _vocab(m, tp)
     _experts(m)
+    _latent_attention(m)
     std = m.number("init_method_std", "init.std")
     m.take("init_method_std", "init.std", std if std != 0 else None, 0.02)
     m.put("init.residual_scaling", "depth", "init_method_std",
@@ -448,6 +449,27 @@ def _experts(m: _Map) -> None:
                m.integer("moe_router_topk", "model.experts_top_k"), 2)
     m.take("moe_ffn_hidden_size", "model.moe_ffn_hidden_size",
            m.integer("moe_ffn_hidden_size", "model.moe_ffn_hidden_size"))
+    field = "model.shared_expert_ffn_hidden_size"
+    m.take("moe_shared_expert_intermediate_size", field,
+           m.integer("moe_shared_expert_intermediate_size", field))
+
+
+def _latent_attention(m: _Map) -> None:
+    """--multi-latent-attention with its widths, at Megatron's defaults when absent
+    (kv_lora_rank 32, no q_lora_rank, qk_head_dim 128 + qk_pos_emb_head_dim 64,
+    v_head_dim 128: megatron/training/arguments.py); head_dim is the query/key width."""
+    if not m.flag("multi_latent_attention"):
+        return
+    m.take("kv_lora_rank", "model.kv_lora_rank",
+           m.integer("kv_lora_rank", "model.kv_lora_rank"), 32)
+    m.take("q_lora_rank", "model.q_lora_rank", m.integer("q_lora_rank", "model.q_lora_rank"))
+    nope = m.integer("qk_head_dim", "model.head_dim")
+    rope = m.take("qk_pos_emb_head_dim", "model.qk_rope_head_dim",
+                  m.integer("qk_pos_emb_head_dim", "model.qk_rope_head_dim"), 64)
+    nope = 128 if nope is None else nope
+    if known(nope) and known(rope):
+        m.put("model.head_dim", nope + rope, "qk_head_dim")
+    m.take("v_head_dim", "model.v_head_dim", m.integer("v_head_dim", "model.v_head_dim"), 128)
 
 
 def _precision(m: _Map, deepspeed: bool) -> None:
