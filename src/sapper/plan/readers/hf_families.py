@@ -461,8 +461,9 @@ def _moe_extras(cfg: Any, expert_ffn: int | None) -> dict[str, Any]:
     if shared:
         out["shared_expert_ffn_hidden_size"] = shared
     dense = _first_int(cfg, "first_k_dense_replace")
-    if dense:
-        out["first_dense_layers"] = dense
+    layers = _first_int(cfg, "num_hidden_layers")
+    if dense:  # (more than the layers: transformers builds every block dense)
+        out["first_dense_layers"] = min(dense, layers) if layers else dense
     return out
 
 
