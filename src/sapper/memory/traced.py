@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from sapper.errors import InputError, SapperError
+from sapper.memory.fake_moe import fake_moe_support, prepare_experts
 from sapper.memory.inputs import IMPL_KIND
 from sapper.memory.tracker import LiveBytes
 
@@ -242,7 +243,8 @@ def _trace(
 
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    with mode, _real_code_path():
+    moe = fake_moe_support() if fake else contextlib.nullcontext()
+    with mode, moe, _real_code_path():
         default = torch.get_default_dtype()
         if cfg.weights != "fp32":  # build in the weights' dtype (no fp32 copy first)
             torch.set_default_dtype(_DTYPES[cfg.weights])
@@ -251,6 +253,7 @@ def _trace(
         finally:
             torch.set_default_dtype(default)
         model.train()
+        moe_notes = prepare_experts(model) if fake else []
         if cfg.checkpointing:
             _enable_checkpointing(model)
         opt = build_optimizer(model, cfg)
@@ -279,7 +282,7 @@ def _trace(
         phases=phases,
         num_params=num_params,
         seconds=time.perf_counter() - start,
-        notes=["CPU kernels on fake tensors; one device (no TP/PP/ZeRO sharding)."],
+        notes=["CPU kernels on fake tensors; one device (no TP/PP/ZeRO sharding).", *moe_notes],
     )
 
 
