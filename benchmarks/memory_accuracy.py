@@ -175,6 +175,7 @@ class Row:
             "optimizer.type": self.optimizer,
             "optimizer.momentum": 0.9 if self.optimizer == "sgd" else 0.0,
             "optimizer.weight_decay": 0.01,
+            "optimizer.impl": "foreach",  # as the measured step runs it (StepConfig)
             "batch.micro_batch_size": self.batch,
             "batch.seq_len": self.seq,
             "batch.gradient_accumulation_steps": 1,
