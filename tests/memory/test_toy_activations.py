@@ -59,7 +59,7 @@ def _plan(toy: dict, tmp: Path) -> Plan:
 )
 def test_analytic_activations_match_traced_on_toys(family: str, tmp_path: Path) -> None:
     toy = _toy(family)
-    # real tensors: a toy step is milliseconds, and MoE kernels have no fake-tensor path
+    # real tensors: a toy step is milliseconds
     traced = trace_hf_config(toy, StepConfig(micro_batch=MICRO, seq_len=SEQ), fake=False)
     measured = traced.phases["forward"]["activations"]
     est = estimate(

@@ -113,6 +113,13 @@ def memory(
                     f"{fmt_bytes(trace.peak_bytes)} in {trace.peak_phase} — {cats} "
                     f"({trace.seconds:.1f} s)"
                 )
+                if device != Device.cpu:
+                    console.print(
+                        "traced under the CUDA caching allocator's rules: allocated "
+                        f"{fmt_bytes(trace.cuda_allocated_bytes)}, reserved "
+                        f"{fmt_bytes(trace.cuda_reserved_bytes)}",
+                        highlight=False,
+                    )
                 for note in trace.notes:
                     console.print(f"note: {note}", style="dim")
             if skipped is not None:

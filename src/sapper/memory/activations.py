@@ -55,6 +55,9 @@ class BlockActivations:
     input_in_saved: bool = True
     #: Alive while a checkpointed block runs its forward without saving (bytes).
     fwd_ckpt: int = 0
+    #: Extra bytes at each of ``moments`` when the block was recomputed (checkpointed):
+    #: tensors the recompute leaves alive into the block's backward. Empty: none.
+    ckpt_extra: tuple[int, ...] = ()
 
     def kept(self, mode: str) -> int:
         return {"none": self.saved, "selective": self.selective, "full": self.boundary}[mode]
@@ -202,9 +205,10 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     n_rep = sh.heads // sh.kv_heads
     attn = norm + proj_in(3 if separate_qkv else 1)
     if sh.qk_norm:
-        # a norm per query and key head: fp32 input, rsqrt per head, normalized output
+        # a norm per query and key head: its fp32 input (the projection's output, or its
+        # fp32 copy), rsqrt per head, the normalized output in the projection's dtype
         kv_heads = max(sh.kv_heads // sh.tp, 1)
-        attn += 8 * (q + kv) + 4 * (heads + kv_heads)
+        attn += (4 + c) * (q + kv) + 4 * (heads + kv_heads)
     scores = 0
     if sh.attn_impl == "eager":
         # q and k as the score matmul sees them, v (repeated for GQA), softmax probabilities
@@ -226,15 +230,18 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     width = (2 * f if sh.gated else f) + f + (f if sh.gated else 0)
     mlp_one = c * width + _act_extra(sh.act) * c * f + act_mask * f
     n_mlp_proj = 2 if sh.gated else 1
+    ce = rc.weight if sh.moe else c  # grouped experts compute in the weights' dtype
     if sh.moe:
         k = sh.top_k
         # router: fp32 probabilities over the experts, the chosen indices (int64) and
         # weights (fp32) and their sum (renormalized top-k);
-        # per routed copy of a token: its gathered input, the expert's MLP, the expert's
-        # output (kept for the multiply by its routing weight), that weight (fp32) and the
-        # int64 indices that gather and scatter it
+        # per routed copy of a token (grouped matmul, in the weights' dtype): its gathered
+        # input, the expert's MLP, the expert's output (kept for the multiply by its
+        # routing weight), that weight (fp32) and the int64 indices that sort, gather and
+        # restore it
+        expert_one = ce * width + _act_extra(sh.act) * ce * f + act_mask * f
         router = 4 * sh.experts + 12 * k + 4
-        mlp = proj_in(1) + router + k * (2 * c * h + mlp_one + 4 + 24)
+        mlp = proj_in(1) + router + k * (2 * ce * h + expert_one + 4 + 24)
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
     shares_input = sh.norm == "layernorm" or r == 4
@@ -266,9 +273,13 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         c * (q + 2 * kv) + (2 * 4 * heads * s if eager else 0),
         (3 if (sh.gated or _act_extra(sh.act)) else 2) * c * f,
     )))
-    down_in = c * f  # the MLP's output projection input, freed first
+    down_in = ce * f  # the MLP's output projection input, freed first
     python_act = _act_extra(sh.act) > 0
-    mlp_grads = (3 if (sh.gated or python_act) else 2) * c * f - down_in
+    mlp_grads = (3 if (sh.gated or python_act) else 2) * ce * f - down_in
+    if sh.moe:
+        # per routed copy; the weighting multiply's backward has already freed the
+        # experts' outputs it kept
+        mlp_grads = sh.top_k * (mlp_grads - ce * h)
     if sh.attn_impl == "eager":
         soft = (4 if (ac or c == 4 or sh.family != "gpt2") else 2) * heads * s
         # the value matmul frees its inputs (probabilities as it saw them, v) and the
@@ -292,8 +303,21 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         core_freed=core_freed,
         core_grads=core_grads,
     )
+    ckpt_extra: tuple[int, ...] = ()
+    if sh.moe:
+        k = sh.top_k
+        # the routed outputs' backward comes first: the restoring gather's backward
+        # allocates zeros and the scattered gradient, k copies of the hidden size each
+        s_attn_mlp = attn + scores + mlp
+        moments = ((int((s_attn_mlp + 2 * k * ce * h + r * h * rep) * n), 0.0), *moments)
+        # a recomputed MoE block still holds its routed outputs (the recompute stops past
+        # them) when the routed outputs' backward starts
+        ckpt_extra = (int(k * ce * h * n),) + (0,) * (len(moments) - 1)
+        # its forward without saving: the gathered input, the gate-up output, the
+        # activation and its product with the up half, per routed copy
+        fwd_ckpt = max(fwd_ckpt, int(n * (2 * r * h * rep + k * ce * (h + 4 * f))))
     return BlockActivations(
-        saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt
+        saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt, ckpt_extra
     )
 
 

@@ -72,6 +72,9 @@ class MemoryEstimate:
 
     peak_bytes: int  # per GPU, overheads included: compare with the GPU's memory
     tensor_peak_bytes: int  # live tensor bytes only (torch.cuda.max_memory_allocated)
+    #: what the caching allocator holds at the peak (torch.cuda.max_memory_reserved): the
+    #: tensor peak plus its fragmentation share (CPU: the tensor peak)
+    reserved_bytes: int
     stages: list[StageMemory]  # every stage (only the candidates with ``worst_only``)
     breakdown: dict[str, int]  # categories of the worst stage at its peak
     peak_stage: int
@@ -94,6 +97,7 @@ class MemoryEstimate:
         return {
             "peak_bytes": self.peak_bytes,
             "tensor_peak_bytes": self.tensor_peak_bytes,
+            "reserved_bytes": self.reserved_bytes,
             "peak_gib": round(self.peak_bytes / GIB, 3),
             "gpu_bytes": self.gpu_bytes,
             "fits": self.fits,
@@ -173,6 +177,8 @@ def estimate_shape(
     return MemoryEstimate(
         peak_bytes=worst.peak_bytes,
         tensor_peak_bytes=worst.tensor_peak_bytes,
+        reserved_bytes=worst.tensor_peak_bytes
+        + int(worst.tensor_peak_bytes * opts.fragmentation),
         stages=stages,
         breakdown=worst.breakdown,
         peak_stage=worst.stage,

@@ -33,6 +33,7 @@ from sapper.memory.states import (
 from sapper.memory.temporaries import (
     comm_buffers,
     head_cost,
+    largest_tensor,
     master_grad_elements,
     optimizer_temporaries,
     weight_casts,
@@ -175,16 +176,17 @@ def _stage(
             if not blk.input_in_saved:
                 below += kept[j]  # its input stays while it recomputes and runs backward
         tmp = casts_j + comm_bwd + comm_keep
-        for alive, share in blk.moments:
+        extra = blk.ckpt_extra if ck[j] and blk.ckpt_extra else (0,) * len(blk.moments)
+        for (alive, share), more in zip(blk.moments, extra, strict=True):
             grads = st.grads if persistent_grads else (
                 head_grads + g_block * done + int(g_block * share)
             )
-            moments.append((grads, older + below + alive, tmp))
+            moments.append((grads, older + below + alive + more, tmp))
     end_tmp = _emb_grads(sh) if (emb_now and sh.tied and sh.pp == 1) else 0
     moments.append((st.grads, older + emb_now, end_tmp + comm_keep + comm_bwd))
     bwd = max(moments, key=sum)
 
-    opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), pc.largest)
+    opt_tmp = optimizer_temporaries(sh, _opt_elements(sh, pc), largest_tensor(sh, pc))
     if sh.recipe.master and sh.recipe.grad != 4 and sh.offload_optimizer == "none":
         # the fp32 gradient of the master shard (ZeRO-3: one sub-group at a time)
         opt_tmp += 4 * master_grad_elements(sh, _opt_elements(sh, pc))

@@ -245,6 +245,13 @@ def render_memory(plan: Plan, v: MemoryVerdict) -> Group:
     if v.states_exceed_gpu:
         states += " — [bold red]more than the GPU holds on their own[/]"
     parts += [Text(""), Text.from_markup(states)]
+    if est.reserved_bytes > est.tensor_peak_bytes:
+        parts.append(Text(
+            f"allocated {fmt_bytes(est.tensor_peak_bytes)} (max_memory_allocated) · reserved "
+            f"≈ {fmt_bytes(est.reserved_bytes)} (max_memory_reserved: the caching "
+            f"allocator's {fmt_bytes(est.reserved_bytes - est.tensor_peak_bytes)} of "
+            "cached, unused blocks)"
+        ))
     if est.host_bytes_per_node or est.nvme_bytes_per_node:
         parts.append(
             Text(

@@ -27,7 +27,9 @@ from sapper.model.params import ParamCount
 __all__ = [
     "HeadCost",
     "comm_buffers",
+    "grouped_experts",
     "head_cost",
+    "largest_tensor",
     "master_grad_elements",
     "optimizer_temporaries",
     "weight_casts",
@@ -105,11 +107,41 @@ def optimizer_temporaries(sh: Shape, elements: int, largest: int) -> int:
     return state * unit
 
 
+def grouped_experts(sh: Shape) -> bool:
+    """Hugging Face MoE experts run through transformers' grouped matmul (its default
+    experts implementation in 5.x): one 3D weight per projection for all of a layer's
+    experts, and an op autocast does not cover, so the experts compute in the weights'
+    own dtype (their input is cast to it, not to the autocast dtype)."""
+    return sh.moe and sh.impl == "transformers"
+
+
+def _expert_matmul(sh: Shape, pc: ParamCount) -> int:
+    """Elements of the expert weight matrices in ``pc`` (its expert part less biases)."""
+    if not pc.expert:
+        return 0
+    f = _div(sh.expert_ffn, sh.tp)
+    mats = (3 if sh.gated else 2) * sh.hidden * f
+    bias = ((2 if sh.gated else 1) * f + sh.hidden) if sh.mlp_bias else 0
+    return pc.expert * mats // (mats + bias)
+
+
+def largest_tensor(sh: Shape, pc: ParamCount) -> int:
+    """Elements of the largest parameter tensor (a per-tensor optimizer loop's
+    temporaries are sized by it). Grouped experts store a layer's local experts as one
+    ``E × 2f × h`` gate-up tensor (gated; ``E × f × h`` otherwise) and one down tensor."""
+    if not grouped_experts(sh) or not pc.expert:
+        return pc.largest
+    local = _div(sh.experts, sh.ep)
+    f = _div(sh.expert_ffn, sh.tp)
+    return max(pc.largest, local * (2 if sh.gated else 1) * f * sh.hidden)
+
+
 def weight_casts(sh: Shape, pc: ParamCount, last_stage: bool) -> int:
-    """Autocast's low-precision copies of matmul weights (bytes) for one stage."""
+    """Autocast's low-precision copies of matmul weights (bytes) for one stage (grouped
+    experts are not cast: :func:`grouped_experts`)."""
     if not sh.recipe.autocast:
         return 0
-    n = pc.matmul
+    n = pc.matmul - (_expert_matmul(sh, pc) if grouped_experts(sh) else 0)
     if last_stage and sh.tied and sh.pp == 1:
         n += _div(sh.vocab, sh.tp) * sh.hidden  # the head reuses the embedding table
     return sh.recipe.compute * n

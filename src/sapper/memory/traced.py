@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from sapper.errors import InputError, SapperError
+from sapper.memory.allocator import CachingAllocator
+from sapper.memory.fake_moe import fake_moe_support, prepare_experts
 from sapper.memory.tracker import LiveBytes
 from sapper.model.optimizers import IMPL_KIND
 
@@ -69,6 +71,11 @@ class TracedMemory:
     num_params: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    #: the step replayed under the CUDA caching allocator's rules (memory/allocator.py):
+    #: peak blocks handed out (``max_memory_allocated``: requests rounded to 512 bytes)
+    #: and peak segments held (``max_memory_reserved``)
+    cuda_allocated_bytes: int = 0
+    cuda_reserved_bytes: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -77,6 +84,8 @@ class TracedMemory:
             "breakdown": self.breakdown,
             "phases": self.phases,
             "num_params": self.num_params,
+            "cuda_allocated_bytes": self.cuda_allocated_bytes,
+            "cuda_reserved_bytes": self.cuda_reserved_bytes,
             "seconds": round(self.seconds, 3),
             "notes": self.notes,
         }
@@ -242,7 +251,8 @@ def _trace(
 
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    with mode, _real_code_path():
+    moe = fake_moe_support() if fake else contextlib.nullcontext()
+    with mode, moe, _real_code_path():
         default = torch.get_default_dtype()
         if cfg.weights != "fp32":  # build in the weights' dtype (no fp32 copy first)
             torch.set_default_dtype(_DTYPES[cfg.weights])
@@ -251,12 +261,14 @@ def _trace(
         finally:
             torch.set_default_dtype(default)
         model.train()
+        moe_notes = prepare_experts(model) if fake else []
         if cfg.checkpointing:
             _enable_checkpointing(model)
         opt = build_optimizer(model, cfg)
         ids = torch.randint(0, vocab_size, (cfg.micro_batch, cfg.seq_len))
         run_step(model, opt, ids, cfg)  # warm-up: creates the optimizer states
-        tracker = LiveBytes()
+        allocator = CachingAllocator()
+        tracker = LiveBytes(allocator)
         for p in model.parameters():
             tracker.track(p, "params")
         for b in model.buffers():
@@ -279,7 +291,9 @@ def _trace(
         phases=phases,
         num_params=num_params,
         seconds=time.perf_counter() - start,
-        notes=["CPU kernels on fake tensors; one device (no TP/PP/ZeRO sharding)."],
+        cuda_allocated_bytes=allocator.peak_allocated,
+        cuda_reserved_bytes=allocator.peak_reserved,
+        notes=["CPU kernels on fake tensors; one device (no TP/PP/ZeRO sharding).", *moe_notes],
     )
 
 

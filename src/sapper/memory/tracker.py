@@ -21,6 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from sapper.memory.allocator import CachingAllocator
+
 __all__ = ["LiveBytes"]
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
@@ -29,8 +31,10 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 class LiveBytes(TorchDispatchMode):
     """Counts the bytes of live tensor storages; remembers the peak and its breakdown."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocator: CachingAllocator | None = None) -> None:
         super().__init__()
+        #: replays every allocation and free under the CUDA caching allocator's rules
+        self.allocator = allocator
         self._live: dict[int, list[Any]] = {}  # storage key -> [nbytes, category]
         self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
@@ -55,6 +59,8 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self._casts.discard(key)
         entry = self._live.pop(key, None)
+        if self.allocator is not None:
+            self.allocator.free(key)
         if entry is not None:
             self.current -= entry[0]
             self.totals[entry[1]] -= entry[0]
@@ -67,11 +73,16 @@ class LiveBytes(TorchDispatchMode):
         entry = self._live.get(key)
         if entry is None:
             self._live[key] = [nbytes, category]
+            if self.allocator is not None:
+                self.allocator.malloc(key, nbytes)
             weakref.finalize(st, self._free, key)
             self.current += nbytes
             self.totals[category] += nbytes
             self._bump()
         elif entry[0] != nbytes:  # resized in place
+            if self.allocator is not None:
+                self.allocator.free(key)
+                self.allocator.malloc(key, nbytes)
             self.current += nbytes - entry[0]
             self.totals[entry[1]] += nbytes - entry[0]
             entry[0] = nbytes
