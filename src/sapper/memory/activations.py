@@ -131,6 +131,47 @@ def _moments(
     )
 
 
+def _rms_kept(width: int, dtype: int) -> int:
+    """Per token, what a Hugging Face RMSNorm over ``width`` features in ``dtype`` keeps:
+    its fp32 input (the input itself when it is fp32), rsqrt, the normalized fp32 product
+    (fp32) or its cast back (lower precision)."""
+    return 8 * width + 4 if dtype == 4 else 6 * width + 4
+
+
+def _latent_attention(sh: Shape, c: int) -> float:
+    """Per token, what DeepSeek's multi-head latent attention keeps (Hugging Face
+    ``DeepseekV3Attention`` with a fused SDPA kernel): the query latent's norm and the
+    norm's output (the up projection's input); the compressed key/value latent's norm (in
+    fp32 its input is a view that keeps the rotary key's columns alive too) and output;
+    the assembled queries and keys; the up projection's output, which the values are a
+    view of; the attention output and its log-sum-exp."""
+    heads = _div(sh.heads, sh.tp)
+    qk, v = heads * sh.head_dim, heads * sh.value_dim
+    kv_up = heads * (sh.head_dim - sh.rope_dim + sh.value_dim)
+    kept = 0.0
+    if sh.q_lora:
+        kept += _rms_kept(sh.q_lora, c) + c * sh.q_lora
+    kept += _rms_kept(sh.kv_lora, c) + c * sh.kv_lora
+    if c == 4:
+        kept += 4 * sh.rope_dim
+    return kept + c * (2 * qk + kv_up) + c * v + 4 * heads
+
+
+def _shared_experts(sh: Shape, c: int, act_mask: int, casts: float) -> float:
+    """Per token, what the shared experts keep: a dense MLP over every token beside the
+    routed ones, in the compute dtype (plain modules, not grouped experts), plus the
+    input casts autocast makes for its projections (``casts``) and, when a sigmoid gate
+    scales its output (Qwen-MoE), that output and the gate."""
+    if not sh.shared_ffn:
+        return 0.0
+    fs = _div(sh.shared_ffn, sh.tp)
+    width = (2 * fs if sh.gated else fs) + fs + (fs if sh.gated else 0)
+    kept = c * width + _act_extra(sh.act) * c * fs + act_mask * fs + casts
+    if sh.shared_gate:
+        kept += c * sh.hidden + c
+    return kept
+
+
 def _megatron(sh: Shape, device: str) -> BlockActivations:
     c = sh.recipe.compute
     h, s = sh.hidden, sh.seq // sh.cp
@@ -222,6 +263,13 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         if sh.attn_softcap:
             scores += c * heads * s  # tanh(scores / cap), kept by tanh's backward
         attn += c * q  # attention output made contiguous for the out-projection
+    elif sh.mla:
+        attn = norm + proj_in(2) + _latent_attention(sh, c)
+        if _sdpa_math(sh, device):
+            # the composed math path: the probabilities (fp32 under autocast, then the
+            # copy the value matmul reads) instead of the fused kernel's log-sum-exp
+            soft = 4 if (ac or c == 4) else 2
+            scores = soft * heads * s + (c * heads * s if soft != c else 0) - 4 * heads
     else:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
     if sh.fused_qkv and sh.rope:
@@ -242,6 +290,7 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         expert_one = ce * width + _act_extra(sh.act) * ce * f + act_mask * f
         router = 4 * sh.experts + 12 * k + 4
         mlp = proj_in(1) + router + k * (2 * ce * h + expert_one + 4 + 24)
+        mlp += _shared_experts(sh, c, act_mask, proj_in(n_mlp_proj) - proj_in(1))
     else:
         mlp = proj_in(n_mlp_proj) + mlp_one
     shares_input = sh.norm == "layernorm" or r == 4
@@ -287,6 +336,9 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
         # gradient and the gradient of the scores, next to the gradient of v
         core_freed = c * q + c * kv * n_rep + (scores - soft)
         core_grads = 3 * soft - soft + c * kv * n_rep
+    elif scores:  # latent attention on the math path: softmax's backward
+        core_freed = 0
+        core_grads = 2 * scores
     else:
         core_freed = 0
         core_grads = c * (q + 2 * kv)
@@ -319,6 +371,14 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
     return BlockActivations(
         saved, selective, boundary, fwd_extra, moments, shares_input, fwd_ckpt, ckpt_extra
     )
+
+
+def _sdpa_math(sh: Shape, device: str) -> bool:
+    """Whether PyTorch's CPU ``scaled_dot_product_attention`` takes the composed math
+    path for want of a fused kernel: the CPU flash kernel needs queries, keys and values
+    of one head width, which latent attention's values do not have (CUDA's memory-
+    efficient kernel takes them)."""
+    return device != "cuda" and sh.attn_impl == "sdpa" and sh.value_dim != sh.head_dim
 
 
 def attention_kernel(sh: Shape, device: str) -> str:

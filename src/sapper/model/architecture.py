@@ -59,6 +59,9 @@ class Architecture:
     family: str = ""
     #: Inner width of the MLP every token meets beside its routed experts (0: none).
     shared_ffn: int = 0
+    #: The shared experts' output is scaled by a sigmoid gate of its own (Qwen-MoE), which
+    #: keeps that output for backward.
+    shared_gate: bool = False
     #: Leading blocks of a MoE model with a dense MLP of ``ffn`` instead of experts.
     first_dense: int = 0
     #: Multi-head latent attention (0: plain attention): keys and values come up from a
@@ -131,7 +134,8 @@ def need(value: int | None, field: str, why: str) -> int:
 #: Gemma 2 puts a norm before and after each sub-layer, soft-caps attention scores and
 #: the final logits with tanh, and has no SDPA path (softcapping needs the eager code);
 #: Gemma 3 and Qwen 3 normalize each query and key head; GPT-J's and Phi's parallel
-#: blocks share one norm; GPT-NeoX fuses q/k/v into one projection despite RoPE.
+#: blocks share one norm; GPT-NeoX fuses q/k/v into one projection despite RoPE; Qwen-MoE
+#: gates its shared expert.
 _HF_TRAITS: dict[str, dict[str, object]] = {
     "gemma2": {"block_norms": 4, "attn_softcap": True, "logit_softcap": True,
                "no_sdpa": True},
@@ -140,6 +144,7 @@ _HF_TRAITS: dict[str, dict[str, object]] = {
     "gptj": {"parallel_residual": "shared"},
     "phi": {"parallel_residual": "shared"},
     "gpt_neox": {"fused_qkv": True},
+    "qwen2_moe": {"shared_gate": True},
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
 }
