@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two rows a family")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
     parser.add_argument("--size", action="append", choices=[f"{b}x{s}" for b, s in SIZES])
+    parser.add_argument("--impl", action="append", choices=["foreach", "for_loop"],
+                        help="the optimizer's implementations (repeatable; default foreach)")
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: print the estimates of every row, nothing measured")
     args = parser.parse_args(argv)
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
           "| reserved MiB | analytic alloc (err) | analytic reserved (err) "
           "| traced alloc (err) | traced reserved (err) |")
     print("|" + "---|" * 12)
-    for row in rows(args.quick):
+    for row in rows(args.quick, args.impl or ["foreach"]):
         if args.family and row.family not in args.family:
             continue
         if args.size and f"{row.batch}x{row.seq}" not in args.size:
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         e = estimates(row)
         print(
             f"| {row.family} | {row.precision} | {'on' if row.ckpt else 'off'} "
-            f"| {row.optimizer} | {row.batch}×{row.seq} | {row.attn} "
+            f"| {row.optimizer} {row.impl} | {row.batch}×{row.seq} | {row.attn} "
             f"| {'—' if alloc is None else f'{alloc / MIB:9.1f}'} "
             f"| {'—' if resv is None else f'{resv / MIB:9.1f}'} "
             f"| {_cell(e.analytic_allocated, alloc)} | {_cell(e.analytic_reserved, resv)} "

@@ -18,8 +18,9 @@ installed" when the library is missing. Neither is a dependency of sapper.
 Targets (issue 3): analytic within 5% of measured on every row and within 2% at the
 median; traced within 1%.
 
-    python benchmarks/memory_accuracy.py            # the full matrix (192 rows)
-    python benchmarks/memory_accuracy.py --quick    # 12 rows (two a family)
+    python benchmarks/memory_accuracy.py            # the full matrix (256 rows, foreach)
+    python benchmarks/memory_accuracy.py --quick    # 16 rows (two a family)
+    python benchmarks/memory_accuracy.py --impl for_loop --impl foreach   # both loops
     python benchmarks/memory_accuracy.py --family mixtral --family phi   # some families
 """
 
@@ -55,10 +56,12 @@ from sapper.plan.sources import PlanSource
 
 MIB = 1 << 20
 
-#: Small members of each family, built from configs (no download). Six kinds: dense
-#: GQA (llama), MoE (mixtral, transformers' grouped experts), partial rotary with a
-#: parallel block (phi, half the head rotated), q/k/v biases (qwen2), learned positions
-#: (gpt2), and gemma (tied, scaled embeddings, GeLU-tanh gated MLP, one KV head).
+#: Small members of each family, built from configs (no download): dense GQA (llama),
+#: MoE (mixtral, transformers' grouped experts; qwen2_moe with a gated shared expert;
+#: deepseek_v3 with latent attention, a shared expert and a dense first block), partial
+#: rotary with a parallel block (phi, half the head rotated), q/k/v biases (qwen2),
+#: learned positions (gpt2), and gemma (tied, scaled embeddings, GeLU-tanh gated MLP,
+#: one KV head).
 FAMILIES: dict[str, dict[str, Any]] = {
     "gpt2": {
         "model_type": "gpt2",
@@ -120,6 +123,44 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "vocab_size": 4096,
         "max_position_embeddings": 1024,
     },
+    # a shared expert (with its sigmoid gate) beside the routed ones
+    "qwen2_moe": {
+        "model_type": "qwen2_moe",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 4096,
+        "max_position_embeddings": 1024,
+    },
+    # multi-head latent attention, a shared expert, one leading dense block
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "first_k_dense_replace": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 64,
+        "q_lora_rank": 96,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "vocab_size": 4096,
+        "max_position_embeddings": 1024,
+    },
     "gemma": {
         "model_type": "gemma",
         "hidden_size": 256,
@@ -152,6 +193,8 @@ class Row:
     batch: int
     seq: int
     attn: str
+    impl: str = "foreach"  # the optimizer's implementation: foreach or for_loop
+
 
     def step(self) -> StepConfig:
         return StepConfig(
@@ -162,6 +205,7 @@ class Row:
             checkpointing=self.ckpt,
             momentum=0.9,
             weight_decay=0.01,
+            foreach=self.impl == "foreach",
         )
 
     def plan(self) -> Plan:
@@ -175,7 +219,7 @@ class Row:
             "optimizer.type": self.optimizer,
             "optimizer.momentum": 0.9 if self.optimizer == "sgd" else 0.0,
             "optimizer.weight_decay": 0.01,
-            "optimizer.impl": "foreach",  # as the measured step runs it (StepConfig)
+            "optimizer.impl": self.impl,  # as the measured step runs it (StepConfig)
             "batch.micro_batch_size": self.batch,
             "batch.seq_len": self.seq,
             "batch.gradient_accumulation_steps": 1,
@@ -271,11 +315,12 @@ def _fmt(value: int | str, truth: int) -> str:
     return f"{value / MIB:8.2f} ({100 * (value / truth - 1):+6.2f}%)"
 
 
-def rows(quick: bool) -> list[Row]:
+def rows(quick: bool, impls: list[str]) -> list[Row]:
     out = [
-        Row(fam, prec, ckpt, opt, b, s, attn)
-        for fam, prec, ckpt, opt, (b, s), attn in itertools.product(
-            FAMILIES, ("fp32", "bf16"), (False, True), ("adamw", "sgd"), SIZES, ("eager", "sdpa")
+        Row(fam, prec, ckpt, opt, b, s, attn, impl)
+        for impl, fam, prec, ckpt, opt, (b, s), attn in itertools.product(
+            impls, FAMILIES, ("fp32", "bf16"), (False, True), ("adamw", "sgd"), SIZES,
+            ("eager", "sdpa"),
         )
     ]
     if quick:  # two rows a family: fp32 eager, bf16 autocast SDPA checkpointed
@@ -286,11 +331,13 @@ def rows(quick: bool) -> list[Row]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="12 rows instead of 192")
+    parser.add_argument("--quick", action="store_true", help="two rows a family")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES),
                         help="only these families (repeatable)")
     parser.add_argument("--size", action="append", choices=[f"{b}x{s}" for b, s in SIZES],
                         help="only these micro batch × sequence sizes (repeatable)")
+    parser.add_argument("--impl", action="append", choices=["foreach", "for_loop"],
+                        help="the optimizer's implementations (repeatable; default foreach)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -307,7 +354,7 @@ def main() -> None:
     fams: list[str] = []
     opts = MemoryOptions(device="cpu")
     selected = [
-        r for r in rows(args.quick)
+        r for r in rows(args.quick, args.impl or ["foreach"])
         if (not args.family or r.family in args.family)
         and (not args.size or f"{r.batch}x{r.seq}" in args.size)
     ]
@@ -325,7 +372,7 @@ def main() -> None:
         errs_t.append(100 * (traced / truth - 1))
         print(
             f"| {row.family} | {row.precision}{' autocast' if row.precision == 'bf16' else ''} "
-            f"| {'on' if row.ckpt else 'off'} | {row.optimizer} | {row.batch}×{row.seq} "
+            f"| {'on' if row.ckpt else 'off'} | {row.optimizer} {row.impl} | {row.batch}×{row.seq} "
             f"| {row.attn} | {truth / MIB:8.2f} | {_fmt(analytic, truth)} "
             f"| {_fmt(traced, truth)} | {_fmt(deepspeed_estimate(row, n_params), truth)} "
             f"| {_fmt(accelerate_estimate(row), truth)} |",

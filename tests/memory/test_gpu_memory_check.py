@@ -23,7 +23,7 @@ def test_dry_run_gives_allocated_and_reserved_for_the_accuracy_grid(capsys) -> N
     assert gmc.main(["--dry-run", "--quick", "--family", "gpt2"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| gpt2")]
     assert len(lines) == 2  # the quick grid's two gpt2 rows
-    row = gmc.rows(True)[0]
+    row = gmc.rows(True, ["foreach"])[0]
     e = gmc.estimates(row)
     # reserved holds at least what is allocated; the allocator rounds, never shrinks
     assert e.analytic_reserved > e.analytic_allocated

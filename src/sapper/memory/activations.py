@@ -138,13 +138,15 @@ def _rms_kept(width: int, dtype: int) -> int:
     return 8 * width + 4 if dtype == 4 else 6 * width + 4
 
 
-def _latent_attention(sh: Shape, c: int) -> float:
+def _latent_attention(sh: Shape, c: int, math: bool) -> float:
     """Per token, what DeepSeek's multi-head latent attention keeps (Hugging Face
-    ``DeepseekV3Attention`` with a fused SDPA kernel): the query latent's norm and the
-    norm's output (the up projection's input); the compressed key/value latent's norm (in
-    fp32 its input is a view that keeps the rotary key's columns alive too) and output;
-    the assembled queries and keys; the up projection's output, which the values are a
-    view of; the attention output and its log-sum-exp."""
+    ``DeepseekV3Attention``): the query latent's norm and the norm's output (the up
+    projection's input); the compressed key/value latent's norm (in fp32 its input is a
+    view that keeps the rotary key's columns alive too) and output; the up projection's
+    output, which the values are a view of; the attention output. A fused SDPA kernel
+    keeps the assembled queries and keys and a log-sum-exp; the composed math path
+    (``math``) keeps scaled fp32 copies of queries and keys instead, and of the values
+    too when they are not fp32 (its probabilities are counted with the scores)."""
     heads = _div(sh.heads, sh.tp)
     qk, v = heads * sh.head_dim, heads * sh.value_dim
     kv_up = heads * (sh.head_dim - sh.rope_dim + sh.value_dim)
@@ -154,7 +156,11 @@ def _latent_attention(sh: Shape, c: int) -> float:
     kept += _rms_kept(sh.kv_lora, c) + c * sh.kv_lora
     if c == 4:
         kept += 4 * sh.rope_dim
-    return kept + c * (2 * qk + kv_up) + c * v + 4 * heads
+    if math:
+        core = 4 * 2 * qk + (4 * v if c != 4 else 0)
+    else:
+        core = c * 2 * qk + 4 * heads
+    return kept + core + c * kv_up + c * v
 
 
 def _shared_experts(sh: Shape, c: int, act_mask: int, casts: float) -> float:
@@ -264,12 +270,10 @@ def _transformers(sh: Shape, device: str) -> BlockActivations:
             scores += c * heads * s  # tanh(scores / cap), kept by tanh's backward
         attn += c * q  # attention output made contiguous for the out-projection
     elif sh.mla:
-        attn = norm + proj_in(2) + _latent_attention(sh, c)
-        if _sdpa_math(sh, device):
-            # the composed math path: the probabilities (fp32 under autocast, then the
-            # copy the value matmul reads) instead of the fused kernel's log-sum-exp
-            soft = 4 if (ac or c == 4) else 2
-            scores = soft * heads * s + (c * heads * s if soft != c else 0) - 4 * heads
+        math = _sdpa_math(sh, device)
+        attn = norm + proj_in(2) + _latent_attention(sh, c, math)
+        if math:  # the composed math path computes in fp32: its probabilities
+            scores = 4 * heads * s
     else:
         attn += c * (q + 2 * kv) + c * q + 4 * heads  # q, k, v, output (shared), lse
     if sh.fused_qkv and sh.rope:
