@@ -18,8 +18,8 @@ installed" when the library is missing. Neither is a dependency of sapper.
 Targets (issue 3): analytic within 5% of measured on every row and within 2% at the
 median; traced within 1%.
 
-    python benchmarks/memory_accuracy.py            # the full matrix (256 rows, foreach)
-    python benchmarks/memory_accuracy.py --quick    # 16 rows (two a family)
+    python benchmarks/memory_accuracy.py            # 256 rows (foreach; --impl adds the loop)
+    python benchmarks/memory_accuracy.py --quick    # 16 rows an implementation (two a family)
     python benchmarks/memory_accuracy.py --impl for_loop --impl foreach   # both loops
     python benchmarks/memory_accuracy.py --family mixtral --family phi   # some families
 """
