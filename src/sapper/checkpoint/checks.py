@@ -77,20 +77,20 @@ def nonfinite_finding(s: TensorStats, what: str = "") -> Finding:
     )
 
 
-def tensor_findings(stats: list[TensorStats], trained: bool) -> list[Finding]:
+def tensor_findings(stats: list[TensorStats], trained: bool, what: str = "") -> list[Finding]:
     """K001, K003 and K011 for each tensor. A constant 1-D tensor (a norm at 1, a bias at
     0) is what initialisation writes, so it is dead only once the checkpoint is known to
-    have trained (``trained``)."""
+    have trained (``trained``). ``what`` names the kind of tensor in messages."""
     out: list[Finding] = []
     for s in stats:
         if s.nonfinite:
-            out.append(nonfinite_finding(s))
+            out.append(nonfinite_finding(s, what))
         if s.floating and s.constant and (len(s.shape) >= 2 or trained):
             value = s.finite_min
-            what = "all zero" if value == 0 else f"constant {value:g}"
+            value_text = "all zero" if value == 0 else f"constant {value:g}"
             out.append(
                 DEAD_TENSOR.finding(
-                    f"{s.key} ({s.dtype} {list(s.shape)}) is {what} over {s.numel} values",
+                    f"{s.key} ({s.dtype} {list(s.shape)}) is {value_text} over {s.numel} values",
                     value=value,
                     source=s.file,
                     tensor=s.key,

@@ -25,6 +25,7 @@ from sapper.checkpoint.diff import TensorChange, diff_scans
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.optim import ParamUpdate, optimizer_findings
 from sapper.checkpoint.resume import resume_findings, steps_of
+from sapper.checkpoint.rules import DEAD_TENSOR
 from sapper.checkpoint.scan import Scan, load_scan
 from sapper.checkpoint.stats import TensorStats
 from sapper.errors import InputError
@@ -198,8 +199,19 @@ def _report(scan: Scan, jobs: int = 1, threads: int = 1) -> CheckpointReport:
         weights = [scan.weights.stats(k) for k in scan.weights.keys()]
     steps = steps_of(scan)
     trained = any(v > 0 for v in steps.values())
-    findings = tensor_findings(weights, trained) + outlier_findings(weights)
+    # Where fp32 masters are kept apart (DeepSpeed ZeRO 1/2), they are what trains: a
+    # 16-bit norm still at 1.0 after a few small steps is rounding, not a dead tensor.
+    masters = [scan.masters.stats(k) for k in scan.masters.keys()] if scan.masters else []
+    mastered = {s.key for s in masters}
+    findings = [
+        f
+        for f in tensor_findings(weights, trained)
+        if not (f.code == DEAD_TENSOR.code and f.data.get("tensor") in mastered)
+    ]
+    findings += tensor_findings(masters, trained, "fp32 master weight ")
+    findings += outlier_findings(weights)
     opt_findings, updates, moments = optimizer_findings(scan)
+    moments = masters + moments
     findings += opt_findings
     findings += outlier_findings(
         [

@@ -3,7 +3,8 @@
 A file is sniffed by its first bytes (a safetensors length prefix followed by ``{``, a
 zip archive or a pickle for torch, JSON with a ``weight_map`` for a shard index); a
 folder by the files in it (an HF Trainer ``checkpoint-N/`` folder, a sharded
-safetensors model, a torch Distributed Checkpoint's ``.metadata`` + ``*.distcp``).
+safetensors model, a torch Distributed Checkpoint's ``.metadata`` + ``*.distcp``, a
+DeepSpeed save's ``latest`` + ``global_stepN/``).
 Every file is checked to be a regular file before it is opened: a FIFO would block a
 reader forever, and a symlink loop fails ``stat`` — both become one InputError line.
 """
@@ -42,6 +43,8 @@ class Layout:
     config: Path | None = None
     #: A torch Distributed Checkpoint folder.
     dcp: Path | None = None
+    #: A DeepSpeed save's tag folder (``global_stepN``: model states, ZeRO partitions).
+    deepspeed: Path | None = None
 
 
 def regular_file(path: Path) -> Path:
@@ -184,7 +187,7 @@ def _megatron(path: Path, files: dict[str, Path], depth: int) -> Layout | None:
                 expected="an iteration saved here",
             )
         return _folder(files[name], depth + 1)
-    ranks = sorted(n for n in files if n.startswith("mp_rank_"))
+    ranks = sorted(n for n in files if n.startswith("mp_rank_") and files[n].is_dir())
     if not ranks:
         return None
     layout = Layout(path, "megatron", weights_format="torch")
@@ -199,12 +202,34 @@ def _megatron(path: Path, files: dict[str, Path], depth: int) -> Layout | None:
     return layout
 
 
+def _deepspeed_tag(path: Path, files: dict[str, Path]) -> Path | None:
+    """The tag folder of a DeepSpeed save: the one ``latest`` names (as DeepSpeed's
+    ``load_checkpoint`` and ``zero_to_fp32`` read it), or this folder when it is one."""
+    from sapper.checkpoint.deepspeed import is_tag_folder
+
+    marker = files.get("latest")
+    if marker is not None and not marker.is_dir():
+        regular_file(marker)
+        tag = marker.read_bytes()[:256].decode("utf-8", "replace").strip()
+        folder = files.get(tag) if Path(tag).name == tag and tag not in (".", "..") else None
+        if folder is None or not folder.is_dir() or not is_tag_folder(list(_listing(folder))):
+            raise InputError(
+                "DeepSpeed's 'latest' names no saved tag folder here",
+                file=str(marker),
+                value=tag[:80],
+                expected="the name of a folder beside it holding *model_states.pt",
+            )
+        return folder
+    return path if is_tag_folder(list(files)) else None
+
+
 def _folder(path: Path, depth: int = 0) -> Layout:
     files = _listing(path)
     megatron = _megatron(path, files, depth)
     if megatron is not None:
         return megatron
     layout = Layout(path, "folder")
+    layout.deepspeed = _deepspeed_tag(path, files)
     if ".metadata" in files and any(n.endswith(".distcp") for n in files):
         regular_file(files[".metadata"])
         layout.kind, layout.dcp = "torch-dcp", path
@@ -240,13 +265,21 @@ def _folder(path: Path, depth: int = 0) -> Layout:
     ]
     if layout.trainer_state is not None or layout.optimizer is not None:
         layout.kind = "hf-trainer"
+    elif layout.deepspeed is not None:
+        layout.kind = "deepspeed"
     elif layout.kind == "folder" and layout.weights:
         layout.kind = "safetensors-folder" if layout.weights_format == "safetensors" else "torch"
-    if not layout.weights and layout.dcp is None and layout.optimizer is None:
+    if (
+        not layout.weights
+        and layout.dcp is None
+        and layout.optimizer is None
+        and layout.deepspeed is None
+    ):
         raise InputError(
             "no checkpoint files in the folder",
             file=str(path),
             expected="model*.safetensors, a *.safetensors.index.json, "
-            "pytorch_model.bin, optimizer.pt, or .metadata + *.distcp",
+            "pytorch_model.bin, optimizer.pt, .metadata + *.distcp, "
+            "or a DeepSpeed save (latest + global_stepN/)",
         )
     return layout

@@ -85,6 +85,8 @@ def _match(
 
 def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
     """Parameter index -> weight key, where an order consistent with every shape exists."""
+    if opt.names is not None:
+        return opt.names
     shapes = {k: scan.weights.info(k).shape for k in scan.weights.keys()}
     wanted_groups: list[list[tuple[Any, tuple[int, ...]]]] = []
     for group in opt.param_groups:

@@ -93,6 +93,10 @@ def steps_of(scan: Scan) -> dict[str, float]:
         it = number(scan.megatron.get("iteration"))
         if it is not None:
             steps["trainer"] = it
+    if scan.deepspeed is not None and "trainer" not in steps:
+        gs = number(scan.deepspeed.get("global_steps"))
+        if gs is not None:  # the engine's step count, overflow-skipped steps included
+            steps["trainer"] = gs
     return steps
 
 

@@ -39,6 +39,9 @@ class OptimizerState:
     file: str
     #: Loaded with ``mmap=True`` (its tensors' pages may be dropped after reading).
     mapped: bool = False
+    #: Parameter names by state index where the format records them (DeepSpeed's ZeRO
+    #: partitions); None where they must be inferred from the weights' order.
+    names: dict[Any, str] | None = None
 
 
 @dataclass
@@ -59,6 +62,10 @@ class Scan:
     megatron: dict[str, Any] | None = None
     #: Whether this checkpoint carries training state at all (not a weights export).
     training: bool = False
+    #: fp32 master weights kept apart from the weights (DeepSpeed ZeRO 1/2 partitions).
+    masters: TensorSource | None = None
+    #: DeepSpeed's engine counters (global_steps, skipped_steps, zero_stage, ...).
+    deepspeed: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -176,6 +183,42 @@ def _weights_source(layout: Layout, scan_kw: dict[str, Any]) -> tuple[TensorSour
     return TorchSource({}, str(layout.path)), str(layout.path)
 
 
+def _deepspeed(
+    tag: Path, weights: TensorSource, weights_file: str, kw: dict[str, Any]
+) -> tuple[TensorSource, str]:
+    """A DeepSpeed save's pieces into ``kw``; its weights where the folder has no others:
+    the 16-bit module weights with the fp32 masters apart (ZeRO 0–2), or the masters
+    themselves (ZeRO 3 keeps only empty placeholders in the module)."""
+    from sapper.checkpoint.deepspeed import LazyMoments, read_deepspeed
+
+    ds = read_deepspeed(tag)
+    kw["deepspeed"] = {**ds.engine, "zero_stage": ds.zero_stage, "data_parallel": ds.world}
+    if not weights.keys():
+        if ds.module:
+            weights, weights_file = TorchSource(ds.module, ds.module_file, True), ds.module_file
+        elif ds.masters.keys():
+            weights, weights_file = ds.masters, ds.optim_file
+    if weights is not ds.masters and ds.masters.keys():
+        kw["masters"] = ds.masters
+    if {"exp_avg", "exp_avg_sq"} <= set(ds.moments):
+        names = ds.masters.keys()
+        groups = [
+            {**g, "params": [n for n in names if ds.groups_of.get(n) == i]}
+            for i, g in enumerate(ds.param_groups or [{}])
+        ]
+        state: dict[Any, dict[str, Any]] = {n: LazyMoments(ds.step, ds.moments, n) for n in names}
+        kw["optimizers"].append(
+            OptimizerState(state, groups, ds.optim_file, True, {n: n for n in names})
+        )
+    scaler = ds.loss_scaler or {}
+    if scaler.get("dynamic") is True or str(scaler.get("type", "")).endswith("DynamicLossScaler"):
+        kw["scaler"] = {"scale": scaler.get("cur_scale"), **scaler}
+        kw["scaler_file"] = f"{ds.optim_file.split(', ')[0]}: loss_scaler"
+    if ds.lr_scheduler is not None:
+        kw["schedulers"].append(ds.lr_scheduler)
+    return weights, weights_file
+
+
 def load_scan(path: Path) -> Scan:
     """Read the layout of ``path`` and the small pieces of state; tensors stay unread."""
     layout = detect(path)
@@ -186,8 +229,12 @@ def load_scan(path: Path) -> Scan:
         "scaler": None,
         "scaler_file": "",
         "lightning": None,
+        "masters": None,
+        "deepspeed": None,
     }
     weights, weights_file = _weights_source(layout, kw)
+    if layout.deepspeed is not None:
+        weights, weights_file = _deepspeed(layout.deepspeed, weights, weights_file, kw)
     if layout.optimizer is not None:
         obj = load_torch_file(layout.optimizer)
         kw["optimizers"] += _optimizers(obj, str(layout.optimizer))
@@ -219,6 +266,10 @@ def load_scan(path: Path) -> Scan:
         **kw,
     )
     scan.training = bool(
-        scan.optimizers or trainer_state is not None or scan.lightning or scan.megatron
+        scan.optimizers
+        or trainer_state is not None
+        or scan.lightning
+        or scan.megatron
+        or scan.deepspeed
     )
     return scan

@@ -5,7 +5,9 @@ containers and numbers and refuses every other global, so a pickle whose ``__red
 would run a command is refused (naming the global it wanted) and nothing in it runs.
 Zip-format files are memory-mapped (``mmap=True``), so tensors are paged in as they are
 reduced. The few non-tensor types real checkpoints pickle are allowed by fully qualified
-name, and only those (:data:`SAFE_GLOBALS`).
+name, and only those (:data:`SAFE_GLOBALS`); the framework objects DeepSpeed pickles are
+rebuilt as plain stand-ins (:data:`STAND_INS`), so they load where DeepSpeed is absent and
+no DeepSpeed code runs where it is installed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import torch
 
 from sapper.errors import InputError
 
-__all__ = ["SAFE_GLOBALS", "iter_tensors", "load_torch_file", "mapped"]
+__all__ = [
+    "SAFE_GLOBALS",
+    "STAND_INS",
+    "PickledObject",
+    "iter_tensors",
+    "load_torch_file",
+    "mapped",
+]
 
 #: Fully qualified names of the non-tensor globals that healthy checkpoints contain:
 #: numpy's RNG state (``rng_state.pth`` of the HF Trainer, numpy 1.x and 2.x module paths),
@@ -42,6 +51,43 @@ SAFE_GLOBALS: tuple[str, ...] = (
 )
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+class PickledObject:
+    """A framework object read back as plain data: the attributes its pickle set, and the
+    name it was saved under (``qualname``). Nothing of the framework's class runs."""
+
+    qualname = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def _stand_in(name: str) -> type[PickledObject]:
+    return type(name.rpartition(".")[2], (PickledObject,), {"qualname": name})
+
+
+def _enum_value(value: Any) -> Any:
+    """An ``int``-valued Enum member (DeepSpeed's ``ZeroStageEnum``) as its value."""
+    return value
+
+
+#: The non-tensor types DeepSpeed's ZeRO optimizer files pickle (its engine's
+#: ``_save_zero_checkpoint``: the loss scaler object, the stage enum, and the per-parameter
+#: ``fragment_address`` of ``param_slice_mappings``), each rebuilt as a stand-in.
+STAND_INS: dict[str, Callable[..., Any]] = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": _stand_in(
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler"
+    ),
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": _stand_in(
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"
+    ),
+    "deepspeed.utils.tensor_fragment.fragment_address": _stand_in(
+        "deepspeed.utils.tensor_fragment.fragment_address"
+    ),
+    "deepspeed.runtime.zero.config.ZeroStageEnum": _enum_value,
+}
+_STAND_IN_GLOBALS = [(obj, name) for name, obj in STAND_INS.items()]
 
 
 def _resolve(name: str) -> Callable[..., Any] | None:
@@ -82,7 +128,7 @@ def load_torch_file(path: Path) -> Any:
     allowed = _EAGER
     while True:
         try:
-            with torch.serialization.safe_globals(_allowlist(allowed)):
+            with torch.serialization.safe_globals(_allowlist(allowed) + _STAND_IN_GLOBALS):
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
         except pickle.UnpicklingError as exc:
             name = _wanted(str(exc))

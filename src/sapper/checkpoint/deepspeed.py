@@ -1,0 +1,373 @@
+"""A DeepSpeed ZeRO checkpoint folder, read the way DeepSpeed's own ``zero_to_fp32`` reads it.
+
+What DeepSpeed's engine writes (``engine.save_checkpoint``, DeepSpeed 0.9–0.19): a
+``latest`` file naming a tag folder (``global_stepN``), which holds
+
+* the model states — ``mp_rank_XX_model_states.pt`` (ZeRO 0–2: the 16-bit ``module``
+  weights in full) or ``zero_pp_rank_R_mp_rank_XX_model_states.pt`` (ZeRO 3: one per data
+  rank, the ``module`` tensors empty placeholders) — with ``param_shapes`` (per param
+  group, name → shape, in the order the optimizer flattened them), ``global_steps``,
+  ``skipped_steps``, ``lr_scheduler`` and ``ds_version``;
+* one ``*_optim_states.pt`` per data rank (``bf16_`` prefixed under the bf16 optimizer):
+  ``optimizer_state_dict`` with ``zero_stage``, ``partition_count``, the ``loss_scaler``
+  object, the rank's flat fp32 master partition per group
+  (``single_partition_of_fp32_groups``; ZeRO 3: ``fp32_flat_groups``, one per sub-group)
+  and the inner optimizer's state over those flat tensors (``base_optimizer_state``; ZeRO
+  3: ``optimizer_state_dict``).
+
+Parameter names come back as ``deepspeed/utils/zero_to_fp32.py`` maps them: ZeRO 1/2
+by the ``param_slice_mappings`` each rank saves (name → ``fragment_address(numel,
+start)`` in its partition), or, from older versions without them, by walking
+``param_shapes`` along the ranks' partitions laid end to end; ZeRO 3 by giving every
+parameter ``ceil(numel / world)`` elements in each rank's flat vector, the last rank's
+piece padded. Moments sit at the same offsets as the master weights. Every piece is a
+view of a memory-mapped file: nothing is concatenated until one parameter is read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sapper.checkpoint.source import TensorInfo, TensorSource
+from sapper.checkpoint.stats import CHUNK_ELEMENTS, flat_chunks
+from sapper.checkpoint.torchfile import PickledObject, load_torch_file
+from sapper.errors import InputError
+
+__all__ = ["DeepSpeedCheckpoint", "FragmentSource", "is_tag_folder", "read_deepspeed"]
+
+_MODEL_STATES = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_OPTIM_STATES = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+
+#: A piece of one parameter: (flat tensor, start, numel) in one rank's partition.
+Piece = tuple[torch.Tensor, int, int]
+
+
+def is_tag_folder(names: set[str] | list[str]) -> bool:
+    """Whether a folder's file names are one DeepSpeed save (model states present)."""
+    return any(_MODEL_STATES.match(n) for n in names)
+
+
+class FragmentSource(TensorSource):
+    """Named tensors assembled from their pieces in the ranks' flat partitions."""
+
+    def __init__(self, pieces: dict[str, list[Piece]], shapes: dict[str, tuple[int, ...]],
+                 file: str) -> None:  # fmt: skip
+        self._pieces = pieces
+        self._shapes = shapes
+        self._file = file
+
+    def keys(self) -> list[str]:
+        return list(self._pieces)
+
+    def info(self, key: str) -> TensorInfo:
+        dtype = self._pieces[key][0][0].dtype if self._pieces[key] else torch.float32
+        return TensorInfo(str(dtype).removeprefix("torch."), self._shapes[key], self._file)
+
+    def chunks(self, key: str) -> Iterator[torch.Tensor]:
+        for flat, start, numel in self._pieces[key]:
+            yield from flat_chunks(flat.narrow(0, start, numel), CHUNK_ELEMENTS)
+
+    def pieces(self, key: str) -> list[Piece]:
+        """Where one parameter lies: (flat tensor, start, numel) per rank, in order."""
+        return list(self._pieces[key])
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """One parameter whole, in its shape (a view when it lies in one partition)."""
+        parts = [flat.narrow(0, start, numel) for flat, start, numel in self._pieces[key]]
+        joined = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return joined.view(self._shapes[key])
+
+
+class LazyMoments(dict):  # type: ignore[type-arg]
+    """One parameter's Adam state whose moments are joined from their ZeRO pieces only
+    when read, so a scan over all parameters holds one parameter's moments at a time."""
+
+    def __init__(self, step: Any, moments: dict[str, FragmentSource], name: str) -> None:
+        super().__init__({"step": step, **dict.fromkeys(moments)})
+        self._moments = moments
+        self._name = name
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._moments:
+            return self._moments[key].tensor(self._name)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+
+@dataclass
+class DeepSpeedCheckpoint:
+    folder: Path
+    zero_stage: int
+    world: int
+    #: The 16-bit weights of the model states (ZeRO 0–2); empty under ZeRO 3.
+    module: dict[str, torch.Tensor]
+    module_file: str
+    masters: FragmentSource
+    #: ``exp_avg``/``exp_avg_sq`` by name (empty for an optimizer without them).
+    moments: dict[str, FragmentSource]
+    step: Any
+    param_groups: list[dict[str, Any]]
+    groups_of: dict[str, int]
+    optim_file: str
+    loss_scaler: dict[str, Any] | None
+    engine: dict[str, Any] = field(default_factory=dict)
+    lr_scheduler: dict[str, Any] | None = None
+
+
+def _natural(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+def _bad(file: Path | str, why: str, field_path: str = "") -> InputError:
+    return InputError(
+        f"not a DeepSpeed checkpoint sapper can read: {why}",
+        file=str(file),
+        field=field_path or None,
+        expected="the layout DeepSpeed's engine.save_checkpoint writes",
+    )
+
+
+def _tensor_list(value: Any, file: Path, where: str) -> list[torch.Tensor]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(
+        isinstance(t, torch.Tensor) and t.dim() == 1 and t.is_floating_point() for t in items
+    ):
+        raise _bad(file, "expected a list of flat floating-point tensors", where)
+    return [t.detach() for t in items]
+
+
+def _shapes(value: Any, file: Path) -> list[dict[str, tuple[int, ...]]]:
+    groups = value if isinstance(value, (list, tuple)) else [value]
+    out: list[dict[str, tuple[int, ...]]] = []
+    for g, group in enumerate(groups):
+        if not isinstance(group, dict):
+            raise _bad(
+                file, "param_shapes is not a list of name -> shape maps", f"param_shapes.{g}"
+            )
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, shape in group.items():
+            dims = tuple(shape) if isinstance(shape, (list, tuple, torch.Size)) else None
+            if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+                raise _bad(file, "a parameter shape is not a list of sizes", f"param_shapes.{name}")
+            shapes[str(name)] = dims
+        out.append(shapes)
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _cut(
+    segments: list[torch.Tensor], start: int, numel: int, file: Path, name: str
+) -> list[Piece]:
+    """The pieces of ``[start, start + numel)`` in the segments laid end to end."""
+    pieces: list[Piece] = []
+    base = 0
+    for seg in segments:
+        n = seg.numel()
+        lo, hi = max(start, base), min(start + numel, base + n)
+        if lo < hi:
+            pieces.append((seg, lo - base, hi - lo))
+        base += n
+    if sum(p[2] for p in pieces) != numel:
+        raise _bad(file, f"{name} lies past the end of its flat partition", name)
+    return pieces
+
+
+def _slice_mappings(sd: dict[str, Any], flats: list[list[torch.Tensor]], rank: int,
+                    file: Path, pieces: dict[str, list[Piece]]) -> bool:  # fmt: skip
+    """Add one rank's pieces from its ``param_slice_mappings``; False where it has none."""
+    mappings = sd.get("param_slice_mappings")
+    if not isinstance(mappings, (list, tuple)) or len(mappings) != len(flats[rank]):
+        return False
+    for g, mapping in enumerate(mappings):
+        if not isinstance(mapping, dict):
+            return False
+        for name, addr in mapping.items():
+            fields = addr.to_dict() if isinstance(addr, PickledObject) else addr
+            start = fields.get("start") if isinstance(fields, dict) else None
+            numel = fields.get("numel") if isinstance(fields, dict) else None
+            if not (isinstance(start, int) and isinstance(numel, int) and start >= 0 < numel):
+                raise _bad(
+                    file, "a fragment address is not (numel, start)", f"param_slice_mappings.{name}"
+                )
+            pieces.setdefault(str(name), []).extend(
+                _cut([flats[rank][g]], start, numel, file, str(name))
+            )
+    return True
+
+
+def _zero2_walk(shapes: list[dict[str, tuple[int, ...]]], flats: list[list[torch.Tensor]],
+                file: Path) -> dict[str, list[Piece]]:  # fmt: skip
+    """zero_to_fp32's ZeRO 1/2 protocol: a group's parameters follow one another along the
+    ranks' partitions of that group, concatenated in rank order."""
+    pieces: dict[str, list[Piece]] = {}
+    for g, group in enumerate(shapes):
+        segments = [rank_flats[g] for rank_flats in flats if g < len(rank_flats)]
+        offset = 0
+        for name, shape in group.items():
+            pieces[name] = _cut(segments, offset, _numel(shape), file, name)
+            offset += _numel(shape)
+    return pieces
+
+
+def _zero3_walk(shapes: list[dict[str, tuple[int, ...]]], flats: list[list[torch.Tensor]],
+                file: Path) -> dict[str, list[Piece]]:  # fmt: skip
+    """zero_to_fp32's ZeRO 3 protocol: every parameter has ``ceil(numel / world)`` elements
+    at the same offset of each rank's flat vector (its sub-groups end to end)."""
+    world = len(flats)
+    pieces: dict[str, list[Piece]] = {}
+    offset = 0
+    for group in shapes:
+        for name, shape in group.items():
+            numel = _numel(shape)
+            part = math.ceil(numel / world) if numel else 0
+            got: list[Piece] = []
+            left = numel
+            for rank_flats in flats:
+                take = min(part, left)
+                if take:
+                    got += _cut(rank_flats, offset, take, file, name)
+                left -= take
+            pieces[name] = got
+            offset += part
+    return pieces
+
+
+def _moment_segments(state: Any, key: str, count: int) -> list[torch.Tensor] | None:
+    """A rank's ``key`` moment per flat group, from a torch state dict (``state`` by
+    index) or DeepSpeed's older list of per-group states."""
+    entries = state.get("state") if isinstance(state, dict) else state
+    if isinstance(entries, dict):
+        entries = [entries.get(i) for i in sorted(k for k in entries if isinstance(k, int))]
+    if not isinstance(entries, (list, tuple)) or len(entries) != count:
+        return None
+    out = []
+    for entry in entries:
+        t = entry.get(key) if isinstance(entry, dict) else None
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            return None
+        out.append(t.detach())
+    return out
+
+
+def _first_step(state: Any) -> Any:
+    entries = state.get("state") if isinstance(state, dict) else state
+    values = list(entries.values()) if isinstance(entries, dict) else entries
+    for entry in values if isinstance(values, (list, tuple)) else []:
+        if isinstance(entry, dict) and "step" in entry:
+            return entry["step"]
+    return None
+
+
+def _remap(pieces: dict[str, list[Piece]], flats: list[list[torch.Tensor]],
+           moments: list[list[torch.Tensor]]) -> dict[str, list[Piece]]:  # fmt: skip
+    """The same pieces, in the moment tensors at the masters' positions."""
+    where = {id(t): (r, g) for r, rank in enumerate(flats) for g, t in enumerate(rank)}
+    return {
+        name: [(moments[where[id(t)][0]][where[id(t)][1]], s, n) for t, s, n in plist]
+        for name, plist in pieces.items()
+    }
+
+
+def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
+    """The tag folder's model states and ZeRO partitions, parameters named; InputError
+    naming the file for anything DeepSpeed's layout does not explain."""
+    files = sorted(folder.iterdir(), key=_natural)
+    model_files = [p for p in files if _MODEL_STATES.match(p.name)]
+    if not model_files:
+        raise _bad(folder, "no *model_states.pt in the folder")
+    # One model-parallel rank (the first): its data ranks' partitions are one model's.
+    mp_rank = _MODEL_STATES.match(model_files[0].name).group(2)  # type: ignore[union-attr]
+    optim_files = [
+        p for p in files if (m := _OPTIM_STATES.match(p.name)) is not None and m.group(2) == mp_rank
+    ]
+    model = load_torch_file(model_files[0])
+    if not isinstance(model, dict):
+        raise _bad(model_files[0], "model states are not a dict")
+    module = model.get("module")
+    weights = {
+        str(k): v.detach()
+        for k, v in (module.items() if isinstance(module, dict) else [])
+        if isinstance(v, torch.Tensor) and v.numel() > 0
+    }
+    engine = {
+        k: model.get(k)
+        for k in ("global_steps", "skipped_steps", "global_samples", "dp_world_size", "ds_version")
+        if isinstance(model.get(k), (int, str)) and not isinstance(model.get(k), bool)
+    }
+    sched = model.get("lr_scheduler")
+    shapes = _shapes(model.get("param_shapes", []), model_files[0])
+    empty = FragmentSource({}, {}, str(folder))
+    ckpt = DeepSpeedCheckpoint(
+        folder, 0, len(optim_files), weights, str(model_files[0]), empty, {}, None, [], {},
+        str(optim_files[0]) if optim_files else "", None, engine,
+        sched if isinstance(sched, dict) else None,
+    )  # fmt: skip
+    if not optim_files:
+        return ckpt
+    states = []
+    for path in optim_files:
+        obj = load_torch_file(path)
+        sd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
+        if not isinstance(sd, dict):
+            raise _bad(path, "no optimizer_state_dict", "optimizer_state_dict")
+        states.append(sd)
+    stage = states[0].get("zero_stage")
+    if not isinstance(stage, int) or stage not in (1, 2, 3):
+        raise _bad(optim_files[0], "zero_stage is not 1, 2 or 3", "optimizer_state_dict.zero_stage")
+    flat_key, inner_key = (
+        ("fp32_flat_groups", "optimizer_state_dict") if stage == 3
+        else ("single_partition_of_fp32_groups", "base_optimizer_state")
+    )  # fmt: skip
+    flats = [
+        _tensor_list(sd.get(flat_key), path, f"optimizer_state_dict.{flat_key}")
+        for sd, path in zip(states, optim_files, strict=True)
+    ]
+    if stage == 3:
+        pieces = _zero3_walk(shapes, flats, optim_files[0])
+    else:
+        pieces = {}
+        if not all(
+            _slice_mappings(sd, flats, r, optim_files[r], pieces) for r, sd in enumerate(states)
+        ):
+            pieces = _zero2_walk(shapes, flats, optim_files[0])
+    all_shapes = {n: s for group in shapes for n, s in group.items()}
+    missing = [n for n in pieces if n not in all_shapes]
+    if missing:
+        raise _bad(optim_files[0], "a partition names a parameter param_shapes lacks", missing[0])
+    files = ", ".join(str(p) for p in optim_files)
+    ckpt.zero_stage, ckpt.masters = stage, FragmentSource(pieces, all_shapes, files)
+    for key in ("exp_avg", "exp_avg_sq"):
+        per_rank = [
+            _moment_segments(sd.get(inner_key), key, len(flat))
+            for sd, flat in zip(states, flats, strict=True)
+        ]
+        segs = [m for m in per_rank if m is not None]
+        if len(segs) == len(flats):
+            moved = _remap(pieces, flats, segs)
+            if all(s + n <= t.numel() for plist in moved.values() for t, s, n in plist):
+                ckpt.moments[key] = FragmentSource(moved, all_shapes, files)
+    inner = states[0].get(inner_key)
+    groups = inner.get("param_groups") if isinstance(inner, dict) else None
+    ckpt.param_groups = (
+        [dict(g) for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+    )
+    ckpt.step = _first_step(inner)
+    for g, group in enumerate(shapes):
+        for name in group:
+            ckpt.groups_of[name] = min(g, len(ckpt.param_groups) - 1) if ckpt.param_groups else 0
+    scaler = states[0].get("loss_scaler")
+    if isinstance(scaler, PickledObject):
+        ckpt.loss_scaler = {"type": scaler.qualname, **scaler.to_dict()}
+    return ckpt
