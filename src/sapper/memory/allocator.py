@@ -78,6 +78,14 @@ class _Block:
         return (self.size, id(self))
 
 
+def _absorb(left: _Block, right: _Block) -> None:
+    """Merge ``right`` into its free neighbour ``left`` (PyTorch's ``try_merge_blocks``)."""
+    left.size += right.size
+    left.next = right.next
+    if right.next is not None:
+        right.next.prev = left
+
+
 class CachingAllocator:
     """Allocated and reserved bytes (current and peak) under the allocator's policy."""
 
@@ -136,16 +144,10 @@ class CachingAllocator:
         nxt = block.next
         if nxt is not None and nxt.free:
             self._remove(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
+            _absorb(block, nxt)
         prev = block.prev
         if prev is not None and prev.free:
             self._remove(prev)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
+            _absorb(prev, block)
             block = prev
         self._insert(block)
