@@ -324,7 +324,7 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
             raise _bad(path, "no optimizer_state_dict", "optimizer_state_dict")
         states.append(sd)
     stage = states[0].get("zero_stage")
-    if not isinstance(stage, int) or stage not in (1, 2, 3):
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (1, 2, 3):
         raise _bad(optim_files[0], "zero_stage is not 1, 2 or 3", "optimizer_state_dict.zero_stage")
     flat_key, inner_key = (
         ("fp32_flat_groups", "optimizer_state_dict") if stage == 3
@@ -346,6 +346,13 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     missing = [n for n in pieces if n not in all_shapes]
     if missing:
         raise _bad(optim_files[0], "a partition names a parameter param_shapes lacks", missing[0])
+    for name, plist in pieces.items():
+        if sum(n for _, _, n in plist) != _numel(all_shapes[name]):
+            raise _bad(
+                optim_files[0],
+                f"the fragments of {name} do not add up to its shape {list(all_shapes[name])}",
+                f"param_slice_mappings.{name}",
+            )
     files = ", ".join(str(p) for p in optim_files)
     ckpt.zero_stage, ckpt.masters = stage, FragmentSource(pieces, all_shapes, files)
     for key in ("exp_avg", "exp_avg_sq"):
