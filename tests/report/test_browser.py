@@ -355,3 +355,41 @@ def test_log_text_cannot_run_as_script(browser, tmp_path: Path) -> None:
     assert page.title() == evil
     _check_charts(page, data)
     assert problems == []
+
+
+def test_checkpoint_section_draws_each_layer(browser, examples: Path, tmp_path: Path) -> None:
+    """``--checkpoint``: a section of its own on a layer axis, one dot per layer in each
+    chart, a NaN layer marked, the checkpoint's findings as cards."""
+    import shutil as sh
+
+    import torch
+
+    from sapper.checkpoint import inspect_paths
+
+    ckpt = Path(sh.copytree(
+        Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "deepspeed"
+        / "zero1-fp32-dp1", tmp_path / "ds",
+    ))  # fmt: skip
+    module = next((ckpt / "global_step3").glob("mp_rank_*_model_states.pt"))
+    states = torch.load(module, weights_only=True)
+    states["module"]["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
+    torch.save(states, module)
+    analysis = analyze_log(read_log(examples / "sapper-gpt2-healthy.jsonl"), detectors_for(None))
+    data = build_report_data(analysis, checkpoint=inspect_paths([ckpt]))
+    out = tmp_path / "ckpt.html"
+    write_report(out, data)
+    page, problems = _open(browser, out, "checkpoint-layers")
+    assert page.is_visible("#checkpoint-section") and page.is_visible("#toc-checkpoint")
+    drawn = page.evaluate("window.sapperReport.checkpoint")
+    assert drawn == {"layers": 2, "charts": 2, "findings": len(data["checkpoint"]["findings"])}
+    assert page.locator("#checkpoint-charts .layer-chart").count() == 2
+    for metric in ("rms", "max_update"):
+        chart = page.locator(f'#checkpoint-charts .layer-chart[data-metric="{metric}"]')
+        assert chart.locator("circle").count() == 2 and chart.locator("polyline").count() == 1
+        assert chart.locator("rect").count() == 1  # layer 1 holds the NaN
+    codes = page.eval_on_selector_all(
+        "#checkpoint-findings li", "els => els.map(e => e.dataset.code)"
+    )
+    assert "K001" in codes
+    assert problems == []
+    assert page.text_content("#counts .count.error") == "1 error"  # the checkpoint's K001

@@ -73,3 +73,29 @@ def test_bad_input_and_unwritable_output(examples: Path, tmp_path: Path) -> None
 def test_a_folder_of_runs_is_refused(examples: Path, tmp_path: Path) -> None:
     res = invoke(examples, "-o", tmp_path / "x.html")
     assert res.exit_code == 2 and "holds 4 runs" in res.output
+
+
+DEEPSPEED = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "deepspeed"
+
+
+def test_checkpoint_is_drawn_per_layer(examples: Path, tmp_path: Path) -> None:
+    """``--checkpoint``: the page carries what ``sapper inspect`` says of it, per layer in
+    layer order; a healthy DeepSpeed save of two layers has RMS and update for both."""
+    out = tmp_path / "ck.html"
+    ckpt = DEEPSPEED / "zero2-bf16-dp2"
+    res = invoke(examples / "sapper-gpt2-healthy.jsonl", "-o", out, "--checkpoint", ckpt)
+    assert res.exit_code == 0, res.output
+    section = page_data(out.read_text())["checkpoint"]
+    assert section["format"] == "deepspeed" and section["path"] == str(ckpt)
+    assert [r["layer"] for r in section["layers"]] == [0, 1]
+    assert all(r["rms"] > 0 and r["max_update"] > 0 for r in section["layers"])
+    assert section["findings"] == [] and section["steps"] == {"optimizer": 3, "trainer": 3}
+
+
+def test_unreadable_checkpoint_is_exit_2(examples: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x00" * 3)
+    res = invoke(examples / "sapper-gpt2-healthy.jsonl", "-o", tmp_path / "x.html",
+                 "--checkpoint", bad)
+    assert res.exit_code == 2 and str(bad) in res.output
+    assert not (tmp_path / "x.html").exists()

@@ -39,6 +39,18 @@ from sapper.cli.output import (
     run_guarded,
 )
 
+#: ``--checkpoint`` of ``diagnose`` and ``report``: the run's checkpoint(s) for ``sapper inspect``.
+CheckpointOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--checkpoint",
+        help="A checkpoint of the run (once, or twice: an earlier and a later one), read "
+        "by `sapper inspect`: evidence for the diagnosis (the report also draws the later "
+        "one per layer).",
+        show_default=False,
+    ),
+]
+
 
 @with_log_plan_options
 def diagnose(
@@ -53,15 +65,7 @@ def diagnose(
     ],
     log_format: LogFormatOpt = None,
     mapping: MapOpt = None,
-    checkpoint: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--checkpoint",
-            help="A checkpoint of the run (once, or twice: an earlier and a later one), read "
-            "by `sapper inspect` for evidence.",
-            show_default=False,
-        ),
-    ] = None,
+    checkpoint: CheckpointOpt = None,
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Why did the run blow up? The first cause, its evidence in time order, the fix, and
@@ -74,8 +78,9 @@ def diagnose(
         from sapper.report.diagnosis import render_diagnosis
         from sapper.report.safe import safe_markup as escape
 
-        loaded, failed = load_logs(logs, log_format, column_mapping(mapping),
-                                   columnar=len(logs) == 1)
+        loaded, failed = load_logs(
+            logs, log_format, column_mapping(mapping), columnar=len(logs) == 1
+        )
         if not loaded:
             raise failed[0]
         cross = cross_rank_analysis(loaded, [], [])

@@ -6,6 +6,8 @@ fired; with a plan (``--plan``, ``--model`` ...) the pre-flight checklist is sum
 and the declared LR schedule and device memory are drawn next to the measured ones.
 When something blew up, ``sapper diagnose``'s answer heads the page: the cause, its
 evidence as a timeline, and the span from its first sign to the symptom on the curves.
+With ``--checkpoint``, what ``sapper inspect`` finds in one of the run's checkpoints: per
+layer, the weights' RMS and the largest Adam update the saved moments imply.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sapper.cli.analyze_cmd import (
     plan_for,
     with_log_plan_options,
 )
+from sapper.cli.diagnose_cmd import CheckpointOpt
 from sapper.cli.options import PlanInputs, load_from_options
 from sapper.cli.output import IgnoreOpt, SelectOpt, console, run_guarded, split_codes
 from sapper.errors import InputError
@@ -53,6 +56,7 @@ def report(
         show_default=False,
     ),
     title: str | None = typer.Option(None, "--title", help="Page title.", show_default=False),
+    checkpoint: CheckpointOpt = None,
     select: SelectOpt = None,
     ignore: IgnoreOpt = None,
 ) -> None:
@@ -88,7 +92,12 @@ def report(
         if select_codes or ignore_codes:
             whole = analyze_logs(loaded, plan, [], [])[0]
             config = run_checklist(load_from_options(inputs)) if checklist else None
-        diagnosis = diagnose([whole], config, plan_check_codes()).to_json()
+        inspected = None
+        if checkpoint:
+            from sapper.checkpoint import inspect_paths
+
+            inspected = inspect_paths(checkpoint)
+        diagnosis = diagnose([whole], config, plan_check_codes(), inspected).to_json()
         data = build_report_data(
             analysis,
             plan=plan,
@@ -96,6 +105,7 @@ def report(
             expected_tokens_per_s=expected_tokens_per_s,
             title=title,
             diagnosis=diagnosis,
+            checkpoint=inspected,
         )
         try:
             size = write_report(output, data)

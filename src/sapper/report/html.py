@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from sapper.report.html_data import (
 from sapper.rules.model import Finding
 from sapper.rules.registry import all_rules
 from sapper.runtime.records import StepRecord
+
+if TYPE_CHECKING:  # the checkpoint reader imports torch: only the CLI loads it, on demand
+    from sapper.checkpoint.inspect import InspectResult
 
 __all__ = ["CHART_OF_CHECK", "build_report_data", "render_report", "write_report"]
 
@@ -354,6 +357,29 @@ def _checklist(report: CheckReport, docs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _checkpoint(result: InspectResult, docs: dict[str, Any]) -> dict[str, Any]:
+    """What ``sapper inspect`` says of the run's (later) checkpoint, per layer in layer
+    order (weight RMS, the largest Adam update its moments imply, non-finite values), for
+    the page's checkpoint section; the findings in the page's finding shape."""
+    report = result.checkpoints[-1]
+
+    def finite(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    return {
+        "path": report.path,
+        "format": report.kind,
+        "steps": report.steps,
+        "parameters": sum(s.numel for s in report.weights),
+        "layers": [
+            {"layer": r["layer"], "rms": finite(r["rms"]), "max_update": finite(r["max_update"]),
+             "nonfinite": r["nonfinite"], "findings": r["findings"]}
+            for r in sorted(report.layers(), key=lambda r: r["layer"])
+        ],
+        "findings": [_finding_json(f, docs) for f in result.findings],
+    }
+
+
 def build_report_data(
     analysis: Analysis,
     *,
@@ -362,9 +388,11 @@ def build_report_data(
     expected_tokens_per_s: float | None = None,
     title: str | None = None,
     diagnosis: dict[str, Any] | None = None,
+    checkpoint: InspectResult | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict; ``diagnosis``: what ``sapper
-    diagnose`` says of the run (its JSON), drawn as a timeline with the cause marked."""
+    diagnose`` says of the run (its JSON), drawn as a timeline with the cause marked;
+    ``checkpoint``: what ``sapper inspect`` found in the run's checkpoint."""
     docs = {r.code: r for r in all_rules()}
     with gc_paused():
         charts = _charts(analysis.log, plan, expected_tokens_per_s)
@@ -378,7 +406,10 @@ def build_report_data(
         topic = by_id.get(CHART_OF_CHECK.get(f.check, "loss"), by_id["loss"])
         target = next(c for c in (topic, by_id["loss"], *drawn) if c.series or c is drawn[0])
         target.markers.append(idx)
-    counts = {s: sum(f["severity"] == s for f in findings) for s in ("error", "warning", "info")}
+    section = _checkpoint(checkpoint, docs) if checkpoint is not None else None
+    # the header's counts are the page's: the checkpoint's findings count too
+    shown = findings + (section["findings"] if section else [])
+    counts = {s: sum(f["severity"] == s for f in shown) for s in ("error", "warning", "info")}
     return page_text({
         "title": title or f"sapper report: {_run_name(analysis.log.path)}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -395,6 +426,7 @@ def build_report_data(
         "checklist": _checklist(checklist, docs) if checklist is not None else None,
         "notes": analysis.notes,
         "diagnosis": diagnosis,
+        "checkpoint": section,
     })
 
 

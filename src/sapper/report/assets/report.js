@@ -799,6 +799,89 @@
     }
   }
 
+  /* ---- the checkpoint (sapper report --checkpoint): per layer, on a layer axis of its
+   * own (static SVG: the curves above share the step axis, a layer is not a step) ---- */
+  var SVGNS = "http://www.w3.org/2000/svg";
+
+  function svgEl(tag, attrs, text) {
+    var node = document.createElementNS(SVGNS, tag);
+    Object.keys(attrs).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
+    if (text !== undefined) node.textContent = String(text);
+    return node;
+  }
+
+  function layerChart(title, layers, key, log) {
+    var W = 640, H = 190, L = 64, R = 12, T = 10, B = 30;
+    var pts = layers.filter(function (r) { return typeof r[key] === "number" && isFinite(r[key]) && (!log || r[key] > 0); });
+    var box = el("div", "layer-chart");
+    box.dataset.metric = key;
+    box.appendChild(el("h3", null, title));
+    var svg = svgEl("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": title });
+    box.appendChild(svg);
+    if (!layers.length) return box;
+    var x0 = layers[0].layer, x1 = layers[layers.length - 1].layer;
+    var vals = pts.map(function (r) { return log ? Math.log10(r[key]) : r[key]; });
+    var lo = vals.length ? Math.min.apply(null, vals) : 0, hi = vals.length ? Math.max.apply(null, vals) : 1;
+    if (!log) lo = Math.min(lo, 0);
+    if (hi - lo < 1e-12) { hi += log ? 0.5 : Math.abs(hi) * 0.1 || 1; lo -= log ? 0.5 : 0; }
+    function X(layer) { return L + (x1 > x0 ? (layer - x0) / (x1 - x0) : 0.5) * (W - L - R); }
+    function Y(v) { return T + (1 - (v - lo) / (hi - lo)) * (H - T - B); }
+    svg.appendChild(svgEl("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#999" }));
+    svg.appendChild(svgEl("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#999" }));
+    [lo, hi].forEach(function (v) {
+      svg.appendChild(svgEl("text", { x: L - 6, y: Y(v) + 4, "text-anchor": "end" }, fmt(log ? Math.pow(10, v) : v)));
+    });
+    var mid = Math.round((x0 + x1) / 2);
+    var ticks = x1 - x0 >= 2 ? [x0, mid, x1] : x1 > x0 ? [x0, x1] : [x0];
+    ticks.forEach(function (t, i) {
+      var anchor = ticks.length === 1 ? "middle" : i === 0 ? "start" : i === ticks.length - 1 ? "end" : "middle";
+      svg.appendChild(svgEl("text", { x: X(t), y: H - B + 16, "text-anchor": anchor }, "layer " + t));
+    });
+    if (pts.length > 1) {
+      svg.appendChild(svgEl("polyline", {
+        points: pts.map(function (r, i) { return X(r.layer) + "," + Y(vals[i]); }).join(" "),
+        fill: "none", stroke: PALETTE[0], "stroke-width": 1.5
+      }));
+    }
+    pts.forEach(function (r, i) {
+      var dot = svgEl("circle", { cx: X(r.layer), cy: Y(vals[i]), r: r.findings ? 4 : 2.5,
+        fill: r.findings ? SEVERITY.warning : PALETTE[0] });
+      dot.appendChild(svgEl("title", {}, "layer " + r.layer + ": " + fmt(r[key]) + (r.findings ? " · " + r.findings + " finding(s)" : "")));
+      svg.appendChild(dot);
+    });
+    layers.forEach(function (r) {  // a layer with NaN/Inf: a red mark on the axis
+      if (!r.nonfinite) return;
+      var mark = svgEl("rect", { x: X(r.layer) - 3, y: T, width: 6, height: H - T - B, fill: NONFINITE, opacity: 0.35 });
+      mark.appendChild(svgEl("title", {}, "layer " + r.layer + ": " + r.nonfinite + " non-finite value(s)"));
+      svg.appendChild(mark);
+    });
+    return box;
+  }
+
+  function renderCheckpoint() {
+    var ck = DATA.checkpoint;
+    if (!ck) return;
+    document.getElementById("checkpoint-section").hidden = false;
+    document.getElementById("toc-checkpoint").hidden = false;
+    var steps = Object.keys(ck.steps || {}).map(function (k) { return k + " step " + fmt(ck.steps[k]); });
+    document.getElementById("checkpoint-source").textContent = [ck.path, ck.format,
+      fmtStep(ck.parameters) + " values"].concat(steps).join(" · ");
+    var holder = document.getElementById("checkpoint-charts");
+    var drawn = 0;
+    [["Weight RMS per layer", "rms", true],
+     ["Largest update the saved Adam moments imply, |m̂|/(√v̂+ε), in learning rates", "max_update", true]]
+      .forEach(function (c) {
+        if (!ck.layers.some(function (r) { return typeof r[c[1]] === "number"; })) return;
+        holder.appendChild(layerChart(c[0], ck.layers, c[1], c[2]));
+        drawn++;
+      });
+    if (!ck.layers.length) holder.appendChild(el("p", "muted", "No per-layer tensors in this checkpoint (no layer index in its names)."));
+    var list = document.getElementById("checkpoint-findings");
+    if (!ck.findings.length) list.appendChild(el("li", "muted", "No findings in the checkpoint."));
+    ck.findings.forEach(function (f, i) { list.appendChild(findingCard(f, "ckpt-" + i, false)); });
+    api.checkpoint = { layers: ck.layers.length, charts: drawn, findings: ck.findings.length };
+  }
+
   function renderNotes() {
     if (!DATA.notes.length) return;
     document.getElementById("notes-section").hidden = false;
@@ -816,6 +899,7 @@
       if (c.u) charts.push(c);
     });
     renderFindings();
+    renderCheckpoint();
     renderChecklist();
     renderNotes();
     var pending = null;
