@@ -281,3 +281,36 @@ def test_inspect_on_save_flags_a_poisoned_checkpoint(tmp_path: Path) -> None:
     assert not any("checkpoint-2" in f.message for f in flagged)
     logged = [f for f in read_runlog(tmp_path / "run.jsonl").findings if f.code == "K001"]
     assert logged and "checkpoint-4" in logged[0].message
+
+
+def test_lightning_inspect_on_save_flags_a_poisoned_checkpoint(tmp_path: Path) -> None:
+    """ModelCheckpoint saves every 2 steps; a weight goes Inf after step 3: the step-2
+    file scans clean, the step-4 file is named with K001 in the monitor and its run log."""
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from sapper.monitor.lightning import SapperCallback
+
+    Module = _lightning_module(lightning)
+
+    class PoisonAtStep3(lightning.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                with torch.no_grad():
+                    pl_module.model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
+
+    saves = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    cb = SapperCallback(console=False, run_log=tmp_path / "run.jsonl", inspect_on_save=True,
+                        detector_options=FAST)  # fmt: skip
+    trainer = lightning.Trainer(
+        max_steps=5, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=str(tmp_path),
+        callbacks=[cb, PoisonAtStep3(), saves],
+    )  # fmt: skip
+    loader = torch.utils.data.DataLoader(_Tokens(64), batch_size=4)
+    trainer.fit(Module(), loader)
+    flagged = [f for f in cb.monitor.findings if f.code.startswith("K")]
+    assert {f.code for f in flagged} == {"K001"}
+    assert all("step=4" in f.message for f in flagged), [f.message for f in flagged]
+    logged = [f for f in read_runlog(tmp_path / "run.jsonl").findings if f.code == "K001"]
+    assert logged and "step=4" in logged[0].message

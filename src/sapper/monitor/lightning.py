@@ -12,10 +12,18 @@ monitor closes a step at each optimizer step, so gradient accumulation is handle
 Step numbers are Lightning's ``trainer.global_step`` (optimizer steps taken): the record
 of a step carries the ``global_step`` the Trainer reports once that step's optimizer
 step has run, so the first is step 1, as in its checkpoints and logged metrics.
+
+``SapperCallback(inspect_on_save=True)`` scans every file Lightning's ``ModelCheckpoint``
+callbacks write. Lightning tells callbacks of a save (``on_save_checkpoint``) before the
+file exists, and runs ``ModelCheckpoint`` after the other callbacks' hooks, so the files
+its callbacks name (``last_model_path``, ``best_model_path``, ``best_k_models``) are
+looked at in the next hook: a new or rewritten file is handed to the monitor, which scans
+it off the training thread.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 try:
@@ -57,6 +65,8 @@ class SapperCallback(Callback):
         self.eval_key = eval_key
         self.options = monitor_options
         self.monitor: Monitor | None = None
+        #: Checkpoint files handed to the monitor, with the mtime they had then.
+        self._saved: dict[str, int] = {}
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None:
@@ -86,6 +96,7 @@ class SapperCallback(Callback):
         # Lightning has fetched the batch: what came before was data wait.
         if self.monitor is not None:
             self.monitor.batch_ready()
+            self._new_checkpoints(trainer)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -106,7 +117,29 @@ class SapperCallback(Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None:
+            self._new_checkpoints(trainer)
             self.monitor.close()
+
+    def _new_checkpoints(self, trainer: Any) -> None:
+        """Hand the monitor each checkpoint file written since the last look."""
+        assert self.monitor is not None
+        for cb in list(getattr(trainer, "checkpoint_callbacks", None) or []):
+            best = getattr(cb, "best_k_models", None)
+            names = [
+                getattr(cb, "last_model_path", ""),
+                getattr(cb, "best_model_path", ""),  # the file of a save with no monitor
+                *(best if isinstance(best, dict) else ()),
+            ]
+            for name in names:
+                if not isinstance(name, str) or not name:
+                    continue
+                try:
+                    mtime = Path(name).stat().st_mtime_ns
+                except OSError:  # not written (yet), or already removed by save_top_k
+                    continue
+                if self._saved.get(name) != mtime:
+                    self._saved[name] = mtime
+                    self.monitor.checkpoint_saved(name)
 
 
 #: Names LightningModules commonly log their validation loss under (``self.log(...)``).
