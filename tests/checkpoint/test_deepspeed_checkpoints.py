@@ -208,6 +208,23 @@ def test_hf_trainer_folder_around_a_deepspeed_save_checks_the_step(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
+    ("case", "dtype", "flagged"),
+    [("zero3-bf16-dp2", "bfloat16", False), ("zero2-bf16-dp2", "bfloat16", False),
+     ("zero2-bf16-dp2", "float16", True)],
+)  # fmt: skip
+def test_dtype_against_config_reads_the_model_weights_not_the_masters(
+    tmp_path: Path, case: str, dtype: str, flagged: bool
+) -> None:
+    """ZeRO 3 keeps only fp32 masters: fp32 there is not a dtype the config disagrees
+    with; ZeRO 2's 16-bit module weights are compared as usual."""
+    folder = Path(shutil.copytree(FIXTURES / case, tmp_path / "checkpoint-3"))
+    (folder / "config.json").write_text(json.dumps({"torch_dtype": dtype}))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    codes = [f.code for f in inspect_paths([folder]).findings]
+    assert ("K012" in codes) is flagged, codes
+
+
+@pytest.mark.parametrize(
     ("latest", "why"),
     [("../outside", "names no saved tag folder"), ("global_step9", "names no saved tag folder")],
 )

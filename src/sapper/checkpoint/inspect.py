@@ -223,7 +223,8 @@ def _report(scan: Scan, jobs: int = 1, threads: int = 1) -> CheckpointReport:
         power=0.5,
     )
     findings += tied_findings(scan.weights, scan.config)
-    findings += dtype_findings(weights, scan.config)
+    if not scan.weights_are_masters:
+        findings += dtype_findings(weights, scan.config)
     findings += resume_findings(scan)
     return CheckpointReport(
         str(scan.layout.path), scan.kind, weights, moments, updates, steps, findings, _pieces(scan)

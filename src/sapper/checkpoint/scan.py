@@ -66,6 +66,9 @@ class Scan:
     masters: TensorSource | None = None
     #: DeepSpeed's engine counters (global_steps, skipped_steps, zero_stage, ...).
     deepspeed: dict[str, Any] | None = None
+    #: The weights are fp32 masters (ZeRO 3 keeps no 16-bit copy): their dtype is not the
+    #: model's.
+    weights_are_masters: bool = False
 
     @property
     def kind(self) -> str:
@@ -198,6 +201,7 @@ def _deepspeed(
             weights, weights_file = TorchSource(ds.module, ds.module_file, True), ds.module_file
         elif ds.masters.keys():
             weights, weights_file = ds.masters, ds.optim_file
+            kw["weights_are_masters"] = True
     if weights is not ds.masters and ds.masters.keys():
         kw["masters"] = ds.masters
     if {"exp_avg", "exp_avg_sq"} <= set(ds.moments):
@@ -231,6 +235,7 @@ def load_scan(path: Path) -> Scan:
         "lightning": None,
         "masters": None,
         "deepspeed": None,
+        "weights_are_masters": False,
     }
     weights, weights_file = _weights_source(layout, kw)
     if layout.deepspeed is not None:
