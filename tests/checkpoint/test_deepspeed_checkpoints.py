@@ -324,3 +324,14 @@ def test_odd_values_in_deepspeed_state_never_crash(
             inspect_paths([root])
         except InputError as exc:
             assert str(root) in str(exc)
+
+
+def test_a_fifo_in_the_tag_folder_is_one_input_error_not_a_hang(tmp_path: Path) -> None:
+    import os
+
+    root = _copy("zero2-bf16-dp2", tmp_path)
+    rank1 = _optim_files(root)[1]
+    rank1.unlink()
+    os.mkfifo(rank1)
+    with time_limit(20), pytest.raises(InputError, match="FIFO"):
+        inspect_paths([root])

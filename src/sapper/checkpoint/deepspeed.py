@@ -35,33 +35,35 @@ from typing import Any
 
 import torch
 
+from sapper.checkpoint.layout import (
+    DEEPSPEED_MODEL_STATES,
+    DEEPSPEED_OPTIM_STATES,
+    listing,
+    regular_file,
+)
+from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.source import TensorInfo, TensorSource
-from sapper.checkpoint.stats import CHUNK_ELEMENTS, flat_chunks
-from sapper.checkpoint.torchfile import PickledObject, load_torch_file
+from sapper.checkpoint.stats import CHUNK_ELEMENTS
+from sapper.checkpoint.torchfile import PickledObject, load_torch_file, mapped
 from sapper.errors import InputError
 
-__all__ = ["DeepSpeedCheckpoint", "FragmentSource", "is_tag_folder", "read_deepspeed"]
-
-_MODEL_STATES = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
-_OPTIM_STATES = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+__all__ = ["DeepSpeedCheckpoint", "FragmentSource", "LazyMoments", "read_deepspeed"]
 
 #: A piece of one parameter: (flat tensor, start, numel) in one rank's partition.
 Piece = tuple[torch.Tensor, int, int]
 
 
-def is_tag_folder(names: set[str] | list[str]) -> bool:
-    """Whether a folder's file names are one DeepSpeed save (model states present)."""
-    return any(_MODEL_STATES.match(n) for n in names)
-
-
 class FragmentSource(TensorSource):
-    """Named tensors assembled from their pieces in the ranks' flat partitions."""
+    """Named tensors assembled from their pieces in the ranks' flat partitions; with
+    ``mapped`` (the files were memory-mapped) each piece's pages are given back once read,
+    as :class:`~sapper.checkpoint.source.TorchSource` does."""
 
     def __init__(self, pieces: dict[str, list[Piece]], shapes: dict[str, tuple[int, ...]],
-                 file: str) -> None:  # fmt: skip
+                 file: str, mapped: bool = False) -> None:  # fmt: skip
         self._pieces = pieces
         self._shapes = shapes
         self._file = file
+        self.mapped = mapped
 
     def keys(self) -> list[str]:
         return list(self._pieces)
@@ -72,7 +74,7 @@ class FragmentSource(TensorSource):
 
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
         for flat, start, numel in self._pieces[key]:
-            yield from flat_chunks(flat.narrow(0, start, numel), CHUNK_ELEMENTS)
+            yield from streamed(flat.narrow(0, start, numel), CHUNK_ELEMENTS, self.mapped)
 
     def pieces(self, key: str) -> list[Piece]:
         """Where one parameter lies: (flat tensor, start, numel) per rank, in order."""
@@ -111,6 +113,8 @@ class DeepSpeedCheckpoint:
     #: The 16-bit weights of the model states (ZeRO 0–2); empty under ZeRO 3.
     module: dict[str, torch.Tensor]
     module_file: str
+    #: The model states file was memory-mapped (a zip-format torch file).
+    module_mapped: bool
     masters: FragmentSource
     #: ``exp_avg``/``exp_avg_sq`` by name (empty for an optimizer without them).
     moments: dict[str, FragmentSource]
@@ -283,14 +287,16 @@ def _remap(pieces: dict[str, list[Piece]], flats: list[list[torch.Tensor]],
 def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     """The tag folder's model states and ZeRO partitions, parameters named; InputError
     naming the file for anything DeepSpeed's layout does not explain."""
-    files = sorted(folder.iterdir(), key=_natural)
-    model_files = [p for p in files if _MODEL_STATES.match(p.name)]
+    files = sorted(listing(folder).values(), key=_natural)
+    model_files = [regular_file(p) for p in files if DEEPSPEED_MODEL_STATES.match(p.name)]
     if not model_files:
         raise _bad(folder, "no *model_states.pt in the folder")
     # One model-parallel rank (the first): its data ranks' partitions are one model's.
-    mp_rank = _MODEL_STATES.match(model_files[0].name).group(2)  # type: ignore[union-attr]
+    mp_rank = DEEPSPEED_MODEL_STATES.match(model_files[0].name).group(2)  # type: ignore[union-attr]
     optim_files = [
-        p for p in files if (m := _OPTIM_STATES.match(p.name)) is not None and m.group(2) == mp_rank
+        regular_file(p)
+        for p in files
+        if (m := DEEPSPEED_OPTIM_STATES.match(p.name)) is not None and m.group(2) == mp_rank
     ]
     model = load_torch_file(model_files[0])
     if not isinstance(model, dict):
@@ -310,7 +316,8 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     shapes = _shapes(model.get("param_shapes", []), model_files[0])
     empty = FragmentSource({}, {}, str(folder))
     ckpt = DeepSpeedCheckpoint(
-        folder, 0, len(optim_files), weights, str(model_files[0]), empty, {}, None, [], {},
+        folder, 0, len(optim_files), weights, str(model_files[0]), mapped(model_files[0]),
+        empty, {}, None, [], {},
         str(optim_files[0]) if optim_files else "", None, engine,
         sched if isinstance(sched, dict) else None,
     )  # fmt: skip
@@ -354,7 +361,8 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
                 f"param_slice_mappings.{name}",
             )
     files = ", ".join(str(p) for p in optim_files)
-    ckpt.zero_stage, ckpt.masters = stage, FragmentSource(pieces, all_shapes, files)
+    in_place = all(mapped(p) for p in optim_files)
+    ckpt.zero_stage, ckpt.masters = stage, FragmentSource(pieces, all_shapes, files, in_place)
     for key in ("exp_avg", "exp_avg_sq"):
         per_rank = [
             _moment_segments(sd.get(inner_key), key, len(flat))
@@ -364,7 +372,7 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
         if len(segs) == len(flats):
             moved = _remap(pieces, flats, segs)
             if all(s + n <= t.numel() for plist in moved.values() for t, s, n in plist):
-                ckpt.moments[key] = FragmentSource(moved, all_shapes, files)
+                ckpt.moments[key] = FragmentSource(moved, all_shapes, files, in_place)
     inner = states[0].get(inner_key)
     groups = inner.get("param_groups") if isinstance(inner, dict) else None
     ckpt.param_groups = (

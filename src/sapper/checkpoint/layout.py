@@ -13,17 +13,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sapper.errors import InputError
 
-__all__ = ["MAX_FOLDER_ENTRIES", "Layout", "detect", "regular_file", "sniff"]
+__all__ = [
+    "DEEPSPEED_MODEL_STATES",
+    "DEEPSPEED_OPTIM_STATES",
+    "MAX_FOLDER_ENTRIES",
+    "Layout",
+    "detect",
+    "listing",
+    "regular_file",
+    "sniff",
+]
 
 #: Entries of a folder looked at, at most: a folder of a million files is not a checkpoint.
 MAX_FOLDER_ENTRIES = 100_000
 _MAX_JSON_BYTES = 64 << 20
+#: The file names DeepSpeed's ``engine.save_checkpoint`` gives a tag folder's model states
+#: (``zero_pp_rank_R_`` under ZeRO 3) and each data rank's ZeRO optimizer partition.
+DEEPSPEED_MODEL_STATES = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+DEEPSPEED_OPTIM_STATES = re.compile(
+    r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$"
+)
 
 
 @dataclass
@@ -128,7 +144,8 @@ def _shards(index: Path) -> list[Path]:
     return [regular_file(index.parent / n) for n in names]
 
 
-def _listing(folder: Path) -> dict[str, Path]:
+def listing(folder: Path) -> dict[str, Path]:
+    """A folder's entries by name, at most MAX_FOLDER_ENTRIES; InputError otherwise."""
     entries: dict[str, Path] = {}
     try:
         with os.scandir(folder) as it:
@@ -202,17 +219,19 @@ def _megatron(path: Path, files: dict[str, Path], depth: int) -> Layout | None:
     return layout
 
 
+def _is_tag_folder(files: dict[str, Path]) -> bool:
+    return any(DEEPSPEED_MODEL_STATES.match(n) for n in files)
+
+
 def _deepspeed_tag(path: Path, files: dict[str, Path]) -> Path | None:
     """The tag folder of a DeepSpeed save: the one ``latest`` names (as DeepSpeed's
     ``load_checkpoint`` and ``zero_to_fp32`` read it), or this folder when it is one."""
-    from sapper.checkpoint.deepspeed import is_tag_folder
-
     marker = files.get("latest")
     if marker is not None and not marker.is_dir():
         regular_file(marker)
         tag = marker.read_bytes()[:256].decode("utf-8", "replace").strip()
         folder = files.get(tag) if Path(tag).name == tag and tag not in (".", "..") else None
-        if folder is None or not folder.is_dir() or not is_tag_folder(list(_listing(folder))):
+        if folder is None or not folder.is_dir() or not _is_tag_folder(listing(folder)):
             raise InputError(
                 "DeepSpeed's 'latest' names no saved tag folder here",
                 file=str(marker),
@@ -220,11 +239,11 @@ def _deepspeed_tag(path: Path, files: dict[str, Path]) -> Path | None:
                 expected="the name of a folder beside it holding *model_states.pt",
             )
         return folder
-    return path if is_tag_folder(list(files)) else None
+    return path if _is_tag_folder(files) else None
 
 
 def _folder(path: Path, depth: int = 0) -> Layout:
-    files = _listing(path)
+    files = listing(path)
     megatron = _megatron(path, files, depth)
     if megatron is not None:
         return megatron

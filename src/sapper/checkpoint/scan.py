@@ -198,7 +198,8 @@ def _deepspeed(
     kw["deepspeed"] = {**ds.engine, "zero_stage": ds.zero_stage, "data_parallel": ds.world}
     if not weights.keys():
         if ds.module:
-            weights, weights_file = TorchSource(ds.module, ds.module_file, True), ds.module_file
+            weights = TorchSource(ds.module, ds.module_file, ds.module_mapped)
+            weights_file = ds.module_file
         elif ds.masters.keys():
             weights, weights_file = ds.masters, ds.optim_file
             kw["weights_are_masters"] = True
@@ -212,12 +213,12 @@ def _deepspeed(
         ]
         state: dict[Any, dict[str, Any]] = {n: LazyMoments(ds.step, ds.moments, n) for n in names}
         kw["optimizers"].append(
-            OptimizerState(state, groups, ds.optim_file, True, {n: n for n in names})
+            OptimizerState(state, groups, ds.optim_file, ds.masters.mapped, {n: n for n in names})
         )
     scaler = ds.loss_scaler or {}
     if scaler.get("dynamic") is True or str(scaler.get("type", "")).endswith("DynamicLossScaler"):
         kw["scaler"] = {"scale": scaler.get("cur_scale"), **scaler}
-        kw["scaler_file"] = f"{ds.optim_file.split(', ')[0]}: loss_scaler"
+        kw["scaler_file"] = f"{ds.optim_file}: loss_scaler"
     if ds.lr_scheduler is not None:
         kw["schedulers"].append(ds.lr_scheduler)
     return weights, weights_file
