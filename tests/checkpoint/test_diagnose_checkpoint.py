@@ -64,3 +64,18 @@ def test_an_unreadable_checkpoint_is_exit_2(hf_run, tmp_path: Path) -> None:
     bad.write_bytes(b"\x00" * 64)
     code, _ = _diagnose(hf_run[-1] / "trainer_state.json", "--checkpoint", bad)
     assert code == 2
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_listed(hf_run, copy_of, tmp_path) -> None:
+    """--model is the run's config.json: a checkpoint of another width is reported even
+    where no cause of the blow-up explains it."""
+    late = copy_of(hf_run[-1])
+    config = json.loads((late / "config.json").read_text())
+    config["hidden_size"] = 64
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = (late / "trainer_state.json", "--checkpoint", late)
+    _, fits = _diagnose(*args, "--model", late / "config.json")
+    assert "K013" not in {e["code"] for e in fits["summary"]["other_findings"]}
+    _, other = _diagnose(*args, "--model", tmp_path / "config.json")
+    (listed,) = [e for e in other["summary"]["other_findings"] if e["code"] == "K013"]
+    assert "stored in another shape" in listed["message"]

@@ -1,5 +1,6 @@
 """Two checkpoints of one run: how far each tensor moved, which layer moved far more than
-its peers (K020), and which tensors became non-finite between them (K021).
+its peers (K020), which tensors became non-finite between them (K021), which stood still
+among moving peers (K022) and which moved though nothing trains them (K023).
 
 The relative change ``||B - A|| / ||A||`` is computed piece by piece over tensors read in
 aligned chunks from both checkpoints (any two formats), so two models never sit in
@@ -9,14 +10,22 @@ memory; only tensors present in both with the same shape are compared.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from sapper.checkpoint.checks import aligned
+from sapper.checkpoint.expected import Expected
 from sapper.checkpoint.naming import parse_name
-from sapper.checkpoint.rules import LAYER_FROZEN, LAYER_MOVED, NONFINITE_APPEARED
+from sapper.checkpoint.optim import trained_keys
+from sapper.checkpoint.rules import (
+    CHANGED_WHILE_FROZEN,
+    LAYER_FROZEN,
+    LAYER_MOVED,
+    NONFINITE_APPEARED,
+)
 from sapper.checkpoint.scan import Scan
 from sapper.rules.model import Finding
 
@@ -26,6 +35,12 @@ __all__ = ["MOVED", "TensorChange", "diff_scans"]
 #: median of its role's peers (at least ``min_peers`` of them) and ``mads`` robust
 #: deviations from it on log scale.
 MOVED = {"factor": 5.0, "mads": 6.0, "min_peers": 4, "mad_floor": 0.05}
+#: Buffers no training step writes, by the names the model families give them: rotary
+#: tables, position ids, the causal masks GPT-2-style attention keeps.
+_CONSTANT_BUFFER = re.compile(
+    r"(?:^|\.)(?:inv_freq|original_inv_freq|position_ids|masked_bias|_?cos_cached|_?sin_cached)$"
+    r"|(?:^|\.)attn(?:\.attention)?\.bias$"
+)
 
 
 @dataclass
@@ -72,7 +87,9 @@ def _change(a: Scan, b: Scan, key: str) -> TensorChange:
     return TensorChange(key, math.sqrt(sq_a), math.sqrt(sq_d), bad_a, bad_b)
 
 
-def diff_scans(a: Scan, b: Scan) -> tuple[list[Finding], list[TensorChange], dict[str, Any]]:
+def diff_scans(
+    a: Scan, b: Scan, expected: Expected | None = None
+) -> tuple[list[Finding], list[TensorChange], dict[str, Any]]:
     keys_b = set(b.weights.keys())
     common = [
         k
@@ -95,6 +112,7 @@ def diff_scans(a: Scan, b: Scan) -> tuple[list[Finding], list[TensorChange], dic
         )
     findings += _moved(changes, b.weights_file)
     findings += _frozen(changes, b.weights_file)
+    findings += _changed_frozen(a, b, changes, expected)
     summary = {
         "compared": len(changes),
         "only_in_first": sorted(set(a.weights.keys()) - keys_b)[:50],
@@ -168,4 +186,41 @@ def _frozen(changes: list[TensorChange], file: str) -> list[Finding]:
                         role=role,
                     )
                 )
+    return out
+
+
+def _changed_frozen(
+    a: Scan, b: Scan, changes: list[TensorChange], expected: Expected | None
+) -> list[Finding]:
+    """K023: a tensor that moved though it is a constant buffer (by its name, or by the
+    config's model) or a weight no optimizer of either checkpoint trains."""
+    moved = [c for c in changes if c.norm_diff > 0]
+    if not moved:
+        return []
+    model_key = expected.resolve([c.key for c in moved]) if expected is not None else {}
+    trained_a, trained_b = trained_keys(a), trained_keys(b)
+    trained = trained_a | trained_b if trained_a is not None and trained_b is not None else None
+    # A weight tied to a trained one (a head stored beside its embedding) moves with it,
+    # value for value: the same norms before and after.
+    twins = {(c.norm_a, c.norm_diff) for c in moved if trained is not None and c.key in trained}
+    out = []
+    for c in moved:
+        name = model_key.get(c.key)
+        if _CONSTANT_BUFFER.search(c.key) or (
+            expected is not None and name is not None and expected.constant(name)
+        ):
+            why = "a buffer no training step writes"
+        elif trained is not None and c.key not in trained and (c.norm_a, c.norm_diff) not in twins:
+            why = "in no param group of the optimizers"
+        else:
+            continue
+        out.append(
+            CHANGED_WHILE_FROZEN.finding(
+                f"{c.key} ({parse_name(c.key).describe()}) is {why}, yet changed by "
+                f"{c.relative:.3g} (||dW||/||W||) between the checkpoints",
+                value=c.relative,
+                source=b.weights_file,
+                tensor=c.key,
+            )
+        )
     return out

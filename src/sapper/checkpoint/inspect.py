@@ -22,6 +22,7 @@ from sapper.checkpoint.checks import (
     tied_findings,
 )
 from sapper.checkpoint.diff import TensorChange, diff_scans
+from sapper.checkpoint.expected import Expected, expected_model, model_findings
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.optim import ParamUpdate, optimizer_findings
 from sapper.checkpoint.resume import resume_findings, steps_of
@@ -189,7 +190,11 @@ def _pieces(scan: Scan) -> dict[str, bool]:
     }
 
 
-def _report(scan: Scan, jobs: int = 1, threads: int = 1) -> CheckpointReport:
+def _report(
+    scan: Scan, jobs: int = 1, threads: int = 1, expected: Expected | None = None
+) -> CheckpointReport:
+    if expected is not None:  # the given config speaks for the model, not the folder's own
+        scan.config = expected.config
     shards = scan.layout.weights
     if jobs > 1 and scan.layout.weights_format == "safetensors" and len(shards) > 1:
         from sapper.checkpoint.workers import shard_stats
@@ -226,6 +231,10 @@ def _report(scan: Scan, jobs: int = 1, threads: int = 1) -> CheckpointReport:
     if not scan.weights_are_masters:
         findings += dtype_findings(weights, scan.config)
     findings += resume_findings(scan)
+    if expected is not None:
+        findings += model_findings(
+            expected, weights, scan.weights_file, untrained=bool(steps) and not trained
+        )
     return CheckpointReport(
         str(scan.layout.path), scan.kind, weights, moments, updates, steps, findings, _pieces(scan)
     )
@@ -243,9 +252,16 @@ def inspect_checkpoint(path: Path) -> CheckpointReport:
         scan.close()
 
 
-def inspect_paths(paths: Sequence[Path | str], threads: int = 1, jobs: int = 1) -> InspectResult:
+def inspect_paths(
+    paths: Sequence[Path | str],
+    threads: int = 1,
+    jobs: int = 1,
+    config: Path | str | None = None,
+) -> InspectResult:
     """Inspect one checkpoint, or two of one run (the second later); InputError (exit 2)
-    naming the file when one cannot be read.
+    naming the file when one cannot be read. ``config`` (an HF config.json, or a folder
+    holding one) is the model the checkpoints should fit: its tensors, its dtype and
+    ties, its planned init (:mod:`sapper.checkpoint.expected`).
 
     The reductions run on ``threads`` intra-op threads (restored after). One by default:
     the work is a few passes over 4 MB pieces, bound by memory bandwidth (~4 GB/s on one
@@ -266,13 +282,14 @@ def inspect_paths(paths: Sequence[Path | str], threads: int = 1, jobs: int = 1) 
     torch.set_num_threads(max(1, threads))
     scans: list[Scan] = []
     try:
+        expected = expected_model(Path(config)) if config is not None else None
         scans = [load_scan(Path(p)) for p in paths]
-        reports = [_report(s, jobs, threads) for s in scans]
+        reports = [_report(s, jobs, threads, expected) for s in scans]
         findings = [f for r in reports for f in r.findings]
         changes: list[TensorChange] = []
         diff = None
         if len(scans) == 2:
-            diff_found, changes, diff = diff_scans(scans[0], scans[1])
+            diff_found, changes, diff = diff_scans(scans[0], scans[1], expected)
             findings += diff_found
         return InspectResult(reports, _sorted(findings), changes, diff)
     finally:

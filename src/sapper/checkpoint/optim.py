@@ -27,17 +27,19 @@ import torch
 from sapper.checkpoint.checks import nonfinite_finding
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.pages import streamed
-from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW
+from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW, NO_GRADIENT
 from sapper.checkpoint.scan import OptimizerState, Scan, number
 from sapper.checkpoint.stats import CHUNK_ELEMENTS, StatsAccumulator, TensorStats, flat_chunks
 from sapper.rules.model import Finding
 
-__all__ = ["JUMP_RATIO", "ParamUpdate", "optimizer_findings", "param_names"]
+__all__ = ["JUMP_RATIO", "ParamUpdate", "optimizer_findings", "param_names", "trained_keys"]
 
 #: |m̂|/(√v̂+ε) above this is a jump: with β1=0.9, β2=0.999 steady state stays below ~3.
 JUMP_RATIO = 10.0
 #: Parameters reported by K005 at most (the worst first); the summary keeps them all.
 MAX_JUMP_FINDINGS = 10
+#: The keys a parameter without optimizer state may take when names are inferred.
+_PARAM = re.compile(r"(?:^|\.)(?:weight|bias)$|_proj$|experts\.")
 _NO_DECAY = re.compile(
     r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|ln_|\.ln\b", re.IGNORECASE
 )
@@ -67,15 +69,24 @@ class ParamUpdate:
 
 
 def _match(
-    order: list[str], shapes: dict[str, tuple[int, ...]], wanted: list[tuple[Any, tuple[int, ...]]]
+    order: list[str],
+    shapes: dict[str, tuple[int, ...]],
+    wanted: list[tuple[Any, tuple[int, ...] | None]],
+    param_like: set[str],
 ) -> dict[Any, str] | None:
     """Assign ``wanted`` (index, shape) in turn to the next key of ``order`` with that
-    shape (keys of other shapes are skipped: buffers, frozen tensors); None if one fails."""
+    shape (keys of other shapes are skipped: buffers, frozen tensors); None if one fails.
+    An index without state (shape None: it never had a gradient) takes the next key of
+    ``param_like`` (a floating weight or bias, not a buffer's name)."""
     names: dict[Any, str] = {}
     pos = 0
     for index, shape in wanted:
-        while pos < len(order) and shapes[order[pos]] != shape:
-            pos += 1
+        if shape is None:
+            while pos < len(order) and order[pos] not in param_like:
+                pos += 1
+        else:
+            while pos < len(order) and shapes[order[pos]] != shape:
+                pos += 1
         if pos == len(order):
             return None
         names[index] = order[pos]
@@ -87,12 +98,16 @@ def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
     """Parameter index -> weight key, where an order consistent with every shape exists."""
     if opt.names is not None:
         return opt.names
-    shapes = {k: scan.weights.info(k).shape for k in scan.weights.keys()}
-    wanted_groups: list[list[tuple[Any, tuple[int, ...]]]] = []
+    infos = {k: scan.weights.info(k) for k in scan.weights.keys()}
+    shapes = {k: i.shape for k, i in infos.items()}
+    param_like = {
+        k for k, i in infos.items() if i.dtype.startswith(("float", "bfloat")) and _PARAM.search(k)
+    }
+    wanted_groups: list[list[tuple[Any, tuple[int, ...] | None]]] = []
     for group in opt.param_groups:
         ids = _param_ids(group)
         wanted_groups.append([(i, _moment_shape(opt.state.get(i))) for i in ids])
-    if any(shape is None for g in wanted_groups for _, shape in g):
+    if all(shape is None for g in wanted_groups for _, shape in g):
         return {}
     order = list(shapes)
     rank = Path(opt.file).parent.name + "/"
@@ -111,13 +126,28 @@ def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
     for orders in candidates:
         names: dict[Any, str] = {}
         for keys, wanted in zip(orders, wanted_groups, strict=True):
-            got = _match(keys, shapes, wanted)
+            got = _match(keys, shapes, wanted, param_like)
             if got is None:
                 break
             names.update(got)
         else:
             return names
     return {}
+
+
+def trained_keys(scan: Scan) -> set[str] | None:
+    """The weight keys some optimizer of the checkpoint trains; None when there is no
+    optimizer or one of its parameters cannot be named."""
+    if not scan.optimizers:
+        return None
+    keys: set[str] = set()
+    for opt in scan.optimizers:
+        names = param_names(scan, opt)
+        ids = [i for g in opt.param_groups for i in _param_ids(g)]
+        if not ids or any(i not in names for i in ids):
+            return None
+        keys.update(names[i] for i in ids)
+    return keys
 
 
 def _dense(t: Any) -> bool:
@@ -228,10 +258,12 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
     for n_opt, opt in enumerate(scan.optimizers):
         names = param_names(scan, opt)
         group_of = {i: g for g in opt.param_groups for i in _param_ids(g)}
+        unnamed = f"optimizer{'' if n_opt == 0 else n_opt}.param "
+        silent = [names.get(i, f"{unnamed}{i}") for i in group_of if i not in opt.state]
         for index, entry in opt.state.items():
             if not isinstance(entry, dict):
                 continue
-            label = names.get(index, f"optimizer{'' if n_opt == 0 else n_opt}.param {index}")
+            label = names.get(index, f"{unnamed}{index}")
             if not all(isinstance(entry.get(k), torch.Tensor) for k in ("exp_avg", "exp_avg_sq")):
                 for k, t in entry.items():
                     if _dense(t) and t.is_floating_point() and t.numel() > 1:
@@ -248,6 +280,8 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
             upd.index = index
             updates.append(upd)
             moment_stats += [ms, vs]
+            if upd.step and ms.zeros == ms.numel and vs.zeros == vs.numel:
+                silent.append(label)
             for s in (ms, vs):
                 if s.nonfinite:
                     findings.append(nonfinite_finding(s, "optimizer state "))
@@ -264,6 +298,7 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
                         dtype=vs.dtype,
                     )
                 )
+        findings += _no_gradient(opt, silent)
     jumps = sorted(
         (u for u in updates if u.ratio_max > JUMP_RATIO), key=lambda u: u.ratio_max, reverse=True
     )
@@ -282,6 +317,27 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
             )
         )
     return findings, updates, moment_stats
+
+
+def _no_gradient(opt: OptimizerState, silent: list[str]) -> list[Finding]:
+    """K016: parameters of the optimizer's groups without state, or with all-zero moments,
+    once the optimizer has stepped (any state with step > 0)."""
+    steps = [number(e.get("step")) for e in opt.state.values() if isinstance(e, dict)]
+    stepped = max((s for s in steps if s is not None and math.isfinite(s)), default=0)
+    if not silent or stepped <= 0:
+        return []
+    shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
+    return [
+        NO_GRADIENT.finding(
+            f"{len(silent)} of the optimizer's {sum(len(_param_ids(g)) for g in opt.param_groups)} "
+            f"parameters never had a non-zero gradient in {stepped:g} steps: {shown}",
+            value=float(len(silent)),
+            source=opt.file,
+            tensor=silent[0],
+            parameters=silent[:50],
+            step=stepped,
+        )
+    ]
 
 
 def _plain_stats(key: str, t: torch.Tensor, file: str) -> TensorStats:

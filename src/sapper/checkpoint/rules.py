@@ -14,20 +14,25 @@ from sapper.rules.registry import register
 __all__ = [
     "ADAM_UPDATE_JUMP",
     "ADAM_V_UNDERFLOW",
+    "CHANGED_WHILE_FROZEN",
     "CHECKPOINT_RULES",
     "DEAD_TENSOR",
     "DTYPE_VS_CONFIG",
+    "INIT_SCALE_OFF",
     "LAYER_FROZEN",
     "LAYER_MOVED",
     "LOSS_SCALE_COLLAPSED",
+    "MODEL_MISMATCH",
     "NONFINITE_APPEARED",
     "NONFINITE_TENSOR",
+    "NO_GRADIENT",
     "RESUME_INCOMPLETE",
     "RESUME_LR_MISMATCH",
     "RESUME_STEP_MISMATCH",
     "SATURATED_TENSOR",
     "SCALE_OUTLIER",
     "TIED_UNTIED",
+    "UNEXPECTED_TENSORS",
 ]
 
 NONFINITE_TENSOR = Rule(
@@ -272,6 +277,96 @@ dtype explicitly when loading).""",
     seed="§2.1, §5.2",
 )
 
+MODEL_MISMATCH = Rule(
+    code="K013",
+    name="checkpoint-does-not-fit-model",
+    check="checkpoint-model",
+    severity=Severity.ERROR,
+    title="The checkpoint lacks weights the config's model has, or stores them in another shape",
+    why="""\
+Loading a checkpoint into a model whose weights it does not all hold does not fail:
+``from_pretrained`` initialises each missing weight at random and logs one line, and a
+training script's ``load_state_dict(strict=False)`` says nothing at all. The run then
+fine-tunes (or resumes) a model part of which is noise: a head, a layer, every expert of
+a layer. Shapes that differ mean the checkpoint belongs to another architecture (another
+width, vocabulary, head count); with ``ignore_mismatched_sizes`` those weights are
+re-initialised too.""",
+    signs="""\
+A loss at the start of fine-tuning near ln(vocab) instead of the pretrained model's; the
+"newly initialized" warning in the log; a resumed run whose loss jumps back up.""",
+    fix="""\
+Load with the config the checkpoint was saved with, or find the missing shard or the
+piece the save left out; load with strict=True so a missing weight is an error.""",
+    seed="§5.2",
+)
+
+UNEXPECTED_TENSORS = Rule(
+    code="K014",
+    name="checkpoint-holds-unknown-tensors",
+    check="checkpoint-model",
+    severity=Severity.WARNING,
+    title="The checkpoint holds tensors the config's model does not have",
+    why="""\
+Tensors whose names the model does not know are dropped on load, silently with
+``strict=False`` and with one log line from ``from_pretrained``. When they are the trained
+weights under another name (a wrapper's prefix, a renamed module, an adapter not merged)
+the model loads without them and runs on its initial values.""",
+    signs="""\
+"Some weights of the model checkpoint were not used" in the log; a fine-tuned model that
+behaves like the base model.""",
+    fix="""\
+Rename the keys to the model's (strip the wrapper's prefix), merge the adapter, or load
+with the model class that wrote them; if they are leftovers (an old buffer), nothing to
+do.""",
+    seed="§5.2",
+)
+
+INIT_SCALE_OFF = Rule(
+    code="K015",
+    name="weights-far-from-planned-init",
+    check="checkpoint-model",
+    severity=Severity.WARNING,
+    title="Weights are far from the scale the config's init plans",
+    why="""\
+The config's ``initializer_range`` is the std its model draws every matrix from (output
+projections often scaled down by 1/sqrt(2L)). At step 0 the weights are that init: a role
+many times off it was initialised some other way (an nn.Embedding's default N(0, 1) is 50x
+0.02, a module the init never reached keeps torch's default), and the activation growth
+the init was chosen to avoid follows (seed §2.4). Trained weights stay within a few times
+their init; twenty times off means they grew without bound (no weight decay, a runaway
+layer) or the checkpoint is not of this model.""",
+    signs="""\
+Activation RMS growing layer by layer at step 0; a loss spike or NaN in the first hundred
+steps; after training, K002 on the same role or a loss that drifts up.""",
+    fix="""\
+Make sure the model's init runs on every module (post_init / _init_weights, or your own
+init with the planned std), and that what you load was written by this config's model.""",
+    seed="§2.4",
+)
+
+NO_GRADIENT = Rule(
+    code="K016",
+    name="parameter-never-got-a-gradient",
+    check="checkpoint",
+    severity=Severity.WARNING,
+    title="Parameters the optimizer trains never received a gradient",
+    why="""\
+A torch optimizer creates a parameter's state (Adam's moments, its step) at the first
+step in which that parameter has a gradient. A parameter of the optimizer's groups
+without any state after the others have stepped, or with moments that are exactly zero,
+has never had a non-zero gradient: its module is not on the forward path, its output is
+detached, or, for an MoE expert, the router never sends it a token. It is meant to train
+and does not.""",
+    signs="""\
+A zero gradient norm for the named parameters; an MoE layer whose load concentrates on a
+few experts; K022 on the same tensor between two checkpoints.""",
+    fix="""\
+Check that the named module is called in forward and its output reaches the loss; for an
+expert, add or raise the router's load-balancing loss; if it is unused on purpose, leave
+it out of the optimizer.""",
+    seed="§5.2",
+)
+
 LAYER_MOVED = Rule(
     code="K020",
     name="layer-moved-far-more",
@@ -328,6 +423,29 @@ named tensor's layer with `sapper.monitor`.""",
     seed="§2.1, §5.2",
 )
 
+CHANGED_WHILE_FROZEN = Rule(
+    code="K023",
+    name="frozen-tensor-changed",
+    check="checkpoint-diff",
+    severity=Severity.WARNING,
+    title="A tensor that training does not update changed between the checkpoints",
+    why="""\
+Between two checkpoints of one run only what the optimizer trains may change. A buffer
+(a rotary frequency table, an attention mask, position ids) or a parameter that is in no
+optimizer group and still differs was written by something else: an in-place operation
+on a frozen weight, a tied weight updated through its twin, a rotary table recomputed in
+another dtype, an EMA or a load that replaced it. The model the optimizer believes in is
+not the one that trains.""",
+    signs="""\
+A frozen base model whose outputs drift during adapter training; a loss that worsens
+after a resume; long-context quality that changes with the dtype.""",
+    fix="""\
+Find what writes the named tensor (in-place ops, copy_, a hook, an EMA callback); compute
+rotary tables in fp32 and keep them out of the state dict; freeze with requires_grad
+False and keep it out of the optimizer.""",
+    seed="§5.2",
+)
+
 CHECKPOINT_RULES: tuple[Rule, ...] = tuple(
     register(r)
     for r in (
@@ -343,8 +461,13 @@ CHECKPOINT_RULES: tuple[Rule, ...] = tuple(
         TIED_UNTIED,
         SATURATED_TENSOR,
         DTYPE_VS_CONFIG,
+        MODEL_MISMATCH,
+        UNEXPECTED_TENSORS,
+        INIT_SCALE_OFF,
+        NO_GRADIENT,
         LAYER_MOVED,
         NONFINITE_APPEARED,
         LAYER_FROZEN,
+        CHANGED_WHILE_FROZEN,
     )
 )

@@ -45,8 +45,8 @@ CheckpointOpt = Annotated[
     typer.Option(
         "--checkpoint",
         help="A checkpoint of the run (once, or twice: an earlier and a later one), read "
-        "by `sapper inspect`: evidence for the diagnosis (the report also draws the later "
-        "one per layer).",
+        "by `sapper inspect` (against --model's config.json when given): evidence for the "
+        "diagnosis (the report also draws the later one per layer).",
         show_default=False,
     ),
 ]
@@ -99,7 +99,8 @@ def diagnose(
         if checkpoint:
             from sapper.checkpoint import inspect_paths
 
-            inspected = inspect_paths(checkpoint)
+            # --model (the run's config.json) is the model the checkpoint should fit
+            inspected = inspect_paths(checkpoint, config=inputs.model)
         result = run_diagnosis(analyses, report, plan_check_codes(), inspected)
         for exc in failed:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)

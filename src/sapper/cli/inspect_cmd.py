@@ -137,6 +137,17 @@ def inspect(
             "--jobs", "-j", min=1, help="Worker processes over the shards of a sharded checkpoint."
         ),
     ] = 1,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "--model",
+            help="The model the checkpoint should fit: an HF config.json, or a model folder "
+            "holding one. Compares the tensors with the model's (missing, extra, reshaped), "
+            "the weights' scale with its planned init, and takes its dtype and ties.",
+            show_default=False,
+        ),
+    ] = None,
     fmt: FormatOpt = OutputFormat.text,
 ) -> None:
     """Find NaNs, runaway layers, broken optimizer moments and resume mismatches in a
@@ -145,7 +156,7 @@ def inspect(
     def body() -> int:
         from sapper.checkpoint.inspect import inspect_paths
 
-        result = inspect_paths(paths, threads=threads, jobs=jobs)
+        result = inspect_paths(paths, threads=threads, jobs=jobs, config=config)
         if fmt == OutputFormat.json:
             emit_json(result.to_json())
         else:

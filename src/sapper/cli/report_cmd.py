@@ -96,7 +96,8 @@ def report(
         if checkpoint:
             from sapper.checkpoint import inspect_paths
 
-            inspected = inspect_paths(checkpoint)
+            # --model (the run's config.json) is the model the checkpoint should fit
+            inspected = inspect_paths(checkpoint, config=inputs.model)
         diagnosis = diagnose([whole], config, plan_check_codes(), inspected).to_json()
         data = build_report_data(
             analysis,

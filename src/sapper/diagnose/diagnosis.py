@@ -195,7 +195,9 @@ def diagnose(
     reasoning = rank_causes(log, config, restart_verdicts(analyses), precision, stored)
     explained = {e.code for c in reasoning.candidates for e in c.evidence}
     explained |= {s.code for s in reasoning.symptoms}
-    other = [e for e in log if e.code not in explained and e.severity.rank >= 1]
+    # What the logs or the checkpoint show that no cause explains is still listed: a
+    # checkpoint that does not fit its model (K013) is news whatever blew up.
+    other = [e for e in log + stored if e.code not in explained and e.severity.rank >= 1]
     return Diagnosis(
         reasoning,
         [a.log.path for a in analyses],

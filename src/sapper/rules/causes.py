@@ -118,7 +118,7 @@ CAUSES: tuple[Cause, ...] = (
        "by layer",
        "Use std ≈ 0.02 (or 1/sqrt(hidden)) and scale the residual output projections by "
        "1/sqrt(2·layers).",
-       strong="R100 S009", weak="N301 N302 N303 K002",
+       strong="R100 S009", weak="N301 N302 N303 K002 K015",
        symptoms="R001 R002 R003 R013 R020",
        next_test="measure per-layer activation RMS at step 0 (sapper smoke's init check)"),
     _c("optimizer-setup", "init",
@@ -126,7 +126,7 @@ CAUSES: tuple[Cause, ...] = (
        "(or none trainable) of the model's parameters, or no gradient reaches them",
        "Build the optimizer on the model you train, after freezing and wrapping "
        "(model.parameters() of the same object), and call backward on the loss.",
-       strong="R120 R121 R122 K022", weak="R021 R012 K003",
+       strong="R120 R121 R122 K016 K022", weak="R021 R012 K003 K023",
        symptoms="R003 R012",
        next_test="compare the parameters in optimizer.param_groups with the model's "
                  "trainable parameters (id() of each tensor)"),

@@ -48,7 +48,7 @@ from sapper.plan.schema import (
 )
 from sapper.plan.sources import PlanSource, read_json_object
 
-__all__ = ["FORMAT", "SUPPORTED_FAMILIES", "read_hf_config"]
+__all__ = ["FORMAT", "SUPPORTED_FAMILIES", "read_hf_config", "transformers_config"]
 
 #: Families whose parameter count sapper derives without building the model.
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
@@ -163,6 +163,24 @@ def read_hf_config(path: str | Path) -> PlanSource:
     if family.num_params is not None:
         src.set("model.num_params", family.num_params, origin="model_type (parameter count)")
     return src
+
+
+def transformers_config(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """transformers' own config object for an HF ``config.json`` (the one its model classes
+    take), and the file's raw keys; InputError naming the file and the field otherwise.
+    The same validation as :func:`read_hf_config`, without the fast path: the caller
+    builds the model from it."""
+    file = str(path)
+    raw = read_json_object(
+        path,
+        "a Hugging Face config.json",
+        'an object with "model_type", "hidden_size", "num_hidden_layers", ...',
+    )
+    model_type, kwargs = _normalize(raw, file)
+    _check_numbers(raw, file)
+    cfg = _parse(model_type, kwargs, raw, file)
+    _check_resolved(cfg, raw, file)
+    return cfg, raw
 
 
 # ---- which family, in which form transformers reads it ----------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "dropout_of",
     "dropout_sites",
     "generic",
+    "meta_causal_lm",
     "quiet_transformers",
 ]
 
@@ -560,11 +561,10 @@ def _blocks(cfg: Any) -> int:
     return layers * (1 + per_layer)
 
 
-def count_on_meta(cfg: Any) -> tuple[int, bool] | None:
-    """Build the causal LM on the meta device (no memory, no weights) and count its
-    parameters; also report whether its MLP is gated (a ``gate_proj``/``gate_up_proj``
-    weight). None when transformers cannot build it from this config, or when it has
-    more than MAX_META_BLOCKS blocks (then the Plan's own estimate is used)."""
+def meta_causal_lm(cfg: Any) -> Any | None:
+    """The causal LM ``cfg`` describes, built on the meta device (no memory, no weights);
+    None when transformers cannot build it from this config, or when it has more than
+    MAX_META_BLOCKS blocks."""
     if _blocks(cfg) > MAX_META_BLOCKS:
         return None
     try:
@@ -572,8 +572,17 @@ def count_on_meta(cfg: Any) -> tuple[int, bool] | None:
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"), quiet_transformers():
-            model = AutoModelForCausalLM.from_config(cfg)
-    except Exception:  # a config transformers cannot instantiate: leave the count unset
+            return AutoModelForCausalLM.from_config(cfg)
+    except Exception:  # a config transformers cannot instantiate
+        return None
+
+
+def count_on_meta(cfg: Any) -> tuple[int, bool] | None:
+    """The causal LM's parameter count, built on the meta device, and whether its MLP is
+    gated (a ``gate_proj``/``gate_up_proj`` weight); None where :func:`meta_causal_lm`
+    cannot build it (then the Plan's own estimate is used)."""
+    model = meta_causal_lm(cfg)
+    if model is None:
         return None
     names = [name for name, _ in model.named_parameters()]
     gated = any(".gate_proj." in n or ".gate_up_proj" in n for n in names)
