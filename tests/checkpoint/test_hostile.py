@@ -243,3 +243,32 @@ def test_odd_values_in_training_state_never_crash(
             inspect_paths([folder]).to_json()
         except InputError as exc:
             assert str(folder) in str(exc)
+
+
+_MODEL_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "initializer_range", "tie_word_embeddings",
+    "model_type", "architectures", "head_dim", "num_local_experts",
+)  # fmt: skip
+
+
+@given(pick=st.integers(0, len(_MODEL_KEYS) - 1), value=_JSONISH)
+@example(pick=1, value=10_000)
+@example(pick=0, value=2**40)
+@example(pick=6, value=-1.0)
+@example(pick=8, value="mixtral")
+@stable_settings(60)
+def test_odd_values_in_the_given_config_never_crash(hf_run, tmp_path_factory, pick, value) -> None:
+    """``--config``: whatever a config.json holds, the checkpoint is compared with the
+    model it builds, or the file is refused naming itself."""
+    import json
+
+    config = json.loads((hf_run[0] / "config.json").read_text())
+    config[_MODEL_KEYS[pick]] = value
+    path = tmp_path_factory.mktemp("cfg") / "config.json"
+    path.write_text(json.dumps(config))
+    with time_limit(60):
+        try:
+            inspect_paths([hf_run[0]], config=path).to_json()
+        except InputError as exc:
+            assert str(path) in str(exc)
