@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO checkpoints written by DeepSpeed itself (0.19.8 on CPU, gloo; see
 tests/fixtures/SOURCES.md): ZeRO 1 fp32 on one rank, ZeRO 2 and ZeRO 3 bf16 on two.
-Parameter names and fp32 masters are checked against what DeepSpeed's own
+ZeRO 2 and 3 also with frozen parameters (every layer's q_proj and k_proj outside the
+optimizer). Parameter names and fp32 masters are checked against what DeepSpeed's own
 ``zero_to_fp32`` reconstructs from the same files; faults are planted into copies
 re-saved under DeepSpeed's class names (the shipped files are never modified)."""
 
@@ -122,6 +123,32 @@ def test_healthy_deepspeed_saves_inspect_silently(case: str) -> None:
         assert all(not u.name.startswith("optimizer") for u in result.checkpoints[0].updates)
 
 
+FROZEN = tuple(f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in "qk")
+
+
+@pytest.mark.parametrize("case", ["zero2-bf16-dp2-frozen", "zero3-bf16-dp2-frozen"])
+def test_frozen_parameters_are_read_as_zero_to_fp32_reads_them(case: str) -> None:
+    """ZeRO 3 keeps frozen weights apart, a piece per rank in frozen_param_fragments;
+    ZeRO 2 keeps them in module: either way they are the weights zero_to_fp32 returns
+    (in the 16-bit dtype they were saved in), not trained, and inspected like the rest."""
+    reference = torch.load(FIXTURES / f"{case}.zero_to_fp32.pt", weights_only=True)
+    result = inspect_paths([FIXTURES / case])
+    assert result.findings == [], [f.message for f in result.findings]
+    rep = result.checkpoints[0]
+    weights = {s.key: s for s in rep.weights}
+    assert set(FROZEN) <= set(weights)
+    assert len(rep.updates) == 19 - len(FROZEN)  # moments for the trained ones only
+    ckpt = read_deepspeed(FIXTURES / case / "global_step3")
+    frozen = ckpt.frozen
+    for name in FROZEN:
+        got = frozen.tensor(name) if frozen is not None else ckpt.module[name]
+        assert got.dtype == torch.bfloat16 and got.shape == reference[name].shape
+        assert torch.equal(got.float(), reference[name].float()), name
+        rms = float(reference[name].float().pow(2).mean().sqrt())
+        assert weights[name].rms == pytest.approx(rms)
+    assert (frozen is not None) == case.startswith("zero3")
+
+
 def test_nan_in_one_ranks_master_partition_names_the_parameter(
     tmp_path: Path, deepspeed_names: dict[str, type]
 ) -> None:
@@ -195,6 +222,17 @@ def test_older_saves_without_slice_mappings_walk_param_shapes(
         assert torch.equal(ckpt.masters.tensor(name), reference[name]), name
     # the parameter that straddles the two ranks comes back in two pieces
     assert len(ckpt.masters.pieces("model.layers.0.mlp.down_proj.weight")) == 2
+
+
+def test_a_zero3_frozen_fragment_missing_on_one_rank_is_named(tmp_path: Path) -> None:
+    root = _copy("zero3-bf16-dp2-frozen", tmp_path)
+    path = root / "global_step3" / "zero_pp_rank_1_mp_rank_00_model_states.pt"
+    obj = torch.load(path, weights_only=False)
+    del obj["frozen_param_fragments"][FROZEN[2]]
+    torch.save(obj, path)
+    with pytest.raises(InputError) as err:
+        inspect_paths([root])
+    assert str(path) in str(err.value) and FROZEN[2] in str(err.value)
 
 
 def test_hf_trainer_folder_around_a_deepspeed_save_checks_the_step(tmp_path: Path) -> None:

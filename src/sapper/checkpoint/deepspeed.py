@@ -22,6 +22,12 @@ start)`` in its partition), or, from older versions without them, by walking
 parameter ``ceil(numel / world)`` elements in each rank's flat vector, the last rank's
 piece padded. Moments sit at the same offsets as the master weights. Every piece is a
 view of a memory-mapped file: nothing is concatenated until one parameter is read.
+
+Parameters left out of the optimizer (frozen: adapter training's base model) are not in
+the partitions. Under ZeRO 0–2 they are in ``module`` like every weight; under ZeRO 3 each
+rank's model states keep its ``ceil(numel / world)`` piece of them in
+``frozen_param_fragments`` (their shapes in rank 0's ``frozen_param_shapes``), joined in
+rank order as ``zero_to_fp32``'s ``_zero3_merge_frozen_params`` joins them.
 """
 
 from __future__ import annotations
@@ -80,6 +86,12 @@ class FragmentSource(TensorSource):
         """Where one parameter lies: (flat tensor, start, numel) per rank, in order."""
         return list(self._pieces[key])
 
+    def joined(self, other: FragmentSource) -> FragmentSource:
+        """Both sources' tensors in one (``other``'s first), its files named too."""
+        files = ", ".join(f for f in (other._file, self._file) if f)
+        return FragmentSource({**other._pieces, **self._pieces}, {**other._shapes, **self._shapes},
+                              files, self.mapped and other.mapped)  # fmt: skip
+
     def tensor(self, key: str) -> torch.Tensor:
         """One parameter whole, in its shape (a view when it lies in one partition)."""
         parts = [flat.narrow(0, start, numel) for flat, start, numel in self._pieces[key]]
@@ -125,6 +137,8 @@ class DeepSpeedCheckpoint:
     loss_scaler: dict[str, Any] | None
     engine: dict[str, Any] = field(default_factory=dict)
     lr_scheduler: dict[str, Any] | None = None
+    #: ZeRO 3's frozen parameters, joined from every rank's model states (empty otherwise).
+    frozen: FragmentSource | None = None
 
 
 def _natural(path: Path) -> list[Any]:
@@ -248,6 +262,34 @@ def _zero3_walk(shapes: list[dict[str, tuple[int, ...]]], flats: list[list[torch
     return pieces
 
 
+def _zero3_frozen(model_files: list[Path], first: dict[str, Any]) -> FragmentSource | None:
+    """ZeRO 3's frozen parameters: rank 0's ``frozen_param_shapes``, each rank's
+    ``ceil(numel / world)`` piece from its ``frozen_param_fragments`` (the last padded)."""
+    shapes = _shapes(first.get("frozen_param_shapes") or {}, model_files[0])[0]
+    if not shapes:
+        return None
+    ranks = [first] + [load_torch_file(p) for p in model_files[1:]]
+    world = len(ranks)
+    pieces: dict[str, list[Piece]] = {}
+    for name, shape in shapes.items():
+        numel = _numel(shape)
+        part, left = (math.ceil(numel / world) if numel else 0), numel
+        got: list[Piece] = []
+        for rank, path in zip(ranks, model_files, strict=True):
+            frags = rank.get("frozen_param_fragments") if isinstance(rank, dict) else None
+            frag = frags.get(name) if isinstance(frags, dict) else None
+            where = f"frozen_param_fragments.{name}"
+            if not (isinstance(frag, torch.Tensor) and frag.is_floating_point()):
+                raise _bad(path, "a frozen parameter's fragment is missing", where)
+            take = min(part, left)
+            if take:
+                got += _cut([frag.detach().reshape(-1)], 0, take, path, name)
+            left -= take
+        pieces[name] = got
+    files = ", ".join(str(p) for p in model_files)
+    return FragmentSource(pieces, shapes, files, all(mapped(p) for p in model_files))
+
+
 def _moment_segments(state: Any, key: str, count: int) -> list[torch.Tensor] | None:
     """A rank's ``key`` moment per flat group, from a torch state dict (``state`` by
     index) or DeepSpeed's older list of per-group states."""
@@ -288,11 +330,12 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     """The tag folder's model states and ZeRO partitions, parameters named; InputError
     naming the file for anything DeepSpeed's layout does not explain."""
     files = sorted(listing(folder).values(), key=_natural)
-    model_files = [regular_file(p) for p in files if DEEPSPEED_MODEL_STATES.match(p.name)]
-    if not model_files:
+    mp_of = {p: m.group(2) for p in files if (m := DEEPSPEED_MODEL_STATES.match(p.name))}
+    if not mp_of:
         raise _bad(folder, "no *model_states.pt in the folder")
     # One model-parallel rank (the first): its data ranks' partitions are one model's.
-    mp_rank = DEEPSPEED_MODEL_STATES.match(model_files[0].name).group(2)  # type: ignore[union-attr]
+    mp_rank = next(iter(mp_of.values()))
+    model_files = [regular_file(p) for p, rank in mp_of.items() if rank == mp_rank]
     optim_files = [
         regular_file(p)
         for p in files
@@ -363,6 +406,8 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     files = ", ".join(str(p) for p in optim_files)
     in_place = all(mapped(p) for p in optim_files)
     ckpt.zero_stage, ckpt.masters = stage, FragmentSource(pieces, all_shapes, files, in_place)
+    if stage == 3:
+        ckpt.frozen = _zero3_frozen(model_files, model)
     for key in ("exp_avg", "exp_avg_sq"):
         per_rank = [
             _moment_segments(sd.get(inner_key), key, len(flat))

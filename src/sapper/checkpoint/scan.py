@@ -201,7 +201,11 @@ def _deepspeed(
             weights = TorchSource(ds.module, ds.module_file, ds.module_mapped)
             weights_file = ds.module_file
         elif ds.masters.keys():
+            # ZeRO 3: the fp32 masters stand in for the trained weights, beside the frozen
+            # ones' 16-bit fragments
             weights, weights_file = ds.masters, ds.optim_file
+            if ds.frozen is not None:
+                weights = ds.masters.joined(ds.frozen)
             kw["weights_are_masters"] = True
     if weights is not ds.masters and ds.masters.keys():
         kw["masters"] = ds.masters
