@@ -8,9 +8,15 @@ peer outliers). Each route runs in fresh subprocesses that import only what they
 and median of ``--repeat`` runs) and report wall time and peak RSS (``ru_maxrss``), with
 the RSS after the imports so the reading can be told from torch's own footprint.
 ``cat FILE > /dev/null`` in the same run gives the disk (or page cache) speed. The files
-are generated here: a Llama-like fp32 state dict, the embedding the largest tensor. The
-page cache is warmed once by the first ``cat``; every route then reads from it, as a
-re-inspected checkpoint would. Run::
+are generated here: a Llama-like fp32 state dict, the embedding the largest tensor, as
+safetensors and as a torch file; and the same model as a DeepSpeed ZeRO 2 bf16 save of two
+data ranks (``global_step3/``: the 16-bit module in the model states, each rank's fp32
+master partition and Adam moments, ``param_slice_mappings``), laid out with the keys
+DeepSpeed 0.19 writes (plain dicts where DeepSpeed pickles its own small classes). Its
+naive route loads every file of the folder and loops ``isnan`` over every tensor in them
+(masters and moments are what a DeepSpeed post-mortem must read; DeepSpeed's
+``zero_to_fp32`` only rebuilds the masters). The page cache is warmed once by the first
+``cat``; every route then reads from it, as a re-inspected checkpoint would. Run::
 
     python benchmarks/inspect_speed.py [--gb 1.0] [--keep DIR] [--repeat 5]
 
@@ -46,6 +52,50 @@ torch.save(sd, out + ".pt")
 print(max(t.numel() * t.element_size() for t in sd.values()))
 """
 
+_GENERATE_DEEPSPEED = r"""
+import collections, os, sys, torch
+src, out = sys.argv[1], sys.argv[2]
+sd = torch.load(src, weights_only=True, mmap=True)
+world, tag = 2, os.path.join(out, "global_step3")
+os.makedirs(tag, exist_ok=True)
+with open(os.path.join(out, "latest"), "w") as f:
+    f.write("global_step3")
+shapes = collections.OrderedDict((k, t.shape) for k, t in sd.items())
+total = sum(t.numel() for t in sd.values())
+padded = -(-total // (2 * world)) * 2 * world
+flat = torch.zeros(padded)
+at = 0
+for t in sd.values():
+    flat[at : at + t.numel()] = t.reshape(-1)
+    at += t.numel()
+torch.save({"module": {k: t.bfloat16() for k, t in sd.items()}, "param_shapes": [shapes],
+            "buffer_names": [], "shared_params": {}, "global_steps": 3, "skipped_steps": 0,
+            "dp_world_size": world, "ds_version": "0.19.8",
+            "lr_scheduler": {"last_batch_iteration": 2}},
+           os.path.join(tag, "mp_rank_00_model_states.pt"))
+part = padded // world
+g = torch.Generator().manual_seed(1)
+for rank in range(world):
+    lo, hi = rank * part, (rank + 1) * part
+    master = flat[lo:hi].clone()
+    exp_avg = torch.randn(part, generator=g) * 1e-4
+    exp_avg_sq = torch.rand(part, generator=g) * 1e-8 + exp_avg * exp_avg
+    mapping, at = collections.OrderedDict(), 0
+    for k, t in sd.items():
+        start, end = max(at, lo), min(at + t.numel(), hi)
+        if start < end:
+            mapping[k] = {"numel": end - start, "start": start - lo}
+        at += t.numel()
+    moments = {"step": torch.tensor(3.0), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    inner = {"state": {0: moments},
+             "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-8, "params": [0]}]}
+    torch.save({"optimizer_state_dict": {"zero_stage": 2, "partition_count": world,
+                                         "single_partition_of_fp32_groups": [master],
+                                         "base_optimizer_state": inner,
+                                         "param_slice_mappings": [mapping]}},
+               os.path.join(tag, f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
+"""
+
 _ROUTE = r"""
 import json, resource, sys, time
 route, path = sys.argv[1], sys.argv[2]
@@ -56,11 +106,24 @@ elif route == "naive-safetensors":
     import torch
     from safetensors.torch import load_file
 else:
-    import torch
+    import os, torch
+def tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors(v)
 base = rss()
 start = time.perf_counter()
 if route == "inspect":
     found = sum(1 for f in inspect_paths([path]).findings if f.code == "K001")
+elif route == "naive-deepspeed":
+    tag = os.path.join(path, "global_step3")
+    objs = [torch.load(os.path.join(tag, f), weights_only=True) for f in sorted(os.listdir(tag))]
+    found = sum(1 for t in tensors(objs) if t.is_floating_point() and bool(torch.isnan(t).any()))
 else:
     sd = load_file(path) if route == "naive-safetensors" else torch.load(path, weights_only=True)
     found = sum(1 for t in sd.values() if t.is_floating_point() and bool(torch.isnan(t).any()))
@@ -69,10 +132,14 @@ print(json.dumps({"seconds": took, "peak": rss(), "base": base, "nan_tensors": f
 """
 
 
+def _files(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
 def _cat(path: Path) -> float:
     start = time.perf_counter()
     with open(os.devnull, "wb") as sink:
-        subprocess.run(["cat", str(path)], stdout=sink, check=True)
+        subprocess.run(["cat", *map(str, _files(path))], stdout=sink, check=True)
     return time.perf_counter() - start
 
 
@@ -144,13 +211,18 @@ def main() -> None:
             check=True,
         )
         largest = int(proc.stdout.strip())
+        deepspeed = folder / "deepspeed"
+        subprocess.run(
+            [sys.executable, "-c", _GENERATE_DEEPSPEED, str(stem) + ".pt", str(deepspeed)],
+            check=True,
+        )
         rows = []
-        for suffix, routes in (
-            (".safetensors", ("inspect", "naive-safetensors")),
-            (".pt", ("inspect", "naive-torch")),
+        for path, routes in (
+            (stem.with_suffix(".safetensors"), ("inspect", "naive-safetensors")),
+            (stem.with_suffix(".pt"), ("inspect", "naive-torch")),
+            (deepspeed, ("inspect", "naive-deepspeed")),
         ):
-            path = stem.with_suffix(suffix)
-            size = path.stat().st_size
+            size = sum(p.stat().st_size for p in _files(path))
             _cat(path)  # warm the page cache once, for every route alike
             cats = sorted(_cat(path) for _ in range(args.repeat))
             rows.append((f"cat {path.name}", size, cats[0], cats[len(cats) // 2], None))

@@ -224,18 +224,29 @@ def _update_stats(
         streamed(m, CHUNK_ELEMENTS, mapped), streamed(v, CHUNK_ELEMENTS, mapped), strict=True
     )
     for mc, vc in pieces:
+        seen = m_acc.stats.nonfinite + v_acc.stats.nonfinite
         m_acc.add(mc)
         v_acc.add(vc)
+        if not mc.numel():
+            continue
+        # The accumulators have just counted the pieces' non-finite values: without any,
+        # the masks (two isfinite passes and a where, a third of the time) are not needed.
+        clean = m_acc.stats.nonfinite + v_acc.stats.nonfinite == seen
         mf, vf = mc.float(), vc.float()
-        ok = torch.isfinite(mf) & torch.isfinite(vf)
-        live = mf != 0
-        underflow += int(((vf <= 0) & live & ok).sum())
-        ratio = (mf.abs() / bc1) / (torch.sqrt(vf.clamp(min=0) / bc2) + eps)
-        ratio = torch.where(ok, ratio, torch.zeros(()))
-        if ratio.numel():
-            ratio_max = max(ratio_max, float(ratio.max()))
-            ratio_sq += float(torch.sum(ratio.double() ** 2))
+        if clean:
+            if float(vf.min()) <= 0:
+                underflow += int(((vf <= 0) & (mf != 0)).sum())
+            denom = vf.clamp(min=0).div_(bc2).sqrt_().add_(eps)
+            ratio = mf.abs().div_(bc1).div_(denom)
+            count += ratio.numel()
+        else:
+            ok = torch.isfinite(mf) & torch.isfinite(vf)
+            underflow += int(((vf <= 0) & (mf != 0) & ok).sum())
+            ratio = (mf.abs() / bc1) / (torch.sqrt(vf.clamp(min=0) / bc2) + eps)
+            ratio = torch.where(ok, ratio, torch.zeros(()))
             count += int(ok.sum())
+        ratio_max = max(ratio_max, float(ratio.max()))
+        ratio_sq += float(torch.dot(ratio.reshape(-1), ratio.reshape(-1)))
     lr = number(group.get("lr"))
     upd = ParamUpdate(
         index=None,
