@@ -224,6 +224,49 @@ def test_older_saves_without_slice_mappings_walk_param_shapes(
     assert len(ckpt.masters.pieces("model.layers.0.mlp.down_proj.weight")) == 2
 
 
+TP = "zero2-bf16-tp2-dp2"
+
+
+def test_model_parallel_ranks_are_read_apart_as_zero_to_fp32_reads_each() -> None:
+    """Megatron-DeepSpeed's tensor-parallel layout: one mp_rank_XX set of files per
+    model-parallel rank, the same names in each. Each rank's masters are what zero_to_fp32
+    rebuilds from that rank's files alone; names are kept apart as mp_rank_XX/<name>."""
+    ckpt = read_deepspeed(FIXTURES / TP / "global_step3")
+    reference = torch.load(FIXTURES / f"{TP}.zero_to_fp32.pt", weights_only=True)
+    assert set(ckpt.masters.keys()) == set(reference) - {"mp_rank_00/lm_head.weight"}
+    for name in ckpt.masters.keys():
+        assert torch.equal(ckpt.masters.tensor(name), reference[name]), name
+    assert ckpt.world == 2 and ckpt.engine["model_parallel"] == 2
+    a, b = (ckpt.masters.tensor(f"mp_rank_0{r}/model.layers.0.mlp.up_proj.weight") for r in (0, 1))
+    assert not torch.equal(a, b)  # each rank's own slice
+    result = inspect_paths([FIXTURES / TP])
+    assert result.findings == [], [f.message for f in result.findings]
+    assert len(result.checkpoints[0].updates) == 38
+
+
+def test_nan_in_the_second_model_parallel_rank_names_it(
+    tmp_path: Path, deepspeed_names: dict[str, type]
+) -> None:
+    root = _copy(TP, tmp_path)
+    name = "mp_rank_01/model.layers.1.mlp.down_proj.weight"
+    (flat, start, _), *_ = read_deepspeed(root / "global_step3").masters.pieces(name)
+    def partition(path: Path) -> torch.Tensor:
+        sd = torch.load(path, weights_only=False)["optimizer_state_dict"]
+        return sd["single_partition_of_fp32_groups"][0]
+
+    # the data rank whose partition holds the parameter's first piece
+    path = next(
+        p for p in _optim_files(root) if "mp_rank_01" in p.name and torch.equal(partition(p), flat)
+    )
+
+    def plant(sd: dict) -> None:
+        sd["single_partition_of_fp32_groups"][0].data[start] = float("inf")
+
+    _rewrite(path, plant)
+    k001 = [f for f in inspect_paths([root]).findings if f.code == "K001"]
+    assert [f.data["tensor"] for f in k001] == [name]
+
+
 def test_a_zero3_frozen_fragment_missing_on_one_rank_is_named(tmp_path: Path) -> None:
     root = _copy("zero3-bf16-dp2-frozen", tmp_path)
     path = root / "global_step3" / "zero_pp_rank_1_mp_rank_00_model_states.pt"

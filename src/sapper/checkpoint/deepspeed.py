@@ -32,6 +32,7 @@ rank order as ``zero_to_fp32``'s ``_zero3_merge_frozen_params`` joins them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator
@@ -85,6 +86,12 @@ class FragmentSource(TensorSource):
     def pieces(self, key: str) -> list[Piece]:
         """Where one parameter lies: (flat tensor, start, numel) per rank, in order."""
         return list(self._pieces[key])
+
+    def prefixed(self, prefix: str) -> FragmentSource:
+        """The same tensors, each name with ``prefix`` in front."""
+        return FragmentSource({prefix + k: v for k, v in self._pieces.items()},
+                              {prefix + k: v for k, v in self._shapes.items()},
+                              self._file, self.mapped)  # fmt: skip
 
     def joined(self, other: FragmentSource) -> FragmentSource:
         """Both sources' tensors in one (``other``'s first), its files named too."""
@@ -328,13 +335,56 @@ def _remap(pieces: dict[str, list[Piece]], flats: list[list[torch.Tensor]],
 
 def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     """The tag folder's model states and ZeRO partitions, parameters named; InputError
-    naming the file for anything DeepSpeed's layout does not explain."""
+    naming the file for anything DeepSpeed's layout does not explain. With several
+    model-parallel ranks (``mp_rank_00``, ``mp_rank_01``: Megatron-DeepSpeed's tensor
+    slices, under the same names) each is read as one model and its names are kept apart
+    as ``mp_rank_XX/<name>``, as Megatron saves are."""
     files = sorted(listing(folder).values(), key=_natural)
     mp_of = {p: m.group(2) for p in files if (m := DEEPSPEED_MODEL_STATES.match(p.name))}
     if not mp_of:
         raise _bad(folder, "no *model_states.pt in the folder")
-    # One model-parallel rank (the first): its data ranks' partitions are one model's.
-    mp_rank = next(iter(mp_of.values()))
+    ranks = sorted(set(mp_of.values()), key=int)
+    parts = [_read_mp_rank(folder, files, mp_of, rank) for rank in ranks]
+    return parts[0] if len(parts) == 1 else _merged(parts, ranks)
+
+
+def _merged(parts: list[DeepSpeedCheckpoint], ranks: list[str]) -> DeepSpeedCheckpoint:
+    """The model-parallel ranks' checkpoints as one, each name prefixed by its rank."""
+    prefixes = [f"mp_rank_{rank}/" for rank in ranks]
+    ranked = list(zip(parts, prefixes, strict=True))
+    first = parts[0]
+
+    def join(sources: list[FragmentSource | None]) -> FragmentSource | None:
+        present = [(s, pre) for s, pre in zip(sources, prefixes, strict=True) if s is not None]
+        if not present:
+            return None
+        out = present[0][0].prefixed(present[0][1])
+        for source, prefix in present[1:]:
+            out = source.prefixed(prefix).joined(out)
+        return out
+
+    moments = {
+        key: join([p.moments[key] for p in parts])
+        for key in first.moments
+        if all(key in p.moments for p in parts)
+    }
+    return dataclasses.replace(
+        first,
+        module={pre + k: v for p, pre in ranked for k, v in p.module.items()},
+        module_file=", ".join(p.module_file for p in parts),
+        module_mapped=all(p.module_mapped for p in parts),
+        masters=join([p.masters for p in parts]) or first.masters,
+        moments={k: v for k, v in moments.items() if v is not None},
+        groups_of={pre + k: g for p, pre in ranked for k, g in p.groups_of.items()},
+        optim_file=", ".join(p.optim_file for p in parts if p.optim_file),
+        engine={**first.engine, "model_parallel": len(parts)},
+        frozen=join([p.frozen for p in parts]),
+    )  # fmt: skip
+
+
+def _read_mp_rank(folder: Path, files: list[Path], mp_of: dict[Path, str],
+                  mp_rank: str) -> DeepSpeedCheckpoint:  # fmt: skip
+    """One model-parallel rank: its data ranks' partitions are one model's."""
     model_files = [regular_file(p) for p, rank in mp_of.items() if rank == mp_rank]
     optim_files = [
         regular_file(p)
