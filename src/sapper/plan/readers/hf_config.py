@@ -121,13 +121,7 @@ _ORIGIN: dict[str, tuple[str, ...]] = {
 def read_hf_config(path: str | Path) -> PlanSource:
     """A Plan source holding ``model.*`` from an HF ``config.json``."""
     file = str(path)
-    raw = read_json_object(
-        path,
-        "a Hugging Face config.json",
-        'an object with "model_type", "hidden_size", "num_hidden_layers", ...',
-    )
-    model_type, kwargs = _normalize(raw, file)
-    _check_numbers(raw, file)
+    raw, model_type, kwargs = _read(path)
     # A family sapper counts itself is resolved without transformers (seconds to import);
     # anything the fast path is unsure of is parsed, and validated, by transformers.
     cfg = fast_config(model_type, kwargs) if model_type in FAMILIES else None
@@ -165,19 +159,26 @@ def read_hf_config(path: str | Path) -> PlanSource:
     return src
 
 
+def _read(path: str | Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The file's raw keys, its model_type and the keywords for transformers' config class;
+    the numbers checked."""
+    raw = read_json_object(
+        path,
+        "a Hugging Face config.json",
+        'an object with "model_type", "hidden_size", "num_hidden_layers", ...',
+    )
+    model_type, kwargs = _normalize(raw, str(path))
+    _check_numbers(raw, str(path))
+    return raw, model_type, kwargs
+
+
 def transformers_config(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """transformers' own config object for an HF ``config.json`` (the one its model classes
     take), and the file's raw keys; InputError naming the file and the field otherwise.
     The same validation as :func:`read_hf_config`, without the fast path: the caller
     builds the model from it."""
     file = str(path)
-    raw = read_json_object(
-        path,
-        "a Hugging Face config.json",
-        'an object with "model_type", "hidden_size", "num_hidden_layers", ...',
-    )
-    model_type, kwargs = _normalize(raw, file)
-    _check_numbers(raw, file)
+    raw, model_type, kwargs = _read(path)
     cfg = _parse(model_type, kwargs, raw, file)
     _check_resolved(cfg, raw, file)
     return cfg, raw
