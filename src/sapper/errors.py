@@ -6,6 +6,7 @@ expected, so the CLI can print it and exit with code 2.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 __all__ = ["MAX_QUOTE_CHARS", "InputError", "SapperError", "clip", "printable", "quote"]
@@ -48,6 +49,14 @@ def _escaped(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_BOUNDED_REPR = reprlib.Repr()
+_BOUNDED_REPR.maxlevel = 3
+_BOUNDED_REPR.maxlist = _BOUNDED_REPR.maxtuple = _BOUNDED_REPR.maxdict = 8
+_BOUNDED_REPR.maxset = _BOUNDED_REPR.maxfrozenset = 8
+_BOUNDED_REPR.maxstring = _BOUNDED_REPR.maxother = MAX_QUOTE_CHARS
+
+
 def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
     """``repr(value)`` clipped to ``limit`` characters.
 
@@ -61,7 +70,9 @@ def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
         kind = type(value).__name__
         return f"a {kind} of {len(value)} items"
     try:
-        text = repr(value)
+        # reprlib renders containers a few levels and items deep: a small list whose items
+        # are the same list again (a pickle's shared references) costs no more than any other.
+        text = _BOUNDED_REPR.repr(value) if isinstance(value, _CONTAINERS) else repr(value)
     except (ValueError, RecursionError):  # a huge int inside a container, a cycle
         text = f"<a {type(value).__name__}>"
     return clip(text, limit)

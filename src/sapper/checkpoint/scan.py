@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from sapper.checkpoint.dcp import DcpSource
 from sapper.checkpoint.layout import Layout, detect, read_json
-from sapper.checkpoint.source import DcpSource, SafetensorsSource, TensorSource, TorchSource
+from sapper.checkpoint.source import SafetensorsSource, TensorSource, TorchSource
 from sapper.checkpoint.torchfile import iter_tensors, load_torch_file, mapped
 from sapper.errors import InputError
 

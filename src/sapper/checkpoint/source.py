@@ -3,26 +3,24 @@
 One interface over the formats, so the per-tensor checks and the diff of two checkpoints
 never care where a tensor lives: safetensors files (single or sharded, read through
 ``safe_open``), a torch state dict (memory-mapped by ``torch.load(mmap=True)``) and a
-torch Distributed Checkpoint (one tensor at a time through its ``FileSystemReader``).
+torch Distributed Checkpoint (:mod:`sapper.checkpoint.dcp`, one tensor at a time).
 """
 
 from __future__ import annotations
 
 import abc
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.safefile import SafetensorsFile, TensorEntry
-from sapper.checkpoint.stats import CHUNK_ELEMENTS, TensorStats, flat_chunks, stats_of
+from sapper.checkpoint.stats import CHUNK_ELEMENTS, TensorStats, stats_of
 from sapper.errors import InputError
 
-__all__ = ["DcpSource", "SafetensorsSource", "TensorInfo", "TensorSource", "TorchSource"]
+__all__ = ["SafetensorsSource", "TensorInfo", "TensorSource", "TorchSource"]
 
 
 @dataclass(frozen=True)
@@ -119,54 +117,3 @@ class TorchSource(TensorSource):
 
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
         return streamed(self._tensors[key], CHUNK_ELEMENTS, self._mapped)
-
-
-class DcpSource(TensorSource):
-    """The tensors of a torch Distributed Checkpoint folder, each loaded alone through
-    ``torch.distributed.checkpoint``'s own reader (no process group needed)."""
-
-    def __init__(self, folder: Path) -> None:
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-        self._folder = folder
-        try:
-            self._reader = FileSystemReader(str(folder))
-            meta = self._reader.read_metadata()
-        except Exception as exc:  # the reader raises what its unpickler meets
-            raise InputError(
-                f"cannot read the Distributed Checkpoint metadata: "
-                f"{type(exc).__name__}: {str(exc)[:200]}",
-                file=str(folder / ".metadata"),
-            ) from None
-        self._meta: dict[str, Any] = {
-            k: v
-            for k, v in meta.state_dict_metadata.items()
-            if isinstance(v, TensorStorageMetadata)
-        }
-
-    def keys(self) -> list[str]:
-        return list(self._meta)
-
-    def info(self, key: str) -> TensorInfo:
-        m = self._meta[key]
-        return TensorInfo(
-            str(m.properties.dtype).removeprefix("torch."), tuple(m.size), str(self._folder)
-        )
-
-    def chunks(self, key: str) -> Iterator[torch.Tensor]:
-        import torch.distributed.checkpoint as dcp
-
-        m = self._meta[key]
-        target = {key: torch.empty(tuple(m.size), dtype=m.properties.dtype)}
-        try:
-            with warnings.catch_warnings():  # "assuming ... a single process": intended
-                warnings.simplefilter("ignore", UserWarning)
-                dcp.load(target, storage_reader=self._reader, no_dist=True)
-        except Exception as exc:  # a missing or truncated .distcp shard
-            raise InputError(
-                f"cannot read tensor: {type(exc).__name__}: {str(exc)[:200]}",
-                file=str(self._folder),
-                field=key,
-            ) from None
-        return flat_chunks(target[key])

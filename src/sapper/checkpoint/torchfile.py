@@ -2,26 +2,38 @@
 
 Always ``torch.load(weights_only=True)``: torch's restricted unpickler builds tensors,
 containers and numbers and refuses every other global, so a pickle whose ``__reduce__``
-would run a command is refused (naming the global it wanted) and nothing in it runs.
-Zip-format files are memory-mapped (``mmap=True``), so tensors are paged in as they are
-reduced. The few non-tensor types real checkpoints pickle are allowed by fully qualified
-name, and only those (:data:`SAFE_GLOBALS`); the framework objects DeepSpeed pickles are
-rebuilt as plain stand-ins (:data:`STAND_INS`), so they load where DeepSpeed is absent and
-no DeepSpeed code runs where it is installed.
+would run a command is refused (naming the global it wanted) and nothing in it runs. torch
+before 2.6 had a way around that unpickler (CVE-2025-32434), so sapper reads torch pickles
+only with torch 2.6 or newer. The few non-tensor types real checkpoints pickle are allowed by
+fully qualified name, and only those (:data:`SAFE_GLOBALS`); the framework objects
+DeepSpeed pickles are rebuilt as stand-ins (:data:`STAND_INS`) whose state is kept apart
+from their attributes, so they load where DeepSpeed is absent and no DeepSpeed code runs
+where it is installed.
+
+Before torch sees a zip file, its directory is read: an entry that would inflate (torch
+writes none) is inflated here first, against a bound, so a few-MB archive cannot expand
+to gigabytes. After loading, :func:`sapper.checkpoint.plain.plain` rebuilds what the pickle
+made as plain data (a dict for an ``OrderedDict`` whose attributes the file may have set, a
+tensor without attributes, a :class:`PickledObject` for a stand-in), expanding shared
+references against a bound on total work: what the readers walk afterwards is a tree of
+bounded size, and nothing in it behaves as the file says.
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import pickle
 import re
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
+from sapper.checkpoint.plain import PickledObject, plain
+from sapper.checkpoint.unpickle import record_type
 from sapper.errors import InputError
 
 __all__ = [
@@ -29,6 +41,7 @@ __all__ = [
     "STAND_INS",
     "PickledObject",
     "iter_tensors",
+    "load_torch_bytes",
     "load_torch_file",
     "mapped",
 ]
@@ -53,20 +66,6 @@ SAFE_GLOBALS: tuple[str, ...] = (
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
-class PickledObject:
-    """A framework object read back as plain data: the attributes its pickle set, and the
-    name it was saved under (``qualname``). Nothing of the framework's class runs."""
-
-    qualname = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-def _stand_in(name: str) -> type[PickledObject]:
-    return type(name.rpartition(".")[2], (PickledObject,), {"qualname": name})
-
-
 def _enum_value(value: Any) -> Any:
     """An ``int``-valued Enum member (DeepSpeed's ``ZeroStageEnum``) as its value."""
     return value
@@ -76,13 +75,13 @@ def _enum_value(value: Any) -> Any:
 #: ``_save_zero_checkpoint``: the loss scaler object, the stage enum, and the per-parameter
 #: ``fragment_address`` of ``param_slice_mappings``), each rebuilt as a stand-in.
 STAND_INS: dict[str, Callable[..., Any]] = {
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler": _stand_in(
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": record_type(
         "deepspeed.runtime.fp16.loss_scaler.LossScaler"
     ),
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": _stand_in(
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": record_type(
         "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"
     ),
-    "deepspeed.utils.tensor_fragment.fragment_address": _stand_in(
+    "deepspeed.utils.tensor_fragment.fragment_address": record_type(
         "deepspeed.utils.tensor_fragment.fragment_address"
     ),
     "deepspeed.runtime.zero.config.ZeroStageEnum": _enum_value,
@@ -119,29 +118,118 @@ def mapped(path: Path) -> bool:
 
 
 def load_torch_file(path: Path) -> Any:
-    """The object in a torch file, built by the restricted unpickler; InputError naming
-    the file when it is not a torch file, is truncated, or needs an unsafe global."""
+    """The object in a torch file, built by the restricted unpickler and copied into plain
+    data; InputError naming the file when it is not a torch file, is truncated, would
+    inflate past the bound, or needs an unsafe global."""
     try:
         is_zip = zipfile.is_zipfile(path)
+        if is_zip:
+            with zipfile.ZipFile(path) as archive:
+                _check_archive(archive, str(path))
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    except (zipfile.BadZipFile, ValueError, EOFError, RuntimeError) as exc:
+        raise InputError(
+            f"not a loadable torch file (damaged zip: {exc})", file=str(path)
+        ) from None
+    return _load(path, str(path), mmap=is_zip)
+
+
+def load_torch_bytes(data: bytes, file: str) -> Any:
+    """The object of a ``torch.save`` archive held in memory (a Distributed Checkpoint's
+    storage piece), read as :func:`load_torch_file` reads a file."""
+    stream = io.BytesIO(data)
+    try:
+        if zipfile.is_zipfile(stream):
+            with zipfile.ZipFile(stream) as archive:
+                _check_archive(archive, file)
+    except (zipfile.BadZipFile, ValueError, EOFError, RuntimeError, OSError) as exc:
+        raise InputError(f"not a loadable torch file (damaged zip: {exc})", file=file) from None
+    stream.seek(0)
+    return _load(stream, file, mmap=False)
+
+
+#: An archive entry torch would inflate (it writes none: every record is stored) is
+#: inflated here first, and refused past this many bytes.
+MAX_INFLATED_BYTES = 64 << 20
+#: Entries of one archive, at most (one per storage: a 100k-tensor state dict has 100k).
+MAX_ARCHIVE_ENTRIES = 2_000_000
+
+
+def _check_archive(archive: zipfile.ZipFile, file: str) -> None:
+    """Refuse an archive that would inflate past the bound, from its directory first
+    (the sizes it declares), then by inflating each compressed entry with a bound."""
+    entries = archive.infolist()
+    if len(entries) > MAX_ARCHIVE_ENTRIES:
+        raise InputError(
+            "torch archive has too many entries",
+            file=file,
+            value=len(entries),
+            expected=f"at most {MAX_ARCHIVE_ENTRIES}",
+        )
+    packed = [e for e in entries if e.compress_type != zipfile.ZIP_STORED]
+    for entry in packed:
+        if entry.file_size > MAX_INFLATED_BYTES:
+            raise _bomb(file, entry.filename, entry.file_size)
+    for entry in packed:
+        inflated = 0
+        with archive.open(entry) as fh:
+            while chunk := fh.read(1 << 20):
+                inflated += len(chunk)
+                if inflated > MAX_INFLATED_BYTES:
+                    raise _bomb(file, entry.filename, inflated)
+
+
+def _bomb(file: str, name: str, size: int) -> InputError:
+    return InputError(
+        "torch archive entry inflates past the bound (a compression bomb?)",
+        file=file,
+        field=name,
+        value=size,
+        expected=f"at most {MAX_INFLATED_BYTES} bytes once inflated (torch stores its "
+        "records uncompressed)",
+    )
+
+
+#: The first torch whose weights-only unpickler has no known way around it.
+SAFE_TORCH = (2, 6)
+
+
+def _torch_version() -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _load(source: Path | IO[bytes], file: str, mmap: bool) -> Any:
+    if _torch_version() < SAFE_TORCH:
+        raise InputError(
+            "sapper reads torch pickles only with torch 2.6 or newer: the weights-only "
+            "unpickler of older releases could be made to run code (CVE-2025-32434)",
+            file=file,
+            field="torch",
+            value=torch.__version__,
+            expected="torch>=2.6 installed beside sapper",
+        )
     allowed = _EAGER
     while True:
         try:
             with torch.serialization.safe_globals(_allowlist(allowed) + _STAND_IN_GLOBALS):
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+                loaded = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
+            return plain(loaded, file)
         except pickle.UnpicklingError as exc:
             name = _wanted(str(exc))
             # A known safe type outside numpy (Lightning's AttributeDict) is imported only
             # when a file needs it: importing its package costs seconds.
             if name in SAFE_GLOBALS and name not in allowed and _resolve(name) is not None:
                 allowed = (*allowed, name)
+                if not isinstance(source, Path):
+                    source.seek(0)
                 continue
-            raise _refusal(path, name, str(exc)) from None
+            raise _refusal(file, name, str(exc)) from None
         except _LOAD_ERRORS as exc:
             raise InputError(
                 f"not a loadable torch file ({type(exc).__name__}: {_first_line(str(exc))})",
-                file=str(path),
+                file=file,
             ) from None
 
 
@@ -158,13 +246,13 @@ def _wanted(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _refusal(path: Path, name: str | None, text: str) -> InputError:
+def _refusal(file: str, name: str | None, text: str) -> InputError:
     if name is None:
-        return InputError(f"not a loadable torch file: {_first_line(text)}", file=str(path))
+        return InputError(f"not a loadable torch file: {_first_line(text)}", file=file)
     if name in SAFE_GLOBALS:
         return InputError(
             "the file pickles a type sapper allows, but its package is not installed here",
-            file=str(path),
+            file=file,
             field="pickle",
             value=name,
             expected=f"the package of {name} installed",
@@ -172,7 +260,7 @@ def _refusal(path: Path, name: str | None, text: str) -> InputError:
     return InputError(
         "refused to unpickle: the file needs a global that could run code; "
         "nothing in it was executed",
-        file=str(path),
+        file=file,
         field="pickle",
         value=name,
         expected="tensors, containers, numbers and the allowlisted types "

@@ -66,14 +66,23 @@ def _register_commands() -> None:
     _registered = True
 
 
+#: BaseException subclasses libraries raise for a file they cannot read.
+_LIBRARY_INPUT_ERRORS = frozenset({"CheckpointException"})
+
+
 def main() -> None:
     _register_commands()
     try:
         app()
-    except SystemExit:
+    except (SystemExit, KeyboardInterrupt, GeneratorExit):
         raise
-    except Exception as exc:  # never a traceback for the user
+    except BaseException as exc:  # never a traceback for the user
+        # Some libraries raise BaseException subclasses (torch's CheckpointException): a
+        # reader's error about a file is still the user's input, and still one line.
         what = safe_markup(clip(str(exc)))
+        if type(exc).__name__ in _LIBRARY_INPUT_ERRORS:
+            err_console.print(f"[bold red]error:[/] {what}", highlight=False, soft_wrap=True)
+            sys.exit(2)
         err_console.print(
             f"[bold red]internal error:[/] {type(exc).__name__}: {what} "
             "(a bug in sapper; rerun with SAPPER_DEBUG=1 for the traceback)",

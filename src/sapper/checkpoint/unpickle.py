@@ -1,0 +1,110 @@
+"""sapper's own restricted unpickler, for the plain pickles it reads that are not torch files
+(a torch Distributed Checkpoint's ``.metadata``).
+
+``pickle.load`` imports and calls whatever a file names, so a checkpoint from an untrusted
+place could run a command. Here ``find_class`` answers only from the table the format gives
+(:class:`Vocabulary`), by fully qualified name; anything else is refused before it is
+built, naming the global. The classes of the table are :class:`Record` types: a record is
+data only. Its pickled state is kept in one slot (``state``) apart from its attributes, it
+has no ``__dict__``, and nothing of the file can become a method or an attribute the reader
+later calls. The functions of the table are sapper's own (``torch.Size`` becomes a tuple of
+ints), never the library's.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sapper.errors import InputError
+
+__all__ = ["Record", "Vocabulary", "record_type", "restricted_loads"]
+
+
+class Record:
+    """A pickled object of a format's class, read back as data: the class's name
+    (``qualname``) and the state the pickle gave it (``state``: a dict, a tuple, ...).
+    The reader interprets ``state``; nothing here runs on it."""
+
+    __slots__ = ("state",)
+    qualname = ""
+
+    def __new__(cls, *args: Any) -> Record:
+        if args:  # NEWOBJ/REDUCE with arguments: the real class would run code on them
+            raise pickle.UnpicklingError(f"{cls.qualname} built with arguments")
+        obj = super().__new__(cls)
+        obj.state = None
+        return obj
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __reduce__(self) -> Any:  # never pickled back
+        raise TypeError("a Record is read-only data")
+
+
+def record_type(qualname: str) -> type[Record]:
+    """A Record class named after ``qualname`` (NEWOBJ needs a class, one per name)."""
+    return type(qualname.rpartition(".")[2], (Record,), {"__slots__": (), "qualname": qualname})
+
+
+@dataclass
+class Vocabulary:
+    """What a format's pickles may name: Record classes and sapper's own functions."""
+
+    records: tuple[str, ...] = ()
+    functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._table: dict[str, Any] = {name: record_type(name) for name in self.records}
+        self._table.update(self.functions)
+
+    def find(self, module: str, name: str) -> Any:
+        try:
+            return self._table[f"{module}.{name}"]
+        except KeyError:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed") from None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, vocabulary: Vocabulary) -> None:
+        super().__init__(io.BytesIO(data))
+        self._vocabulary = vocabulary
+
+    def find_class(self, module: str, name: str) -> Any:
+        return self._vocabulary.find(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("persistent ids are not allowed")
+
+
+#: What unpickling hostile bytes raises beyond UnpicklingError (a truncated stream, a
+#: bad opcode argument, a memo index that does not exist, a value our functions refuse).
+_ERRORS = (
+    pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+    AttributeError, OverflowError, UnicodeDecodeError, MemoryError, RecursionError,
+)  # fmt: skip
+
+
+def restricted_loads(data: bytes, vocabulary: Vocabulary, file: str) -> Any:
+    """The object in ``data``, built from ``vocabulary`` only; InputError naming ``file``
+    when the pickle is damaged or names anything else (nothing of it is run)."""
+    try:
+        return _Unpickler(data, vocabulary).load()
+    except _ERRORS as exc:
+        text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if isinstance(exc, pickle.UnpicklingError) and "is not allowed" in text:
+            raise InputError(
+                "refused to unpickle: the file needs a global that could run code; "
+                "nothing in it was executed",
+                file=file,
+                field="pickle",
+                value=text.removeprefix("global ").removesuffix(" is not allowed"),
+                expected="the classes of its format, by name",
+            ) from None
+        raise InputError(
+            f"not a readable pickle ({type(exc).__name__}: {text})", file=file
+        ) from None
