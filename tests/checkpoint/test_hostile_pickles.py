@@ -139,7 +139,11 @@ def test_a_planted_callable_changes_nothing_the_reader_does(tmp_path: Path) -> N
 
     class fragment_address:
         def __reduce__(self):
-            return (fragment_address, (), {"numel": 4, "start": 0, "to_dict": collections.OrderedDict})
+            return (
+                fragment_address,
+                (),
+                {"numel": 4, "start": 0, "to_dict": collections.OrderedDict},
+            )
 
     fragment_address.__module__ = fake.__name__
     fragment_address.__qualname__ = "fragment_address"
@@ -236,7 +240,7 @@ def test_compression_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:
         load_torch_file(bomb)
     small = tmp_path / "small.pt"  # under the bound: inflated, then read (or refused) as usual
     _bomb_zip(small, MAX_INFLATED_BYTES // 2)
-    with pytest.raises(InputError, match="not a loadable torch file"):
+    with pytest.raises(InputError, match="not a readable pickle"):
         load_torch_file(small)
 
 

@@ -70,15 +70,19 @@ class Vocabulary:
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, vocabulary: Vocabulary) -> None:
+    def __init__(self, data: bytes, vocabulary: Vocabulary,
+                 persistent: Callable[[Any], Any] | None) -> None:  # fmt: skip
         super().__init__(io.BytesIO(data))
         self._vocabulary = vocabulary
+        self._persistent = persistent
 
     def find_class(self, module: str, name: str) -> Any:
         return self._vocabulary.find(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent ids are not allowed")
+        if self._persistent is None:
+            raise pickle.UnpicklingError("persistent ids are not allowed")
+        return self._persistent(pid)
 
 
 #: What unpickling hostile bytes raises beyond UnpicklingError (a truncated stream, a
@@ -86,14 +90,21 @@ class _Unpickler(pickle.Unpickler):
 _ERRORS = (
     pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
     AttributeError, OverflowError, UnicodeDecodeError, MemoryError, RecursionError,
+    RuntimeError, NotImplementedError,
 )  # fmt: skip
 
 
-def restricted_loads(data: bytes, vocabulary: Vocabulary, file: str) -> Any:
+def restricted_loads(
+    data: bytes,
+    vocabulary: Vocabulary,
+    file: str,
+    persistent_load: Callable[[Any], Any] | None = None,
+) -> Any:
     """The object in ``data``, built from ``vocabulary`` only; InputError naming ``file``
-    when the pickle is damaged or names anything else (nothing of it is run)."""
+    when the pickle is damaged or names anything else (nothing of it is run).
+    ``persistent_load`` answers the pickle's persistent ids (torch's storages)."""
     try:
-        return _Unpickler(data, vocabulary).load()
+        return _Unpickler(data, vocabulary, persistent_load).load()
     except _ERRORS as exc:
         text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if isinstance(exc, pickle.UnpicklingError) and "is not allowed" in text:
