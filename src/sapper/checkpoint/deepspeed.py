@@ -32,8 +32,9 @@ rank order as ``zero_to_fp32``'s ``_zero3_merge_frozen_params`` joins them.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import math
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from sapper.checkpoint.layout import (
     listing,
     regular_file,
 )
+from sapper.checkpoint.numbers import MAX_COUNT, checked_int, checked_number, checked_shape
 from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.source import TensorInfo, TensorSource
 from sapper.checkpoint.stats import CHUNK_ELEMENTS
@@ -95,9 +97,19 @@ class FragmentSource(TensorSource):
 
     def joined(self, other: FragmentSource) -> FragmentSource:
         """Both sources' tensors in one (``other``'s first), its files named too."""
-        files = ", ".join(f for f in (other._file, self._file) if f)
-        return FragmentSource({**other._pieces, **self._pieces}, {**other._shapes, **self._shapes},
-                              files, self.mapped and other.mapped)  # fmt: skip
+        return FragmentSource.union([other, self])
+
+    @staticmethod
+    def union(sources: list[FragmentSource]) -> FragmentSource:
+        """The sources' tensors in one, in their order (a later name replaces an earlier
+        one), every file named: one pass, whatever the number of sources."""
+        pieces: dict[str, list[Piece]] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for source in sources:
+            pieces.update(source._pieces)
+            shapes.update(source._shapes)
+        files = ", ".join(s._file for s in sources if s._file)
+        return FragmentSource(pieces, shapes, files, all(s.mapped for s in sources))
 
     def tensor(self, key: str) -> torch.Tensor:
         """One parameter whole, in its shape (a view when it lies in one partition)."""
@@ -170,43 +182,62 @@ def _tensor_list(value: Any, file: Path, where: str) -> list[torch.Tensor]:
     return [t.detach() for t in items]
 
 
-def _shapes(value: Any, file: Path) -> list[dict[str, tuple[int, ...]]]:
+def _shapes(value: Any, file: Path, key: str = "param_shapes") -> list[dict[str, tuple[int, ...]]]:
+    """Per param group, name -> shape; each size an integer in 0 … 2^48-1 (InputError
+    naming the parameter and the size otherwise, as a safetensors header's are checked)."""
     groups = value if isinstance(value, (list, tuple)) else [value]
     out: list[dict[str, tuple[int, ...]]] = []
     for g, group in enumerate(groups):
         if not isinstance(group, dict):
-            raise _bad(
-                file, "param_shapes is not a list of name -> shape maps", f"param_shapes.{g}"
-            )
+            raise _bad(file, f"{key} is not a list of name -> shape maps", f"{key}.{g}")
         shapes: dict[str, tuple[int, ...]] = {}
         for name, shape in group.items():
-            dims = tuple(shape) if isinstance(shape, (list, tuple, torch.Size)) else None
-            if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
-                raise _bad(file, "a parameter shape is not a list of sizes", f"param_shapes.{name}")
-            shapes[str(name)] = dims
+            shapes[str(name)] = checked_shape(shape, file=str(file), field=f"{key}.{name}")
         out.append(shapes)
     return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers (no float: ``a`` may exceed the float range's precision)."""
+    return -(-a // b)
+
+
+class _Segments:
+    """Flat tensors laid end to end, with their start offsets, so the pieces of a range
+    are found by bisection rather than by a walk over every segment."""
+
+    def __init__(self, segments: list[torch.Tensor]) -> None:
+        self.segments = segments
+        self.starts = [0, *itertools.accumulate(t.numel() for t in segments)]
+
+    def cut(self, start: int, numel: int, file: Path, name: str) -> list[Piece]:
+        """The pieces of ``[start, start + numel)``."""
+        pieces: list[Piece] = []
+        end = start + numel
+        if numel and end > self.starts[-1]:
+            raise _bad(file, f"{name} lies past the end of its flat partition", name)
+        i = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        while i < len(self.segments) and self.starts[i] < end:
+            base = self.starts[i]
+            lo, hi = max(start, base), min(end, self.starts[i + 1])
+            if lo < hi:
+                pieces.append((self.segments[i], lo - base, hi - lo))
+            i += 1
+        return pieces
 
 
 def _cut(
     segments: list[torch.Tensor], start: int, numel: int, file: Path, name: str
 ) -> list[Piece]:
     """The pieces of ``[start, start + numel)`` in the segments laid end to end."""
-    pieces: list[Piece] = []
-    base = 0
-    for seg in segments:
-        n = seg.numel()
-        lo, hi = max(start, base), min(start + numel, base + n)
-        if lo < hi:
-            pieces.append((seg, lo - base, hi - lo))
-        base += n
-    if sum(p[2] for p in pieces) != numel:
-        raise _bad(file, f"{name} lies past the end of its flat partition", name)
-    return pieces
+    return _Segments(segments).cut(start, numel, file, name)
 
 
 def _slice_mappings(sd: dict[str, Any], flats: list[list[torch.Tensor]], rank: int,
@@ -218,17 +249,21 @@ def _slice_mappings(sd: dict[str, Any], flats: list[list[torch.Tensor]], rank: i
     for g, mapping in enumerate(mappings):
         if not isinstance(mapping, dict):
             return False
+        segment = _Segments([flats[rank][g]])
         for name, addr in mapping.items():
             fields = addr.to_dict() if isinstance(addr, PickledObject) else addr
-            start = fields.get("start") if isinstance(fields, dict) else None
-            numel = fields.get("numel") if isinstance(fields, dict) else None
-            if not (isinstance(start, int) and isinstance(numel, int) and start >= 0 < numel):
+            if not isinstance(fields, dict):
                 raise _bad(
                     file, "a fragment address is not (numel, start)", f"param_slice_mappings.{name}"
                 )
-            pieces.setdefault(str(name), []).extend(
-                _cut([flats[rank][g]], start, numel, file, str(name))
+            where = f"param_slice_mappings.{g}.{name}"
+            start = checked_int(
+                fields.get("start"), file=str(file), field=f"{where}.start", low=0, high=MAX_COUNT
             )
+            numel = checked_int(
+                fields.get("numel"), file=str(file), field=f"{where}.numel", low=1, high=MAX_COUNT
+            )
+            pieces.setdefault(str(name), []).extend(segment.cut(start, numel, file, str(name)))
     return True
 
 
@@ -238,10 +273,10 @@ def _zero2_walk(shapes: list[dict[str, tuple[int, ...]]], flats: list[list[torch
     ranks' partitions of that group, concatenated in rank order."""
     pieces: dict[str, list[Piece]] = {}
     for g, group in enumerate(shapes):
-        segments = [rank_flats[g] for rank_flats in flats if g < len(rank_flats)]
+        segments = _Segments([rank_flats[g] for rank_flats in flats if g < len(rank_flats)])
         offset = 0
         for name, shape in group.items():
-            pieces[name] = _cut(segments, offset, _numel(shape), file, name)
+            pieces[name] = segments.cut(offset, _numel(shape), file, name)
             offset += _numel(shape)
     return pieces
 
@@ -251,18 +286,20 @@ def _zero3_walk(shapes: list[dict[str, tuple[int, ...]]], flats: list[list[torch
     """zero_to_fp32's ZeRO 3 protocol: every parameter has ``ceil(numel / world)`` elements
     at the same offset of each rank's flat vector (its sub-groups end to end)."""
     world = len(flats)
+    ranks = [_Segments(rank_flats) for rank_flats in flats]
     pieces: dict[str, list[Piece]] = {}
     offset = 0
     for group in shapes:
         for name, shape in group.items():
             numel = _numel(shape)
-            part = math.ceil(numel / world) if numel else 0
+            part = _ceil_div(numel, world)
             got: list[Piece] = []
             left = numel
-            for rank_flats in flats:
+            for segments in ranks:
                 take = min(part, left)
-                if take:
-                    got += _cut(rank_flats, offset, take, file, name)
+                if not take:
+                    break
+                got += segments.cut(offset, take, file, name)
                 left -= take
             pieces[name] = got
             offset += part
@@ -272,7 +309,8 @@ def _zero3_walk(shapes: list[dict[str, tuple[int, ...]]], flats: list[list[torch
 def _zero3_frozen(model_files: list[Path], first: dict[str, Any]) -> FragmentSource | None:
     """ZeRO 3's frozen parameters: rank 0's ``frozen_param_shapes``, each rank's
     ``ceil(numel / world)`` piece from its ``frozen_param_fragments`` (the last padded)."""
-    shapes = _shapes(first.get("frozen_param_shapes") or {}, model_files[0])[0]
+    key = "frozen_param_shapes"
+    shapes = _shapes(first.get(key) or {}, model_files[0], key)[0]
     if not shapes:
         return None
     ranks = [first] + [load_torch_file(p) for p in model_files[1:]]
@@ -280,7 +318,7 @@ def _zero3_frozen(model_files: list[Path], first: dict[str, Any]) -> FragmentSou
     pieces: dict[str, list[Piece]] = {}
     for name, shape in shapes.items():
         numel = _numel(shape)
-        part, left = (math.ceil(numel / world) if numel else 0), numel
+        part, left = _ceil_div(numel, world), numel
         got: list[Piece] = []
         for rank, path in zip(ranks, model_files, strict=True):
             frags = rank.get("frozen_param_fragments") if isinstance(rank, dict) else None
@@ -340,11 +378,17 @@ def read_deepspeed(folder: Path) -> DeepSpeedCheckpoint:
     slices, under the same names) each is read as one model and its names are kept apart
     as ``mp_rank_XX/<name>``, as Megatron saves are."""
     files = sorted(listing(folder).values(), key=_natural)
-    mp_of = {p: m.group(2) for p in files if (m := DEEPSPEED_MODEL_STATES.match(p.name))}
-    if not mp_of:
+    model_of: dict[str, list[Path]] = {}
+    optim_of: dict[str, list[Path]] = {}
+    for path in files:  # one pass: each model-parallel rank's files, in natural order
+        if m := DEEPSPEED_MODEL_STATES.match(path.name):
+            model_of.setdefault(m.group(2), []).append(path)
+        elif m := DEEPSPEED_OPTIM_STATES.match(path.name):
+            optim_of.setdefault(m.group(2), []).append(path)
+    if not model_of:
         raise _bad(folder, "no *model_states.pt in the folder")
-    ranks = sorted(set(mp_of.values()), key=int)
-    parts = [_read_mp_rank(folder, files, mp_of, rank) for rank in ranks]
+    ranks = sorted(model_of, key=int)
+    parts = [_read_mp_rank(folder, model_of[rank], optim_of.get(rank, [])) for rank in ranks]
     return parts[0] if len(parts) == 1 else _merged(parts, ranks)
 
 
@@ -355,13 +399,8 @@ def _merged(parts: list[DeepSpeedCheckpoint], ranks: list[str]) -> DeepSpeedChec
     first = parts[0]
 
     def join(sources: list[FragmentSource | None]) -> FragmentSource | None:
-        present = [(s, pre) for s, pre in zip(sources, prefixes, strict=True) if s is not None]
-        if not present:
-            return None
-        out = present[0][0].prefixed(present[0][1])
-        for source, prefix in present[1:]:
-            out = source.prefixed(prefix).joined(out)
-        return out
+        present = [s.prefixed(pre) for s, pre in zip(sources, prefixes, strict=True) if s]
+        return FragmentSource.union(present) if present else None
 
     moments = {
         key: join([p.moments[key] for p in parts])
@@ -382,15 +421,11 @@ def _merged(parts: list[DeepSpeedCheckpoint], ranks: list[str]) -> DeepSpeedChec
     )  # fmt: skip
 
 
-def _read_mp_rank(folder: Path, files: list[Path], mp_of: dict[Path, str],
-                  mp_rank: str) -> DeepSpeedCheckpoint:  # fmt: skip
+def _read_mp_rank(folder: Path, model_paths: list[Path],
+                  optim_paths: list[Path]) -> DeepSpeedCheckpoint:  # fmt: skip
     """One model-parallel rank: its data ranks' partitions are one model's."""
-    model_files = [regular_file(p) for p, rank in mp_of.items() if rank == mp_rank]
-    optim_files = [
-        regular_file(p)
-        for p in files
-        if (m := DEEPSPEED_OPTIM_STATES.match(p.name)) is not None and m.group(2) == mp_rank
-    ]
+    model_files = [regular_file(p) for p in model_paths]
+    optim_files = [regular_file(p) for p in optim_paths]
     model = load_torch_file(model_files[0])
     if not isinstance(model, dict):
         raise _bad(model_files[0], "model states are not a dict")
@@ -405,6 +440,10 @@ def _read_mp_rank(folder: Path, files: list[Path], mp_of: dict[Path, str],
         for k in ("global_steps", "skipped_steps", "global_samples", "dp_world_size", "ds_version")
         if isinstance(model.get(k), (int, str)) and not isinstance(model.get(k), bool)
     }
+    for key, value in engine.items():  # the engine's counters: 64-bit counts
+        if key != "ds_version":
+            checked_number(value, file=str(model_files[0]), field=key, low=0, high=MAX_COUNT,
+                           integer=True)  # fmt: skip
     sched = model.get("lr_scheduler")
     shapes = _shapes(model.get("param_shapes", []), model_files[0])
     empty = FragmentSource({}, {}, str(folder))
@@ -474,10 +513,14 @@ def _read_mp_rank(folder: Path, files: list[Path], mp_of: dict[Path, str],
         [dict(g) for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
     )
     ckpt.step = _first_step(inner)
+    checked_number(ckpt.step, file=str(optim_files[0]), low=0, high=MAX_COUNT, integer=True,
+                   field=f"optimizer_state_dict.{inner_key}.state.step")  # fmt: skip
     for g, group in enumerate(shapes):
         for name in group:
             ckpt.groups_of[name] = min(g, len(ckpt.param_groups) - 1) if ckpt.param_groups else 0
     scaler = states[0].get("loss_scaler")
     if isinstance(scaler, PickledObject):
         ckpt.loss_scaler = {"type": scaler.qualname, **scaler.to_dict()}
+        checked_number(ckpt.loss_scaler.get("cur_scale"), file=str(optim_files[0]),
+                       field="optimizer_state_dict.loss_scaler.cur_scale")  # fmt: skip
     return ckpt

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sapper.checkpoint.naming import parse_name, strip_wrappers
+from sapper.checkpoint.numbers import checked_number
 from sapper.checkpoint.rules import INIT_SCALE_OFF, MODEL_MISMATCH, UNEXPECTED_TENSORS
 from sapper.checkpoint.stats import TensorStats
 from sapper.errors import InputError
@@ -120,10 +121,11 @@ def expected_model(path: Path) -> Expected:
     for form in forms[1:]:  # names a conversion gives parameters (experts.0.w1.weight)
         parameters |= {k for k in form if k not in forms[0]}
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    stds = ((a, getattr(text, a, None)) for a in ("initializer_range", "init_std"))
     std = next(
         (
-            v
-            for v in (getattr(text, a, None) for a in ("initializer_range", "init_std"))
+            checked_number(v, file=str(file), field=a)  # an int past 1.8e308 is refused
+            for a, v in stds
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
         ),
         None,
@@ -138,7 +140,7 @@ def expected_model(path: Path) -> Expected:
         ignore_missing=list(getattr(model, "_keys_to_ignore_on_load_missing", None) or ()),
         ignore_unexpected=list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()),
         prefix=getattr(model, "base_model_prefix", "") or "",
-        init_std=float(std) if std is not None else None,
+        init_std=std if std is not None and math.isfinite(std) else None,
         layers=int(getattr(text, "num_hidden_layers", 0) or 0),
     )
 

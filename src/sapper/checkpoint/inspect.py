@@ -195,6 +195,10 @@ def _report(
 ) -> CheckpointReport:
     if expected is not None:  # the given config speaks for the model, not the folder's own
         scan.config = expected.config
+    # The numbers of the training state (steps, learning rates, the loss scale) are read
+    # and checked first: a file that holds no usable one is refused before any tensor.
+    steps = steps_of(scan)
+    resume = resume_findings(scan)
     shards = scan.layout.weights
     if jobs > 1 and scan.layout.weights_format == "safetensors" and len(shards) > 1:
         from sapper.checkpoint.workers import shard_stats
@@ -202,7 +206,6 @@ def _report(
         weights = shard_stats(shards, min(jobs, len(shards)), threads)
     else:
         weights = [scan.weights.stats(k) for k in scan.weights.keys()]
-    steps = steps_of(scan)
     trained = any(v > 0 for v in steps.values())
     # Where fp32 masters are kept apart (DeepSpeed ZeRO 1/2), they are what trains: a
     # 16-bit norm still at 1.0 after a few small steps is rounding, not a dead tensor.
@@ -230,7 +233,7 @@ def _report(
     findings += tied_findings(scan.weights, scan.config)
     if not scan.weights_are_masters:
         findings += dtype_findings(weights, scan.config)
-    findings += resume_findings(scan)
+    findings += resume
     if expected is not None:
         findings += model_findings(
             expected, weights, scan.weights_file, untrained=bool(steps) and not trained

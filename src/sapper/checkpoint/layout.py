@@ -24,6 +24,9 @@ __all__ = [
     "DEEPSPEED_MODEL_STATES",
     "DEEPSPEED_OPTIM_STATES",
     "MAX_FOLDER_ENTRIES",
+    "MAX_INDEX_ENTRIES",
+    "MAX_MEGATRON_RANKS",
+    "MAX_SHARDS",
     "Layout",
     "detect",
     "listing",
@@ -33,6 +36,12 @@ __all__ = [
 
 #: Entries of a folder looked at, at most: a folder of a million files is not a checkpoint.
 MAX_FOLDER_ENTRIES = 100_000
+#: Tensors a shard index may name (the largest public models name under 200k) and the
+#: distinct shard files (they hold under 2,000): both checked before any entry is used.
+MAX_INDEX_ENTRIES = 1_000_000
+MAX_SHARDS = 10_000
+#: Megatron-LM rank folders (``mp_rank_XX[_YYY]``) of one iteration, at most.
+MAX_MEGATRON_RANKS = 16_384
 _MAX_JSON_BYTES = 64 << 20
 #: The file names DeepSpeed's ``engine.save_checkpoint`` gives a tag folder's model states
 #: (``zero_pp_rank_R_`` under ZeRO 3) and each data rank's ZeRO optimizer partition.
@@ -126,12 +135,23 @@ def read_json(path: Path) -> dict:
 
 
 def _shards(index: Path) -> list[Path]:
-    """The shard files an index names, each in the index's folder (no path escapes)."""
+    """The shard files an index names, each in the index's folder (no path escapes), in
+    the order first named; the counts are bounded before any entry is looked at."""
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError("shard index has no weight_map", file=str(index), field="weight_map")
-    names = []
+    if len(weight_map) > MAX_INDEX_ENTRIES:
+        raise InputError(
+            "shard index names too many tensors to be a checkpoint's",
+            file=str(index),
+            field="weight_map",
+            value=len(weight_map),
+            expected=f"at most {MAX_INDEX_ENTRIES} entries",
+        )
+    names: dict[str, None] = {}  # insertion-ordered set
     for key, name in weight_map.items():
+        if isinstance(name, str) and name in names:
+            continue
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
             raise InputError(
                 "shard name is not a file in the index's folder",
@@ -139,8 +159,15 @@ def _shards(index: Path) -> list[Path]:
                 field=f"weight_map.{key}",
                 value=name,
             )
-        if name not in names:
-            names.append(name)
+        names[name] = None
+        if len(names) > MAX_SHARDS:
+            raise InputError(
+                f"shard index names more than {MAX_SHARDS} distinct shard files",
+                file=str(index),
+                field=f"weight_map.{key}",
+                value=name,
+                expected=f"at most {MAX_SHARDS} shard files",
+            )
     return [regular_file(index.parent / n) for n in names]
 
 
@@ -207,6 +234,13 @@ def _megatron(path: Path, files: dict[str, Path], depth: int) -> Layout | None:
     ranks = sorted(n for n in files if n.startswith("mp_rank_") and files[n].is_dir())
     if not ranks:
         return None
+    if len(ranks) > MAX_MEGATRON_RANKS:
+        raise InputError(
+            "too many Megatron rank folders (mp_rank_*) to be one checkpoint's",
+            file=str(path),
+            value=len(ranks),
+            expected=f"at most {MAX_MEGATRON_RANKS}",
+        )
     layout = Layout(path, "megatron", weights_format="torch")
     for rank in ranks:
         for name in ("model_optim_rng.pt", "model_rng.pt"):

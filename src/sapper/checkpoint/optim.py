@@ -16,6 +16,7 @@ by its index (``param 7``).
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass
@@ -26,9 +27,10 @@ import torch
 
 from sapper.checkpoint.checks import nonfinite_finding
 from sapper.checkpoint.naming import parse_name
+from sapper.checkpoint.numbers import MAX_COUNT, checked_number
 from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW, NO_GRADIENT
-from sapper.checkpoint.scan import OptimizerState, Scan, number
+from sapper.checkpoint.scan import OptimizerState, Scan
 from sapper.checkpoint.stats import CHUNK_ELEMENTS, StatsAccumulator, TensorStats, flat_chunks
 from sapper.rules.model import Finding
 
@@ -68,65 +70,116 @@ class ParamUpdate:
         }
 
 
+class _Order:
+    """Weight keys in the order an optimizer may have received them, with the positions
+    of each shape (and of the parameter-like keys), so the next key of a shape after a
+    position is found by bisection."""
+
+    def __init__(
+        self, keys: list[str], shapes: dict[str, tuple[int, ...]], param_like: set[str]
+    ) -> None:
+        self.keys = keys
+        self.by_shape: dict[tuple[int, ...], list[int]] = {}
+        self.like: list[int] = []
+        for pos, key in enumerate(keys):
+            self.by_shape.setdefault(shapes[key], []).append(pos)
+            if key in param_like:
+                self.like.append(pos)
+
+    def next(self, shape: tuple[int, ...] | None, pos: int) -> int | None:
+        """The first position at or after ``pos`` of a key of ``shape`` (None: of a
+        parameter-like key)."""
+        positions = self.like if shape is None else self.by_shape.get(shape, [])
+        i = bisect.bisect_left(positions, pos)
+        return positions[i] if i < len(positions) else None
+
+
 def _match(
-    order: list[str],
-    shapes: dict[str, tuple[int, ...]],
-    wanted: list[tuple[Any, tuple[int, ...] | None]],
-    param_like: set[str],
+    order: _Order, wanted: list[tuple[Any, tuple[int, ...] | None]]
 ) -> dict[Any, str] | None:
     """Assign ``wanted`` (index, shape) in turn to the next key of ``order`` with that
     shape (keys of other shapes are skipped: buffers, frozen tensors); None if one fails.
-    An index without state (shape None: it never had a gradient) takes the next key of
-    ``param_like`` (a floating weight or bias, not a buffer's name)."""
+    An index without state (shape None: it never had a gradient) takes the next
+    parameter-like key (a floating weight or bias, not a buffer's name)."""
     names: dict[Any, str] = {}
     pos = 0
     for index, shape in wanted:
-        if shape is None:
-            while pos < len(order) and order[pos] not in param_like:
-                pos += 1
-        else:
-            while pos < len(order) and shapes[order[pos]] != shape:
-                pos += 1
-        if pos == len(order):
+        found = order.next(shape, pos)
+        if found is None:
             return None
-        names[index] = order[pos]
-        pos += 1
+        names[index] = order.keys[found]
+        pos = found + 1
     return names
+
+
+@dataclass
+class _Weights:
+    """What naming the optimizers' parameters needs of a checkpoint's weights, worked out
+    once per checkpoint (however many optimizers, one per Megatron rank, ask)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    param_like: set[str]
+    #: Keys in the order the optimizer received them: all (``""``), or one Megatron rank
+    #: folder's (``mp_rank_00/``); a safetensors checkpoint's in its config's module order.
+    orders: dict[str, list[str]]
+    indexed: dict[tuple[str, str], _Order]
+
+    def order(self, rank: str, which: str) -> _Order:
+        """The keys of ``rank`` indexed: ``all``, or the Trainer's ``decay``/``no_decay``."""
+        if (rank, which) not in self.indexed:
+            keys = self.orders[rank]
+            if which != "all":
+                keys = [k for k in keys if (_NO_DECAY.search(k) is None) == (which == "decay")]
+            self.indexed[rank, which] = _Order(keys, self.shapes, self.param_like)
+        return self.indexed[rank, which]
+
+
+def _weights(scan: Scan) -> _Weights:
+    cached = scan.memo.get("optim.weights")
+    if cached is not None:
+        return cached
+    infos = {k: scan.weights.info(k) for k in scan.weights.keys()}
+    shapes = {k: i.shape for k, i in infos.items()}
+    param_like = {
+        k for k, i in infos.items() if i.dtype.startswith(("float", "bfloat")) and _PARAM.search(k)
+    }
+    orders: dict[str, list[str]] = {}
+    if scan.layout.weights_format == "safetensors":
+        module = _module_order(scan.config) if scan.config is not None else None
+        orders[""] = [k for k in module or [] if k in shapes]
+    else:
+        orders[""] = list(shapes)
+        for k in shapes:  # Megatron ranks' weights, kept apart as mp_rank_XX/<name>
+            head, sep, _ = k.partition("/")
+            if sep:
+                orders.setdefault(head + sep, []).append(k)
+    weights = _Weights(shapes, param_like, orders, {})
+    scan.memo["optim.weights"] = weights
+    return weights
 
 
 def param_names(scan: Scan, opt: OptimizerState) -> dict[Any, str]:
     """Parameter index -> weight key, where an order consistent with every shape exists."""
     if opt.names is not None:
         return opt.names
-    infos = {k: scan.weights.info(k) for k in scan.weights.keys()}
-    shapes = {k: i.shape for k, i in infos.items()}
-    param_like = {
-        k for k, i in infos.items() if i.dtype.startswith(("float", "bfloat")) and _PARAM.search(k)
-    }
     wanted_groups: list[list[tuple[Any, tuple[int, ...] | None]]] = []
     for group in opt.param_groups:
         ids = _param_ids(group)
         wanted_groups.append([(i, _moment_shape(opt.state.get(i))) for i in ids])
     if all(shape is None for g in wanted_groups for _, shape in g):
         return {}
-    order = list(shapes)
+    weights = _weights(scan)
     rank = Path(opt.file).parent.name + "/"
-    if any(k.startswith(rank) for k in order):  # Megatron ranks: this rank's weights only
-        order = [k for k in order if k.startswith(rank)]
-    if scan.layout.weights_format == "safetensors" and scan.config is not None:
-        order = _module_order(scan.config) or []
-        order = [k for k in order if k in shapes]
-    if not order or (scan.layout.weights_format == "safetensors" and scan.config is None):
+    rank = rank if rank in weights.orders else ""  # Megatron ranks: this rank's weights only
+    if not weights.orders[rank]:
         return {}
-    candidates = [[order] * len(wanted_groups)]
+    candidates = [["all"] * len(wanted_groups)]
     if len(wanted_groups) == 2:
-        decay = [k for k in order if not _NO_DECAY.search(k)]
-        no_decay = [k for k in order if _NO_DECAY.search(k)]
-        candidates.insert(0, [decay, no_decay])
+        candidates.insert(0, ["decay", "no_decay"])
     for orders in candidates:
         names: dict[Any, str] = {}
-        for keys, wanted in zip(orders, wanted_groups, strict=True):
-            got = _match(keys, shapes, wanted, param_like)
+        for which, wanted in zip(orders, wanted_groups, strict=True):
+            got = _match(weights.order(rank, which), wanted)
             if got is None:
                 break
             names.update(got)
@@ -199,15 +252,43 @@ def _module_order(config: dict[str, Any]) -> list[str] | None:
         return None
 
 
+@dataclass
+class _Hyper:
+    """A param group's numbers Adam's update needs, checked (None where not numbers)."""
+
+    lr: float | None
+    betas: list[float | None]
+    eps: float | None
+
+
+def _hyper(group: Any, index: int, file: str) -> _Hyper:
+    if not isinstance(group, dict):
+        return _Hyper(None, [], None)
+    where = f"param_groups.{index}"
+    betas = group.get("betas")
+    pair = betas[:2] if isinstance(betas, (list, tuple)) else []
+    return _Hyper(
+        checked_number(group.get("lr"), file=file, field=f"{where}.lr"),
+        [checked_number(b, file=file, field=f"{where}.betas.{i}") for i, b in enumerate(pair)],
+        checked_number(group.get("eps"), file=file, field=f"{where}.eps"),
+    )
+
+
+def _step(entry: dict[str, Any], index: Any, file: str) -> float | None:
+    """Adam's step count of one parameter: an integer in 0 … 2^63-1, or None."""
+    return checked_number(
+        entry.get("step"), file=file, field=f"state.{index}.step", low=0, high=MAX_COUNT,
+        integer=True,
+    )  # fmt: skip
+
+
 def _update_stats(
-    entry: dict[str, Any], group: dict[str, Any], key: str, file: str, mapped: bool
+    entry: dict[str, Any], hyper: _Hyper, step: float | None, key: str, file: str, mapped: bool
 ) -> tuple[ParamUpdate, TensorStats, TensorStats]:
     m, v = entry["exp_avg"], entry["exp_avg_sq"]
-    step = number(entry.get("step"))
-    betas = group.get("betas")
-    pair = [number(b) for b in betas[:2]] if isinstance(betas, (list, tuple)) else []
+    pair = hyper.betas
     b1, b2 = (pair[0], pair[1]) if len(pair) == 2 and None not in pair else (0.9, 0.999)
-    eps = number(group.get("eps"))
+    eps = hyper.eps
     eps = eps if eps is not None and math.isfinite(eps) and eps > 0 else 1e-8
     t = step if step is not None and math.isfinite(step) and step > 0 else 1.0
     bc1 = 1 - b1**t if 0 <= b1 < 1 else 1.0  # type: ignore[operator]
@@ -247,12 +328,11 @@ def _update_stats(
             count += int(ok.sum())
         ratio_max = max(ratio_max, float(ratio.max()))
         ratio_sq += float(torch.dot(ratio.reshape(-1), ratio.reshape(-1)))
-    lr = number(group.get("lr"))
     upd = ParamUpdate(
         index=None,
         name=key,
         step=step,
-        lr=lr,
+        lr=hyper.lr,
         numel=m.numel(),
         ratio_max=ratio_max,
         ratio_rms=math.sqrt(ratio_sq / count) if count else 0.0,
@@ -267,8 +347,15 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
     updates: list[ParamUpdate] = []
     moment_stats: list[TensorStats] = []
     for n_opt, opt in enumerate(scan.optimizers):
+        # every group's and every state's numbers are checked before a tensor is read
+        hypers = [_hyper(g, i, opt.file) for i, g in enumerate(opt.param_groups)]
+        steps = {
+            index: _step(entry, index, opt.file)
+            for index, entry in opt.state.items()
+            if isinstance(entry, dict)
+        }
         names = param_names(scan, opt)
-        group_of = {i: g for g in opt.param_groups for i in _param_ids(g)}
+        group_of = {i: hypers[n] for n, g in enumerate(opt.param_groups) for i in _param_ids(g)}
         unnamed = f"optimizer{'' if n_opt == 0 else n_opt}.param "
         silent = [names.get(i, f"{unnamed}{i}") for i in group_of if i not in opt.state]
         for index, entry in opt.state.items():
@@ -286,7 +373,8 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
             m, v = entry["exp_avg"], entry["exp_avg_sq"]
             if m.shape != v.shape or not (_dense(m) and _dense(v)):
                 continue
-            upd, ms, vs = _update_stats(entry, group_of.get(index, {}), label, opt.file, opt.mapped)
+            hyper = group_of.get(index, _Hyper(None, [], None))
+            upd, ms, vs = _update_stats(entry, hyper, steps.get(index), label, opt.file, opt.mapped)
 
             upd.index = index
             updates.append(upd)
@@ -309,7 +397,7 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
                         dtype=vs.dtype,
                     )
                 )
-        findings += _no_gradient(opt, silent)
+        findings += _no_gradient(opt, silent, steps)
     jumps = sorted(
         (u for u in updates if u.ratio_max > JUMP_RATIO), key=lambda u: u.ratio_max, reverse=True
     )
@@ -330,11 +418,12 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
     return findings, updates, moment_stats
 
 
-def _no_gradient(opt: OptimizerState, silent: list[str]) -> list[Finding]:
+def _no_gradient(
+    opt: OptimizerState, silent: list[str], steps: dict[Any, float | None]
+) -> list[Finding]:
     """K016: parameters of the optimizer's groups without state, or with all-zero moments,
-    once the optimizer has stepped (any state with step > 0)."""
-    steps = [number(e.get("step")) for e in opt.state.values() if isinstance(e, dict)]
-    stepped = max((s for s in steps if s is not None and math.isfinite(s)), default=0)
+    once the optimizer has stepped (any state with step > 0; ``steps`` checked)."""
+    stepped = max((s for s in steps.values() if s is not None), default=0)
     if not silent or stepped <= 0:
         return []
     shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")

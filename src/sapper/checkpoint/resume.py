@@ -15,13 +15,14 @@ import itertools
 import math
 from typing import Any
 
+from sapper.checkpoint.numbers import MAX_COUNT, checked_number
 from sapper.checkpoint.rules import (
     LOSS_SCALE_COLLAPSED,
     RESUME_INCOMPLETE,
     RESUME_LR_MISMATCH,
     RESUME_STEP_MISMATCH,
 )
-from sapper.checkpoint.scan import Scan, number
+from sapper.checkpoint.scan import Scan
 from sapper.rules.model import Finding, Severity
 
 __all__ = ["LR_RTOL", "SCALE_FLOOR", "SCALE_LOW", "resume_findings", "steps_of"]
@@ -33,13 +34,22 @@ SCALE_LOW = 128.0
 LR_RTOL = 1e-6
 
 
+def _count(value: Any, file: str, field: str, low: int = 0) -> float | None:
+    """A step, an iteration or another count read from ``file``: an integer in
+    ``low … 2^63-1``; None where the file holds no number there."""
+    return checked_number(value, file=file, field=field, low=low, high=MAX_COUNT, integer=True)
+
+
 def scaler_findings(scan: Scan) -> list[Finding]:
     if scan.scaler is None:
         return []
-    scale = number(scan.scaler.get("scale"))
+    where = scan.scaler_file
+    # DeepSpeed's loss scaler keeps its scale as cur_scale (copied to "scale")
+    key = "cur_scale" if "cur_scale" in scan.scaler else "scale"
+    scale = checked_number(scan.scaler.get(key), file=where, field=key)
+    growth = _count(scan.scaler.get("_growth_tracker"), where, "_growth_tracker")
     if scale is None:
         return []
-    where = scan.scaler_file
     if not math.isfinite(scale) or scale <= SCALE_FLOOR:
         return [
             LOSS_SCALE_COLLAPSED.finding(
@@ -48,7 +58,7 @@ def scaler_findings(scan: Scan) -> list[Finding]:
                 value=scale,
                 threshold=SCALE_FLOOR,
                 source=where,
-                growth_tracker=number(scan.scaler.get("_growth_tracker")),
+                growth_tracker=growth,
             )
         ]
     if scale < SCALE_LOW:
@@ -69,32 +79,33 @@ def steps_of(scan: Scan) -> dict[str, float]:
     """The step each piece records: optimizer, scheduler, trainer (only those present)."""
     steps: dict[str, float] = {}
     opt_steps = [
-        number(e.get("step"))
+        _count(e.get("step"), o.file, f"state.{index}.step")
         for o in scan.optimizers
-        for e in o.state.values()
+        for index, e in o.state.items()
         if isinstance(e, dict)
     ]
     known = [s for s in opt_steps if s is not None]
     if known:
         steps["optimizer"] = max(known)
-    for sched in scan.schedulers[:1]:
-        last = number(sched.get("last_epoch"))
+    for sched in scan.schedulers[:1]:  # an LR scheduler's last_epoch starts at -1
+        last = _count(sched.get("last_epoch"), scan.origin("scheduler"), "last_epoch", low=-1)
         if last is not None:
             steps["scheduler"] = last
     if scan.trainer_state is not None:
-        gs = number(scan.trainer_state.get("global_step"))
+        where = str(scan.layout.trainer_state)
+        gs = _count(scan.trainer_state.get("global_step"), where, "global_step")
         if gs is not None:
             steps["trainer"] = gs
     if scan.lightning is not None:
-        gs = number(scan.lightning.get("global_step"))
+        gs = _count(scan.lightning.get("global_step"), scan.origin("lightning"), "global_step")
         if gs is not None:
             steps["trainer"] = gs
     if scan.megatron is not None:
-        it = number(scan.megatron.get("iteration"))
+        it = _count(scan.megatron.get("iteration"), scan.origin("megatron"), "iteration")
         if it is not None:
             steps["trainer"] = it
     if scan.deepspeed is not None and "trainer" not in steps:
-        gs = number(scan.deepspeed.get("global_steps"))
+        gs = _count(scan.deepspeed.get("global_steps"), scan.origin("deepspeed"), "global_steps")
         if gs is not None:  # the engine's step count, overflow-skipped steps included
             steps["trainer"] = gs
     return steps
@@ -139,11 +150,15 @@ def _lr_findings(scan: Scan, steps: dict[str, float]) -> list[Finding]:
     if not scan.optimizers:
         return out
     opt = scan.optimizers[0]
-    group_lrs = [number(g.get("lr")) for g in opt.param_groups if isinstance(g, dict)]
+    group_lrs = [
+        checked_number(g.get("lr"), file=opt.file, field=f"param_groups.{i}.lr")
+        for i, g in enumerate(opt.param_groups)
+        if isinstance(g, dict)
+    ]
     last = scan.schedulers[0].get("_last_lr") if scan.schedulers else None
     sched_lrs: list[Any] = list(last) if isinstance(last, (list, tuple)) else []
     for i, (g_lr, s_lr) in enumerate(zip(group_lrs, sched_lrs, strict=False)):
-        s_val = number(s_lr)
+        s_val = checked_number(s_lr, file=scan.origin("scheduler"), field=f"_last_lr.{i}")
         if g_lr is not None and s_val is not None and not _close(g_lr, s_val):
             out.append(
                 RESUME_LR_MISMATCH.finding(
@@ -154,7 +169,7 @@ def _lr_findings(scan: Scan, steps: dict[str, float]) -> list[Finding]:
                     source=opt.file,
                 )
             )
-    logged = _logged_lr(scan.trainer_state, steps.get("trainer"))
+    logged = _logged_lr(scan.trainer_state, steps.get("trainer"), str(scan.layout.trainer_state))
     if logged is not None and group_lrs and group_lrs[0] is not None:
         step, lr, tol = logged
         if abs(lr - group_lrs[0]) > tol + LR_RTOL * max(abs(lr), abs(group_lrs[0])):
@@ -172,7 +187,7 @@ def _lr_findings(scan: Scan, steps: dict[str, float]) -> list[Finding]:
 
 
 def _logged_lr(
-    state: dict[str, Any] | None, global_step: float | None
+    state: dict[str, Any] | None, global_step: float | None, file: str
 ) -> tuple[float, float, float] | None:
     """(step, lr, tolerance) of the last learning rate the trainer logged. Trainers log
     the LR of the step just taken or the one to come (versions differ), so the tolerance
@@ -181,8 +196,13 @@ def _logged_lr(
     if not isinstance(history, list) or global_step is None:
         return None
     points = [
-        (number(e.get("step")), number(e.get("learning_rate")))
-        for e in history
+        (
+            _count(e.get("step"), file, f"log_history.{i}.step"),
+            checked_number(
+                e.get("learning_rate"), file=file, field=f"log_history.{i}.learning_rate"
+            ),
+        )
+        for i, e in enumerate(history)
         if isinstance(e, dict) and "learning_rate" in e
     ]
     points = [

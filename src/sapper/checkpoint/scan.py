@@ -21,7 +21,7 @@ from sapper.checkpoint.source import SafetensorsSource, TensorSource, TorchSourc
 from sapper.checkpoint.torchfile import iter_tensors, load_torch_file, mapped
 from sapper.errors import InputError
 
-__all__ = ["OptimizerState", "Scan", "load_scan", "number"]
+__all__ = ["OptimizerState", "Scan", "load_scan"]
 
 _WEIGHT_KEYS = ("state_dict", "model", "model_state_dict", "module", "model_state")
 _OPTIM_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_states")
@@ -70,6 +70,14 @@ class Scan:
     #: The weights are fp32 masters (ZeRO 3 keeps no 16-bit copy): their dtype is not the
     #: model's.
     weights_are_masters: bool = False
+    #: The file each piece of state was read from (``scheduler``: the first scheduler's,
+    #: ``lightning``, ``megatron``, ``deepspeed``), to name it when a value is refused.
+    origins: dict[str, str] = field(default_factory=dict)
+    #: What the checks work out once per checkpoint (by the module's own keys).
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def origin(self, piece: str) -> str:
+        return self.origins.get(piece, str(self.layout.path))
 
     @property
     def kind(self) -> str:
@@ -79,17 +87,6 @@ class Scan:
 
     def close(self) -> None:
         self.weights.close()
-
-
-def number(value: Any) -> float | None:
-    """A plain float from a number or a one-element tensor; None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.reshape(()).item())
-    return None
 
 
 def _is_optimizer(obj: Any) -> bool:
@@ -147,9 +144,10 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
             scan_kw["optimizers"] += _optimizers(obj[key], file)
     for key in _SCHED_KEYS:
         value = obj.get(key)
-        scan_kw["schedulers"] += [
-            s for s in (value if isinstance(value, list) else [value]) if isinstance(s, dict)
-        ]
+        found = [s for s in (value if isinstance(value, list) else [value]) if isinstance(s, dict)]
+        if found:
+            scan_kw["origins"].setdefault("scheduler", f"{file}: {key}")
+        scan_kw["schedulers"] += found
     for key in _SCALER_KEYS:
         if isinstance(obj.get(key), dict) and "scale" in obj[key]:
             scan_kw["scaler"], scan_kw["scaler_file"] = obj[key], f"{file}: {key}"
@@ -160,10 +158,12 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
             scan_kw["scaler_file"] = f"{file}: optimizer.grad_scaler"
     if "iteration" in obj and "model" in obj:  # Megatron-LM's model_optim_rng.pt
         scan_kw["megatron"] = {"iteration": obj.get("iteration"), "rng": "rng_state" in obj}
+        scan_kw["origins"]["megatron"] = file
     if "state_dict" in obj and ("loops" in obj or "pytorch-lightning_version" in obj):
         scan_kw["lightning"] = {
             k: obj.get(k) for k in ("global_step", "epoch", "loops") if k in obj
         }
+        scan_kw["origins"]["lightning"] = file
     if not weights and not scan_kw["optimizers"]:
         weights = {k: v for k, v in iter_tensors(obj)}
     return weights
@@ -197,6 +197,7 @@ def _deepspeed(
 
     ds = read_deepspeed(tag)
     kw["deepspeed"] = {**ds.engine, "zero_stage": ds.zero_stage, "data_parallel": ds.world}
+    kw["origins"]["deepspeed"] = ds.module_file
     if not weights.keys():
         if ds.module:
             weights = TorchSource(ds.module, ds.module_file, ds.module_mapped)
@@ -212,9 +213,11 @@ def _deepspeed(
         kw["masters"] = ds.masters
     if {"exp_avg", "exp_avg_sq"} <= set(ds.moments):
         names = ds.masters.keys()
+        members: dict[Any, list[str]] = {}
+        for n in names:  # one pass, however many groups the file lists
+            members.setdefault(ds.groups_of.get(n), []).append(n)
         groups = [
-            {**g, "params": [n for n in names if ds.groups_of.get(n) == i]}
-            for i, g in enumerate(ds.param_groups or [{}])
+            {**g, "params": members.get(i, [])} for i, g in enumerate(ds.param_groups or [{}])
         ]
         state: dict[Any, dict[str, Any]] = {n: LazyMoments(ds.step, ds.moments, n) for n in names}
         kw["optimizers"].append(
@@ -225,6 +228,7 @@ def _deepspeed(
         kw["scaler"] = {"scale": scaler.get("cur_scale"), **scaler}
         kw["scaler_file"] = f"{ds.optim_file}: loss_scaler"
     if ds.lr_scheduler is not None:
+        kw["origins"].setdefault("scheduler", f"{ds.module_file}: lr_scheduler")
         kw["schedulers"].append(ds.lr_scheduler)
     return weights, weights_file
 
@@ -242,6 +246,7 @@ def load_scan(path: Path) -> Scan:
         "masters": None,
         "deepspeed": None,
         "weights_are_masters": False,
+        "origins": {},
     }
     weights, weights_file = _weights_source(layout, kw)
     if layout.deepspeed is not None:
@@ -258,6 +263,7 @@ def load_scan(path: Path) -> Scan:
     if layout.scheduler is not None:
         obj = load_torch_file(layout.scheduler)
         if isinstance(obj, dict):
+            kw["origins"].setdefault("scheduler", str(layout.scheduler))
             kw["schedulers"].append(obj)
     if layout.scaler is not None:
         obj = load_torch_file(layout.scaler)
