@@ -112,7 +112,7 @@ def test_dcp_metadata_that_would_run_a_command_never_runs_it(tmp_path: Path) -> 
     assert not marker.exists()
 
 
-def test_a_planted_callable_changes_nothing_the_reader_does(tmp_path: Path) -> None:
+def test_a_planted_callable_changes_nothing_the_reader_does(tmp_path: Path, monkeypatch) -> None:
     """An OrderedDict whose pickle sets ``items``/``get`` on the instance: the reader sees
     the dict's own items; a stand-in given a method from the file is refused as data."""
 
@@ -132,26 +132,22 @@ def test_a_planted_callable_changes_nothing_the_reader_does(tmp_path: Path) -> N
     assert list(loaded["model"].items())[1] == ("step", 4)
     assert loaded["model"].get("step") == 4
 
+    # DeepSpeed's module, faked only while the file is written (monkeypatch restores all).
     fake = type(sys)("deepspeed.utils.tensor_fragment")
-    sys.modules.setdefault("deepspeed", type(sys)("deepspeed"))
-    sys.modules.setdefault("deepspeed.utils", type(sys)("deepspeed.utils"))
-    sys.modules["deepspeed.utils.tensor_fragment"] = fake
+    for name in ("deepspeed", "deepspeed.utils"):
+        monkeypatch.setitem(sys.modules, name, type(sys)(name))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
 
-    class fragment_address:
+    class fragment_address:  # DeepSpeed's name, as pickled
         def __reduce__(self):
-            return (
-                fragment_address,
-                (),
-                {"numel": 4, "start": 0, "to_dict": collections.OrderedDict},
-            )
+            planted = {"numel": 4, "start": 0, "to_dict": collections.OrderedDict}
+            return (fragment_address, (), planted)
 
     fragment_address.__module__ = fake.__name__
     fragment_address.__qualname__ = "fragment_address"
     fake.fragment_address = fragment_address
-    try:
-        torch.save({"mapping": fragment_address()}, tmp_path / "stand_in.pt")
-    finally:
-        del sys.modules["deepspeed.utils.tensor_fragment"]
+    torch.save({"mapping": fragment_address()}, tmp_path / "stand_in.pt")
+    monkeypatch.undo()
     with pytest.raises(InputError, match="does not read"):
         load_torch_file(tmp_path / "stand_in.pt")
 
