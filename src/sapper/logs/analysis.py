@@ -237,10 +237,11 @@ def analyze_log(
     failed: dict[str, str] = {}
     #: what could not be evaluated -> the attempts it holds for (said once for all)
     missed: dict[str, list[int]] = {}
-    lineage: list[StepRecord] = []  # the history the next attempt's checkpoint carries
+    lineage: Sequence[StepRecord] = []  # the history the next attempt's checkpoint carries
+    history = _Rows(log) if many and getattr(log, "columns", None) is not None else None
     for i, attempt in enumerate(attempts):
         dets = copy.deepcopy(templates) if many else templates
-        warm = lineage[-WARM_RECORDS:]
+        warm = history.last(WARM_RECORDS) if history is not None else lineage[-WARM_RECORDS:]
         fast = run_attempt(log, attempt, dets, warm, progress=progress)
         records: Sequence[StepRecord] | None = None
         if fast is not None:
@@ -255,12 +256,15 @@ def analyze_log(
         for f in got:
             found.append(_tagged(f, attempt.number) if many else f)
         if i + 1 < len(attempts):
-            if records is None:
-                records = log.records[attempt.start : attempt.stop]
             # the history ascends in step: what the next attempt resumes from is a prefix
             resume = attempts[i + 1].first_step
-            lineage = lineage[: bisect_left(lineage, resume, key=_step)]
-            lineage += records[: bisect_left(records, resume, key=_step)]
+            if history is not None:
+                history.resume(attempt, resume)
+            else:
+                if records is None:
+                    records = log.records[attempt.start : attempt.stop]
+                lineage = list(lineage[: bisect_left(lineage, resume, key=_step)])
+                lineage += records[: bisect_left(records, resume, key=_step)]
         for line in lines:
             missed.setdefault(line, []).append(attempt.number)
         failed.update(bad)
@@ -295,6 +299,32 @@ def analyze_log(
     result.attempts = _ends(attempts, found, interval)
     result.unevaluated = _asked(unevaluated, select, ignore)
     return result
+
+
+class _Rows:
+    """The history a resumed attempt starts from, as row numbers of a log read into
+    columns (its steps ascend within each attempt): no record is built for it."""
+
+    def __init__(self, log: LogData) -> None:
+        import numpy as np
+
+        self.columns = getattr(log, "columns", None)
+        self.rows = np.zeros(0, dtype=np.int64)
+
+    def last(self, n: int) -> Sequence[StepRecord]:
+        from sapper.logs.columnar import RowRecords
+
+        return RowRecords(self.columns, self.rows[-n:]) if len(self.rows) else []
+
+    def resume(self, attempt: Attempt, step: int) -> None:
+        """The history once ``attempt`` ends and the run resumes from ``step``."""
+        import numpy as np
+
+        steps = self.columns.steps
+        kept = self.rows[: int(np.searchsorted(steps[self.rows], step, side="left"))]
+        own = steps[attempt.start : attempt.stop]
+        upto = attempt.start + int(np.searchsorted(own, step, side="left"))
+        self.rows = np.concatenate([kept, np.arange(attempt.start, upto, dtype=np.int64)])
 
 
 def _numbers(attempts: list[int]) -> str:

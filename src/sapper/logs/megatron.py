@@ -125,6 +125,20 @@ class MegatronParser(LogParser):
                 self._memory(line)
         return self.merger.ready()
 
+    def _put(
+        self,
+        step: int,
+        values: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+        *,
+        keep_max: bool = False,
+        annex: bool = False,
+        whole: bool = False,
+    ) -> None:
+        """Hand one line's values to the merger (the columnar reader,
+        :mod:`sapper.logs.columnar.megatron`, takes them itself)."""
+        self.merger.put(step, values, extra, keep_max=keep_max, annex=annex, whole=whole)
+
     def finish(self) -> list[StepRecord]:
         if self._bad_values:
             self.notes.append(f"{self._bad_values} value(s) were not numbers and were skipped")
@@ -189,7 +203,7 @@ class MegatronParser(LogParser):
         stamp = _STAMP.search(line, 0, match.start() + 1)
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
-        self.merger.put(step, values, extra, whole=True)
+        self._put(step, values, extra, whole=True)
 
     @staticmethod
     def _no_loss(rest: str, keys: set[str]) -> bool:
@@ -211,7 +225,7 @@ class MegatronParser(LogParser):
                 value = to_float(text)
                 step = _int(match.group(1))
                 if value is not None and step is not None:
-                    self.merger.put(step, {"eval_loss": value}, annex=True)
+                    self._put(step, {"eval_loss": value}, annex=True)
                 return
 
     def _memory(self, line: str) -> None:
@@ -227,7 +241,7 @@ class MegatronParser(LogParser):
                 values[name] = value * factor
         step = _int(match.group(1))
         if values and step is not None:
-            self.merger.put(step, values, keep_max=True, annex=True)
+            self._put(step, values, keep_max=True, annex=True)
 
 
 def _int(digits: str) -> int | None:

@@ -29,9 +29,10 @@ from sapper.logs.limits import (
 from sapper.logs.registry import find_log_format
 from sapper.runtime.records import StepRecord
 
-__all__ = ["LogSource", "decode_text", "make_parser", "read_log"]
+__all__ = ["CHUNK_BYTES", "LogSource", "decode_text", "make_parser", "read_log"]
 
-_CHUNK = 8 << 20
+#: Bytes read at once from a growing log; each read's complete lines are one ``feed``.
+CHUNK_BYTES = 8 << 20
 
 
 def make_parser(fmt: str, path: str | Path, mapping: dict[str, FieldMap] | None = None) -> Any:
@@ -103,7 +104,7 @@ class LogSource:
         try:
             with gc_paused(), open_log(self.path) as fh:
                 fh.seek(self._offset)
-                while chunk := fh.read(_CHUNK):
+                while chunk := fh.read(CHUNK_BYTES):
                     self._offset += len(chunk)
                     if self._offset > MAX_LOG_BYTES:  # it said less than it held (/proc)
                         raise too_big(str(self.path), MAX_LOG_BYTES)

@@ -27,6 +27,7 @@ __all__ = [
     "ColumnarLog",
     "Columns",
     "LazyRecords",
+    "RowRecords",
     "columns_from_records",
     "strictly_ascending",
 ]
@@ -55,6 +56,14 @@ class Columns:
     full: dict[int, StepRecord] = field(default_factory=dict)
     #: Every row's record, when the columns were built from records (exact replays).
     source: Sequence[StepRecord] | None = None
+    #: ``StepRecord.extra`` numbers that no detector reads (Megatron's consumed samples,
+    #: its per-interval counts): name -> values (NaN where absent) and where present.
+    #: They are part of every record built here, never of the partial records a
+    #: detector is fed, so a row holding only these is not a row "with extras".
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    extras_present: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The names in ``extras`` whose values are ints.
+    int_extras: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -77,6 +86,33 @@ class Columns:
             present={k: v[start:stop] for k, v in self.present.items()},
             full={i - start: r for i, r in self.full.items() if start <= i < stop},
             source=None if self.source is None else self.source[start:stop],
+            extras={k: v[start:stop] for k, v in self.extras.items()},
+            extras_present={k: v[start:stop] for k, v in self.extras_present.items()},
+            int_extras=self.int_extras,
+        )
+
+    def take(self, rows: np.ndarray) -> Columns:
+        """The rows ``rows`` (distinct row numbers), in that order: an attempt after the
+        history it resumes from."""
+        rows = np.asarray(rows, dtype=np.int64)
+        full: dict[int, StepRecord] = {}
+        if self.full and len(rows):
+            order = np.argsort(rows, kind="stable")
+            ranked = rows[order]
+            for row, rec in self.full.items():
+                at = int(np.searchsorted(ranked, row))
+                if at < len(ranked) and ranked[at] == row:
+                    full[int(order[at])] = rec
+        source = self.source
+        return Columns(
+            steps=self.steps[rows],
+            values={k: v[rows] for k, v in self.values.items()},
+            present={k: v[rows] for k, v in self.present.items()},
+            full=dict(sorted(full.items())),
+            source=None if source is None else [source[i] for i in rows.tolist()],
+            extras={k: v[rows] for k, v in self.extras.items()},
+            extras_present={k: v[rows] for k, v in self.extras_present.items()},
+            int_extras=self.int_extras,
         )
 
     def record(self, row: int) -> StepRecord:
@@ -86,11 +122,20 @@ class Columns:
         rec = self.full.get(row)
         if rec is not None:
             return rec
-        return self.partial(row, _SCALARS)
+        rec = self.partial(row, _SCALARS)
+        if self.extras:
+            extra = rec.extra
+            ints = self.int_extras
+            for name, mask in self.extras_present.items():
+                if mask[row]:
+                    value = float(self.extras[name][row])
+                    extra[name] = int(value) if name in ints else value
+        return rec
 
     def partial(self, row: int, names: Sequence[str]) -> StepRecord:
-        """A record of row ``row`` with only ``names`` (and the row's extras, if any):
-        what a detector that reads only those fields needs."""
+        """A record of row ``row`` with only ``names`` (and the row's extras, if any, but
+        not the ``extras`` columns no detector reads): what a detector that reads only
+        those fields needs."""
         full = self.full.get(row) if self.source is None else self.source[row]
         if full is not None:
             return full
@@ -136,6 +181,32 @@ class LazyRecords(Sequence[StepRecord]):
     def __iter__(self) -> Iterator[StepRecord]:
         record = self.columns.record
         for i in range(len(self)):
+            yield record(i)
+
+
+class RowRecords(Sequence[StepRecord]):
+    """Some rows of :class:`Columns` as records, built when asked for: the history a
+    resumed attempt starts from, which the columnar detectors take as rows."""
+
+    def __init__(self, columns: Columns, rows: np.ndarray) -> None:
+        self.columns = columns
+        self.rows = np.asarray(rows, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> StepRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[StepRecord]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self.columns.record(int(i)) for i in self.rows[index]]
+        return self.columns.record(int(self.rows[index]))
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        record = self.columns.record
+        for i in self.rows.tolist():
             yield record(i)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sapper.logs.base import Attempt, LogData
 from sapper.logs.columnar.frame import Columns, columns_from_records, strictly_ascending
 from sapper.logs.columnar.twins.base import Twin, fingerprint
@@ -31,7 +33,15 @@ __all__ = [
 
 
 def _twins() -> dict[type, Twin]:
-    from sapper.logs.columnar.twins import accumulation, gradnorm, loss, lr, memory, throughput
+    from sapper.logs.columnar.twins import (
+        accumulation,
+        gradnorm,
+        loss,
+        lr,
+        memory,
+        scaler,
+        throughput,
+    )
 
     twins = (
         loss.TWIN,
@@ -40,6 +50,7 @@ def _twins() -> dict[type, Twin]:
         throughput.TWIN,
         accumulation.TWIN,
         lr.TWIN,
+        scaler.TWIN,
     )
     return {t.cls: t for t in twins}
 
@@ -56,6 +67,7 @@ FINGERPRINTS: dict[str, str] = {
     "ThroughputDetector": "721d3c4fdf5c6557",
     "AccumulationDetector": "b7d57ea595e27c7b",
     "LRDetector": "89d2006a5b37e0ea",
+    "ScalerDetector": "f7e19ec08716a46b",
 }
 
 _checked: dict[type, bool] = {}
@@ -145,12 +157,19 @@ def run_attempt(
     min_records: int | None = None,
 ) -> Outcome | None:
     """The detectors over one attempt of ``log`` through columns, ``warm`` (the history
-    the attempt resumes from) seen first as context; ``None`` when the streaming run is
+    the attempt resumes from; records, or :class:`~sapper.logs.columnar.RowRecords` of
+    the log's own columns) seen first as context; ``None`` when the streaming run is
     the one to use: a short attempt, steps that do not ascend, a field holding something
     other than numbers."""
     cols = getattr(log, "columns", None)
     whole = attempt.start == 0 and attempt.stop == len(log.records)
-    if cols is None or warm or not whole:
+    rows = getattr(warm, "rows", None)
+    if cols is not None and rows is not None and getattr(warm, "columns", None) is cols:
+        # the history as rows of the same columns: the attempt after it, as rows too
+        if attempt.stop - attempt.start < (MIN_RECORDS if min_records is None else min_records):
+            return None
+        cols = cols.take(np.concatenate([rows, np.arange(attempt.start, attempt.stop)]))
+    elif cols is None or warm or not whole:
         if attempt.stop - attempt.start < (MIN_RECORDS if min_records is None else min_records):
             return None
         if cols is not None and not warm:

@@ -132,8 +132,10 @@ READS: dict[str, Reads] = {
     "PositionDetector": Reads((), _extras_only),
     "DuplicateDataDetector": Reads(("loss", "eval_loss"), _data_rows),
     "SetupDetector": Reads((), _extras_only),
+    # the loss too: a run of scaled-looking norms counts only where the loss is finite
     "ScalerDetector": Reads(
-        ("loss_scale", "skipped", "skipped_total", "grad_norm", "clip_threshold"), _scaler_rows
+        ("loss_scale", "skipped", "skipped_total", "grad_norm", "clip_threshold", "loss"),
+        _scaler_rows,
     ),
     "LRDetector": Reads(("lr",), _lr_rows),
     "StructureDetector": Reads(("lr",), _structure_rows),
@@ -161,7 +163,10 @@ def run_streaming(
     if rows is None or fields is None:
         rows, fields = rows_for(det, cols)
     dset = DetectorSet([det])
-    partial = cols.partial
-    found = dset.run(partial(int(i), fields) for i in rows)
+    if fields is _ALL:  # a detector not listed in READS: whole records, extras included
+        found = dset.run(cols.record(i) for i in rows.tolist())
+    else:
+        partial = cols.partial
+        found = dset.run(partial(int(i), fields) for i in rows)
     unevaluated = dset.unevaluated()
     return found, dict(dset.failed), unevaluated
