@@ -13,7 +13,7 @@ never guessed: ``${oc.env:VAR}`` and other resolvers, a key the file does not ha
 launcher's ``${data_dir}``, a value composed from another file), OmegaConf's mandatory
 ``???``. A hostile file cannot hang the resolver: references and nesting are followed at
 most :data:`MAX_DEPTH` levels deep, a cycle is reported as one, every path is resolved once
-(memoized) and results are bounded in length.
+(memoized), results are bounded in length and so is the text read to evaluate them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ MAX_DEPTH = 64
 MAX_RESULT_CHARS = 4096
 #: Interpolations evaluated per file, memoized per path; bounds pathological files.
 MAX_STEPS = 20_000
+#: Characters of interpolated text read per file, all levels together: each level of
+#: ``${multiply:2,${...}}`` reads its text again, so a value nested deep and long costs
+#: depth x length. Real configs read a few kilobytes.
+MAX_SCANNED_CHARS = 1 << 22
 
 MISSING: Any = object()
 _RESOLVERS = ("multiply", "sum")
@@ -62,6 +66,7 @@ class Resolver:
         self._memo: dict[tuple[str, ...], Any] = {}
         self._open: set[tuple[str, ...]] = set()
         self._steps = 0
+        self._scanned = 0
 
     # -- public -------------------------------------------------------------------
     def get(self, key: str) -> Any:
@@ -125,6 +130,11 @@ class Resolver:
             raise _Stop(f"interpolations nested deeper than {MAX_DEPTH} levels")
         if self._steps > MAX_STEPS:
             raise _Stop(f"more than {MAX_STEPS} interpolations to evaluate")
+        self._scanned += len(text)
+        if self._scanned > MAX_SCANNED_CHARS:
+            raise _Stop(f"the file's interpolations are longer than {MAX_SCANNED_CHARS} "
+                        "characters in all (nested and read level by level), more than "
+                        "sapper evaluates")
         pieces: list[Any] = []
         i = 0
         while i < len(text):

@@ -27,6 +27,7 @@ from sapper.plan.readers.megatron_args import DESTS, OPTIONS
 from sapper.plan.readers.megatron_launch import Arg, Launch
 from sapper.plan.readers.megatron_map import map_launch
 from sapper.plan.readers.shell import Command, Script, Word, read_script
+from sapper.plan.rules import UNRESOLVED_VALUE
 from sapper.plan.sources import PlanSource
 
 __all__ = ["FORMAT", "parse_dump", "parse_launch", "read_megatron"]
@@ -102,7 +103,7 @@ def parse_launch(text: str, file: str) -> Launch:
     script = read_script(text)
     command, at = _training_command(script)
     launch = Launch(file, "script", reasons=script.reasons, origins=script.origins,
-                    files=script.files)
+                    files=script.files, notes=script.notes)
     if command is None:
         # A file of settings only (MODEL_ARGS="--num-layers 24 ..." for another script to
         # source): the variable holding the most Megatron arguments.
@@ -234,7 +235,8 @@ def read_megatron(sniff: Sniff) -> PlanSource:
     launch = parse_dump(sniff.text, sniff.name) or parse_launch(sniff.text, sniff.name)
     if not launch.args:
         raise InputError(
-            "no Megatron arguments found",
+            "no Megatron arguments found"
+            + "".join(f" ({note})" for note in launch.notes[:1]),
             file=sniff.name,
             expected="a launch script running pretrain_gpt.py with --num-layers, "
             "--hidden-size ... or Megatron's printed arguments dump",
@@ -253,6 +255,15 @@ def read_megatron(sniff: Sniff) -> PlanSource:
             )
         )
     map_launch(launch, src, Path(sniff.name).parent)
+    for note in launch.notes:  # values left unknown there are named where they are used
+        src.findings.append(
+            UNRESOLVED_VALUE.finding(
+                f"{sniff.name}: {note}",
+                source=sniff.name,
+                fix="write the values the launch needs out in the script, or give them in "
+                "a sapper plan passed with another --config",
+            )
+        )
     return src
 
 

@@ -49,3 +49,5 @@ class Launch:
     files: dict[str, Word] = field(default_factory=dict)
     #: From a log: the vocabulary Megatron padded, as printed (size, padded size).
     padded_vocab: tuple[int, int] | None = None
+    #: What the script reader did not follow, past one of its bounds (shell.Script.notes).
+    notes: list[str] = field(default_factory=list)

@@ -12,12 +12,16 @@ unknown, with the reason, instead of being guessed. ``#SBATCH`` directives are r
 what Slurm exports from them (``--nodes=24`` -> ``SLURM_NNODES=24``).
 
 Everything is bounded: the text is at most sapper's config limit, values and word lists
-have caps, ``bash -c`` is followed a few levels deep, arithmetic refuses huge numbers.
+have caps, the text all expansions of one script produce together has a cap (beyond it,
+values stay unknown and :attr:`Script.notes` says so), ``${...}`` inside ``${...}`` is
+followed a few levels deep, ``bash -c`` too, arithmetic refuses huge numbers. Nothing
+recurses with the input's nesting, so no script exhausts Python's stack.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 __all__ = ["Command", "Script", "Word", "read_script"]
@@ -28,26 +32,49 @@ MAX_VALUE_CHARS = 1 << 20
 MAX_WORDS = 10_000
 #: Commands read from one script (each ``bash -c`` string counts too).
 MAX_COMMANDS = 100_000
+#: Tokens (words, operators, array items), ``$`` expansions and expanded words read from
+#: one script, all ``bash -c`` strings included: a launch script has a few thousand, a
+#: data blend of ten thousand files some tens of thousands. Past any, sapper reads no
+#: further (and says so).
+MAX_TOKENS = 1 << 18
+MAX_EXPANSIONS = 1 << 19
+MAX_TOTAL_WORDS = 1 << 20
 #: ``bash -c "..."`` levels followed.
 MAX_NESTING = 4
+#: Characters all expansions of one script may produce together: every variable's value
+#: each time it is expanded or assigned, and the words shown to the user. A real launch
+#: script spends a few kilobytes; a script growing a variable line after line
+#: (``A="$A$A"``, ``A+=...`` thousands of times) or copying a large value into thousands
+#: of variables reaches this, and from there on its values are unknown.
+MAX_EXPANDED_CHARS = 1 << 24
+#: ``${A:-${B:-...}}`` levels followed (real scripts nest two or three).
+MAX_BRACE_DEPTH = 8
+#: Longest name kept for an unknown part (``${...}`` of any length, ``$VERY_LONG_NAME``).
+MAX_NAME_CHARS = 80
 #: Largest number arithmetic keeps (beyond: unknown); more than any size in a config.
 MAX_ARITH = 10**18
 #: Prefixes of variables a scheduler or launcher sets when the job starts.
 _SCHEDULER = ("SLURM_", "PBS_", "LSB_", "OMPI_", "PMI_", "PMIX_", "FLUX_", "MV2_", "COBALT_")
 _KEYWORDS_OPEN = {"if", "for", "while", "until", "case", "select", "{"}
 _KEYWORDS_CLOSE = {"fi", "done", "esac", "}"}
+_KEYWORDS = _KEYWORDS_OPEN | _KEYWORDS_CLOSE | {"then", "else", "elif"}
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: Runs of characters inside a word that the lexer passes over.
-_WORD_RUN = re.compile(r"[^ \t\r\n;&|()<>\\'\"`$]+")
+#: Runs of characters inside a word that the lexer passes over (``$NAME`` included);
+#: possessive, so no backtracking state is kept over a run of millions of characters.
+_WORD_RUN = re.compile(r"(?:[^ \t\r\n;&|()<>\\'\"`$]|\$(?![({]))++")
 #: Runs of characters that expand to themselves, outside and inside double quotes.
 _PLAIN_RUN = re.compile(r"[^\"'\\`$~]+")
 _QUOTED_RUN = re.compile(r"[^\"\\`$]+")
+#: Where a scan for the ``}`` closing ``${`` stops: an escape, a brace, a ``$``.
+_BRACE_STOP = re.compile(r"[\\}$]")
 #: An unknown part inside a word's text: its index between two private-use characters.
 _MARK = re.compile("\ue000(\\d+)\ue001")
+#: Variables a word remembers it came through (the first names the origin).
+_MAX_VIA = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Word:
     """One word of a command after expansion. ``unknown`` names what the script leaves
     open in it (``$NNODES``, ``$1``, ``$(pwd)``); ``text`` is the word with each unknown
@@ -89,15 +116,17 @@ class Script:
     files: dict[str, Word] = field(default_factory=dict)
     #: Each variable at the end, as the words ``${NAME[@]}`` gives unquoted.
     variables: dict[str, list[Word]] = field(default_factory=dict)
+    #: What sapper did not follow in the script (past a bound), once each.
+    notes: list[str] = field(default_factory=list)
 
 
 # ---- lexing ----------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class _Tok:
     kind: str  # "word", "op", "array" (NAME=( ... ) with its raw words), "redir"
     text: str
     line: int
-    items: list[str] = field(default_factory=list)
+    items: list[str] | tuple[str, ...] = ()
     append: bool = False
 
 
@@ -110,9 +139,11 @@ class _Lexer:
         self.line = 1
         self.heredocs: list[tuple[str, bool, _Tok]] = []
 
-    def tokens(self) -> list[_Tok]:
-        out: list[_Tok] = []
+    def tokens(self) -> Iterator[_Tok]:
+        """The tokens one by one (a script is never held as a list of them); on a line
+        that opens a heredoc, once the heredoc's body is read."""
         s = self.s
+        line: list[_Tok] = []
         while self.i < len(s):
             c = s[self.i]
             if c == "\\" and s.startswith("\\\n", self.i):
@@ -121,10 +152,12 @@ class _Lexer:
             elif c in " \t\r":
                 self.i += 1
             elif c == "\n":
-                out.append(_Tok("op", "\n", self.line))
+                line.append(_Tok("op", "\n", self.line))
                 self.i += 1
                 self.line += 1
                 self._skip_heredocs()
+                yield from line
+                line.clear()
             elif c == "#":
                 while self.i < len(s) and s[self.i] != "\n":
                     self.i += 1
@@ -132,24 +165,27 @@ class _Lexer:
                 two = s[self.i : self.i + 2]
                 op = two if two in ("&&", "||", ";;", "|&", "&>") else c
                 if op == "&>":
-                    out.append(_Tok("redir", op, self.line))
+                    line.append(_Tok("redir", op, self.line))
                 else:
-                    out.append(_Tok("op", op, self.line))
+                    line.append(_Tok("op", op, self.line))
                 self.i += len(op)
             elif c in "<>":
-                out.append(self._redirect())
+                line.append(self._redirect())
             else:
                 start_line = self.line
                 word = self._word()
                 m = _ASSIGN.match(word)
                 if m and word == m.group(0) and s.startswith("(", self.i):
                     self.i += 1
-                    out.append(
+                    line.append(
                         _Tok("array", m.group(1), start_line, self._array(), bool(m.group(2)))
                     )
                 elif word and not (word.isdigit() and s.startswith((">", "<"), self.i)):
-                    out.append(_Tok("word", word, start_line))  # (2>&1: 2 is no word)
-        return out
+                    line.append(_Tok("word", word, start_line))  # (2>&1: 2 is no word)
+            if line and not self.heredocs:
+                yield from line
+                line.clear()
+        yield from line
 
     def _redirect(self) -> _Tok:
         s = self.s
@@ -243,7 +279,7 @@ class _Lexer:
             elif c == "$" and s.startswith("$(", self.i):
                 self._advance_to(_close_paren(s, self.i + 2))
             elif c == "$" and s.startswith("${", self.i):
-                end = s.find("}", self.i + 2)
+                end = _close_brace(s, self.i + 2)
                 self._advance_to(len(s) if end < 0 else end + 1)
             else:
                 self.i += 1
@@ -286,8 +322,34 @@ def _close_paren(s: str, i: int) -> int:
     return i
 
 
+def _close_brace(s: str, i: int) -> int:
+    """Index of the ``}`` closing a ``${`` whose body starts at ``i`` (-1 when none):
+    ``${A:-${B:-1}}`` is one expansion, as bash reads it. A loop, not a recursion."""
+    depth = 1
+    search = _BRACE_STOP.search
+    while True:
+        m = search(s, i)
+        if m is None:
+            return -1
+        i = m.start()
+        if s[i] == "\\":
+            i += 2
+            continue
+        if s[i] == "}":
+            depth -= 1
+            if not depth:
+                return i
+        elif s.startswith("${", i):
+            depth += 1
+            i += 1
+        elif s.startswith("$(", i):
+            i = _close_paren(s, i + 2)
+            continue
+        i += 1
+
+
 # ---- expansion -------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class _Piece:
     text: str  # unknown parts as markers
     split: bool  # from an unquoted expansion: split on whitespace
@@ -303,7 +365,23 @@ class _Shell:
     def __init__(self, text: str) -> None:
         self.vars: dict[str, _Value] = {}
         self.script = Script()
+        #: Open blocks, innermost last, and how many of them are ruled out (state False)
+        #: or undecided (None): counted as frames come and go, so a script of a million
+        #: unclosed ``{`` costs no more per command than one of three.
         self.frames: list[_Frame] = []
+        self._states = {True: 0, False: 0, None: 0}
+        #: Characters the expansions produced so far (MAX_EXPANDED_CHARS), the depth of
+        #: ``${...}`` being expanded, and the line of the command being read.
+        self.spent = 0
+        self.depth = 0
+        self.too_deep = False
+        #: Tokens read, expansions and words expanded (MAX_TOKENS, MAX_EXPANSIONS,
+        #: MAX_TOTAL_WORDS); past any, ``stopped``: nothing more is read.
+        self.tokens = 0
+        self.expansions = 0
+        self.words = 0
+        self.stopped = False
+        self.line = 1
         #: Exit status of the last command, where the file decides it (a test).
         self.status: bool | None = True
         #: While reading an ``if``'s test: (operator before, result) of each command.
@@ -351,16 +429,23 @@ class _Shell:
         finally:
             self.nesting -= 1
 
-    def _run(self, toks: list[_Tok]) -> None:
+    def _run(self, toks: Iterator[_Tok]) -> None:
         cmd: list[_Tok] = []
         before = "\n"  # the operator before the command being collected
         for tok in toks:
+            self.tokens += 1 + len(tok.items)
+            if self.tokens > MAX_TOKENS:
+                self._stop(f"more than {MAX_TOKENS} words and operators")
+            if self.stopped:
+                return
             if tok.kind == "op" and tok.text not in ("(", ")"):
                 self._command(cmd, before)
                 cmd, before = [], tok.text
             elif tok.kind != "op":
                 cmd.append(tok)
             if len(self.script.commands) > MAX_COMMANDS:
+                self._stop(f"more than {MAX_COMMANDS} commands")
+            if self.stopped:
                 return
         self._command(cmd, before)
 
@@ -369,20 +454,38 @@ class _Shell:
     def skipped(self) -> bool:
         """Inside a branch the script's own values rule out (``if [[ $DTYPE == fp8 ]]``
         with DTYPE=bf16): its commands never run."""
-        return any(f.state is False for f in self.frames)
+        return self._states[False] > 0
 
     @property
     def conditional(self) -> bool:
         """Inside a branch, loop or function whose running is not known from the file."""
-        return any(f.state is None for f in self.frames)
+        return self._states[None] > 0
+
+    def _push(self, frame: _Frame) -> None:
+        self.frames.append(frame)
+        self._states[frame.state] += 1
+
+    def _pop(self) -> None:
+        if self.frames:
+            self._states[self.frames.pop().state] -= 1
+
+    def _decide(self, frame: _Frame, state: bool | None) -> None:
+        """Set the state of an open frame, keeping the counts."""
+        self._states[frame.state] -= 1
+        frame.state = state
+        self._states[state] += 1
+
+    def _leave_blocks(self) -> None:
+        self.frames.clear()
+        self._states = {True: 0, False: 0, None: 0}
 
     def _keyword(self, head: str, op: str) -> bool | None:
         """Open or close a block; True when ``head`` was a keyword taking the command."""
         if head in ("if", "elif"):
             if head == "elif" and self.frames:
-                self.frames[-1].state = True  # while its test is read; decided at "then"
+                self._decide(self.frames[-1], True)  # while its test is read; at "then"
             else:
-                self.frames.append(_Frame())
+                self._push(_Frame())
             self.cond = []
             return False
         if head == "then":
@@ -391,7 +494,7 @@ class _Shell:
                 result = _combine(self.cond)
                 if frame.taken is True:  # an earlier branch ran: this one cannot
                     result = False
-                frame.state = result
+                self._decide(frame, result)
                 if result is True:
                     frame.taken = True
                 elif result is None and frame.taken is False:
@@ -400,14 +503,13 @@ class _Shell:
             return False
         if head == "else" and self.frames:
             frame = self.frames[-1]
-            frame.state = {True: False, False: True, None: None}[frame.taken]  # type: ignore[index]
+            self._decide(frame, {True: False, False: True, None: None}[frame.taken])  # type: ignore[index]
             return False
         if head in ("for", "while", "until", "case", "select", "{"):
-            self.frames.append(_Frame(state=None))
+            self._push(_Frame(state=None))
             return head in ("for", "select", "case")
         if head in ("fi", "done", "esac", "}"):
-            if self.frames:
-                self.frames.pop()
+            self._pop()
             return False
         return False
 
@@ -420,13 +522,15 @@ class _Shell:
             gate = last if op == "&&" else (None if last is None else not last)
         if gate is False:
             return
+        if toks:
+            self.line = toks[0].line
         if gate is None:
-            self.frames.append(_Frame(state=None))
+            self._push(_Frame(state=None))
         try:
             self.status = self._simple(toks, op)
         finally:
             if gate is None:
-                self.frames.pop()
+                self._pop()
 
     def _simple(self, toks: list[_Tok], op: str) -> bool | None:
         kept: list[_Tok] = []
@@ -449,7 +553,7 @@ class _Shell:
             self._written(heredoc, target)
         while kept and kept[0].kind == "word":
             head = kept[0].text
-            if head in _KEYWORDS_OPEN | _KEYWORDS_CLOSE | {"then", "else", "elif"}:
+            if head in _KEYWORDS:
                 if self._keyword(head, op):
                     return None  # a loop's or case's header is no command
                 kept = kept[1:]
@@ -468,7 +572,7 @@ class _Shell:
             kept[0].text == "function" or kept[0].text.endswith("()")
             or (len(kept) > 1 and kept[1].text == "{")
         ):
-            self.frames.append(_Frame(state=None))  # a function body runs when called
+            self._push(_Frame(state=None))  # a function body runs when called
             return None
         if kept[0].kind == "word" and kept[0].text in (
             "export", "declare", "typeset", "local", "readonly"
@@ -529,15 +633,24 @@ class _Shell:
         if not m:
             return  # ``export NAME`` without a value
         name = m.group(1)
-        pieces = self._pieces(tok.text[m.end() :], True)
-        value: _Value = "".join(p.text for p in pieces)
+        texts: list[str] = []
+        first: _Piece | None = None
+        for count, piece in enumerate(self._pieces(tok.text[m.end() :], True)):
+            texts.append(piece.text)
+            first = piece if count == 0 else None
+        value: _Value = "".join(texts)
         old = self.vars.get(name)
         if m.group(2) and old is not None:
-            value = [*old, value] if isinstance(old, list) else old + value
+            if isinstance(old, list):
+                value = [*old, value]
+            elif self._charge(len(old) + len(value)):
+                value = old + value
+            else:
+                value = self._spent_mark(name)
         self._set(name, value, tok.line)
-        inherited = [self.script.origins[v] for p in pieces for v in p.via
+        inherited = [self.script.origins[v] for v in (first.via if first else ())
                      if v in self.script.origins]
-        if len(pieces) == 1 and inherited:  # NNODES=$SLURM_NNODES: from "#SBATCH --nodes"
+        if inherited:  # NNODES=$SLURM_NNODES (one piece): from "#SBATCH --nodes"
             self.script.origins[name] = inherited[0]
 
     def _set(self, name: str, value: _Value, line: int, append: bool = False) -> None:
@@ -554,58 +667,104 @@ class _Shell:
         elif isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
             value = self._mark(f"${name}", f"${name} holds more than {MAX_VALUE_CHARS} "
                                "characters")
+        elif isinstance(value, list) and not self._charge(sum(map(len, value))):
+            value = self._spent_mark(name)
         self.vars[name] = value
         self.script.origins.pop(name, None)
 
+    # -- bounds ---------------------------------------------------------------------------
+    def _charge(self, chars: int) -> bool:
+        """Count ``chars`` of expanded text against MAX_EXPANDED_CHARS; False (and a note,
+        once) when they would pass it: the caller leaves the value unknown instead."""
+        if self.spent + chars <= MAX_EXPANDED_CHARS:
+            self.spent += chars
+            return True
+        if self.spent <= MAX_EXPANDED_CHARS:
+            self.spent = MAX_EXPANDED_CHARS + 1
+            self.script.notes.append(
+                f"line {self.line}: the script's expansions pass {MAX_EXPANDED_CHARS} "
+                "characters in all (a variable grown or copied over and over), so sapper "
+                "expands no more variables from there on: their values are unknown"
+            )
+        return False
+
+    def _stop(self, what: str) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.script.notes.append(
+                f"line {self.line}: the script holds {what}, past sapper's bound for a "
+                "launch script, so sapper reads no further: the commands after it are not "
+                "checked"
+            )
+
+    def _spent_mark(self, name: str) -> str:
+        return self._mark(f"${name}", f"${name} was not expanded: the script's expansions "
+                          f"pass {MAX_EXPANDED_CHARS} characters in all (line {self.line})")
+
     # -- words ------------------------------------------------------------------------------
     def _mark(self, name: str, why: str) -> str:
-        """The marker standing for an unknown part, its reason kept once per name."""
+        """The marker standing for an unknown part, its reason kept once per name (names
+        clipped: a marker is never the way a short text grows long)."""
+        if len(name) > MAX_NAME_CHARS:
+            name = clip_text(name, MAX_NAME_CHARS)
+            why = clip_text(why, 4 * MAX_NAME_CHARS)
         if name not in self._index:
             self._index[name] = len(self.names)
             self.names.append(name)
             self.script.reasons[name] = why
         return f"\ue000{self._index[name]}\ue001"
 
-    def word(self, text: str, via: list[str]) -> Word:
-        unknown = tuple(dict.fromkeys(self.names[int(i)] for i in _MARK.findall(text)))
-        shown = _MARK.sub(lambda m: self.names[int(m.group(1))], text)
+    def word(self, text: str, via: list[str] | dict[str, None]) -> Word:
+        marks = _MARK.findall(text)
+        unknown = tuple(dict.fromkeys(self.names[int(i)] for i in marks))
+        # Each marker shows as its name: bounded, counted like any expanded text.
+        longer = sum(len(self.names[int(i)]) for i in marks)
+        if marks and not self._charge(longer):
+            shown = _MARK.sub("…", text)
+        else:
+            shown = _MARK.sub(lambda m: self.names[int(m.group(1))], text)
         return Word(text, shown, unknown, tuple(dict.fromkeys(via)))
 
     def expand(self, raw: str) -> list[Word]:
         """A raw word as the words bash passes to the command: unquoted expansions split
         on whitespace (an empty one is no word), ``"${A[@]}"`` one word per item."""
         words: list[Word] = []
-        text, via, started = "", [], False
+        text: list[str] = []  # the word being built, in parts (linear in its length)
+        filled = started = False
+        via: dict[str, None] = {}  # the first few variables the words came through
         for p in self._pieces(raw):
-            via.extend(p.via)
+            if len(via) < _MAX_VIA:
+                via.update(dict.fromkeys(p.via))
             if not (p.split or p.items):
-                text, started = text + p.text, True
+                text.append(p.text)
+                filled, started = filled or bool(p.text), True
                 continue
-            parts = p.text.split("\x00") if p.items else re.split(r"[ \t\n]+", p.text)
+            parts = (p.text.split("\x00", MAX_WORDS + 1) if p.items
+                     else re.split(r"[ \t\n]+", p.text, maxsplit=MAX_WORDS + 1))
             for j, part in enumerate(parts):
-                if j > 0 and (started or text):
-                    words.append(self.word(text, via))
-                    text, started = "", False
-                text += part
+                if j > 0 and (started or filled):
+                    words.append(self.word("".join(text), via))
+                    text, filled, started = [], False, False
+                text.append(part)
+                filled = filled or bool(part)
                 started = started or bool(part) or p.items
             if len(words) > MAX_WORDS:
                 break
-        if started or text:
-            words.append(self.word(text, via))
+        if started or filled:
+            words.append(self.word("".join(text), via))
+        self.words += len(words)
+        if self.words > MAX_TOTAL_WORDS:
+            self._stop(f"more than {MAX_TOTAL_WORDS} words once expanded")
         return words
 
     def _pieces(
         self, raw: str, assignment: bool = False, heredoc: bool = False
-    ) -> list[_Piece]:
-        out: list[_Piece] = []
+    ) -> Iterator[_Piece]:
+        """The parts of a raw word in order, one by one (a word of a million expansions is
+        never held as a list of them)."""
         i, n = 0, len(raw)
         quoted = heredoc  # a heredoc's body expands like a double-quoted string ...
         lit: list[str] = []  # literal text not yet flushed (a list: linear in the length)
-
-        def flush() -> None:
-            if lit:
-                out.append(_Piece("".join(lit), False))
-                lit.clear()
 
         while i < n:
             run = (_QUOTED_RUN if quoted else _PLAIN_RUN).match(raw, i)
@@ -620,15 +779,15 @@ class _Shell:
             elif c == '"':
                 quoted = not quoted
                 if not quoted:
-                    flush()
-                    out.append(_Piece("", False))  # "" is a word of its own
+                    yield from _flushed(lit)
+                    yield _Piece("", False)  # "" is a word of its own
                 i += 1
             elif c == "'" and not quoted:
                 end = raw.find("'", i + 1)
                 end = n if end < 0 else end
                 lit.append(raw[i + 1 : end])
-                flush()
-                out.append(_Piece("", False))
+                yield from _flushed(lit)
+                yield _Piece("", False)
                 i = end + 1
             elif c == "\\":
                 nxt = raw[i + 1 : i + 2]
@@ -639,22 +798,25 @@ class _Shell:
             elif c == "`":
                 end = raw.find("`", i + 1)
                 end = n if end < 0 else end
-                flush()
-                out.append(self._output(raw[i + 1 : end]))
+                yield from _flushed(lit)
+                yield self._output(raw[i + 1 : end])
                 i = end + 1
             elif c == "$" and i + 1 < n:
-                flush()
+                yield from _flushed(lit)
+                self.expansions += 1
+                if self.expansions > MAX_EXPANSIONS:
+                    self._stop(f"more than {MAX_EXPANSIONS} expansions")
+                    return
                 piece, i = self._dollar(raw, i, quoted or assignment)
-                out.append(piece)
+                yield piece
             elif c == "~" and i == 0 and not quoted:
-                flush()
-                out.append(_Piece(self._mark("~", "~ is the home folder at launch"), False))
+                yield from _flushed(lit)
+                yield _Piece(self._mark("~", "~ is the home folder at launch"), False)
                 i += 1
             else:
                 lit.append(c)
                 i += 1
-        flush()
-        return out
+        yield from _flushed(lit)
 
     def _dollar(self, raw: str, i: int, quoted: bool) -> tuple[_Piece, int]:
         n = len(raw)
@@ -665,7 +827,7 @@ class _Shell:
             end = _close_paren(raw, i + 2)
             return self._output(raw[i + 2 : end - 1]), end
         if raw.startswith("${", i):
-            end = raw.find("}", i + 2)
+            end = _close_brace(raw, i + 2)
             end = n if end < 0 else end
             return self._braced(raw[i + 2 : end], quoted), end + 1
         m = _NAME.match(raw, i + 1)
@@ -700,26 +862,50 @@ class _Shell:
         if index is not None and value is not None:
             items = value if isinstance(value, list) else [value]
             if index in ("@", "*"):
+                if not self._charge(sum(map(len, items)) + len(items)):
+                    return _Piece(self._spent_mark(name), False)
                 if index == "@" and quoted:
                     return _Piece("\x00".join(items), False, (name,), items=bool(items))
                 return _Piece(" ".join(items), not quoted, (name,))
-            k = int(index)
-            return _Piece(items[k] if k < len(items) else "", not quoted, (name,))
+            k = int(index) if len(index) < 19 else len(items)
+            item = items[k] if k < len(items) else ""
+            if not self._charge(len(item)):
+                return _Piece(self._spent_mark(name), False)
+            return _Piece(item, not quoted, (name,))
         if op is None or op in (":?", "?"):
             return self._lookup(name, quoted)
         unset = value is None or (op.startswith(":") and value == "")
         if op in (":+", "+"):
             if unset:
                 return _Piece("", False)
-            return _Piece("".join(p.text for p in self._pieces(arg, True)), not quoted, (name,))
+            return _Piece(self._inner(arg, body), not quoted, (name,))
         # :- - := = : the default when unset; a scheduler's variable stays unknown, since
         # the job runs with the scheduler's value, not the fallback.
         if not unset or (value is None and name.startswith(_SCHEDULER)):
             return self._lookup(name, quoted)
-        text = "".join(p.text for p in self._pieces(arg, True))
+        text = self._inner(arg, body)
         if op in (":=", "="):
             self._set(name, text, 0)
         return _Piece(text, not quoted, (name,))
+
+    def _inner(self, arg: str, body: str) -> str:
+        """The word inside ``${A:-word}`` expanded, at most MAX_BRACE_DEPTH levels of
+        ``${...}`` deep (the depth is counted, so no input nests Python's calls deeper)."""
+        if self.depth >= MAX_BRACE_DEPTH:
+            if not self.too_deep:
+                self.too_deep = True
+                self.script.notes.append(
+                    f"line {self.line}: ${{...}} nested in ${{...}} more than "
+                    f"{MAX_BRACE_DEPTH} levels deep is not expanded: its value is unknown"
+                )
+            name = "${" + body + "}"
+            return self._mark(name, f"{clip_text(name)} nests ${{...}} more than "
+                              f"{MAX_BRACE_DEPTH} levels deep, which sapper does not expand")
+        self.depth += 1
+        try:
+            return "".join(p.text for p in self._pieces(arg, True))
+        finally:
+            self.depth -= 1
 
     def _lookup(self, name: str, quoted: bool) -> _Piece:
         value = self.vars.get(name)
@@ -733,6 +919,8 @@ class _Shell:
             return _Piece(self._mark("$" + name, why), False)
         if isinstance(value, list):  # $ARR is its first item
             value = value[0] if value else ""
+        if not self._charge(len(value)):
+            return _Piece(self._spent_mark(name), False)
         return _Piece(value, not quoted, (name,))
 
     def _output(self, body: str) -> _Piece:
@@ -743,18 +931,26 @@ class _Shell:
     def _arith(self, expr: str, quoted: bool) -> _Piece:
         names: list[str] = []
         marks: list[str] = []
+        if len(expr) > _MAX_ARITH_TEXT:
+            name = f"$(({clip_text(expr.strip())}))"
+            return _Piece(self._mark(name, f"{name} is longer than {_MAX_ARITH_TEXT} "
+                                     "characters, which sapper does not evaluate"), False)
 
         def value(m: re.Match[str]) -> str:
             name = m.group(1) or m.group(2)
-            names.append(name)
+            if len(names) < _MAX_VIA:
+                names.append(name)
             v = self.vars.get(name)
             if isinstance(v, list):
                 v = v[0] if v else ""
+            if isinstance(v, str) and not self._charge(len(v)):
+                v = self._spent_mark(name)
             if isinstance(v, str) and re.fullmatch(r"\s*-?\d+\s*", v):
                 return f"({v.strip()})"
             if v is None or _MARK.search(v):
-                marks.append(v if v is not None else self._lookup(name, True).text)
-            else:
+                if len(marks) < MAX_WORDS:
+                    marks.append(v if v is not None else self._lookup(name, True).text)
+            elif len(marks) < MAX_WORDS:
                 marks.append(self._mark(f"${name}", f"${name} is not a whole number "
                                         f"({clip_text(v)})"))
             return "0"
@@ -773,6 +969,15 @@ class _Shell:
         return _Piece(str(result), not quoted, tuple(names))
 
 
+def _flushed(lit: list[str]) -> list[_Piece]:
+    """The literal text gathered so far as one piece (none if empty), emptying ``lit``."""
+    if not lit:
+        return []
+    piece = _Piece("".join(lit), False)
+    lit.clear()
+    return [piece]
+
+
 def clip_text(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -782,7 +987,7 @@ def _is_assignment(tok: _Tok) -> bool:
 
 
 # ---- tests ---------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class _Frame:
     """An open block: whether its current branch runs (None: not known from the file),
     and whether an earlier branch of the same ``if`` ran."""
@@ -843,6 +1048,8 @@ def _combine(parts: list[tuple[str, bool | None]]) -> bool | None:
 
 # ---- arithmetic ------------------------------------------------------------------------
 _ARITH_TOKEN = re.compile(r"\s*(\d+|\*\*|[-+*/%()])")
+#: Longest ``$((...))`` text evaluated (a size in a launch script is a few names).
+_MAX_ARITH_TEXT = 10_000
 
 
 def _evaluate(text: str) -> int | None:
@@ -930,6 +1137,8 @@ def read_script(text: str) -> Script:
     shell = _Shell(text)
     shell.run(text)
     for name in list(shell.vars)[:MAX_WORDS]:
-        shell.frames.clear()
+        if shell.stopped:
+            break
+        shell._leave_blocks()
         shell.script.variables[name] = shell.expand("${" + name + "[@]}")[:MAX_WORDS]
     return shell.script
