@@ -154,6 +154,13 @@ def _verdict(plan: Plan) -> MemoryVerdict | None:
         return None
 
 
+#: Unresolved fields that leave the full-training estimate an upper bound, not a verdict:
+#: which weights train (an adapter run), gradients freed as soon as the optimizer steps
+#: them in backward (torchtune's optimizer_in_bwd), optimizer states the driver pages out
+#: to the host (bitsandbytes' paged optimizers).
+_BOUND_ONLY = ("model.trainable_parameters", "optimizer.in_backward", "optimizer.paged")
+
+
 def _estimate_inputs_missing(plan: Plan) -> list[str]:
     """Plan fields the estimate needs and the plan lacks."""
     b = plan.batch
@@ -162,7 +169,7 @@ def _estimate_inputs_missing(plan: Plan) -> list[str]:
     missing = [name for name, value in needed if value is None]
     # A LoRA/QLoRA run (Axolotl's adapter) trains a part of the model the Plan cannot
     # describe: the full-training estimate is only an upper bound, not a verdict.
-    return missing + [u for u in plan.unresolved if u == "model.trainable_parameters"]
+    return missing + [u for u in plan.unresolved if u in _BOUND_ONLY]
 
 
 def _sharded_over_dp(plan: Plan) -> bool:
