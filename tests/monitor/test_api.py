@@ -172,9 +172,9 @@ def test_dict_losses_are_read_every_step_and_a_nan_one_is_r001() -> None:
     assert losses[3] is None and all(x is not None for i, x in enumerate(losses) if i != 3)
     assert math.isnan(losses[14])
     assert [f.step for f in mon.findings if f.code == "R001"] == [14]
-    notes = [f for f in mon.findings if f.code == "R190"]
+    notes = [f for f in mon.findings if f.code == "R192"]  # the caller's mistake
     assert len(notes) == 1 and "str" in notes[0].message
-    assert "step" not in mon._disabled
+    assert "step" not in mon._disabled and not [f for f in mon.findings if f.code == "R190"]
 
 
 # ---- cadence -----------------------------------------------------------------------------

@@ -67,6 +67,20 @@ def batch_from_user(batch: Any) -> BatchView:
     return BatchView()
 
 
+def holds_tensors(batch: Any) -> bool:
+    """Whether a batch handed to ``Monitor.step`` has a tensor where
+    :func:`batch_from_user` looks (itself, a dict's values, a sequence's items)."""
+    data = getattr(batch, "data", None)
+    items = (
+        (batch,) if isinstance(batch, torch.Tensor)
+        else batch.values() if isinstance(batch, dict)
+        else batch if isinstance(batch, (list, tuple))
+        else data.values() if isinstance(data, dict)
+        else ()
+    )  # fmt: skip
+    return any(isinstance(item, torch.Tensor) for item in items)
+
+
 def find_loss(output: Any) -> torch.Tensor | None:
     """The scalar loss in a model's output, if it returns one."""
     loss = getattr(output, "loss", None)

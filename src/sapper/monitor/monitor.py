@@ -59,7 +59,7 @@ from sapper.monitor.dtensor import global_norm
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
 from sapper.monitor.halt import HaltPolicy, SapperHalt
-from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, read_batch
+from sapper.monitor.inputs import BatchView, batch_from_user, find_loss, holds_tensors, read_batch
 from sapper.monitor.logits import find_logits, watch_logits
 from sapper.monitor.plan_input import PlanLike, resolve_plan
 from sapper.monitor.positions import PositionWatch
@@ -73,7 +73,7 @@ from sapper.plan.schema import Plan
 from sapper.rules.model import Finding, Severity
 from sapper.runtime.detector import Detector, DetectorSet
 from sapper.runtime.detectors import default_detectors
-from sapper.runtime.detectors.internal import MONITOR_ERROR, OUTPUT_UNWRITABLE
+from sapper.runtime.detectors.internal import MONITOR_ERROR, MONITOR_MISUSE, OUTPUT_UNWRITABLE
 from sapper.runtime.detectors.position import POSITION_OVERFLOW
 from sapper.runtime.detectors.setup import NO_TRAINABLE
 from sapper.runtime.records import StepRecord
@@ -693,7 +693,23 @@ class Monitor:
         if batch is not None and not self._bucket.host.get("_saw_batch"):
             target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
             if not target.host.get("_saw_batch"):
-                self._observe_batch(target, batch_from_user(batch))
+                if not holds_tensors(batch):
+                    self._misuse(
+                        "batch",
+                        f"step(batch=...) got a value of type {type(batch).__name__} holding "
+                        "no tensors; pass the step's inputs as a dict, a tensor or a "
+                        "tuple/list of tensors",
+                    )
+                else:
+                    self._observe_batch(target, batch_from_user(batch))
+        if skipped is not None and not isinstance(skipped, bool):
+            self._misuse(
+                "skipped",
+                f"step(skipped=...) got a value of type {type(skipped).__name__}; pass True "
+                "when a loss scaler the monitor does not see skipped this step's update, "
+                "else False",
+            )
+            skipped = None
         if loss is not None:
             target = self._sealed[-1] if self._sealed and self._bucket.micro == 0 else self._bucket
             value = self._loss_value(loss)
@@ -754,8 +770,9 @@ class Monitor:
     def _loss_value(self, loss: Any) -> torch.Tensor | None:
         """The step's loss as a device scalar, read from a tensor, a number, or what a
         model returns (``ModelOutput.loss``, ``{"loss": ...}``, a tuple holding a 0-d
-        tensor) on every call, without a sync. Something else is one R190 note, and the
-        next call is read again: one odd value never switches loss reading off."""
+        tensor) on every call, without a sync. Something else is one R192 note (the
+        caller's mistake, not the monitor's), and the next call is read again: one odd
+        value never switches loss reading off."""
         value = loss if isinstance(loss, torch.Tensor) else find_loss(loss)
         if value is None:
             raw = loss.get("loss") if isinstance(loss, dict) else getattr(loss, "loss", loss)
@@ -767,10 +784,20 @@ class Monitor:
                 except (TypeError, ValueError, OverflowError):
                     value = None
         if value is None or value.numel() == 0:
-            self._note(
+            self._misuse(
                 "loss",
-                f"step(loss=...) got a {type(loss).__name__} without a readable loss; "
-                "pass a tensor, a number, or the model's output (.loss / 'loss')",
+                f"step(loss=...) got a value of type {type(loss).__name__} without a readable "
+                "loss; pass a tensor, a number, or the model's output (.loss / 'loss')",
+            )
+            return None
+        if value.device.type == "meta" or value.is_complex():
+            kind = (
+                "a complex loss" if value.is_complex() else "a loss on the meta device (no values)"
+            )
+            self._misuse(
+                f"loss:{kind}",
+                f"step(loss=...) got {kind}; pass the real-valued loss the forward pass "
+                "computed on the model's device",
             )
             return None
         value = value.detach()
@@ -786,6 +813,14 @@ class Monitor:
         if key not in self._noted:
             self._noted.add(key)
             finding = MONITOR_ERROR.finding(message, step=self.next_step, rank=self.rank)
+            self._dispatch([finding], check_halt=False)
+
+    def _misuse(self, key: str, message: str) -> None:
+        """The caller passed something the monitor cannot read: one R192 per ``key``,
+        nothing switched off (the next call may pass the right thing)."""
+        if f"misuse:{key}" not in self._noted:
+            self._noted.add(f"misuse:{key}")
+            finding = MONITOR_MISUSE.finding(message, step=self.next_step, rank=self.rank)
             self._dispatch([finding], check_halt=False)
 
     def _tracker_failed(self, message: str) -> None:
@@ -906,8 +941,9 @@ class Monitor:
     def _process(self, records: list[StepRecord], background: bool = False) -> list[Finding]:
         found: list[Finding] = []
         if self.dist is not None and not background:  # sapper.distributed: the exchange
-            found.extend(self.guard("distributed", self.dist.on_records, records,
-                                    self.next_step) or [])
+            found.extend(
+                self.guard("distributed", self.dist.on_records, records, self.next_step) or []
+            )
         for rec in records:
             self._enrich(rec)
             new = self.detectors.update(rec)

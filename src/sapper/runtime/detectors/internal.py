@@ -5,7 +5,7 @@ from __future__ import annotations
 from sapper.rules.model import Rule, Severity
 from sapper.rules.registry import register
 
-__all__ = ["MONITOR_ERROR", "OUTPUT_UNWRITABLE"]
+__all__ = ["MONITOR_ERROR", "MONITOR_MISUSE", "OUTPUT_UNWRITABLE"]
 
 MONITOR_ERROR = register(
     Rule(
@@ -53,5 +53,31 @@ No space left on device); the run log ends at that point.""",
         fix="""\
 Give ``run_log=`` a writable file path (its missing parent folders are created), or free
 space on that disk; the monitor's in-memory history and the console still work.""",
+    )
+)
+
+MONITOR_MISUSE = register(
+    Rule(
+        code="R192",
+        name="monitor-misuse",
+        check="monitor",
+        severity=Severity.WARNING,
+        title="The monitor was handed something it cannot read",
+        why="""\
+A call into the monitor passed a value of the wrong kind: ``step("loss")`` (the word, not
+the value), a loss on the ``meta`` device (a tensor with no data), a complex loss,
+``skipped="yes"``, a batch that holds no tensors. The monitor cannot measure from it, so
+that measurement is missing for the steps that pass it; the rest keeps working and
+training goes on. It is the caller's mistake, not the monitor's: the message says what to
+pass instead.
+
+Frameworks: any (sapper's own monitor).""",
+        signs="""\
+This finding, once per kind of value, naming the argument, what it got and what it takes;
+``loss`` (or the batch statistics) missing from the run log for those steps.""",
+        fix="""\
+Pass what the message asks for: the loss as a tensor, a number or the model's output
+(``.loss`` / ``"loss"``), computed on the device the model runs on; ``skipped`` as
+``True``/``False``; ``batch`` as a dict, a tensor or a tuple/list of tensors.""",
     )
 )
