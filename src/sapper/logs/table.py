@@ -202,10 +202,10 @@ class TableParser(LogParser):
         if not pending:
             return
         if self._header is None:
-            _, first = pending.pop(0)
+            number, first = pending.pop(0)
             if self.delimiter is None:
                 self.delimiter = "\t" if first.count("\t") > first.count(",") else ","
-            self._header = [h.strip() for h in next(csv.reader([first], delimiter=self.delimiter))]
+            self._header = self._header_row(number, first)
             self.columns.resolve(self._header)
             self.meta["columns"] = list(self._header)
         width = len(self._header)
@@ -215,26 +215,47 @@ class TableParser(LogParser):
                 continue
             self._put(dict(zip(self._header, row, strict=False)))
 
+    def _header_row(self, number: int, text: str) -> list[str]:
+        cursor = _Cursor([text, ""])
+        try:
+            names = next(csv.reader(cursor, delimiter=self.delimiter))
+            if cursor.at != 1:
+                raise csv.Error("a quoted column name does not close on the line")
+            return [h.strip() for h in names]
+        except (csv.Error, StopIteration) as exc:  # a lone \r, a name past csv's field limit
+            why = str(exc) or "no columns"
+            if "new-line character" in why:
+                why = "a carriage return (\\r) inside the line, not at its end"
+            raise InputError(
+                f"the header row cannot be read as CSV ({why})",
+                file=self.source,
+                field=f"line {number}",
+                value=text,
+                expected="a first line of column names separated by commas or tabs, lines "
+                "ending in \\n or \\r\\n",
+            ) from None
+
     def _rows(self, pending: list[tuple[int, str]]) -> Iterable[tuple[int, list[str] | None]]:
-        """The parsed rows, ``None`` for one the csv module refuses (a stray ``\r`` in an
-        unquoted field, a field past its size limit): one reader over all lines, and
-        after a refusal one reader per remaining line, so a bad row costs only itself."""
-        reader = csv.reader([t for _, t in pending], delimiter=self.delimiter)
-        done = 0
-        for number, _ in pending:
-            done += 1
+        """The parsed rows, each from its own line; ``None`` for one the csv module
+        refuses (a stray ``\r`` in an unquoted field, a field past its size limit) or
+        that does not end on its line (a quote that never closes would otherwise take the
+        lines after it as its text): a bad row costs only itself, and reading goes on at
+        the next line."""
+        cursor = _Cursor([t for _, t in pending])
+        reader = csv.reader(cursor, delimiter=self.delimiter)
+        while cursor.at < len(pending):
+            start = cursor.at
+            row: list[str] | None
             try:
-                yield number, next(reader)
-            except csv.Error:
-                yield number, None
-                break
-            except StopIteration:  # a quoted field ran over the lines that were left
-                return
-        for number, text in pending[done:]:
-            try:
-                yield number, next(csv.reader([text], delimiter=self.delimiter))
+                row = next(reader)
             except (csv.Error, StopIteration):
-                yield number, None
+                row = None
+            if row is None or cursor.at != start + 1:
+                yield pending[start][0], None
+                cursor.at = start + 1
+                reader = csv.reader(cursor, delimiter=self.delimiter)  # no state carried
+                continue
+            yield pending[start][0], row
 
     # ---- JSON lines -----------------------------------------------------------------
     def _feed_jsonl(self, lines: Iterable[str]) -> None:
@@ -314,6 +335,24 @@ class TableParser(LogParser):
             values[target.field] = scaled
         if values or extra:
             self.merger.put(step, values, extra)
+
+
+class _Cursor:
+    """The lines a csv reader reads, one by one, from a position the caller can set back
+    (to the line after a bad row)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.at = 0
+
+    def __iter__(self) -> _Cursor:
+        return self
+
+    def __next__(self) -> str:
+        if self.at >= len(self.lines):
+            raise StopIteration
+        self.at += 1
+        return self.lines[self.at - 1]
 
 
 def _is_flag(raw: Any) -> bool:
