@@ -156,6 +156,8 @@ class DeepSpeedCheckpoint:
     loss_scaler: dict[str, Any] | None
     engine: dict[str, Any] = field(default_factory=dict)
     lr_scheduler: dict[str, Any] | None = None
+    #: ``lr_scheduler`` saved as None: save_checkpoint's value when the engine has none.
+    no_lr_scheduler: bool = False
     #: ZeRO 3's frozen parameters, joined from every rank's model states (empty otherwise).
     frozen: FragmentSource | None = None
 
@@ -452,6 +454,7 @@ def _read_mp_rank(folder: Path, model_paths: list[Path],
         empty, {}, None, [], {},
         str(optim_files[0]) if optim_files else "", None, engine,
         sched if isinstance(sched, dict) else None,
+        no_lr_scheduler="lr_scheduler" in model and sched is None,
     )  # fmt: skip
     if not optim_files:
         return ckpt

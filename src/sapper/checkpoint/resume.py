@@ -227,7 +227,7 @@ def _missing(scan: Scan) -> list[str]:
     missing = []
     if not scan.optimizers:
         missing.append("optimizer state (Adam restarts its moments)")
-    if not scan.schedulers:
+    if not scan.schedulers and scan.schedule_without_state is None:
         missing.append("LR scheduler state (the schedule restarts)")
     if scan.lightning is not None:
         if "loops" not in scan.lightning:

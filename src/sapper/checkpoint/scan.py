@@ -52,6 +52,10 @@ class Scan:
     weights_file: str
     optimizers: list[OptimizerState] = field(default_factory=list)
     schedulers: list[dict[str, Any]] = field(default_factory=list)
+    #: Why the checkpoint needs no scheduler state, where its framework shows it: the
+    #: scheduler's key saved empty (the run had none), or an LR the loop computes from a
+    #: saved step counter (nanoGPT's and LitGPT's ``iter_num``).
+    schedule_without_state: str | None = None
     scaler: dict[str, Any] | None = None
     scaler_file: str = ""
     trainer_state: dict[str, Any] | None = None
@@ -147,7 +151,13 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
         found = [s for s in (value if isinstance(value, list) else [value]) if isinstance(s, dict)]
         if found:
             scan_kw["origins"].setdefault("scheduler", f"{file}: {key}")
+        elif key in obj and value in (None, []):  # saved empty: the run had no scheduler
+            scan_kw["schedule_without_state"] = f"{key} saved empty: the run had no LR scheduler"
         scan_kw["schedulers"] += found
+    if "iter_num" in obj and not any(k in obj for k in _SCHED_KEYS):
+        # nanoGPT's train.py and LitGPT's pretrain/finetune compute the LR from the step
+        # (get_lr(iter_num)) and save iter_num: the schedule resumes exactly.
+        scan_kw["schedule_without_state"] = "the LR follows the saved iter_num"
     for key in _SCALER_KEYS:
         if isinstance(obj.get(key), dict) and "scale" in obj[key]:
             scan_kw["scaler"], scan_kw["scaler_file"] = obj[key], f"{file}: {key}"
@@ -230,6 +240,8 @@ def _deepspeed(
     if ds.lr_scheduler is not None:
         kw["origins"].setdefault("scheduler", f"{ds.module_file}: lr_scheduler")
         kw["schedulers"].append(ds.lr_scheduler)
+    elif ds.no_lr_scheduler:
+        kw["schedule_without_state"] = "lr_scheduler saved as None: the run had no LR scheduler"
     return weights, weights_file
 
 
