@@ -210,7 +210,10 @@ RESUME_INCOMPLETE = Rule(
 Resuming from weights alone is a new run, not a continuation: without the optimizer's
 moments Adam restarts its statistics (a large first update), without the scheduler the
 LR restarts its schedule, without the loss scaler fp16 restarts at 65536 and overflows,
-without RNG and data position the model sees other batches and dropout masks.""",
+without RNG and data position the model sees other batches and dropout masks. A piece the
+framework does not need is not asked for: nanoGPT and LitGPT compute the LR from the saved
+``iter_num``, and a run without a scheduler saves its key empty (DeepSpeed's
+``lr_scheduler: None``, Lightning's ``lr_schedulers: []``).""",
     signs="""\
 A loss spike right after resuming; curves that do not overlay the original run.""",
     fix="""\
