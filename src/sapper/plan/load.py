@@ -8,6 +8,7 @@ in that file (and the Plan field it maps to), the bad value and what was expecte
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,16 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     return LoadedPlan(plan, findings, [s.name for s in sources])
 
 
+def _identity(path: str | Path) -> Path:
+    """The file a path names, for telling whether two paths are one file: the path with
+    its links followed, or as written where they cannot be (a link that points to
+    itself, which Python reports as RuntimeError; reading the file then says why)."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return Path(os.path.abspath(path))
+
+
 #: A reference a config makes (``refs`` key) -> the format that reads it.
 _REF_FORMATS = {"hf_config": "hf", "deepspeed": "deepspeed"}
 
@@ -196,15 +207,15 @@ def load_plan(
     def add(path: str | Path, fmt: str | None) -> PlanSource:
         src = read_config(path, fmt)
         for kind, ref in src.refs.items():
-            if given.get(kind) is None and ref.resolve() not in read:
-                read.add(ref.resolve())
+            if given.get(kind) is None and _identity(ref) not in read:
+                read.add(_identity(ref))
                 sources.append(read_config(ref, _REF_FORMATS.get(kind)))
         sources.append(src)
         return src
 
     for kind, path in given.items():
         if path is not None:
-            read.add(Path(path).resolve())
+            read.add(_identity(path))
             add(path, _REF_FORMATS[kind])
     files = [plan_file] if plan_file is not None else []
     for path in [*files, *configs]:

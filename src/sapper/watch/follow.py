@@ -285,6 +285,8 @@ class FileFollower(Follower):
             st = os.stat(self.path)
         except FileNotFoundError:
             return []  # moved away, the new file not created yet: keep reading the old one
+        except OSError as exc:  # the name now a link to itself, a folder without access
+            raise InputError(f"cannot read it ({exc.strerror})", file=self.name) from None
         if (st.st_dev, st.st_ino) == self._id:
             return []
         out: list[StepRecord] = []
