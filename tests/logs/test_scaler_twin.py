@@ -26,7 +26,7 @@ def _stream(seed: int, n: int) -> list[StepRecord]:
     steps = np.cumsum(rng.choice([1, 1, 1, 2, 10, 300], size=n)) + int(rng.integers(0, 150))
     overflow = rng.choice([0.0, 0.002, 0.02, 0.3])
     floor_run = rng.random() < 0.3
-    scale = float(2.0 ** rng.integers(10, 20))
+    scale = float(2.0 ** rng.integers(-6, 20))  # below 1: an excerpt inside a collapse
     total = int(rng.integers(0, 3))
     counter = rng.choice(["total", "flag", "none", "mixed"])
     scale_share = rng.choice([1.0, 1.0, 0.7, 0.0])

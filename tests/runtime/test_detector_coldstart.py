@@ -215,3 +215,51 @@ def test_oscillation_needs_a_swing_in_absolute_terms_too() -> None:
     assert "R004" not in _codes(LossDetector(), tiny)
     large = _losses([3.0 * (1.6 if i % 2 else 0.6) for i in range(60)])
     assert "R004" in _codes(LossDetector(), large)
+
+
+def _scales(values: list[float], start: int, every: int = 10, **extra) -> list[StepRecord]:
+    return [
+        StepRecord(step=start + i * every, loss=2.3, loss_scale=v, **extra)
+        for i, v in enumerate(values)
+    ]
+
+
+@pytest.mark.parametrize("start", [41_200, 0])
+def test_an_excerpt_that_begins_inside_a_scale_collapse_names_it(start: int) -> None:
+    """A pasted excerpt of an fp16 run whose scaler has long been backing off: the scale
+    starts far below 1 and halves on every record. No scaler starts there."""
+    found = DetectorSet([ScalerDetector()]).run(_scales([0.5, 0.25, 0.125], start))
+    collapse = [f for f in found if f.code == "R030"]
+    assert [f.step for f in collapse] == [start + 10]
+    assert "still falling" in collapse[0].message
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [65536.0] * 6,  # healthy fp16: the scale holds
+        [65536.0, 32768.0, 16384.0, 8192.0, 8192.0, 8192.0],  # calibration at the start
+        [0.5, 0.5, 0.5, 1.0],  # a low but steady (then growing) scale: not falling
+    ],
+)
+def test_a_scale_that_is_not_sinking_below_the_floor_stays_quiet(values: list[float]) -> None:
+    assert "R030" not in _codes(ScalerDetector(), _scales(values, 0, every=1))
+
+
+def _skipping(start: int, n: int) -> list[StepRecord]:
+    """Every step skipped: the skip counter climbs by the logging interval each record."""
+    return [
+        StepRecord(step=start + i * 10, loss=2.3, loss_scale=1.0, skipped_total=1000 + i * 10)
+        for i in range(n)
+    ]
+
+
+def test_an_excerpt_that_begins_inside_a_skip_storm_names_it() -> None:
+    found = DetectorSet([ScalerDetector()]).run(_skipping(52_000, 21))
+    assert [f.step for f in found if f.code == "R031"] == [52_200]
+    # at a run's start the first 20 steps are the scaler's first overflows: grace
+    at_start = DetectorSet([ScalerDetector()]).run(
+        [StepRecord(step=i, loss=2.3, loss_scale=65536.0 / 2**i, skipped_total=i)
+         for i in range(1, 12)]  # fmt: skip
+    )
+    assert "R031" not in [f.code for f in at_start]

@@ -42,7 +42,10 @@ middle of a run (at most ``2 × collapse_drops`` scale records) cannot show
 ``collapse_drops`` records, counted since the last growth, are enough. Halvings are counted
 as log2 of each drop (a log written every 10 iterations shows 65536 → 8192, three
 halvings, in one record), and DeepSpeed's and Megatron's hysteresis (the scale held for
-a record between two halvings) does not break the count.
+a record between two halvings) does not break the count. An excerpt may begin inside the
+collapse: a scale below ``min_scale`` that falls again is one on its own (no scaler
+starts below 2^16), two records suffice. The skip window's grace (``skip_grace_steps``)
+is for a run's first overflows only: a log that starts later may begin inside the skips.
 """
 
 from __future__ import annotations
@@ -291,12 +294,21 @@ class ScalerDetector(RuleDetector):
             self.scale_records <= 2 * self.collapse_drops
             and self.halvings >= self.cold_halvings
         )
-        if self.drops < self.collapse_drops and not at_floor and not cold:
+        # Below the floor and still falling: no scaler starts there (GradScaler at 2^16,
+        # DeepSpeed and Megatron at 2^16-2^32), so the log began inside the collapse.
+        sinking = scale < self.min_scale and prev is not None and scale < prev
+        if self.drops < self.collapse_drops and not (at_floor or cold or sinking):
             return []
         if self.drops >= self.collapse_drops:
             why = f"fell on {self.drops} consecutive logged steps"
         elif at_floor:
             why = f"reached the floor {fmt(self.min_scale)}"
+        elif sinking:
+            why = (
+                f"is below {fmt(self.min_scale)} and still falling (from {fmt(prev)}): "
+                "dynamic scalers start at 2^16 or more, so the collapse began before this "
+                "log does"
+            )
         else:
             why = (
                 f"halved {self.halvings} times within the last {len(self.changes)} logged "
@@ -331,7 +343,10 @@ class ScalerDetector(RuleDetector):
         else:
             return []
         self.skip_records += 1
-        if step - (self.first_step or 0) < self.skip_grace_steps:
+        first = self.first_step or 0
+        if first <= self.skip_grace_steps and step - first < self.skip_grace_steps:
+            # the scaler's first overflows at the run's start; an excerpt from later in a
+            # run has no such grace: it may begin inside the skips.
             self.skips.clear()
             return []
         steps = sum(s for _, s in self.skips)
