@@ -258,8 +258,9 @@ def test_an_excerpt_that_begins_inside_a_skip_storm_names_it() -> None:
     found = DetectorSet([ScalerDetector()]).run(_skipping(52_000, 21))
     assert [f.step for f in found if f.code == "R031"] == [52_200]
     # at a run's start the first 20 steps are the scaler's first overflows: grace
-    at_start = DetectorSet([ScalerDetector()]).run(
-        [StepRecord(step=i, loss=2.3, loss_scale=65536.0 / 2**i, skipped_total=i)
-         for i in range(1, 12)]  # fmt: skip
-    )
+    first_overflows = [
+        StepRecord(step=i, loss=2.3, loss_scale=65536.0 / 2**i, skipped_total=i)
+        for i in range(1, 12)
+    ]
+    at_start = DetectorSet([ScalerDetector()]).run(first_overflows)
     assert "R031" not in [f.code for f in at_start]
