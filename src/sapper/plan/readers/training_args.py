@@ -313,6 +313,12 @@ _FOREIGN = frozenset({"base_model", "micro_batch_size", "datasets", "sequence_le
                       "distributed_type", "compute_environment", "model", "hardware",
                       "parallel", "train_micro_batch_size_per_gpu", "zero_optimization",
                       "train_batch_size"})
+#: Keys of trainers built on TrainingArguments that have a reader of their own
+#: (LLaMA-Factory's ``stage``/``finetuning_type``/``cutoff_len``/``template``, the
+#: ``dataset_name`` of TRL's scripts): such a file is still Trainer settings, read here
+#: with less confidence than its own reader's.
+_OTHER_TRAINERS = frozenset({"stage", "finetuning_type", "cutoff_len", "template",
+                             "dataset_name"})
 
 
 def _mapping_score(doc: dict[str, Any]) -> float:
@@ -322,7 +328,8 @@ def _mapping_score(doc: dict[str, Any]) -> float:
     hits = len(keys & SIGNATURE)
     if hits < 3:
         return 0.0
-    return min(0.97, 0.5 + 0.05 * hits)
+    score = min(0.97, 0.5 + 0.05 * hits)
+    return min(score, 0.8) if keys & _OTHER_TRAINERS else score
 
 
 def _recognise(sniff: Sniff) -> float:
