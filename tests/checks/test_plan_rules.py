@@ -83,9 +83,11 @@ def test_loader_shared_by_model_parallel_group() -> None:
     assert "× 4 GPUs per replica" in f.message and f.threshold > 4 * 2500
 
 
-def test_negative_max_norm_is_an_error() -> None:
-    f = only(list(clipping.clip_threshold(plan(clipping={"max_norm": -1.0}))))
-    assert f.severity == Severity.ERROR and "uphill" in f.message
+def test_negative_max_norm_is_refused_by_the_plan() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        plan(clipping={"max_norm": -1.0})
 
 
 def test_small_threshold_and_none_vs_zero() -> None:

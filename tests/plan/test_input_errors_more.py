@@ -1,9 +1,12 @@
 """Input errors that once ended as internal errors or as findings: a path that is a
-symbolic link to itself, given to any option that opens a file, is one line naming the
-file (exit 2)."""
+symbolic link to itself, given to any option that opens a file, and a value outside what
+it can mean (a negative clipping threshold, more pipeline stages than layers) are one
+line naming the file or option, the value and the valid range (exit 2). What is valid
+but a bad idea stays a finding (exit 1)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -85,3 +88,73 @@ def test_a_watched_log_replaced_by_a_loop_is_an_input_error(tmp_path: Path) -> N
     with pytest.raises(InputError, match="symbolic links") as err:
         follower.poll()
     assert "run.jsonl" in str(err.value)
+
+
+# ---- values outside what they can mean ----------------------------------------------
+def test_a_negative_max_norm_on_the_command_line_is_an_input_error() -> None:
+    one_line_exit_2(["check", "--model", str(LLAMA), "--max-norm", "-1"],
+                    "command line", "--max-norm", "clipping.max_norm", "got -1.0",
+                    "expected a number ≥ 0")
+
+
+def test_a_negative_max_norm_in_a_plan_is_an_input_error(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("clipping: {max_norm: -0.5}\n")
+    for command in ("check", "memory"):
+        one_line_exit_2([command, str(plan)], str(plan), "clipping.max_norm", "got -0.5",
+                        "≥ 0")
+
+
+@pytest.mark.parametrize("value", ["0", "0.05", "50"])
+def test_clipping_off_or_far_from_one_stays_a_finding(value: str) -> None:
+    res = runner.invoke(app, ["check", "--model", str(LLAMA), "--max-norm", value,
+                              "-f", "json"])
+    assert res.exit_code in (0, 1), res.output
+    codes = {f["code"] for f in json.loads(res.stdout)["findings"]}
+    assert ("N202" in codes) == (value != "0")
+
+
+def test_more_stages_than_layers_on_the_command_line_is_an_input_error() -> None:
+    for command in ("check", "memory", "plan"):
+        one_line_exit_2([command, "--model", str(LLAMA), "--pp", "64", "--gpus", "64"],
+                        "command line", "--pp", "parallel.pp", "got 64",
+                        "from 1 to num_layers (32", "llama-2-7b.json")
+
+
+def test_more_stages_than_layers_in_a_plan_is_an_input_error(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: {hidden_size: 1024, num_layers: 6, num_heads: 8, "
+                    "vocab_size: 32000}\nparallel: {pp: 8}\n")
+    one_line_exit_2(["check", str(plan)], str(plan), "parallel.pp", "got 8",
+                    "from 1 to num_layers (6")
+
+
+def test_as_many_stages_as_layers_is_valid() -> None:
+    res = runner.invoke(app, ["check", "--model", str(LLAMA), "--pp", "32", "--gpus", "32",
+                              "-f", "json"])
+    assert res.exit_code in (0, 1), res.output
+
+
+def test_pipeline_splits_that_run_but_are_a_bad_idea_stay_findings(tmp_path: Path) -> None:
+    """Layers that do not split evenly, or more interleaved chunks than layers: P107."""
+    res = runner.invoke(app, ["check", "--model", str(LLAMA), "--pp", "5", "--gpus", "40",
+                              "-f", "json"])
+    assert res.exit_code in (0, 1), res.output
+    assert "P107" in {f["code"] for f in json.loads(res.stdout)["findings"]}
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: {hidden_size: 1024, num_layers: 8, num_heads: 8, "
+                    "vocab_size: 32000}\nparallel: {pp: 4, virtual_pipeline_stages: 4}\n")
+    res = runner.invoke(app, ["check", str(plan), "-f", "json"])
+    assert res.exit_code == 1, res.output
+    [p107] = [f for f in json.loads(res.stdout)["findings"] if f["code"] == "P107"]
+    assert "16 > num_layers(8)" in p107["message"]
+
+
+def test_declared_stage_sizes_are_judged_by_the_layout_check(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: {hidden_size: 1024, num_layers: 6, num_heads: 8, "
+                    "vocab_size: 32000}\nparallel: {pp: 8, first_stage_layers: 1, "
+                    "last_stage_layers: 1}\n")
+    res = runner.invoke(app, ["check", str(plan), "-f", "json"])
+    assert res.exit_code == 1, res.output
+    assert "P107" in res.stdout

@@ -68,13 +68,12 @@ Healthy pre-training runs see global gradient norms of about 0.1–1.0, so a thr
 rescaled to a fixed norm, which silently lowers the learning rate by ‖g‖/max_norm and hides
 the gradient norm as a signal. Above 10 the threshold lets through a spike ten times a
 healthy step before it acts, so it no longer protects anything; a threshold raised to
-silence frequent clipping hides a learning rate that is too high or bad data. A negative
-threshold is worse: `clip_grad_norm_` multiplies the gradients by max_norm/‖g‖, which is
-negative, and every clipped step climbs the loss.""",
+silence frequent clipping hides a learning rate that is too high or bad data. (A negative
+threshold, with which `clip_grad_norm_` would flip every clipped gradient, is refused as
+input.)""",
     signs="""\
 Tiny threshold: the logged gradient norm is above the threshold on every step and the loss
-falls slowly. Huge threshold: loss spikes that clipping should have absorbed. Negative:
-the loss rises from the first steps.""",
+falls slowly. Huge threshold: loss spikes that clipping should have absorbed.""",
     fix="""\
 Use max_norm ≈ 1.0. If the norms in the first few hundred steps are often 5–10, lower the
 learning rate or fix the data rather than raising the threshold (seed §2.3).""",
@@ -163,17 +162,7 @@ def clip_threshold(plan: Plan) -> CheckOutput:
     max_norm = plan.clipping.max_norm
     if max_norm is None or max_norm == 0:
         return
-    if max_norm < 0:
-        yield CLIP_THRESHOLD.finding(
-            f"max_norm {max_norm:g} is negative: clip_grad_norm_ multiplies gradients by "
-            f"{max_norm:g}/‖g‖ < 0, so clipped steps go uphill",
-            severity=Severity.ERROR,
-            fix=f"set clipping.max_norm: {USUAL_MAX_NORM}",
-            value=max_norm,
-            threshold=0.0,
-            source="clipping.max_norm",
-        )
-    elif max_norm < LOW_MAX_NORM:
+    if max_norm < LOW_MAX_NORM:  # a negative one never gets here: the Plan refuses it
         yield CLIP_THRESHOLD.finding(
             f"max_norm {max_norm:g} < {LOW_MAX_NORM:g}: healthy norms are 0.1–1.0, so nearly "
             f"every step is clipped and the effective LR shrinks by ‖g‖/{max_norm:g}",

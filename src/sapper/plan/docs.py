@@ -205,7 +205,16 @@ def _limits(out: list[str]) -> None:
         "including `NaN`/`Infinity` in JSON. Numbers have the ranges in the tables below: "
         "generous physical bounds, such as at most 10^6 GPUs, so a typo is reported with "
         "the range instead of running for ever. Each of these is an input error: one "
-        "line, exit code 2.\n"
+        "line, exit code 2.\n\n"
+        "A value outside what it can mean is an input error too, wherever it comes from "
+        "(a plan, a launch config, a command-line option): a negative `clipping.max_norm` "
+        "(`--max-norm`, DeepSpeed's `gradient_clipping`, Megatron's `--clip-grad` ...), "
+        "with which `clip_grad_norm_` would flip every clipped gradient, and a "
+        "`parallel.pp` above `model.num_layers`, where a stage would hold no layer (unless "
+        "`first_stage_layers`/`last_stage_layers` declare the split: the layout check P107 "
+        "judges it). What a framework runs but is a bad idea stays a finding (exit 1): a "
+        "clipping threshold far from 1.0 (N202), layers that do not split evenly over the "
+        "stages, more interleaved chunks than layers (P107).\n"
     )
 
 

@@ -151,6 +151,7 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
             has_value=has_value and not isinstance(value, dict),
             expected=_expected(err),
         ) from None
+    _stages_hold_layers(plan, owners)
     if not (plan.model_fields_set - {"name", "unresolved"}):
         names = ", ".join(s.name for s in sources)
         raise InputError(
@@ -164,6 +165,31 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     plan, resolved = resolve(plan)
     findings.extend(resolved)
     return LoadedPlan(plan, findings, [s.name for s in sources])
+
+
+def _stages_hold_layers(plan: Plan, owners: dict[str, PlanSource]) -> None:
+    """More pipeline stages than the model has layers is no layout any framework runs (a
+    stage would hold no layer): the degree is out of its range, an input error naming
+    where it came from. Declared first/last stage sizes are judged by the layout check
+    (P107) instead."""
+    model, par = plan.model, plan.parallel
+    if model is None or par.pp <= model.num_layers:
+        return
+    if par.first_stage_layers is not None or par.last_stage_layers is not None:
+        return
+    src, _ = _owner("parallel.pp", owners)
+    field = "parallel.pp"
+    if src is not None and field in src.origin:
+        field = f"{src.origin[field]} (plan field parallel.pp)"
+    layers_src, _ = _owner("model.num_layers", owners)
+    layers_from = f" of {layers_src.name}" if layers_src is not None else ""
+    raise InputError(
+        "more pipeline stages than the model has layers: a stage would hold no layer",
+        file=src.name if src else None,
+        field=field,
+        value=par.pp,
+        expected=f"a pipeline degree from 1 to num_layers ({model.num_layers}{layers_from})",
+    )
 
 
 def _identity(path: str | Path) -> Path:

@@ -454,7 +454,12 @@ class ScheduleSpec(_Spec):
 class ClippingSpec(_Spec):
     """Gradient clipping (seed §2.3)."""
 
-    max_norm: float | None = Field(default=None, description="Threshold; null/0 = off.")
+    max_norm: float | None = Field(
+        default=None,
+        ge=0,
+        description="Threshold; null/0 = off (a negative one would flip the clipped "
+        "gradients in clip_grad_norm_).",
+    )
     mode: Literal["global", "per_group"] = Field(default="global", description="Norm scope.")
     applied: Literal["after_unscale", "before_unscale"] = Field(
         default="after_unscale", description="Relative to GradScaler.unscale_ (fp16)."
