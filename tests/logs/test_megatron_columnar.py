@@ -27,7 +27,8 @@ from sapper.logs import source as log_source
 from sapper.logs.analysis import analyze_log
 from sapper.logs.columnar import ColumnarLog, read_columnar
 from sapper.logs.columnar import megatron as columnar_megatron
-from sapper.logs.columnar.megatron import column_extra, read_megatron_columnar
+from sapper.logs.columnar.frame import READ_EXTRA_PREFIXES, READ_EXTRAS
+from sapper.logs.columnar.megatron import COLUMN_EXTRAS, column_extra, read_megatron_columnar
 from sapper.logs.columnar.twins import engine
 from sapper.runtime.detectors import default_detectors
 
@@ -337,22 +338,46 @@ def test_utf16_is_left_to_the_streaming_reader(tmp_path: Path) -> None:
 _IN_EXTRA = r"""["']([^"']+)["']\s+(?:not\s+)?in\s+(?:record\.|r\.|rec\.)?extra\b"""
 
 
-def test_column_extras_are_none_a_detector_reads() -> None:
-    """The extras kept as columns are left out of the records the detectors are fed, so
-    no detector (nor the diagnosis) may read one: every key they read from
-    ``record.extra`` is checked here."""
+def _extras_read() -> set[str]:
+    """Every ``record.extra`` key the detectors, their twins and the diagnosis look up
+    by name (``extra.get("k")``, ``extra["k"]``, ``"k" in extra``, setup's ``_count``)."""
     src = ROOT / "src" / "sapper"
-    files = [*(src / "runtime" / "detectors").glob("*.py"), *(src / "diagnose").glob("*.py")]
-    read = set()
+    files = [
+        *(src / "runtime" / "detectors").glob("*.py"),
+        *(src / "logs" / "columnar" / "twins").glob("*.py"),
+        *(src / "diagnose").glob("*.py"),
+    ]
+    read: set[str] = set()
     for file in files:
         text = file.read_text(encoding="utf-8")
         read |= set(re.findall(r"""extra(?:\.get\(|\[)\s*["']([^"']+)["']""", text))
         read |= set(re.findall(_IN_EXTRA, text))
         read |= set(re.findall(r"""_count\(extra,\s*["']([^"']+)["']""", text))
-    assert read, "the scan found no key: its patterns are out of date"
-    kept = sorted(k for k in read if column_extra(k))
-    assert not kept, kept
-    for prefix in ("nonfinite_", "huge_", "position_"):
+    for name in ("_FORWARD", "_STEP"):  # setup.py's key tuples
+        found = re.search(rf"^{name} = \(([^)]*)\)", (src / "runtime" / "detectors" /
+                          "setup.py").read_text(encoding="utf-8"), re.M)
+        assert found, name
+        read |= set(re.findall(r"""["']([^"']+)["']""", found.group(1)))
+    assert len(read) > 20, "the scan found few keys: its patterns are out of date"
+    return read
+
+
+def test_extras_read_are_listed() -> None:
+    """The extras the columns keep out of the detectors' records are those no detector
+    reads: every key read is listed in ``READ_EXTRAS`` (or has a listed prefix)."""
+    unlisted = sorted(
+        k for k in _extras_read() if k not in READ_EXTRAS and not k.startswith(READ_EXTRA_PREFIXES)
+    )
+    assert not unlisted, f"add to sapper.logs.columnar.frame.READ_EXTRAS: {unlisted}"
+
+
+def test_megatron_column_extras_are_none_a_detector_reads() -> None:
+    for name in (*COLUMN_EXTRAS, "mtp_1_loss", "load_balancing_loss", "z_loss"):
+        assert column_extra(name)
+        assert name not in READ_EXTRAS and not name.startswith(READ_EXTRA_PREFIXES), name
+    for name in _extras_read():
+        assert not column_extra(name), name
+    for prefix in ("nonfinite_", "huge_", "position_", "opt_"):
         assert not column_extra(prefix + "x_loss")
 
 

@@ -60,6 +60,8 @@ _BAR = re.compile(
     r"(?:Epoch\s+(?P<epoch>\d{1,9})(?:/\d{1,9})?\b)?[^|\r\n]{0,80}?(?<!\d)\d{1,3}%"
     r"(?:\|[^|\n]{0,400}\|)?\s*(?P<n>\d{1,12})/(?P<total>\d{1,12})\s*\[(?P<inside>[^\]\n]{0,4000})\]"
 )
+#: What every bar holds (``45/100 [``): looked for first, it rules out most lines at once.
+_BAR_POSITION = re.compile(r"\d/\d{1,12}\s*\[")
 _RANK = re.compile(r"^\s*\[(?:rank|default)(\d{1,6})\]:")
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
 _STEP_KEYS = {normalize_name(n): i for i, n in enumerate(STEP_NAMES) if n != "_step"}
@@ -237,6 +239,8 @@ def read_bar(part: str) -> tuple[Read, bool] | None:
     | 45/100 [00:10<00:12, 4.50it/s, loss=0.123, v_num=1]``), and whether its step is the
     bar's position: counted over the epochs the description names (epoch × total + n),
     unless the metrics hold a step counter of their own (fairseq's ``num_updates=``)."""
+    if "/" not in part or _BAR_POSITION.search(part) is None:
+        return None  # no ``n/total [``: no bar (the full pattern is slow to fail)
     match = _BAR.search(part)
     if match is None:
         return None
@@ -375,8 +379,25 @@ def _last_part(line: str) -> str:
 
 
 def _unix(day: str, clock: str) -> float | None:
+    """The Unix time of ``day`` (``2024-08-01``) at ``clock`` (``09:44:55``), as
+    ``strptime`` and ``timegm`` read it, or None when strptime refuses it: the day is
+    parsed once, a clock of ASCII digits is read here."""
+    if clock.isascii():
+        h, m, s = int(clock[0:2]), int(clock[3:5]), int(clock[6:8])
+        if h > 23 or m > 59 or s > 61:  # %H, %M and %S (leap seconds included)
+            return None
+        start = _day_start(day)
+        return None if start is None else float(start + 3600 * h + 60 * m + s)
     try:
         return float(calendar.timegm(time.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S")))
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _day_start(day: str) -> int | None:
+    try:
+        return calendar.timegm(time.strptime(f"{day} 00:00:00", "%Y-%m-%d %H:%M:%S"))
     except ValueError:
         return None
 

@@ -22,6 +22,7 @@ step they name. Everything else in the log (arguments, timers, warnings) is skip
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 import time
 from collections.abc import Iterable
@@ -251,8 +252,25 @@ def _int(digits: str) -> int | None:
 
 
 def _unix(day: str, clock: str) -> float | None:
+    """The Unix time of ``day`` (``2024-08-01``) at ``clock`` (``09:44:55``), as
+    ``strptime`` and ``timegm`` read it, or None when strptime refuses it: the day is
+    parsed once, a clock of ASCII digits is read here."""
+    if clock.isascii():
+        h, m, s = int(clock[0:2]), int(clock[3:5]), int(clock[6:8])
+        if h > 23 or m > 59 or s > 61:  # %H, %M and %S (leap seconds included)
+            return None
+        start = _day_start(day)
+        return None if start is None else float(start + 3600 * h + 60 * m + s)
     try:
         return float(calendar.timegm(time.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S")))
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _day_start(day: str) -> int | None:
+    try:
+        return calendar.timegm(time.strptime(f"{day} 00:00:00", "%Y-%m-%d %H:%M:%S"))
     except ValueError:
         return None
 

@@ -239,11 +239,47 @@ def strictly_ascending(steps: np.ndarray) -> bool:
     return len(steps) < 2 or bool(np.all(steps[1:] > steps[:-1]))
 
 
+#: ``StepRecord.extra`` keys that a detector, a twin or the diagnosis reads (the test
+#: ``test_extras_read_are_listed`` scans their sources for the keys they look up), and
+#: the prefixes of key families read as a whole. A row whose extras hold none of them
+#: (a reader's own numbers: an epoch, perplexity, tokens per GPU) is no row "with
+#: extras": the detectors that read extras have nothing to read there.
+READ_EXTRAS = frozenset({
+    "activation_std", "autocast_dtype", "clip_before_unscale", "clip_coef", "compute_dtype",
+    "cpu_wait_s", "epoch", "eval_losses", "grad_accum", "grad_norm_layers", "grad_sampled",
+    "grad_zero_share", "huge_grads", "huge_params", "loss_normalised", "loss_weight",
+    "loss_weight_from", "max_position", "micro_tokens", "model_params",
+    "model_params_with_grad", "nonfinite_first_step", "nonfinite_grad_module",
+    "nonfinite_grads", "nonfinite_module", "nonfinite_module_input_finite",
+    "nonfinite_params", "norm_placement", "num_blocks", "opt_model_params", "opt_params",
+    "opt_params_with_grad", "opt_trainable_params", "param_dtype", "position_kind",
+    "position_limit", "position_reuse", "position_rope_factor", "position_seq_len",
+    "position_site", "position_source", "position_trained", "sample_hashes",
+    "scaled_grads_step", "scaler_checked", "scheduler_steps", "trainable_params",
+    "zero_grad_params",
+})
+READ_EXTRA_PREFIXES = ("nonfinite_", "huge_", "position_", "opt_", "grad_", "loss_weight")
+#: Ints past this are not kept exactly in a float64 column.
+_EXACT_INT = 2**53
+
+
+def _unread(name: str, value: Any, epoch_read: bool) -> bool:
+    """Whether an extra is a number no detector reads (``epoch`` is read only beside
+    per-sample hashes: it restarts the duplicate-data window)."""
+    if value.__class__ is not float and value.__class__ is not int:
+        return False
+    if name == "epoch":
+        return not epoch_read
+    return name not in READ_EXTRAS and not name.startswith(READ_EXTRA_PREFIXES)
+
+
 def columns_from_records(records: Sequence[StepRecord]) -> Columns | None:
     """Columns over records another reader built (Megatron, TensorBoard, a log with
     restarts): the replays feed the original records, so nothing is lost. ``None`` when
     a field holds something other than a number (a hand-edited log): only the streaming
-    detectors know what they make of that."""
+    detectors know what they make of that. Extras that no detector reads (numbers of the
+    reader's own: an epoch, a perplexity) become ``extras`` columns, so their rows are
+    not rows with extras."""
     n = len(records)
     steps = np.fromiter((r.step for r in records), dtype=np.int64, count=n)
     cols = Columns(steps=steps, source=records)
@@ -264,7 +300,32 @@ def columns_from_records(records: Sequence[StepRecord]) -> Columns | None:
             dtype=np.float64,
             count=n,
         )
+    with_extra = [i for i, d in enumerate(dicts) if d.get("extra")]
+    epoch_read = any("sample_hashes" in dicts[i]["extra"] for i in with_extra)
+    kinds: dict[str, type] = {}  # name -> int or float, where every value is one
+    mixed: set[str] = set()
+    for i in with_extra:
+        for name, value in dicts[i]["extra"].items():
+            if not _unread(name, value, epoch_read) or (
+                value.__class__ is int and abs(value) >= _EXACT_INT
+            ):
+                mixed.add(name)
+            elif kinds.setdefault(name, value.__class__) is not value.__class__:
+                mixed.add(name)
+    kept = {name: i for i, name in enumerate(k for k in kinds if k not in mixed)}
+    if kept:
+        table = np.full((len(kept), n), np.nan)
+        has = np.zeros((len(kept), n), dtype=bool)
     for i, d in enumerate(dicts):
-        if d.get("extra") or d.get("lrs") is not None:
+        extra = d.get("extra")
+        if d.get("lrs") is not None or (extra and not all(k in kept for k in extra)):
             cols.full[i] = records[i]
+        elif extra:
+            for name, value in extra.items():
+                table[kept[name], i] = value
+                has[kept[name], i] = True
+    for name, row in kept.items():
+        cols.extras[name] = table[row]
+        cols.extras_present[name] = has[row]
+    cols.int_extras = frozenset(k for k in kept if kinds[k] is int)
     return cols

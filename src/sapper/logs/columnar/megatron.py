@@ -46,6 +46,8 @@ from sapper.logs.columnar.frame import (
     BOOL_FIELDS,
     FLOAT_FIELDS,
     INT_FIELDS,
+    READ_EXTRA_PREFIXES,
+    READ_EXTRAS,
     ColumnarLog,
     Columns,
     LazyRecords,
@@ -71,7 +73,6 @@ MIN_BYTES = 4 << 20
 #: its two counters, and the losses it prints beside the LM loss (``mtp_1_loss``,
 #: ``load_balancing_loss``) unless their name starts like what a detector reads.
 COLUMN_EXTRAS = frozenset({*_EXTRA.values(), "nan_iterations", "skipped_in_interval"})
-_NOT_COLUMN_PREFIXES = ("nonfinite_", "huge_", "position_", "opt_", "loss_weight")
 #: ``extra`` names whose values are ints.
 _INT_EXTRAS = frozenset({"nan_iterations", "skipped_in_interval"})
 #: Counts past this are not kept exactly in float64 columns: the streaming reader reads
@@ -161,7 +162,8 @@ def column_extra(name: str) -> bool:
         name.endswith("_loss")
         and name.replace("_", "").isalnum()
         and name.isascii()
-        and not name.startswith(_NOT_COLUMN_PREFIXES)
+        and name not in READ_EXTRAS
+        and not name.startswith(READ_EXTRA_PREFIXES)
     )
 
 

@@ -53,11 +53,8 @@ def run(det: AccumulationDetector, cols: Columns) -> list[Finding]:
 
 
 def _extras(det: AccumulationDetector, cols: Columns) -> list[Finding]:
-    rows = (
-        sorted(cols.full)
-        if cols.source is None
-        else [i for i, r in enumerate(cols.source) if r.extra]
-    )
+    # the rows with extras a detector reads (a row of other extras changes nothing here)
+    rows = sorted(cols.full)
     if not rows:
         return []
     own = copy.deepcopy(det)
