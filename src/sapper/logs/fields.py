@@ -10,6 +10,7 @@ goes to ``StepRecord.extra`` untouched; ``--map col=field`` covers the rest.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -262,9 +263,11 @@ def layer_of(name: str) -> str | None:
     return layer
 
 
+@functools.lru_cache(maxsize=4096)
 def resolve(name: str) -> FieldMap | None:
     """What a column or tag holds: a named eval set's loss, one layer's gradient norm,
-    or a StepRecord field (:func:`canonical`)."""
+    or a StepRecord field (:func:`canonical`). A log repeats its names on every line:
+    the answer (a frozen FieldMap) is kept per name."""
     named = eval_set(name)
     if named is not None:
         return FieldMap("eval_losses", 1.0, 0, named)
