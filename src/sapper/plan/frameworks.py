@@ -81,11 +81,35 @@ def _deepspeed_batch(plan: Plan) -> tuple[dict[str, Any], list[Finding]]:
     ]
 
 
+def _composer_batch(plan: Plan) -> dict[str, Any]:
+    """Composer's split of the global batch (llm-foundry's ``calculate_batch_size_info``,
+    llmfoundry/utils/config_utils.py): each GPU takes global / DP sequences, a micro-batch
+    larger than that is lowered to it, and the accumulation is the share over the
+    micro-batch. Filled in only when the micro-batches split the share evenly; otherwise the
+    batch checks report it."""
+    b, dp = plan.batch, plan.dp_degree
+    if (b.gradient_accumulation_steps is not None or None in (b.global_batch_size,
+                                                               b.micro_batch_size, dp)):
+        return {}
+    assert b.global_batch_size and b.micro_batch_size and dp
+    share, left = divmod(b.global_batch_size, dp)
+    if left or share == 0:
+        return {}  # llm-foundry refuses a global batch the GPUs do not divide
+    micro = min(b.micro_batch_size, share)
+    if share % micro:
+        return {}
+    return {"micro_batch_size": micro, "gradient_accumulation_steps": share // micro}
+
+
 def resolve(plan: Plan) -> tuple[Plan, list[Finding]]:
     """The plan with what its framework fills in, and the findings that filling raised."""
     findings: list[Finding] = []
     if plan.framework == "deepspeed":
         batch, findings = _deepspeed_batch(plan)
+        if batch:
+            plan = plan.model_copy(update={"batch": plan.batch.model_copy(update=batch)})
+    elif plan.framework == "composer":
+        batch = _composer_batch(plan)
         if batch:
             plan = plan.model_copy(update={"batch": plan.batch.model_copy(update=batch)})
     p = plan.precision

@@ -782,15 +782,16 @@ class Plan(_Spec):
     framework: (
         Literal[
             "deepspeed", "megatron", "nemo", "transformers", "accelerate", "lightning",
-            "torchtitan", "torch",
+            "torchtitan", "composer", "torch",
         ]
         | None
     ) = Field(
         default=None,
         description="What runs the training step; it decides what the plan leaves unsaid "
         "(DeepSpeed fills in the batch triple and defaults fp16 to dynamic loss scaling). "
-        "Each launch-config reader sets it (transformers: the HF Trainer, Axolotl; torch: "
-        "a hand-written loop); null: not known.",
+        "Each launch-config reader sets it (transformers: the HF Trainer, Axolotl; composer: "
+        "MosaicML Composer's Trainer, which llm-foundry runs, where each GPU's share of the "
+        "global batch caps the micro-batch; torch: a hand-written loop); null: not known.",
     )
     model: ModelSpec | None = None
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
