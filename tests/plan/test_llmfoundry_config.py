@@ -275,6 +275,12 @@ def test_sharding_offload_and_checkpointing(tmp_path: Path) -> None:
     assert "parallel.checkpointing.cpu_offload" in src.unresolved
 
 
+def test_ffn_tensor_parallelism_is_unknown(tmp_path: Path) -> None:
+    src = read_config(_write(tmp_path, _with(tp_config={"strategy": "ffn",
+                                                        "tensor_parallel_degree": 2})))
+    assert "parallel.tp" in src.unresolved and "tp" not in src.data["parallel"]
+
+
 def test_pure_bf16_master_weights(tmp_path: Path) -> None:
     src = read_config(_write(tmp_path, _with(model__master_weights_dtype="bf16", fsdp_config=None)))
     p = src.data["precision"]

@@ -50,7 +50,9 @@ fine-tuning loader's padding makes it unknown); ``Xdur`` is X × max_duration; `
 config.json is read as ``refs["hf_config"]``, a hub id leaves the model unknown (C006),
 never downloaded; ``config_overrides`` of its shape are not applied (C006), nor can a
 ``peft_config`` adapter or ``disable_grad`` be expressed (``model.trainable_parameters``
-unresolved). With one GPU llm-foundry drops FSDP (DDP): the file does not know the count.
+unresolved). ``tp_config`` (llm-foundry's tensor parallelism of the FFN layers only) has
+no counterpart in sapper's layout (C006). With one GPU llm-foundry drops FSDP (DDP): the
+file does not know the count.
 With ``FSDP_VERSION=2`` in the environment Composer takes the FSDP2 path; sapper reads the
 FSDP1 one, the default.
 """
@@ -241,6 +243,14 @@ def _batch(k: Keyed) -> None:
 def _fsdp(k: Keyed) -> dict[str, Any] | None:
     """Sharding, offload and activation checkpointing from ``fsdp_config``; what the
     precision needs to know about it (None: no FSDP, DDP)."""
+    if k.has("tp_config"):
+        k.section("tp_config")
+        k.value("tp_config.tensor_parallel_degree", "parallel.tp", "int", minimum=1)
+        k.unresolved("tp_config", "parallel.tp",
+                     "llm-foundry's tensor parallelism (strategy ffn) splits only the FFN "
+                     "layers over the TP group; sapper's splits attention too, so neither the "
+                     "layout nor the memory would be this job's",
+                     "check the job without tp_config, as an upper bound on its memory")
     raw = k.raw("fsdp_config")
     if raw is MISSING or raw is None:
         k.set("parallel.zero_stage", 0, "fsdp_config (absent: DDP, every GPU holds it all)")
