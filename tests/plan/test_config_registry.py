@@ -33,6 +33,13 @@ FOLDER_FORMATS = {
     "accelerate": "accelerate",
     "training_args": "training_args",
     "axolotl": "axolotl",
+    "llmfoundry": "llmfoundry",
+    "olmo": "olmo",
+    "nanotron": "nanotron",
+    "torchtune": "torchtune",
+    "litgpt": "litgpt",
+    "llamafactory": "llamafactory",
+    "trl": "trl",
 }
 #: Launch-config folders whose JSON files are the DeepSpeed configs the launch configs name.
 _DEEPSPEED_BESIDE = ("accelerate", "axolotl", "megatron")
@@ -65,6 +72,37 @@ def test_every_example_is_detected_as_its_own_format(path: Path, fmt: str) -> No
     assert detect_config(sniff).name == fmt, scores
     rivals = {name: s for name, s in scores.items() if name != fmt}
     assert scores[fmt] > max(rivals.values()) + 0.05, scores
+
+
+@pytest.mark.parametrize("name", ["llamafactory", "trl"])
+def test_trainer_readers_claim_no_other_formats_example(name: str) -> None:
+    """LLaMA-Factory and TRL configs are TrainingArguments with more keys: their readers
+    must not claim a Trainer, Axolotl, accelerate or any other format's file."""
+    fmt = next(f for f in formats() if f.name == name)
+    for path, owner in _examples():
+        if owner != name:
+            assert fmt.recognise(Sniff.of(path)) == 0.0, path
+
+
+@pytest.mark.parametrize("name", ["llmfoundry", "olmo", "nanotron"])
+def test_composer_era_readers_claim_no_other_formats_example(name: str) -> None:
+    """llm-foundry and OLMo configs share Composer's keys (global_train_batch_size,
+    device_train_microbatch_size, precision), Nanotron's a model section: none of the three
+    claims another format's file, the others' included."""
+    fmt = next(f for f in formats() if f.name == name)
+    for path, owner in _examples():
+        if owner != name:
+            assert fmt.recognise(Sniff.of(path)) == 0.0, path
+
+
+@pytest.mark.parametrize("name", ["torchtune", "litgpt"])
+def test_recipe_readers_claim_no_other_formats_example(name: str) -> None:
+    """torchtune and LitGPT YAMLs sit beside Axolotl, NeMo and sapper plans: their
+    readers must give every other format's file a confidence of 0."""
+    fmt = next(f for f in formats() if f.name == name)
+    for path, owner in _examples():
+        if owner != name:
+            assert fmt.recognise(Sniff.of(path)) == 0.0, path
 
 
 def test_every_format_has_a_shipped_example() -> None:

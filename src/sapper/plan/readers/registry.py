@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sapper.errors import InputError
 from sapper.plan.readers.base import ConfigFormat, Sniff, refuse_pickle
+from sapper.plan.readers.py_recipes import refuse_python_recipe
 from sapper.plan.sources import PlanSource
 
 __all__ = ["MIN_CONFIDENCE", "READERS", "detect_config", "formats", "read_config"]
@@ -30,6 +31,13 @@ READERS: tuple[str, ...] = (
     "sapper.plan.readers.yaml_plan",
     "sapper.plan.readers.nemo",
     "sapper.plan.readers.torchtitan",
+    "sapper.plan.readers.torchtune",
+    "sapper.plan.readers.litgpt",
+    "sapper.plan.readers.llmfoundry",
+    "sapper.plan.readers.olmo",
+    "sapper.plan.readers.nanotron",
+    "sapper.plan.readers.llamafactory",
+    "sapper.plan.readers.trl",
 )
 
 #: Below this, a reader's "maybe" is not enough to read a file as its format.
@@ -56,6 +64,9 @@ def find_format(name: str) -> ConfigFormat:
 
 def detect_config(sniff: Sniff) -> ConfigFormat:
     """The format of ``sniff``'s file; :class:`InputError` when none is confident."""
+    recipe = refuse_python_recipe(sniff)  # OLMo-core, NeMo 2, Megatron-Bridge: code
+    if recipe is not None:
+        raise recipe
     scored = [(fmt.recognise(sniff), -i, fmt) for i, fmt in enumerate(formats())]
     best, _, fmt = max(scored, key=lambda t: (t[0], t[1]))
     if best >= MIN_CONFIDENCE:
