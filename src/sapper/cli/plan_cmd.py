@@ -35,6 +35,6 @@ def plan(
             emit_json(result.to_json())
         else:
             console.print(render_search(result, why=why))
-        return 0 if result.top else 1
+        return 0 if result.top or result.current_is_best else 1
 
     run_guarded(body)

@@ -47,6 +47,8 @@ class Candidate:
             "micro_batch_size": self.layout.micro_batch,
             "gradient_accumulation_steps": self.layout.grad_accum,
             "virtual_pipeline_stages": self.layout.virtual_stages,
+            "first_stage_layers": self.layout.first_stage_layers,
+            "last_stage_layers": self.layout.last_stage_layers,
             "sequence_parallel": self.layout.sequence_parallel,
             "fits": self.fits,
             "memory_gib": self.memory_gib,
@@ -60,6 +62,8 @@ class Candidate:
 def layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
     """Row ``i`` of a layout batch as a :class:`Layout` under rank order ``order``."""
     v = int(b.v[i])
+    first = int(b.first[i]) if b.first is not None else 0
+    last = int(b.last[i]) if b.last is not None else 0
     return Layout(
         tp=int(b.tp[i]), pp=int(b.pp[i]), cp=int(b.cp[i]), dp=int(b.dp[i]), ep=int(b.ep[i]),
         zero=int(b.zero[i]), checkpointing=CHECKPOINTING[int(b.ckpt[i])],
@@ -68,4 +72,5 @@ def layout_at(b: LayoutBatch, i: int, order: str) -> Layout:
         rank_order=order, overlap_dp_comm=bool(b.overlap[i]),
         overlap_param_gather=bool(b.overlap_ag[i]), tp_comm_overlap=bool(b.overlap_tp[i]),
         pipeline_scatter_gather=bool(b.pp_split[i]),
+        first_stage_layers=first or None, last_stage_layers=last or None,
     )

@@ -125,6 +125,9 @@ class LayoutBatch:
     bw_pp: np.ndarray
     l_max: np.ndarray  # most layers on a stage other than the last (all layers if pp = 1)
     l_last: np.ndarray  # layers on the last stage (which also runs the output head)
+    #: Explicit layer counts of the first and last stages (0: an even split).
+    first: np.ndarray | None = None
+    last: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -155,6 +158,8 @@ class LayoutBatch:
                 "bw_expert": cluster.bus_gbps(pl.expert_grad), "bw_pp": cluster.bus_gbps(pl.pp),
                 "l_max": max(stages[:-1]) if lay.pp > 1 else layers,
                 "l_last": stages[-1],
+                "first": lay.first_stage_layers or 0,
+                "last": lay.last_stage_layers or 0,
             }
             for k, val in row.items():
                 cols[k].append(val)

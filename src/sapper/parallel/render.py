@@ -26,13 +26,21 @@ _SHORT = {
 def _split(c: Candidate) -> str:
     lay = c.layout
     parts = [f"TP{lay.tp}" + ("+SP" if lay.sequence_parallel else "")]
-    parts.append(f"PP{lay.pp}" + (f"x{lay.virtual_stages}" if lay.virtual_stages > 1 else ""))
+    parts.append(f"PP{lay.pp}" + (f"x{lay.virtual_stages}" if lay.virtual_stages > 1 else "")
+                 + _stages(lay.first_stage_layers, lay.last_stage_layers))
     if lay.cp > 1:
         parts.append(f"CP{lay.cp}")
     parts.append(f"DP{lay.dp}")
     if lay.ep > 1:
         parts.append(f"EP{lay.ep}")
     return " ".join(parts)
+
+
+def _stages(first: int | None, last: int | None) -> str:
+    """Explicit first/last stage layer counts, e.g. ``[5,…,5]``; empty for an even split."""
+    if first is None and last is None:
+        return ""
+    return f"[{first if first is not None else '='},…,{last if last is not None else '='}]"
 
 
 def _breakdown(c: Candidate) -> str:

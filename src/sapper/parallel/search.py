@@ -9,11 +9,15 @@ ranking from the fastest layout down until ``top`` layouts fit; the memory model
 monotonicity (more ZeRO sharding, more recomputation and a smaller micro-batch never use
 more memory) lets one failed check rule out every layout it dominates.
 
+Where PP does not divide the layers, the first and last stages' layer counts are
+searched too (:func:`stage_splits`). The plan's own layout is always a candidate, costed
+by the same model: when it fits and nothing proposed is faster, it is the answer.
+
 Fixed choices, stated: sequence parallelism whenever TP > 1 (it only removes work and
-memory), the plan's rank order (Megatron's by default), an even layer split, the
-interleaved schedule only where Megatron allows it (layers and micro-batches divisible
-by PP), selective recomputation only for eager attention (flash kernels already
-recompute the attention core), no offload.
+memory), the plan's rank order (Megatron's by default), no stage fuller than the even
+split's fullest, the interleaved schedule only where Megatron allows it (every stage's
+layers and the micro-batches divisible by v and PP), selective recomputation only for
+eager attention (flash kernels already recompute the attention core), no offload.
 Nothing ``sapper check`` would flag is proposed: TP stays inside a node (P103), ZeRO-2/3
 is not combined with a pipeline (P111), CP needs a fused kernel and RoPE or learned
 positions (P117), and the peak keeps 10% of the GPU free (M003).
@@ -95,6 +99,8 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     #: Seconds spent enumerating, costing, checking memory (ranking walk) and explaining.
     timings: dict[str, float] = field(default_factory=dict)
+    #: The plan's own layout fits and no layout the search proposes is predicted faster.
+    current_is_best: bool = False
 
     @property
     def best(self) -> Candidate | None:
@@ -110,6 +116,7 @@ class SearchResult:
             "timings_s": self.timings,
             "top": [c.to_json() for c in self.top],
             "current": self.current.to_json() if self.current else None,
+            "current_is_best": self.current_is_best,
             "notes": self.notes,
         }
 
@@ -138,6 +145,36 @@ def _space_inputs(plan: Plan) -> tuple[Workload, Cluster, int, str]:
     return work, cluster, global_batch, order
 
 
+def stage_splits(layers: int, pp: int) -> list[tuple[int, int, int, int, list[int]]]:
+    """The layer splits the planner tries for ``pp`` stages: (first stage's layers, last
+    stage's layers, most layers on a stage other than the last, layers on the last
+    stage, the virtual stage counts ≥ 2 every stage divides into), 0 meaning the count
+    is not given (an even split).
+
+    The even split always; where PP does not divide the layers, also every explicit
+    first/last count (Megatron's ``--decoder-first/last-pipeline-num-layers``; the
+    stages between hold equal shares) that leaves no stage fuller than the even split's
+    fullest, ⌈L/PP⌉: typically lighter first and last stages, which also hold the
+    embedding and the head. A fuller stage only slows the pipeline."""
+    if pp == 1:
+        return [(0, 0, layers, layers, [])]
+    base, extra = divmod(layers, pp)
+    even_chunks = [v for v in _divisors(base)[1:] if layers % (pp * v) == 0] if not extra else []
+    out = [(0, 0, base + (1 if extra else 0), base, even_chunks)]
+    if not extra:
+        return out
+    c = base + 1
+    mids = [0] if pp == 2 else range(max(1, -(-(layers - 2 * c) // (pp - 2))), c + 1)
+    for mid in mids:
+        rest = layers - (pp - 2) * mid
+        for f in range(max(1, rest - c), min(c, rest - 1) + 1):
+            last = rest - f
+            stages = (f, last) if pp == 2 else (f, mid, last)
+            chunks = _divisors(math.gcd(*stages))[1:]
+            out.append((f, last, max(stages[:-1]), last, chunks))
+    return out
+
+
 def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
     """Every valid layout of the plan's model on its cluster, as a :class:`LayoutBatch`."""
     work, cluster, gbatch, order = _space_inputs(plan)
@@ -155,6 +192,7 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
         for pp in _divisors(n // tp):
             if pp > layers:
                 continue
+            splits = stage_splits(layers, pp)
             for cp in _divisors(n // (tp * pp)):
                 if not seq_cp_ok(seq, cp) or (cp > 1 and not cp_ok):
                     continue
@@ -169,12 +207,14 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
                     m = per_replica // micro
                     if pp > 1 and m < pp:
                         continue
-                    vs = [1]
-                    if pp > 1 and m % pp == 0:
-                        vs += [v for v in _divisors(layers // pp)[1:] if layers % (pp * v) == 0]
-                    for ep in eps:
-                        for v in vs:
-                            rows.append((tp, pp, cp, dp, ep, micro, m, v))
+                    for first, last, l_max, l_last, chunks in splits:
+                        vs = [1]
+                        if pp > 1 and m % pp == 0:
+                            vs += chunks
+                        for ep in eps:
+                            for v in vs:
+                                rows.append((tp, pp, cp, dp, ep, micro, m, v,
+                                             first, last, l_max, l_last))
     if not rows:
         raise InputError(
             "no valid layout: no TP/PP/CP/DP split of the GPUs fits the model and batch",
@@ -203,8 +243,7 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
         )
     bws = np.array([bw[tuple(r[:5])] for r in rows], dtype=float)
     bws = np.repeat(bws, k, axis=0)[keep]
-    l_max = np.where(pp > 1, -(-layers // pp), layers)
-    l_last = np.where(pp > 1, layers // pp, layers)
+    first, last, l_max, l_last = (grid[:, i] for i in range(8, 12))
     batch = LayoutBatch(
         tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, zero=zc[:, 0], ckpt=zc[:, 1],
         rc=(zc[:, 1] == 2).astype(float), micro=micro, ga=m, v=v, sp=tp > 1,
@@ -215,6 +254,7 @@ def enumerate_layouts(plan: Plan) -> tuple[LayoutBatch, Workload, Cluster]:
         pp_split=np.full(len(grid), plan.parallel.pipeline_scatter_gather),
         bw_tp=bws[:, 0], bw_cp=bws[:, 1], bw_ep=bws[:, 2], bw_grad=bws[:, 3],
         bw_expert=bws[:, 4], bw_pp=bws[:, 5], l_max=l_max, l_last=l_last,
+        first=first, last=last,
     )
     return batch, work, cluster
 
@@ -250,7 +290,10 @@ class _MemoryWalk:
 
     def _key(self, i: int) -> tuple[int, ...]:
         b = self.b
-        return (int(b.tp[i]), int(b.pp[i]), int(b.cp[i]), int(b.dp[i]), int(b.ep[i]))
+        first = int(b.first[i]) if b.first is not None else 0
+        last = int(b.last[i]) if b.last is not None else 0
+        return (int(b.tp[i]), int(b.pp[i]), int(b.cp[i]), int(b.dp[i]), int(b.ep[i]),
+                first, last)
 
     def _dominated(self, key: tuple[int, ...], v: int, z: int, c: int, mb: int) -> bool:
         return any(
@@ -318,10 +361,16 @@ def _state_floor(
     """Bytes a GPU holds throughout the step: its stage's weights unless ZeRO-3 shards
     them, and, where gradients persist across micro-batches (accumulation, a pipeline,
     a sharded optimizer), their full buffer unless ZeRO-2/3 shards it. Layouts whose
-    floor exceeds the GPU skip the estimator."""
+    floor exceeds the GPU skip the estimator. With explicit (lighter) first and last
+    stages, the stage counted is a middle one: its layers without the embedding."""
     p = plan.precision
     weight = 4 if p.dtype in ("fp32", "tf32") or p.autocast else 2
     psi = result["params_per_gpu"]
+    if b.first is not None:
+        tp, ep = np.asarray(b.tp, dtype=float), np.asarray(b.ep, dtype=float)
+        middle = np.asarray(b.l_max) * (work.layer_params / tp + work.expert_params / (tp * ep))
+        psi = np.where((np.asarray(b.first) > 0) | (np.asarray(b.last) > 0),
+                       np.minimum(psi, middle), psi)
     z = np.asarray(b.zero)
     persistent = (np.asarray(b.ga) > 1) | (np.asarray(b.pp) > 1) | (z >= 1)
     grads = np.where((z < 2) & persistent, work.grad_bytes, 0)
@@ -378,9 +427,6 @@ def search(
         if len(chosen) >= top:
             break
     lap("memory")
-    notes: list[str] = []
-    if not chosen:
-        notes.append("no layout fits in memory: add GPUs, or a GPU with more memory")
     cands = []
     for i in chosen:
         lay = layout_at(batch, i, order)
@@ -389,6 +435,20 @@ def search(
         # add their notes (an MFU above published runs) to cand.warnings.
         cands.append(Candidate(lay, cost_of(result, i, lay), fits, gib))
     current = _current(plan, memory)
+    current_best = _current_is_best(current, cands)
+    notes: list[str] = []
+    if current_best and not cands:
+        notes.append(
+            "your layout is the best sapper finds: no other layout that passes sapper's "
+            "checks fits in memory"
+        )
+    elif current_best:
+        notes.append(
+            "your layout is the best sapper finds: none of the layouts above is predicted "
+            "faster"
+        )
+    elif not cands:
+        notes.append("no layout fits in memory: add GPUs, or a GPU with more memory")
     n_explain = len(cands) if explain is True else int(explain)
     if n_explain and cands:
         from sapper.parallel.explain import explain_candidates
@@ -408,7 +468,18 @@ def search(
         elapsed_s=time.perf_counter() - start,
         notes=notes,
         timings=timings,
+        current_is_best=current_best,
     )
+
+
+def _current_is_best(current: Candidate | None, cands: list[Candidate]) -> bool:
+    """The plan's own layout fits (or memory is not checked) and no proposal is
+    predicted faster: it is a candidate scored by the same cost model, so it wins."""
+    if current is None or current.fits is False:
+        return False
+    if not cands:
+        return current.fits is True
+    return current.cost.step_time_s < cands[0].cost.step_time_s
 
 
 def _passes_checks(plan: Plan, b: LayoutBatch, i: int, order: str) -> bool:
