@@ -37,7 +37,7 @@ def test_bad_rank_order_in_the_plan_is_an_input_error() -> None:
 
 def test_every_x_rule_is_documented_and_explained() -> None:
     rules = [r for r in all_rules() if r.code.startswith("X")]
-    assert [r.code for r in rules] == [f"X00{i}" for i in range(1, 10)]
+    assert [r.code for r in rules] == [f"X{i:03d}" for i in range(1, 11)]
     for r in rules:
         assert r.why and r.signs and r.fix and r.seed
     _register_commands()

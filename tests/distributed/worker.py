@@ -100,20 +100,26 @@ def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
-def _loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
+def _loss(model: Any, batch: Any) -> torch.Tensor:
+    if isinstance(batch, dict):
+        batch = batch["input_ids"]
     logits = _logits(model, batch[:, :-1])
     return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 
 
 def _loader(opts: dict[str, Any], rank: int, world: int) -> DataLoader:
     data = torch.randint(0, VOCAB, (256, SEQ), generator=torch.Generator().manual_seed(1234))
-    ds = TensorDataset(data)
+    with_ids = bool(opts.get("with_ids"))
+    ds = TensorDataset(data, torch.arange(len(data))) if with_ids else TensorDataset(data)
     slow = opts.get("slow_data_s", 0.0) if rank == opts.get("slow_rank") else 0.0
 
     def collate(items: list[Any]) -> torch.Tensor:
         if slow:
             time.sleep(slow)  # a starved loader / slow disk on this rank only
-        return default_collate(items)[0]
+        got = default_collate(items)
+        if with_ids:  # a loop whose batches carry their samples' ids
+            return {"input_ids": got[0], "sample_ids": got[1]}
+        return got[0]
 
     if opts.get("unsharded"):  # the classic bug: every rank shuffles the same way
         sampler: Any = RandomSampler(ds, generator=torch.Generator().manual_seed(0))
@@ -155,6 +161,26 @@ def _wrap(model: nn.Module, how: str, opts: dict[str, Any]) -> Any:
     return model
 
 
+def _spike_input(model: nn.Module, opts: dict[str, Any], rank: int, step: int) -> Any:
+    """One rank's bad batch, this step only: its embeddings scaled by ``spike_factor`` (a
+    row gone wild), so its loss and local gradient are huge but finite."""
+    if rank == opts.get("spike_rank") and step == opts.get("spike_step"):
+        factor = float(opts.get("spike_factor", 1e3))
+        return model.emb.register_forward_hook(lambda m, a, out: out * factor)
+    return None
+
+
+def _lr_spike(opt: Any, opts: dict[str, Any], step: int) -> float | None:
+    """Every rank's learning rate times ``lr_spike_factor`` for one step (a global spike
+    the next step shows on every rank alike); the old rate, to restore."""
+    if opt is None or step != opts.get("lr_spike_step"):
+        return None
+    old = opt.param_groups[0]["lr"]
+    for g in opt.param_groups:
+        g["lr"] = old * float(opts.get("lr_spike_factor", 300.0))
+    return old
+
+
 def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)  # the same initial weights on every rank
     kind = opts.get("model", "tiny")
@@ -194,9 +220,12 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
             poison = None
             if rank == opts.get("nan_input_rank") and step == opts.get("nan_step"):
                 poison = model.emb.register_forward_hook(lambda m, a, out: out * float("nan"))
+            spike = _spike_input(model, opts, rank, step)
             loss = _loss(wrapped, batch)
             if poison is not None:  # a NaN in this rank's input activations, this step only
                 poison.remove()
+            if spike is not None:
+                spike.remove()
             if rank == opts.get("scale_rank") and step == opts.get("scale_step"):
                 loss = loss * opts["scale"]  # this rank's batch blows up: a huge, finite loss
             if rank == opts.get("nan_rank") and step == opts.get("nan_step"):
@@ -206,7 +235,11 @@ def train(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
                 norms.append(_compare_norms(wrapped, reference, batch, world))
             norm = nn.utils.clip_grad_norm_(wrapped.parameters(), 1e6)
             assert opt is not None
+            old_lr = _lr_spike(opt, opts, step)
             opt.step()
+            if old_lr is not None:
+                for g in opt.param_groups:
+                    g["lr"] = old_lr
             opt.zero_grad(set_to_none=True)
         if rank == opts.get("desync_rank") and step == opts.get("desync_step"):
             with torch.no_grad():  # a weight changed on one replica only
@@ -262,7 +295,10 @@ def _with_monitor(model: Any, opt: Any, plan: Plan | None, opts: dict[str, Any],
         if step >= opts.get("steps", 15):
             break
         _arm_forward_fault(getattr(model, "module", model), opts, rank, step)
+        spike = _spike_input(getattr(model, "module", model), opts, rank, step)
         loss = _loss(model, batch)
+        if spike is not None:
+            spike.remove()
         if rank == opts.get("nan_rank") and step == opts.get("nan_step"):
             loss = loss * float("nan")
         loss.backward()

@@ -53,31 +53,44 @@ class WindowPeak:
     def __init__(self) -> None:
         self.peak: torch.Tensor | None = None
         self.first_bad: torch.Tensor | None = None
+        self.peak_at: torch.Tensor | None = None  # the event of the peak
         self.events = 0
 
     def add(self, v: torch.Tensor) -> None:
         v = v.detach().float().reshape(())
         k = float(self.events)  # a scalar argument: no host-to-device copy, no sync
         bad = ~torch.isfinite(v)
-        if self.peak is None or self.first_bad is None:
+        if self.peak is None or self.first_bad is None or self.peak_at is None:
             self.first_bad = torch.where(bad, k, -1.0)
             self.peak = torch.where(bad, 0.0, v)
+            self.peak_at = torch.zeros_like(self.peak)
         else:
             v = v.to(self.peak.device)
             self.first_bad = torch.where((self.first_bad < 0) & bad, k, self.first_bad)
-            self.peak = torch.where(self.first_bad >= 0, self.peak, torch.maximum(self.peak, v))
+            higher = (self.first_bad < 0) & (v > self.peak)
+            self.peak_at = torch.where(higher, k, self.peak_at)
+            self.peak = torch.where(higher, v, self.peak)
         self.events += 1
 
     def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
-        """``{"peak", "nonfinite_step"}`` for the window (device scalars), the event index
-        mapped to the window's steps (events per step > 1 under gradient accumulation);
-        a new window."""
+        """``{"peak", "peak_step", "nonfinite_step"}`` for the window (device scalars),
+        event indices mapped to the window's steps (events per step > 1 under gradient
+        accumulation); a new window."""
         out: dict[str, torch.Tensor] = {}
-        if self.peak is not None and self.first_bad is not None and self.events:
+        if (
+            self.peak is not None
+            and self.first_bad is not None
+            and self.peak_at is not None
+            and self.events
+        ):
             per = max(steps, 1) / self.events
             at = first_step + torch.floor(self.first_bad * per)
-            out = {"peak": self.peak, "nonfinite_step": torch.where(self.first_bad < 0, -1.0, at)}
-        self.peak = self.first_bad = None
+            out = {
+                "peak": self.peak,
+                "peak_step": first_step + torch.floor(self.peak_at * per),
+                "nonfinite_step": torch.where(self.first_bad < 0, -1.0, at),
+            }
+        self.peak = self.first_bad = self.peak_at = None
         self.events = 0
         return out
 

@@ -4,8 +4,10 @@ With ``Monitor(run_log="logs/rank{rank}.jsonl")`` every rank writes its own run 
 own numbers: rank 0 does not fold in the job's). ``sapper analyze logs/`` then reads the
 ``rank<N>.jsonl`` files, lines their records up by step and builds one
 :class:`~sapper.distributed.table.RankTable` per step the ranks logged — loss, gradient
-norm, times, memory, throughput, and the non-finite steps derived from the loss and the
-norm — so the X detectors name ranks offline as they would have live (also for runs
+norm, times, memory, throughput, the non-finite steps derived from the loss and the
+norm, and each rank's own loss as its peak (X010; a per-rank log's gradient norm is the
+all-reduced one, so the local norm before the all-reduce is not there) — so the X
+detectors name ranks offline as they would have live (also for runs
 whose exchange was off, or that ended before rank 0 reported).
 """
 
@@ -87,6 +89,9 @@ def cross_rank_records(per_rank: dict[int, Sequence[StepRecord]]) -> list[StepRe
             cols["nonfinite_loss_step"][r] = float(step) if loss_bad else -1.0
             cols["nonfinite_grad_step"][r] = float(step) if grad_bad else -1.0
             cols["nonfinite_steps"][r] = float(loss_bad or grad_bad)
+            if rec.loss is not None and not loss_bad:  # X010: each rank's own loss
+                cols["loss_peak"][r] = abs(float(rec.loss))
+                cols["loss_peak_step"][r] = float(step)
         table = RankTable(
             step=step,
             columns=cols,

@@ -18,6 +18,7 @@ __all__ = [
     "RANKS_PER_NODE",
     "RANK_LOST",
     "REPLICAS_DIVERGED",
+    "SPIKE_ON_RANK",
     "STRAGGLER_RANK",
     "TP_ACROSS_NODES",
     "WORLD_SIZE_MISMATCH",
@@ -243,5 +244,32 @@ Give every rank the same number of batches (DistributedSampler with drop_last=Tr
 pad the last shard); count steps the same way on every rank; under an uneven loader use
 DDP's join() context manager.""",
         seed="§5.1 (6), §5.1 (7)",
+    )
+)
+
+SPIKE_ON_RANK = register(
+    Rule(
+        code="X010",
+        name="spike-on-rank",
+        check="distributed",
+        severity=Severity.WARNING,
+        title="One rank's batch made a huge but finite loss or gradient",
+        why="""\
+A bad batch on one data-parallel rank (a corrupt or truncated sample, a sequence of one
+repeated token, an input that drives an embedding row or an activation wild) gives that
+rank a huge but finite loss and local gradient. The gradient all-reduce averages it into
+every replica's gradient within the same step, so every rank sees the same gradient-norm
+spike (R013 on rank 0) and nothing in the global numbers says which rank, or which
+samples, caused it. Left alone, the same samples come back every epoch.""",
+        signs="""\
+A gradient-norm or loss spike that every rank shows at the same step; before the
+all-reduce, one rank's local gradient norm or loss was many times the other ranks' at that
+step and many times its own recent level, while the others stayed at theirs.""",
+        fix="""\
+Inspect the named rank's samples of that step (the ids or fingerprints the finding lists):
+drop or repair them, filter the data set for the same fault (repeated tokens, empty or
+truncated sequences, out-of-range values). Clip gradients so one batch cannot move the
+weights far, and consider skipping steps whose loss is far above its running level.""",
+        seed="§2.2, §2.3, §5.2",
     )
 )

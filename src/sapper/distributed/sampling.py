@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["BottomKSketch", "jaccard", "sample_hashes"]
+__all__ = ["BottomKSketch", "jaccard", "sample_hashes", "sample_ids"]
+
+#: Keys under which a loop's batch dict carries its samples' own ids.
+ID_KEYS = ("sample_ids", "sample_id", "ids", "idx", "index", "indices")
 
 _P = (1 << 31) - 1
 #: Hashes fit 52 bits so they survive a float64 round trip exactly.
@@ -67,6 +70,21 @@ def _as_samples(batch: Any) -> torch.Tensor | None:
     elif t.dtype == torch.bool:
         t = t.to(torch.int64)
     return t.to(torch.int64)
+
+
+def sample_ids(batch: Any) -> torch.Tensor | list[Any] | None:
+    """The samples' own ids when the loop hands them over: a dict batch with an
+    integer ``sample_ids``/``ids``/``idx``/``index`` tensor (one id per sample) or list.
+    Kept as it is (a device tensor is not read here). None when the batch has none."""
+    if not isinstance(batch, Mapping):
+        return None
+    for key in ID_KEYS:
+        v = batch.get(key)
+        if isinstance(v, torch.Tensor) and not v.is_floating_point() and v.dim() == 1:
+            return v.detach()
+        if isinstance(v, list | tuple) and v and all(isinstance(x, int | str) for x in v):
+            return list(v)
+    return None
 
 
 def sample_hashes(batch: Any) -> torch.Tensor | None:

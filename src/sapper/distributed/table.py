@@ -61,6 +61,8 @@ EVIDENCE_COLUMNS: tuple[str, ...] = (
     "output_nonfinite_step",  # first step the output was non-finite (-1: never)
     "local_grad_norm",  # largest local gradient norm before the all-reduce (DDP), ditto
     "local_grad_nonfinite_step",  # first step that local norm was non-finite (-1: never)
+    "loss_peak_step",  # the step of loss_peak (X010)
+    "local_grad_peak_step",  # the step of local_grad_norm (X010)
 )
 COLUMNS = COLUMNS + EVIDENCE_COLUMNS
 _MASK = len(COLUMNS)  # presence bits, then the sketch

@@ -34,13 +34,14 @@ from sapper.distributed.detectors import (
     check_world_size,
     default_distributed_detectors,
     lost_rank_finding,
+    spike_suspects,
 )
 from sapper.distributed.evidence import LocalGradNorm, OutputMax
 from sapper.distributed.exchange import reduce_buckets, reduce_window
 from sapper.distributed.gradnorm import engine_grad_norm, is_deepspeed_engine, to_global
 from sapper.distributed.heartbeat import Heartbeat, job_store
 from sapper.distributed.reduce import ChannelLost, SideChannel
-from sapper.distributed.sampling import sample_hashes
+from sapper.distributed.sampling import sample_hashes, sample_ids
 from sapper.distributed.stats import JobStats, SampleBuckets, default_buckets
 from sapper.distributed.table import COLUMNS, DIST_KEY, RankTable, pack_row
 from sapper.distributed.timing import ForwardTimer, unwrap_module
@@ -267,6 +268,10 @@ class RankTracker:
         self._norms: list[tuple[int, Any]] = []
         self._hashes: list[torch.Tensor] = []
         self._grad_norm: Any = None
+        #: The samples of each step of the window, as the loop named them (X010 reads
+        #: those of a spiking rank's step): step -> (kind, device tensors or host ids).
+        self._step_samples: dict[int, tuple[str, list[Any]]] = {}
+        self._batch_samples: tuple[str, list[Any]] | None = None
 
     def batch(self, batch: Any, wait_s: float | None = None) -> None:
         """A batch arrived: fingerprint its samples (device side) and, unless ``wait_s``
@@ -278,6 +283,12 @@ class RankTracker:
             self._data_timed = True
         self._batch_seen = True
         hashes = sample_hashes(batch)
+        named = sample_ids(batch)
+        kind, got = ("ids", named) if named is not None else ("hashes", hashes)
+        if got is not None:
+            if self._batch_samples is None or self._batch_samples[0] != kind:
+                self._batch_samples = (kind, [])
+            self._batch_samples[1].append(got)  # kept as is: no sync
         if hashes is not None:
             self._hashes.append(hashes)
             self._samples += int(hashes.numel())
@@ -307,6 +318,9 @@ class RankTracker:
         self._timed_steps += 1
         self._last_end = now
         self._batch_seen = False
+        if self._batch_samples is not None:
+            self._step_samples[int(step)] = self._batch_samples
+            self._batch_samples = None
         if self._steps == 0:
             self._window_first = int(step)
         self._steps += 1
@@ -345,6 +359,8 @@ class RankTracker:
                 self._norms.append((rec.step, rec.grad_norm))
                 self._grad_norm = rec.grad_norm
             hashes = rec.extra.get("sample_hashes")
+            if hashes and rec.step not in self._step_samples:
+                self._step_samples[rec.step] = ("fingerprints", [list(hashes)])
             if hashes:
                 values = [int(h, 16) if isinstance(h, str) else int(h) for h in hashes]
                 self._hashes.append(torch.tensor([v & _HASH_MASK for v in values]))
@@ -362,7 +378,9 @@ class RankTracker:
             first = torch.where(fin, math.inf, steps).min()
             out[f"nonfinite_{name}_step"] = torch.where(torch.isinf(first), -1.0, first)
             if name == "loss":
-                out["loss_peak"] = torch.where(fin, vals.abs(), 0.0).max()
+                finite_abs = torch.where(fin, vals.abs(), 0.0)
+                out["loss_peak"] = finite_abs.max()
+                out["loss_peak_step"] = steps[finite_abs.argmax()]
                 n = fin.sum()
                 total = torch.where(fin, vals, 0.0).sum()
                 out["loss"] = torch.where(n > 0, total / n.clamp(min=1), math.nan)
@@ -430,8 +448,9 @@ class RankTracker:
         """X001's per-rank columns (device scalars, read with the row): the window's peak
         loss, max |output|, and the local gradient norm before the all-reduce."""
         out: dict[str, Any] = {}
-        if "loss_peak" in folded:
-            out["loss_peak"] = folded["loss_peak"]
+        for name in ("loss_peak", "loss_peak_step"):
+            if name in folded:
+                out[name] = folded[name]
         for prefix, peak in (("output", self._output_max), ("local_grad", self._local_norm)):
             if peak is None:
                 continue
@@ -439,6 +458,8 @@ class RankTracker:
             if got:
                 out["output_absmax" if prefix == "output" else "local_grad_norm"] = got["peak"]
                 out[f"{prefix}_nonfinite_step"] = got["nonfinite_step"]
+                if prefix == "local_grad":
+                    out["local_grad_peak_step"] = got["peak_step"]
         return out
 
     def exchange(self, record: StepRecord | None = None) -> list[Finding]:
@@ -465,6 +486,7 @@ class RankTracker:
             values = {"step": step, "steps": self._steps}
         head = pack_row(values, torch.zeros(0, dtype=torch.float64))
         hashes, self._window_hashes, self._hashed = self._window_hashes, None, 0
+        step_samples = self._step_samples
         self._reset_window()
         assert self.channel is not None
         t1 = time.perf_counter()
@@ -480,6 +502,7 @@ class RankTracker:
         self._prev_step = step
         self.last_table = table
         self._replica_detail(table, step)
+        self._spike_detail(table, step, step_samples)
         if not self.ctx.is_main:
             return []
         rec = record if record is not None else self._record_from(values, table)
@@ -509,6 +532,34 @@ class RankTracker:
         got = self.channel.gather_objects(mine, step)
         if got is not None:
             table.detail["replica_params"] = _differing_params(table, got, self._checksum.names)
+
+    def _spike_detail(
+        self, table: RankTable, step: int, step_samples: dict[int, tuple[str, list[Any]]]
+    ) -> None:
+        """When one rank's loss or local gradient norm stands out of the gathered rows
+        (X010's cross-rank test, which every rank computes alike from the same rows), every
+        rank hands over the samples of its own peak step: a second, small gather, taken
+        only at such exchanges."""
+        if table.sparse or not spike_suspects(table):
+            return
+        mine: dict[str, Any] = {}
+        try:
+            for col in ("loss_peak_step", "local_grad_peak_step"):
+                at = table.col(col)[self.rank]
+                if at is None or int(at) in mine.get("steps", {}):
+                    continue
+                got = step_samples.get(int(at))
+                if got is not None:
+                    mine.setdefault("steps", {})[int(at)] = _samples_text(*got)
+        except Exception as exc:  # still take part in the gather
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            mine = {}
+        assert self.channel is not None
+        got_all = self.channel.gather_objects(mine, step)
+        if got_all is not None:
+            table.detail["spike_samples"] = {
+                str(r): v["steps"] for r, v in enumerate(got_all) if v and v.get("steps")
+            }
 
     def _group_index(self, groups: list[list[int]]) -> int:
         for g, ranks in enumerate(groups):
@@ -629,6 +680,26 @@ def _differing_params(
                 if per_rank[r][i] != ref and len(out.setdefault(str(r), [])) < limit:
                     out[str(r)].append(name)
     return out
+
+
+#: At most this many samples of a step are named (the first ones of its batch).
+MAX_SAMPLES_NAMED = 64
+
+
+def _samples_text(kind: str, parts: list[Any]) -> dict[str, Any]:
+    """The samples of one step for X010: the loop's own ids, or fingerprints (the
+    tracker's hashes or the monitor's, as its run log keeps them)."""
+    values: list[Any] = []
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            values.extend(part.reshape(-1)[:MAX_SAMPLES_NAMED].tolist())
+        else:
+            values.extend(list(part)[:MAX_SAMPLES_NAMED])
+        if len(values) >= MAX_SAMPLES_NAMED:
+            break
+    if kind == "hashes":
+        values = [f"{int(v):013x}" for v in values]
+    return {"kind": kind, "samples": values[:MAX_SAMPLES_NAMED]}
 
 
 def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:

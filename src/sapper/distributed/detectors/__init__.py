@@ -17,6 +17,12 @@ from sapper.distributed.detectors.samples import (
     DuplicateSamplesDetector,
 )
 from sapper.distributed.detectors.skew import RANKS_OUT_OF_STEP, StepSkewDetector
+from sapper.distributed.detectors.spike import (
+    SPIKE_ON_RANK,
+    SPIKE_RATIO,
+    SpikeRankDetector,
+    spike_suspects,
+)
 from sapper.distributed.detectors.straggler import STRAGGLER_RANK, StragglerDetector
 from sapper.runtime.detector import Detector
 
@@ -27,18 +33,22 @@ __all__ = [
     "RANKS_PER_NODE",
     "RANK_LOST",
     "REPLICAS_DIVERGED",
+    "SPIKE_ON_RANK",
+    "SPIKE_RATIO",
     "STRAGGLER_RANK",
     "TP_ACROSS_NODES",
     "WORLD_SIZE_MISMATCH",
     "DuplicateSamplesDetector",
     "NonFiniteRankDetector",
     "ReplicaDivergenceDetector",
+    "SpikeRankDetector",
     "StepSkewDetector",
     "StragglerDetector",
     "check_process_groups",
     "check_world_size",
     "default_distributed_detectors",
     "lost_rank_finding",
+    "spike_suspects",
 ]
 
 
@@ -50,4 +60,5 @@ def default_distributed_detectors() -> list[Detector]:
         ReplicaDivergenceDetector(),
         DuplicateSamplesDetector(),
         StepSkewDetector(),
+        SpikeRankDetector(),
     ]
