@@ -33,6 +33,7 @@ MIXTRAL = MEG / "train_mixtral_8x7b_distributed.sh"
 LLAMA3 = MEG / "train_llama3_8b_h100_fp8.sh"
 V26 = MEG / "pretrain_gpt_distributed_with_mp.sh"
 BLOOM = MEG / "tr11-176B-ml.slurm"
+NVLM = MEG / "pretrain_yi_34b_internvit_6b.sh"
 LOG = MEG / "megatron-deepspeed-llama-fp16.log"
 runner = CliRunner()
 _register_commands()
@@ -386,6 +387,20 @@ def test_llama3_fp8_branches_follow_the_scripts_own_values() -> None:
     assert "model.vocab_size" in src.unresolved
 
 
+def test_nvlm_branches_on_numbers_the_script_sets() -> None:
+    """DEBUG=0 then ``if [[ $DEBUG -eq 1 ]] ... else BZ=2048``: the else branch runs."""
+    src = read_config(NVLM)
+    d = src.data
+    assert d["batch"]["global_batch_size"] == 2048
+    assert d["batch"]["micro_batch_size"] == 1
+    assert d["parallel"]["tp"] == 8
+    assert d["hardware"] == {"gpus_per_node": 8, "nodes": 1}
+    script = read_script(NVLM.read_text())
+    assert [w.text for w in script.variables["AD"]] == ["0.1"]
+    # $BATCH is the environment's: the branch naming the model stays undecided
+    assert script.variables["MODEL_NAME"][0].unknown == ("$MODEL_NAME",)
+
+
 def test_megatron_v2_example_with_torch_distributed_launch() -> None:
     src = read_config(V26)
     d = src.data
@@ -551,6 +566,28 @@ def test_bash_variables_arrays_arithmetic_and_branches(tmp_path: Path) -> None:
         ("echo $((2**80))", None, ("$((2**80))",)),
         ("X=1\ncat <<'EOF' > f\n$X\nEOF\necho ok", "ok", ()),
         ("false && A=1\necho ${A:-unset} 2>&1", "unset", ()),
+        # tests the script decides: numbers, [[ ]] with && || ! ( ), patterns, -a/-o
+        ("D=0\nif [[ $D -eq 1 ]]; then B=1; else B=2048; fi\necho $B", "2048", ()),
+        ("N=4\nif [ $N -gt 2 ]; then B=a; elif [ $N -lt 9 ]; then B=b; fi\necho $B", "a", ()),
+        ("X=fp8\nif [[ $X == fp* && -n $X ]]; then Y=a; else Y=b; fi\necho $Y", "a", ()),
+        ('X=fp8\nif [[ $X == "fp*" ]]; then Y=a; else Y=b; fi\necho $Y', "b", ()),
+        ('X=""\nif [[ -n $X ]]; then Y=a; else Y=b; fi\necho $Y', "b", ()),
+        ('X=""\nif [ -n $X ]; then Y=a; else Y=b; fi\necho $Y', "a", ()),  # [ -n ] is true
+        ('X=1\nif ! [ "$X" = 1 ]; then Y=a; else Y=b; fi\necho $Y', "b", ()),
+        ("A=2\n[ $A -gt 1 -a 3 -lt 2 ] && Y=a || Y=b\necho $Y", "b", ()),
+        ("X=1\nif [[ ( $X == 1 ) && ! ( $X == 2 ) ]]; then Y=a; fi\necho $Y", "a", ()),
+        ('D=MOCK\nif [[ "$1" == MOCK ]] || [[ $D == MOCK ]]; then Y=a; else Y=b; fi\necho $Y',
+         "a", ()),
+        ("M=1.7B\nif [ ${M} == 3.6B ]; then L=30\nelif [ ${M} == 1.7B ]; then L=24\nfi\n"
+         "echo $L", "24", ()),
+        # ... and those the environment, the arguments or the machine decide
+        ("if [[ $BATCH -eq 0 ]]; then Y=a; else Y=b; fi\necho $Y", None, ("$Y",)),
+        ('if [ "$1" = "-d" ]; then Y=a; else Y=b; fi\necho $Y', None, ("$Y",)),
+        ("if [ -f pretrain_gpt.py ]; then Y=a; fi\necho $Y", None, ("$Y",)),
+        ("X=ab\nif [[ $X =~ ^a ]]; then Y=a; fi\necho $Y", None, ("$Y",)),
+        ("X=ab\nif [[ $X == $P* ]]; then Y=a; fi\necho $Y", None, ("$Y",)),
+        ("X=v2\nif [ $X -eq 2 ]; then Y=a; fi\necho $Y", None, ("$Y",)),
+        ("X=1\nif [[ $X == 1 && $Z == 1 ]]; then Y=a; fi\necho $Y", None, ("$Y",)),
     ],
 )
 def test_shell_expansion(text: str, word: str | None, unknown: tuple[str, ...]) -> None:

@@ -7,19 +7,25 @@ variables: ``NLAYERS=70``, ``--num-layers $NLAYERS``, arrays expanded as
 ``${VAR:-default}``, and ``bash -c "$LAUNCHER $CMD"`` under ``srun``. This module follows
 those the way bash does (quoting, word splitting, line continuations, comments, heredocs
 skipped) and nothing else: it never runs a command. A value the script does not set
-(``$SLURM_NNODES``, ``$1``, ``$(hostname)``, a variable assigned inside an ``if``) stays
-unknown, with the reason, instead of being guessed. ``#SBATCH`` directives are read as
-what Slurm exports from them (``--nodes=24`` -> ``SLURM_NNODES=24``).
+(``$SLURM_NNODES``, ``$1``, ``$(hostname)``, a variable assigned inside an ``if`` whose test
+depends on one of them) stays unknown, with the reason, instead of being guessed. An
+``if``/``elif``/``else`` whose test the script's own values decide (``[ "$X" = y ]``,
+``[[ $DEBUG -eq 1 && $X == fp* ]]``, ``-z``/``-n``, ``!``) runs the branch bash would
+take; a file test (``-f``), a regex (``=~``) or a collation (``<``) stays undecided.
+``#SBATCH`` directives are read as what Slurm exports from them (``--nodes=24`` ->
+``SLURM_NNODES=24``).
 
 Everything is bounded: the text is at most sapper's config limit, values and word lists
 have caps, the text all expansions of one script produce together has a cap (beyond it,
 values stay unknown and :attr:`Script.notes` says so), ``${...}`` inside ``${...}`` is
 followed a few levels deep, ``bash -c`` too, arithmetic refuses huge numbers. Nothing
-recurses with the input's nesting, so no script exhausts Python's stack.
+recurses with the input's nesting (a test's ``( ! ...`` stops a few dozen levels deep), so
+no script exhausts Python's stack.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +64,8 @@ _SCHEDULER = ("SLURM_", "PBS_", "LSB_", "OMPI_", "PMI_", "PMIX_", "FLUX_", "MV2_
 _KEYWORDS_OPEN = {"if", "for", "while", "until", "case", "select", "{"}
 _KEYWORDS_CLOSE = {"fi", "done", "esac", "}"}
 _KEYWORDS = _KEYWORDS_OPEN | _KEYWORDS_CLOSE | {"then", "else", "elif"}
+#: Words after which a command (``[[`` among them) may still begin.
+_TEST_LEADS = frozenset({"if", "elif", "while", "until", "then", "else", "do", "!", "{", "time"})
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Runs of characters inside a word that the lexer passes over (``$NAME`` included);
@@ -138,6 +146,10 @@ class _Lexer:
         self.i = 0
         self.line = 1
         self.heredocs: list[tuple[str, bool, _Tok]] = []
+        #: Inside ``[[ ... ]]``: ``&&``, ``||``, ``(``, ``)``, ``<`` and ``>`` are words of
+        #: the test there, not operators (up to the ``]]`` or the end of the line).
+        self.in_test = False
+        self.at_start = True  # where a command (and so ``[[``) may begin
 
     def tokens(self) -> Iterator[_Tok]:
         """The tokens one by one (a script is never held as a list of them); on a line
@@ -155,13 +167,23 @@ class _Lexer:
                 line.append(_Tok("op", "\n", self.line))
                 self.i += 1
                 self.line += 1
+                self.in_test = False
+                self.at_start = True
                 self._skip_heredocs()
                 yield from line
                 line.clear()
             elif c == "#":
                 while self.i < len(s) and s[self.i] != "\n":
                     self.i += 1
+            elif self.in_test and c in "&|()<>" and (
+                c in "()<>" or s.startswith(("&&", "||"), self.i)
+            ):
+                op = s[self.i : self.i + 2] if c in "&|" else c
+                line.append(_Tok("word", op, self.line))
+                self.i += len(op)
             elif c in ";&|()":
+                self.in_test = False
+                self.at_start = True
                 two = s[self.i : self.i + 2]
                 op = two if two in ("&&", "||", ";;", "|&", "&>") else c
                 if op == "&>":
@@ -182,6 +204,11 @@ class _Lexer:
                     )
                 elif word and not (word.isdigit() and s.startswith((">", "<"), self.i)):
                     line.append(_Tok("word", word, start_line))  # (2>&1: 2 is no word)
+                    if word == "[[" and self.at_start:
+                        self.in_test = True
+                    elif word == "]]":
+                        self.in_test = False
+                    self.at_start = word in _TEST_LEADS
             if line and not self.heredocs:
                 yield from line
                 line.clear()
@@ -551,20 +578,23 @@ class _Shell:
                 kept.append(tok)
         if heredoc is not None and target is not None:
             self._written(heredoc, target)
+        negate = False
         while kept and kept[0].kind == "word":
             head = kept[0].text
             if head in _KEYWORDS:
                 if self._keyword(head, op):
                     return None  # a loop's or case's header is no command
                 kept = kept[1:]
+                negate = False
             elif head in ("!", "time", "do"):
+                negate = negate != (head == "!")
                 kept = kept[1:]
             else:
                 break
         if self.cond is not None:  # the test of an if: evaluated, not run
             if kept and not self.skipped:
-                words = [w for t in kept if t.kind == "word" for w in self.expand(t.text)]
-                self.cond.append((op, _test(words)))
+                result = self._condition(kept)
+                self.cond.append((op, None if result is None else result != negate))
             return None
         if not kept or self.skipped:
             return None
@@ -597,7 +627,33 @@ class _Shell:
             return None
         self.script.commands.append(Command(words, kept[first].line, self.conditional))
         self._nested(words)
-        return _test(words)
+        result = self._condition(kept[first:]) if words[0].text in ("[[", "[", "test") else (
+            _test([(w.text, w.known, False) for w in words]))
+        return None if result is None else result != negate
+
+    def _condition(self, toks: list[_Tok]) -> bool | None:
+        """The status of a test command (``[ ... ]``, ``[[ ... ]]``, ``test``, ``true``) on
+        the script's own values. Inside ``[[ ]]`` a word is not split and an unquoted
+        right side of ``==`` is a pattern, as bash reads it."""
+        raws = [t.text for t in toks if t.kind == "word"]
+        if raws[:1] != ["[["]:
+            words = [w for raw in raws for w in self.expand(raw)]
+            return _test([(w.text, w.known, False) for w in words])
+        items: list[tuple[str, bool, bool | None]] = []
+        for raw in raws[:MAX_WORDS]:
+            word = self.word("".join(p.text for p in self._pieces(raw, True)), [])
+            self.words += 1
+            if not re.search(r"[\"'\\]", raw):
+                pattern: bool | None = True
+            elif len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'" and (
+                raw[0] not in raw[1:-1]
+            ):
+                pattern = False
+            else:
+                pattern = None  # partly quoted: which characters match as a pattern is
+                # not followed
+            items.append((word.text, word.known, pattern))
+        return _test(items)
 
     def _written(self, heredoc: _Tok, target: _Tok) -> None:
         """``cat <<EOF > FILE``: the text the script writes to FILE (expanded unless the
@@ -996,37 +1052,133 @@ class _Frame:
     taken: bool | None = False
 
 
-def _test(words: list[Word]) -> bool | None:
-    """``[ A = B ]``, ``[[ A != B ]]``, ``test -z A``, ``[ -n A ]``, ``true``, ``false``
-    on the script's own values; None for anything else or anything unknown."""
-    texts = [w.text for w in words]
-    if any(not w.known for w in words):
-        return None
-    negate = False
-    if texts and texts[0] == "!":
-        negate, texts = True, texts[1:]
+#: File and terminal tests: the launch machine's state, never known from the file.
+_FILE_TESTS = frozenset("-" + c for c in "abcdefghkprstuwxGLNOSv")
+_INT_TESTS = {
+    "-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-lt": lambda a, b: a < b,
+    "-le": lambda a, b: a <= b, "-gt": lambda a, b: a > b, "-ge": lambda a, b: a >= b,
+}
+_GLOB = re.compile(r"[*?\[]")
+#: ``( ( ! ...`` levels a test may nest (a launch script's tests nest one or two).
+_MAX_TEST_DEPTH = 32
+
+
+def _test(items: list[tuple[str, bool, bool | None]]) -> bool | None:
+    """The status of ``[ A = B ]``, ``[[ A != B && -n C ]]``, ``test -z A``, ``[ 3 -gt 2 ]``,
+    ``true``, ``false``, given each word as (text, known, matches as a pattern); None for
+    anything else, or where an unknown value or the machine's state decides it."""
+    texts = [t for t, _, _ in items]
     if texts in (["true"], [":"]):
-        result: bool | None = True
-    elif texts == ["false"]:
-        result = False
+        return True
+    if texts == ["false"]:
+        return False
+    if texts and texts[0] == "test":
+        body, double = items[1:], False
+    elif len(texts) >= 2 and (texts[0], texts[-1]) == ("[", "]"):
+        body, double = items[1:-1], False
+    elif len(texts) >= 2 and (texts[0], texts[-1]) == ("[[", "]]"):
+        body, double = items[1:-1], True
     else:
-        if texts and texts[0] == "test":
-            texts = texts[1:]
-        elif len(texts) >= 2 and (texts[0], texts[-1]) in (("[", "]"), ("[[", "]]")):
-            texts = texts[1:-1]
+        return None
+    if not body:
+        return False  # [ ] with nothing inside
+    parser = _TestParser(body, double)
+    try:
+        result = parser.either(0)
+    except (IndexError, ValueError):
+        return None
+    return result if parser.i == len(body) else None
+
+
+class _TestParser:
+    """Recursive descent over a test's words, three-valued (None: not known from the
+    file); ``||`` / ``-o`` bind looser than ``&&`` / ``-a``, as in bash."""
+
+    def __init__(self, items: list[tuple[str, bool, bool | None]], double: bool) -> None:
+        self.items, self.i = items, 0
+        self.ors, self.ands = ("||", "&&") if double else ("-o", "-a")
+        self.double = double
+
+    def _peek(self, k: int = 0) -> str | None:
+        j = self.i + k
+        return self.items[j][0] if j < len(self.items) and self.items[j][1] else (
+            None if j >= len(self.items) else "\ue000")
+
+    def either(self, depth: int) -> bool | None:
+        value = self.both(depth)
+        while self._peek() == self.ors:
+            self.i += 1
+            rhs = self.both(depth)
+            value = True if value is True or rhs is True else (
+                None if value is None or rhs is None else False)
+        return value
+
+    def both(self, depth: int) -> bool | None:
+        value = self.negated(depth)
+        while self._peek() == self.ands:
+            self.i += 1
+            rhs = self.negated(depth)
+            value = False if value is False or rhs is False else (
+                None if value is None or rhs is None else True)
+        return value
+
+    def negated(self, depth: int) -> bool | None:
+        if depth > _MAX_TEST_DEPTH:
+            raise ValueError("nested too deep")
+        head = self._peek()
+        if head == "!" and self.i + 1 < len(self.items):
+            self.i += 1
+            value = self.negated(depth + 1)
+            return None if value is None else not value
+        if head == "(":
+            self.i += 1
+            value = self.either(depth + 1)
+            if self._peek() != ")":
+                raise ValueError("unclosed (")
+            self.i += 1
+            return value
+        return self.primary()
+
+    def primary(self) -> bool | None:
+        items, i = self.items, self.i
+        if i + 2 < len(items) and items[i + 1][1] and _is_binary(items[i + 1][0]):
+            (a, a_known, _), (op, _, _), (b, b_known, pattern) = items[i : i + 3]
+            self.i += 3
+            if not (a_known and b_known):
+                return None
+            return _binary(a, op, b, pattern if self.double else False)
+        text, known, _ = items[i]
+        if known and text in ("-z", "-n") and i + 1 < len(items) and not (
+            items[i + 1][1] and items[i + 1][0] in (self.ands, self.ors, ")")
+        ):
+            self.i += 2
+            operand, operand_known, _ = items[i + 1]
+            return None if not operand_known else (operand == "") == (text == "-z")
+        if known and text in _FILE_TESTS and i + 1 < len(items):
+            self.i += 2
+            return None  # the file system or the environment at launch decides
+        self.i += 1
+        return None if not known else text != ""
+
+
+def _is_binary(op: str) -> bool:
+    return op in ("=", "==", "!=", "=~", "<", ">", "-ef", "-nt", "-ot") or op in _INT_TESTS
+
+
+def _binary(a: str, op: str, b: str, pattern: bool | None) -> bool | None:
+    if op in _INT_TESTS:
+        if not (re.fullmatch(r"\s*-?\d{1,18}\s*", a) and re.fullmatch(r"\s*-?\d{1,18}\s*", b)):
+            return None  # an arithmetic expression or not a number: not followed
+        return bool(_INT_TESTS[op](int(a), int(b)))
+    if op in ("=", "==", "!="):
+        if _GLOB.search(b) and pattern is not False:
+            if pattern is None or len(b) > 1000 or len(a) > 100_000:
+                return None
+            same = fnmatch.fnmatchcase(a, b)
         else:
-            return None
-        if texts and texts[0] == "!":
-            negate, texts = not negate, texts[1:]
-        if len(texts) == 3 and texts[1] in ("=", "==", "!="):
-            result = (texts[0] == texts[2]) == (texts[1] != "!=")
-        elif len(texts) == 2 and texts[0] in ("-z", "-n"):
-            result = (texts[1] == "") == (texts[0] == "-z")
-        elif len(texts) == 1:
-            result = texts[0] != ""
-        else:
-            return None
-    return (not result) if negate and result is not None else result
+            same = a == b
+        return same == (op != "!=")
+    return None  # =~, < and > (the locale's collation), -nt ...: not followed
 
 
 def _combine(parts: list[tuple[str, bool | None]]) -> bool | None:
