@@ -751,3 +751,97 @@ def test_a_doubling_array_and_deep_bash_c_are_bounded() -> None:
     nested = 'bash -c "bash -c \\"' * 30 + "echo --num-layers 1"
     with time_limit(10):
         read_script(nested)
+
+
+# ---- the tokenizer's vocabulary --------------------------------------------------------
+GPT2_SCRIPT = ROOT / "tests" / "fixtures" / "megatron" / "selfgenerate-1.3b-unconditional.sh"
+TOKENIZER = (
+    "torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 2 --hidden-size 4096 "
+    "--num-attention-heads 32 --seq-length 1024 --max-position-embeddings 1024 "
+    "--micro-batch-size 2 --tensor-model-parallel-size 2 {extra}\n"
+)
+
+
+def test_gpt2_bpe_is_gpt2s_vocabulary_whatever_the_files_path() -> None:
+    """Megatron-LM's detoxify generation script: GPT2BPETokenizer with the vocab file in a
+    variable, TP 1: 50,257 padded to a multiple of 128."""
+    src = read_config(GPT2_SCRIPT)
+    assert src.data["model"]["vocab_size"] == 50304
+    assert "GPT2BPETokenizer" in src.origin["model.vocab_size"]
+    assert "model.vocab_size" not in src.unresolved
+
+
+@pytest.mark.parametrize(
+    ("extra", "vocab"),
+    [
+        ("--tokenizer-type GPT2BPETokenizer --vocab-file $3 --merge-file $4", 50432),
+        ("--tokenizer-type GPT2BPETokenizer --make-vocab-size-divisible-by 64", 50304),
+        ("--tokenizer-type GPT2BPETokenizer --tokenizer-special-tokens '<a>'", None),
+        ("--tokenizer-type GPT2BPETokenizer --vocab-extra-ids 100", None),
+        ("--tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt", None),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.1-8B", None),
+        ("--tokenizer-type Llama2Tokenizer --tokenizer-model $TOKENIZER_MODEL", None),
+        ("--tokenizer-type Llama2Tokenizer --tokenizer-model missing.model", None),
+        ("--tokenizer-type $TOK --vocab-size 32000", None),
+    ],
+)
+def test_the_vocabulary_a_tokenizer_type_decides(
+    tmp_path: Path, extra: str, vocab: int | None
+) -> None:
+    src = _read(tmp_path, TOKENIZER.format(extra=extra))
+    if vocab is None:
+        assert "vocab_size" not in src.data.get("model", {})
+        assert "model.vocab_size" in src.unresolved
+    else:
+        assert src.data["model"]["vocab_size"] == vocab
+
+
+def _sentencepiece_model(pieces: int) -> bytes:
+    """A SentencePiece ModelProto: ``pieces`` SentencePiece messages (field 1: piece,
+    score) and a trainer_spec (field 2), as sentencepiece writes them."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    def field(number: int, body: bytes) -> bytes:
+        return varint(number << 3 | 2) + varint(len(body)) + body
+
+    data = b"".join(
+        field(1, field(1, f"▁t{i}".encode()) + b"\x15\x00\x00\x80\xbf") for i in range(pieces)
+    )
+    return data + field(2, b"\x08\x02" + field(1, b"corpus.txt"))
+
+
+def test_a_sentencepiece_model_on_this_machine_gives_its_piece_count(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.model").write_bytes(_sentencepiece_model(32003))
+    src = _read(tmp_path, TOKENIZER.format(
+        extra="--tokenizer-type Llama2Tokenizer --tokenizer-model tokenizer.model"))
+    assert src.data["model"]["vocab_size"] == 32256  # 32,003 padded to 128 × TP 2
+    assert "32,003 SentencePiece pieces" in src.origin["model.vocab_size"]
+    (tmp_path / "bad.model").write_bytes(b"\xff" * 64)
+    src = _read(tmp_path, TOKENIZER.format(
+        extra="--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model bad.model"))
+    assert "model.vocab_size" in src.unresolved
+
+
+def test_a_hugging_face_tokenizer_folder_gives_len_tokenizer(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"t{i}": i for i in range(1000)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
+    tok.add_special_tokens(["<|begin|>", "<|end|>", "t5"])  # t5 is in the vocabulary
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    expected = tok.get_vocab_size(with_added_tokens=True)
+    assert expected == 1002
+    src = _read(tmp_path, TOKENIZER.format(
+        extra="--tokenizer-type HuggingFaceTokenizer --tokenizer-model tok"))
+    assert src.data["model"]["vocab_size"] == 1024  # 1,002 padded to 256
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"model": {}}')
+    src = _read(tmp_path, TOKENIZER.format(
+        extra="--tokenizer-type HuggingFaceTokenizer --tokenizer-model tok"))
+    assert "model.vocab_size" in src.unresolved

@@ -36,6 +36,7 @@ from sapper.errors import InputError, clip
 from sapper.plan.readers.base import unresolved_finding
 from sapper.plan.readers.megatron_args import OPTIONS
 from sapper.plan.readers.megatron_launch import Arg, Launch
+from sapper.plan.readers.megatron_vocab import GPT2_VOCAB, SENTENCEPIECE, file_vocab
 from sapper.plan.readers.shell import Word
 from sapper.plan.sources import MAX_INT_DIGITS, PlanSource
 
@@ -391,8 +392,9 @@ def _vocab(m: _Map, tp: Any) -> None:
     ``--make-vocab-size-divisible-by`` × TP, ``vocab_size_with_padding`` in
     megatron/core/tokenizers/utils/build_tokenizer.py). Known from the file only when the
     launch says it: a log's "padded vocab" line, ``--padded-vocab-size``, Megatron-DeepSpeed's
-    ``--pad-vocab-size-to``, or ``--vocab-size`` with the Null or TikToken tokenizer (the
-    others read the size from the tokenizer file, which sapper does not load)."""
+    ``--pad-vocab-size-to``, ``--vocab-size`` with the Null or TikToken tokenizer, the
+    GPT-2 tokenizer's fixed size, or a Hugging Face / SentencePiece tokenizer file on this
+    machine (:mod:`sapper.plan.readers.megatron_vocab`); otherwise unknown."""
     field = "model.vocab_size"
     if m.launch.padded_vocab is not None:
         size, padded = m.launch.padded_vocab
@@ -406,21 +408,22 @@ def _vocab(m: _Map, tp: Any) -> None:
     tokenizer = m.raw("tokenizer_type", field)
     size = m.integer("vocab_size", field)
     if isinstance(size, int) and tokenizer in (None, "NullTokenizer", "TikTokenizer"):
-        divisible = m.integer("make_vocab_size_divisible_by", field)
-        divisible = divisible if known(divisible) else (128 if divisible is None else divisible)
-        if known(divisible) and known(tp):
-            multiple = divisible * tp  # type: ignore[operator]
-            padded = -(-size // multiple) * multiple
-            m.put(field, padded, "vocab_size", origin=f"{m.origin('vocab_size')} padded to a "
-                  f"multiple of {divisible}×TP = {multiple}")
+        _pad(m, tp, size, m.origin("vocab_size"))
         return
-    if isinstance(size, _Unknown) or isinstance(tokenizer, _Unknown):
+    if isinstance(tokenizer, _Unknown):
+        return
+    read = _tokenizer_vocab(m, tokenizer, tp)
+    if isinstance(read, int):
+        return
+    if isinstance(size, _Unknown) or read is UNKNOWN:
         return
     files = [m.arg(d) for d in ("tokenizer_model", "vocab_file", "tokenizer_name_or_path")]
     keys = [a.key for a in files if a is not None]
     if tokenizer:
         keys.insert(0, f"{m.key('tokenizer_type')} {tokenizer}")
     said = f" ({', '.join(keys)})" if keys else " (no --vocab-size is given)"
+    if isinstance(read, str):
+        said = f" ({', '.join(keys)}: {read})"
     if m.dump and not keys:
         said = " (the dump has no padded_vocab_size and no '> padded vocab' line follows it)"
     if not keys and m.launch.open_expansions:
@@ -435,6 +438,48 @@ def _vocab(m: _Map, tp: Any) -> None:
         "give the padded vocabulary in a sapper plan passed with another --config "
         "(model.vocab_size), or pass --model config.json of the same model",
     )
+
+
+def _pad(m: _Map, tp: Any, size: int, origin: str) -> None:
+    """``size`` padded as ``vocab_size_with_padding`` pads it, once TP is known."""
+    field = "model.vocab_size"
+    divisible = m.integer("make_vocab_size_divisible_by", field)
+    divisible = divisible if known(divisible) else (128 if divisible is None else divisible)
+    if known(divisible) and known(tp):
+        multiple = divisible * tp  # type: ignore[operator]
+        padded = -(-size // multiple) * multiple
+        m.put(field, padded, "vocab_size", origin=f"{origin} padded to a multiple of "
+              f"{divisible}×TP = {multiple}")
+
+
+def _tokenizer_vocab(m: _Map, tokenizer: str | None, tp: Any) -> int | str | _Unknown | None:
+    """The unpadded vocabulary the tokenizer type decides (GPT-2's), or the one read from
+    ``--tokenizer-model`` on this machine (:mod:`megatron_vocab`), padded into the Plan:
+    the size, else why not (a sentence), UNKNOWN when the path is left open (reported),
+    None when the type says nothing."""
+    added = [m.key(d) for d in ("special_tokens", "vocab_extra_ids") if m.arg(d) is not None
+             and not (d == "vocab_extra_ids" and m.raw(d, "model.vocab_size") == "0")]
+    if tokenizer == "GPT2BPETokenizer" and added:
+        return f"{', '.join(added)} adds tokens to GPT-2's {GPT2_VOCAB:,}"
+    if tokenizer == "GPT2BPETokenizer":
+        _pad(m, tp, GPT2_VOCAB, f"{m.key('tokenizer_type')} GPT2BPETokenizer (GPT-2's "
+             f"{GPT2_VOCAB:,} tokens)")
+        return GPT2_VOCAB
+    if tokenizer not in ("HuggingFaceTokenizer", *SENTENCEPIECE):
+        return None
+    if added:
+        return f"{', '.join(added)} adds tokens to the tokenizer's"
+    path = m.raw("tokenizer_model", "model.vocab_size")
+    if path is None or isinstance(path, _Unknown):
+        return path
+    file = Path(path).expanduser()
+    if not file.is_absolute():
+        file = m.base / file
+    read = file_vocab(tokenizer, file)
+    if read.size is None:
+        return read.said
+    _pad(m, tp, read.size, f"{m.key('tokenizer_model')} {read.said}")
+    return read.size
 
 
 def _experts(m: _Map) -> None:
