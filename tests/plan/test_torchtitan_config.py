@@ -1,5 +1,5 @@
 """The torchtitan reader: real torchtitan train configs (current and older layout) into
-the Plan with torchtitan's defaults, llama3 flavors as shapes, typos (C005), flavors it
+the Plan with torchtitan's defaults, llama3, qwen3 and deepseek_v3 flavors as shapes, typos (C005), flavors it
 cannot describe (C006), bad values (exit 2 naming file and key), and mutated examples
 never crashing."""
 
@@ -139,16 +139,76 @@ def test_old_layout() -> None:
 
 
 def test_unknown_flavor_leaves_the_model_unknown() -> None:
-    src = read_config(EXAMPLES / "deepseek_v3_16b.toml")
+    """Llama 4 interleaves MoE and dense blocks: named, not described."""
+    src = read_config(EXAMPLES / "llama4_17bx128e.toml")
     assert "model" not in src.data and "model" in src.unresolved
     (finding,) = [f for f in src.findings if f.code == "C006"]
-    assert "deepseek_v3" in finding.message and "--model config.json" in (finding.fix or "")
-    assert src.data["parallel"]["ep"] == 8
-    res = runner.invoke(app, ["check", "--config", str(EXAMPLES / "deepseek_v3_16b.toml"),
-                              "--format", "json", "--gpus", "64", "--gpu", "H100"])
+    assert "llama4" in finding.message and "--model config.json" in (finding.fix or "")
+    assert (src.data["parallel"]["tp"], src.data["parallel"]["pp"]) == (8, 4)
+    res = runner.invoke(app, ["check", "--config", str(EXAMPLES / "llama4_17bx128e.toml"),
+                              "--format", "json", "--gpus", "256", "--gpu", "H100"])
     out = json.loads(res.output)
     assert out["summary"]["items"]["memory"] == "unknown"
     assert "C006" in [f["code"] for f in out["findings"]]
+
+
+def test_a_flavor_of_a_known_family_that_torchtitan_lacks_is_unknown(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE.format(replicate=1, shard=-1, tp=1).replace(
+        'name = "llama3"\n    flavor = "8B"', 'name = "qwen3"\n    flavor = "72B"'))
+    src = read_config(path)
+    assert "model" in src.unresolved and "model" not in src.data
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "experts"),
+    [("deepseek_v3_16b", 15.7e9, 64), ("deepseek_v3_671b", 671.0e9, 256),
+     ("qwen3_32b", 32.8e9, 1), ("qwen3_moe_debug", None, 64)],
+)
+def test_deepseek_v3_and_qwen3_flavors_are_model_shapes(
+    name: str, params: float | None, experts: int
+) -> None:
+    src = read_config(EXAMPLES / f"{name}.toml")
+    assert "model" not in src.unresolved
+    assert src.data["model"].get("num_experts", 1) == experts
+    if params is not None:
+        plan = load_plan(configs=[EXAMPLES / f"{name}.toml"]).plan
+        assert total_params(architecture_from_plan(plan)) == pytest.approx(params, rel=0.01)
+
+
+def test_deepseek_v3_16b_is_latent_attention_with_shared_experts() -> None:
+    src = read_config(EXAMPLES / "deepseek_v3_16b.toml")
+    m = src.data["model"]
+    assert (m["kv_lora_rank"], m["head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]) == (
+        512, 192, 64, 128)
+    assert "q_lora_rank" not in m  # q_lora_rank 0: queries projected directly
+    assert (m["first_dense_layers"], m["moe_ffn_hidden_size"]) == (1, 1408)
+    assert m["shared_expert_ffn_hidden_size"] == 2 * 1408
+    assert src.data["parallel"]["ep"] == 8
+    assert "deepseekv3_args" in src.origin["model.num_experts"]
+
+
+def test_qwen3_head_width_and_tied_embeddings(tmp_path: Path) -> None:
+    m = read_config(EXAMPLES / "qwen3_32b.toml").data["model"]
+    assert (m["hidden_size"], m["num_heads"], m["head_dim"]) == (5120, 64, 128)
+    assert m["tied_embeddings"] is False
+    path = write(tmp_path, BASE.format(replicate=1, shard=-1, tp=1).replace(
+        'name = "llama3"\n    flavor = "8B"', 'name = "qwen3"\n    flavor = "0.6B"'))
+    assert read_config(path).data["model"]["tied_embeddings"] is True
+
+
+@pytest.mark.parametrize(("etp", "ep"), [(2, 4), (1, None)])
+def test_expert_tensor_parallel_degree_other_than_tp_leaves_ep_unknown(
+    tmp_path: Path, etp: int, ep: int | None
+) -> None:
+    path = job(tmp_path, tp=2, extra=f"""
+        expert_parallel_degree = 4
+        expert_tensor_parallel_degree = {etp}
+    """)
+    src = read_config(path)
+    if ep is None:
+        assert "parallel.ep" in src.unresolved and "ep" not in src.data["parallel"]
+    else:
+        assert src.data["parallel"]["ep"] == ep
 
 
 def _verdicts(args: list[str]) -> tuple[dict[str, str], list[str]]:

@@ -9,9 +9,12 @@ older one (``[training] batch_size``, ``data_parallel_shard_degree`` and
 ``tensor_parallel_degree`` under ``[training]``, pipeline keys under ``[experimental]``,
 ``[training] warmup_steps``); a key in both places is read from the newer one.
 
-torchtitan names a model by ``[model] name`` and ``flavor``; only llama3's flavors,
-whose arguments torchtitan's source gives (:data:`LLAMA3_FLAVORS`), become a model shape.
-Any other leaves the model unknown (C006): pass ``--model config.json``.
+torchtitan names a model by ``[model] name`` and ``flavor``; the flavors of llama3, qwen3
+(dense and MoE) and deepseek_v3 (MLA, leading dense blocks, routed and shared experts),
+whose arguments torchtitan's source gives (:mod:`torchtitan_keys`), become a model shape.
+Any other (llama4, whose MoE and dense blocks interleave; gpt_oss; flux) leaves the model
+unknown (C006): pass ``--model config.json``. Expert parallelism is read with its
+expert-TP degree; ``etp`` 1 under TP (EP spanning the TP ranks) leaves EP unknown.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from sapper.plan.readers.base import (
     unknown_key_findings,
     unresolved_finding,
 )
-from sapper.plan.readers.torchtitan_keys import LLAMA3_FLAVORS, SECTIONS
+from sapper.plan.readers.torchtitan_keys import (
+    DEEPSEEK_V3_FLAVORS,
+    LLAMA3_FLAVORS,
+    QWEN3_FLAVORS,
+    SECTIONS,
+)
 from sapper.plan.readers.typed import bad_value, check_kind
 from sapper.plan.sources import PlanSource
 
@@ -160,9 +168,21 @@ def _parallel(r: _Reader) -> None:
         raise bad_value(r.file, rep_key, replicate, "a positive integer")
     if shard == 0:
         raise bad_value(r.file, shard_key, shard, "a positive integer or -1 (infer)")
-    for field, value, key in (("tp", tp, tp_key), ("pp", pp, pp_key), ("cp", cp, cp_key),
-                              ("ep", ep, ep_key)):
+    for field, value, key in (("tp", tp, tp_key), ("pp", pp, pp_key), ("cp", cp, cp_key)):
         r.src.set(f"parallel.{field}", value, key)
+    etp, etp_key = _degree(r, "expert_tensor_parallel_degree",
+                           "parallelism.expert_tensor_parallel_degree", 1)
+    if ep > 1 and tp > 1 and etp != tp:
+        # ParallelDims: etp 1 with TP makes EP borrow the TP ranks too (dp_shard x cp x tp)
+        # and leaves the routed experts unsplit by TP, which sapper's layout (experts
+        # split by TP, EP within DP) does not describe.
+        unresolved_finding(r.src, etp_key, "parallel.ep",
+                           f"expert_tensor_parallel_degree {etp} with TP {tp}: the routed "
+                           "experts are not split by TP and EP spans the TP ranks too",
+                           "set expert_tensor_parallel_degree = tensor_parallel_degree, or "
+                           "give parallel.ep in a sapper plan")
+    else:
+        r.src.set("parallel.ep", ep, ep_key)
     # ParallelDims: dp_shard -1 takes the GPUs the other degrees leave, like sapper's -1.
     if shard == -1:
         if replicate == 1:
@@ -330,13 +350,24 @@ def _checkpointing(r: _Reader) -> None:
 def _model(r: _Reader) -> None:
     name, name_origin = r.value("model.name", "str", "llama3")
     flavor, flavor_origin = r.value("model.flavor", "str", "debugmodel")
-    args = LLAMA3_FLAVORS.get(flavor) if name == "llama3" else None
+    table = {"llama3": LLAMA3_FLAVORS, "qwen3": QWEN3_FLAVORS,
+             "deepseek_v3": DEEPSEEK_V3_FLAVORS}.get(name, {})
+    args = table.get(flavor)
     if args is None:
+        why = (f"torchtitan's {name!r} has no flavor {flavor!r} sapper knows" if table else
+               f"torchtitan's {name!r} flavor {flavor!r} is named, not described, in the file"
+               + (" (Llama 4 interleaves MoE and dense blocks, which sapper's model does "
+                  "not describe)" if name == "llama4" else ""))
         unresolved_finding(
-            r.src, "model.flavor", "model",
-            f"torchtitan's {name!r} flavor {flavor!r} is named, not described, in the file",
+            r.src, "model.flavor", "model", why,
             "pass --model config.json (the model's Hugging Face config)",
         )
+        return
+    if name == "qwen3":
+        _qwen3(r, args, f"{name_origin}, {flavor_origin} (torchtitan qwen3_args)")
+        return
+    if name == "deepseek_v3":
+        _deepseek_v3(r, args, f"{name_origin}, {flavor_origin} (torchtitan deepseekv3_args)")
         return
     origin = f"{name_origin}, {flavor_origin} (torchtitan llama3_args)"
     dim, heads = int(args["dim"]), int(args["n_heads"])  # type: ignore[arg-type]
@@ -359,6 +390,67 @@ def _model(r: _Reader) -> None:
     m.set("init.residual_scaling", "depth", f"{origin} (depth_init)")
     # TransformerModelArgs.update_from_config: max_seq_len = training.seq_len.
     m.set("model.max_position_embeddings", r.src.data["batch"]["seq_len"], "training.seq_len")
+
+
+def _common(r: _Reader, origin: str, family: str) -> None:
+    """What torchtitan's llama-like models share: SwiGLU, RMSNorm before each sublayer,
+    RoPE, std 0.02 with the output projections of block l at 0.02 / sqrt(2 (l + 1))
+    (depth_init), positions up to training.seq_len (update_from_config)."""
+    m = r.src
+    m.set("model.family", family, origin)
+    m.set("model.activation", "swiglu", origin)
+    m.set("model.norm_type", "rmsnorm", origin)
+    m.set("model.position_encoding", "rope", origin)
+    m.set("init.std", 0.02, origin)
+    m.set("init.residual_scaling", "depth", f"{origin} (depth_init)")
+    m.set("model.max_position_embeddings", r.src.data["batch"]["seq_len"], "training.seq_len")
+
+
+def _qwen3(r: _Reader, args: dict[str, Any], origin: str) -> None:
+    """Qwen3ModelArgs (models/qwen3/model/args.py): head_dim 128 whatever the width,
+    QK-norm, weight tying in the small flavors, MoE in every block of the MoE ones."""
+    m = r.src
+    _common(r, origin, "qwen3_moe" if args.get("num_experts") else "qwen3")
+    for field, key in (("hidden_size", "dim"), ("num_layers", "n_layers"),
+                       ("num_heads", "n_heads"), ("num_kv_heads", "n_kv_heads"),
+                       ("vocab_size", "vocab_size"), ("ffn_hidden_size", "hidden_dim")):
+        m.set(f"model.{field}", args[key], origin)
+    m.set("model.head_dim", 128, origin)
+    m.set("model.rope_theta", float(args["rope_theta"]), origin)
+    m.set("model.tied_embeddings", bool(args.get("tied", False)), origin)
+    if args.get("num_experts"):
+        m.set("model.num_experts", args["num_experts"], origin)
+        m.set("model.experts_top_k", args["top_k"], origin)
+        m.set("model.moe_ffn_hidden_size", args["moe_inter_dim"], origin)
+
+
+def _deepseek_v3(r: _Reader, args: dict[str, Any], origin: str) -> None:
+    """DeepSeekV3ModelArgs (models/deepseek_v3/model/args.py): multi-head latent
+    attention (head_dim = qk_nope 128 + qk_rope 64), leading dense blocks, routed and
+    shared experts. Its YaRN scaling (rope_factor 40 past original_seq_len 4096) is left
+    out of the model: it changes no size."""
+    m = r.src
+    _common(r, origin, "deepseek_v3")
+    m.set("model.hidden_size", args["dim"], origin)
+    m.set("model.num_layers", args["n_layers"], origin)
+    m.set("model.num_heads", args["n_heads"], origin)
+    m.set("model.num_kv_heads", args["n_heads"], origin)
+    m.set("model.vocab_size", args["vocab_size"], origin)
+    m.set("model.ffn_hidden_size", args["inter_dim"], origin)
+    m.set("model.first_dense_layers", args["n_dense_layers"], origin)
+    m.set("model.num_experts", args["num_experts"], origin)
+    m.set("model.experts_top_k", args["top_k"], origin)
+    m.set("model.moe_ffn_hidden_size", args["moe_inter_dim"], origin)
+    m.set("model.shared_expert_ffn_hidden_size", args["n_shared"] * args["moe_inter_dim"],
+          origin)
+    m.set("model.kv_lora_rank", 512, origin)
+    if args["q_lora_rank"]:
+        m.set("model.q_lora_rank", args["q_lora_rank"], origin)
+    m.set("model.head_dim", 128 + 64, origin)
+    m.set("model.qk_rope_head_dim", 64, origin)
+    m.set("model.v_head_dim", 128, origin)
+    m.set("model.rope_theta", 10000.0, origin)
+    m.set("model.tied_embeddings", False, origin)
 
 
 def _ffn_width(dim: int, args: dict[str, Any]) -> int:

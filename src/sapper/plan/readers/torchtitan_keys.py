@@ -1,4 +1,5 @@
-"""torchtitan's job-config keys, per TOML section, and the llama3 flavors' shapes.
+"""torchtitan's job-config keys, per TOML section, and the shapes of the llama3, qwen3 and
+deepseek_v3 flavors.
 
 ``SECTIONS`` is the union over every version of torchtitan's job config in the
 pytorch/torchtitan history up to the TOML era's end (commit 238fa995, Feb 2026, the
@@ -13,7 +14,7 @@ does not have, so each one it does not know stops the job at start.
 
 from __future__ import annotations
 
-__all__ = ["LLAMA3_FLAVORS", "SECTIONS"]
+__all__ = ["DEEPSEEK_V3_FLAVORS", "LLAMA3_FLAVORS", "QWEN3_FLAVORS", "SECTIONS"]
 
 SECTIONS: dict[str, frozenset[str]] = {
     "activation_checkpoint": frozenset({
@@ -174,4 +175,60 @@ LLAMA3_FLAVORS: dict[str, dict[str, float | int | None]] = {
             "ffn_dim_multiplier": 1.3, "multiple_of": 4096, "rope_theta": 500000},
     "405B": {"dim": 16384, "n_layers": 126, "n_heads": 128, "n_kv_heads": 8,
              "ffn_dim_multiplier": 1.2, "multiple_of": 4096, "rope_theta": 500000},
+}
+
+#: ``qwen3_args`` of torchtitan/models/qwen3/__init__.py (commit 238fa995): flavor ->
+#: Qwen3ModelArgs given there (head_dim 128, qk_norm, rope_theta 1e6 in every one;
+#: ``hidden_dim`` is the dense MLP width; the MoE flavors put MoE in every block, with
+#: ``moe_inter_dim`` per expert and no shared expert).
+QWEN3_FLAVORS: dict[str, dict[str, float | int | bool]] = {
+    "debugmodel": {"dim": 256, "n_layers": 8, "n_heads": 16, "n_kv_heads": 8,
+                   "vocab_size": 2048, "hidden_dim": 3072, "rope_theta": 1000000,
+                   "tied": True},
+    "0.6B": {"dim": 1024, "n_layers": 28, "n_heads": 16, "n_kv_heads": 8,
+             "vocab_size": 151936, "hidden_dim": 3072, "rope_theta": 1000000, "tied": True},
+    "1.7B": {"dim": 2048, "n_layers": 28, "n_heads": 16, "n_kv_heads": 8,
+             "vocab_size": 151936, "hidden_dim": 6144, "rope_theta": 1000000, "tied": True},
+    "4B": {"dim": 2560, "n_layers": 36, "n_heads": 32, "n_kv_heads": 8,
+           "vocab_size": 151936, "hidden_dim": 9728, "rope_theta": 1000000, "tied": True},
+    "8B": {"dim": 4096, "n_layers": 36, "n_heads": 32, "n_kv_heads": 8,
+           "vocab_size": 151936, "hidden_dim": 12288, "rope_theta": 1000000},
+    "14B": {"dim": 5120, "n_layers": 40, "n_heads": 40, "n_kv_heads": 8,
+            "vocab_size": 151936, "hidden_dim": 17408, "rope_theta": 1000000},
+    "32B": {"dim": 5120, "n_layers": 64, "n_heads": 64, "n_kv_heads": 8,
+            "vocab_size": 151936, "hidden_dim": 25600, "rope_theta": 1000000},
+    "debugmodel_moe": {"dim": 256, "n_layers": 8, "n_heads": 16, "n_kv_heads": 8,
+                       "vocab_size": 2048, "hidden_dim": 3072, "rope_theta": 1000000,
+                       "num_experts": 64, "top_k": 8, "moe_inter_dim": 768},
+    "30B-A3B": {"dim": 2048, "n_layers": 48, "n_heads": 32, "n_kv_heads": 4,
+                "vocab_size": 151936, "hidden_dim": 6144, "rope_theta": 1000000,
+                "num_experts": 128, "top_k": 8, "moe_inter_dim": 768},
+    "235B-A22B": {"dim": 4096, "n_layers": 94, "n_heads": 64, "n_kv_heads": 4,
+                  "vocab_size": 151936, "hidden_dim": 12288, "rope_theta": 5000000,
+                  "num_experts": 128, "top_k": 8, "moe_inter_dim": 1536},
+}
+
+#: ``deepseekv3_args`` of torchtitan/models/deepseek_v3/__init__.py (commit 238fa995):
+#: flavor -> DeepSeekV3ModelArgs given there; unset ones are the dataclass defaults of
+#: model/args.py (q_lora_rank 0: queries not compressed, kv_lora_rank 512,
+#: qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, rope_theta 10000).
+#: ``n_dense_layers`` leading blocks have an MLP of ``inter_dim``; the others
+#: ``num_experts`` routed experts of ``moe_inter_dim`` and ``n_shared`` shared ones.
+DEEPSEEK_V3_FLAVORS: dict[str, dict[str, int]] = {
+    "debugmodel": {"vocab_size": 2048, "dim": 256, "inter_dim": 1024, "moe_inter_dim": 256,
+                   "n_layers": 6, "n_dense_layers": 1, "n_heads": 16, "num_experts": 8,
+                   "n_shared": 2, "top_k": 3, "q_lora_rank": 0},
+    "debugmodel_flex_attn": {"vocab_size": 2048, "dim": 256, "inter_dim": 1024,
+                             "moe_inter_dim": 256, "n_layers": 6, "n_dense_layers": 1,
+                             "n_heads": 16, "num_experts": 8, "n_shared": 2, "top_k": 3,
+                             "q_lora_rank": 0},
+    "16B": {"vocab_size": 102400, "dim": 2048, "inter_dim": 10944, "moe_inter_dim": 1408,
+            "n_layers": 27, "n_dense_layers": 1, "n_heads": 16, "num_experts": 64,
+            "n_shared": 2, "top_k": 6, "q_lora_rank": 0},
+    "236B": {"vocab_size": 102400, "dim": 5120, "inter_dim": 12288, "moe_inter_dim": 1536,
+             "n_layers": 60, "n_dense_layers": 1, "n_heads": 128, "num_experts": 160,
+             "n_shared": 2, "top_k": 6, "q_lora_rank": 1536},
+    "671B": {"vocab_size": 129280, "dim": 7168, "inter_dim": 18432, "moe_inter_dim": 2048,
+             "n_layers": 61, "n_dense_layers": 3, "n_heads": 128, "num_experts": 256,
+             "n_shared": 1, "top_k": 8, "q_lora_rank": 1536},
 }
