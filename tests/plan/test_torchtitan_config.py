@@ -1,7 +1,7 @@
 """The torchtitan reader: real torchtitan train configs (current and older layout) into
-the Plan with torchtitan's defaults, llama3, qwen3 and deepseek_v3 flavors as shapes, typos (C005), flavors it
-cannot describe (C006), bad values (exit 2 naming file and key), and mutated examples
-never crashing."""
+the Plan with torchtitan's defaults, llama3, qwen3 and deepseek_v3 flavors as shapes,
+typos (C005), flavors it cannot describe (C006), bad values (exit 2 naming file and key),
+and mutated examples never crashing."""
 
 from __future__ import annotations
 
