@@ -49,7 +49,10 @@ BASE = {"base_model": "NousResearch/Llama-3.2-1B", "datasets": [{"path": "x", "t
 def test_every_example_is_read_as_axolotl(path: Path) -> None:
     assert detect_config(Sniff.of(path)).name == "axolotl"
     src = read_config(path)
-    assert set(HUB_UNKNOWN) <= set(src.unresolved) or src.data["framework"] == "deepspeed"
+    # bf16: auto leaves the dtype to the GPU; bf16: true says it
+    unknown = [f for f in HUB_UNKNOWN
+               if f != "precision.dtype" or yaml.safe_load(path.read_text()).get("bf16") is not True]
+    assert set(unknown) <= set(src.unresolved) or src.data["framework"] == "deepspeed"
 
 
 def test_referenced_deepspeed_json_is_read_as_deepspeed() -> None:
@@ -197,10 +200,38 @@ def test_hub_model_verdicts_are_unknown_never_pass(tmp_path: Path) -> None:
          ["deepspeed.zero_optimization.stage: invalid value (got 5)"]),
         ({"deepspeed": {"zero_optimization": {"stage": 2}}, "fsdp_config": {"version": 2}},
          ["deepspeed and fsdp are both set"]),
+        ({"tensor_parallel_size": 0}, ["tensor_parallel_size: invalid value (got 0)"]),
+        ({"dp_shard_size": 4}, ["dp_shard_size: invalid value (got 4)", "without FSDP"]),
     ],
 )
 def test_bad_values_are_one_line(tmp_path: Path, extra: dict, parts: list[str]) -> None:
     one_line_error(_write(tmp_path, {**BASE, **extra}), *parts)
+
+
+def test_hsdp_and_tp_layout_from_the_distributed_parallel_examples() -> None:
+    """Axolotl's own N-D parallel examples: dp_shard 4 × dp_replicate 2 with TP 2, and
+    dp_shard 2 with CP 2 and TP 2 (the replicate degree left to the GPU count)."""
+    hsdp = read_config(AXO / "llama-3_1-8b-hsdp-tp.yaml").data["parallel"]
+    assert (hsdp["tp"], hsdp["dp"], hsdp["zero_stage"]) == (2, 8, 3)
+    src = read_config(AXO / "qwen3-8b-fsdp-tp-cp.yaml")
+    layout = src.data["parallel"]
+    assert (layout["tp"], layout["cp"]) == (2, 2)
+    assert "dp" not in layout  # dp_replicate_size takes what the GPU count leaves
+    assert src.origin["parallel.cp"] == "context_parallel_size"
+
+
+@pytest.mark.parametrize(
+    ("extra", "layout"),
+    [
+        ({"sequence_parallel_degree": 4}, {"cp": 4}),
+        ({"context_parallel_size": 2, "sequence_parallel_degree": 4}, {"cp": 2}),
+        ({"dp_replicate_size": 4}, {}),
+        ({"dp_shard_size": 1, "dp_replicate_size": 4}, {"dp": 4}),
+    ],
+)
+def test_axolotl_layout_keys(tmp_path: Path, extra: dict, layout: dict) -> None:
+    parallel = read_config(_write(tmp_path, {**BASE, **extra})).data.get("parallel", {})
+    assert {k: v for k, v in parallel.items() if k in ("tp", "cp", "dp")} == layout
 
 
 def test_inline_deepspeed_dict(tmp_path: Path) -> None:

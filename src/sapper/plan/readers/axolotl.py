@@ -111,6 +111,7 @@ def read_axolotl_config(sniff: Sniff) -> PlanSource:
     v.set("framework", "deepspeed" if deepspeed else "transformers",
           "deepspeed" if deepspeed else "(an Axolotl config: the HF Trainer)")
     _model(v, sniff)
+    _layout(v, fsdp)
     defaults = dict(_DEFAULTS)
     hf = trainer_defaults()
     for name in ("adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm"):
@@ -162,6 +163,29 @@ def _model(v: Values, sniff: Sniff) -> None:
     if v.has("base_model"):
         # Axolotl fine-tunes from the base model's weights.
         v.set("init.from_pretrained", True, "base_model")
+
+
+def _layout(v: Values, fsdp: bool) -> None:
+    """Axolotl's device mesh (``build_parallelism_config`` in src/axolotl/utils/distributed.py,
+    accelerate's ParallelismConfig): ``tensor_parallel_size`` is TP, ``context_parallel_size``
+    (formerly ``sequence_parallel_degree``) CP, and the data-parallel degree is
+    ``dp_shard_size`` × ``dp_replicate_size`` when both are given; with one of them, the
+    other takes the GPUs TP and CP leave, which is sapper's dp -1. ``dp_shard_size`` > 1
+    without FSDP is refused at start. With a replicate degree the FSDP states are sharded
+    over the shard group only, so the memory estimate (sharded over all of DP) is a lower
+    bound there."""
+    v.take("tensor_parallel_size", "parallel.tp", "int", minimum=1)
+    cp_key = "context_parallel_size"
+    if not v.has(cp_key) or v.get(cp_key) is None:
+        cp_key = "sequence_parallel_degree"
+    v.take(cp_key, "parallel.cp", "int", minimum=1)
+    shard = v.value("dp_shard_size", "int", minimum=1)
+    replicate = v.value("dp_replicate_size", "int", minimum=1)
+    if shard is not None and shard > 1 and not fsdp:
+        raise v.error("dp_shard_size", shard, "1 without fsdp_config (Axolotl refuses "
+                      "dp_shard_size > 1 without FSDP)")
+    if shard is not None and replicate is not None:
+        v.set("parallel.dp", shard * replicate, "dp_shard_size × dp_replicate_size")
 
 
 def _pure_half(v: Values) -> None:
