@@ -91,6 +91,28 @@ def test_fsdp2_with_tensor_parallel_hsdp() -> None:
     assert plan.world_size == 8
 
 
+@pytest.mark.parametrize(("name", "cp", "dp"), [("cp.yaml", 8, 1), ("nd.yaml", 4, 2)])
+def test_fsdp2_with_context_parallel(name: str, cp: int, dp: int) -> None:
+    """accelerate examples/torch_native_parallelism/configs/cp.yaml and nd.yaml: FSDP2
+    shards over dp_shard × cp, the eight processes are dp × cp."""
+    plan = load_plan(configs=[ACC / name]).plan
+    assert (plan.parallel.cp, plan.parallel.dp, plan.parallel.zero_stage) == (cp, dp, 3)
+    assert plan.world_size == 8
+
+
+def test_ulysses_sequence_parallel_is_read_as_cp(tmp_path: Path) -> None:
+    src = read_config(_write(tmp_path, {
+        "distributed_type": "DEEPSPEED", "num_processes": 8, "mixed_precision": "bf16",
+        "deepspeed_config": {"zero_stage": 3},
+        "parallelism_config": {"parallelism_config_sp_size": 4,
+                               "parallelism_config_sp_backend": "deepspeed",
+                               "parallelism_config_dp_shard_size": 1},
+    }))
+    assert src.data["parallel"]["cp"] == 4
+    assert "Ulysses" in src.origin["parallel.cp"]
+    assert "dp" not in src.data["parallel"]  # DeepSpeed forms SP × DP from the GPU count
+
+
 @pytest.mark.parametrize(
     ("block", "stage"),
     [
@@ -202,6 +224,16 @@ def test_missing_deepspeed_file_is_unknown_not_guessed(tmp_path: Path) -> None:
          ["machine_rank: invalid value (got 2)", "0 .. 1"]),
         ({"distributed_type": "FSDP", "fsdp_config": "full"},
          ["fsdp_config: invalid value (got 'full')", "mapping"]),
+        ({"distributed_type": "FSDP", "parallelism_config": {
+            "parallelism_config_cp_size": 2, "parallelism_config_sp_size": 2}},
+         ["parallelism_config.parallelism_config_sp_size: invalid value (got 2)"]),
+        ({"distributed_type": "FSDP", "parallelism_config": {
+            "parallelism_config_cp_size": 2, "parallelism_config_dp_replicate_size": 4}},
+         ["parallelism_config.parallelism_config_cp_size: invalid value (got 2)",
+          "pure replication"]),
+        ({"distributed_type": "FSDP", "parallelism_config": {
+            "parallelism_config_sp_backend": "ring"}},
+         ["parallelism_config.parallelism_config_sp_backend: invalid value (got 'ring')"]),
     ],
 )
 def test_bad_values_are_one_line(tmp_path: Path, config: dict, parts: list[str]) -> None:

@@ -301,15 +301,36 @@ def _megatron(v: Values) -> None:
 
 
 def _parallelism(v: Values) -> None:
-    """accelerate's ParallelismConfig (FSDP2 with TP/CP, HSDP): ``parallelism_config_*``."""
+    """accelerate's ParallelismConfig (FSDP2 with TP/CP, HSDP, DeepSpeed's Ulysses sequence
+    parallelism): ``parallelism_config_*``, every size 1 unless given
+    (accelerate/parallelism_config.py). The mesh is dp_replicate × dp_shard × tp × cp (× sp)
+    and must equal the process count; FSDP shards over dp_shard × cp, as sapper does over
+    dp × cp. ``sp_size`` (``sp_backend`` deepspeed, ALST/Ulysses) splits each sequence over
+    sp ranks like CP and DeepSpeed forms the SP × DP groups itself: it is read as CP, and
+    the data-parallel degree is then what the GPU count leaves. CP and SP together, and CP
+    with pure replication (dp_replicate > 1, dp_shard 1), are refused at start."""
     block = "parallelism_config"
     if not v.section(block):
         return
     p = f"{block}.parallelism_config_"
     v.take(f"{p}tp_size", "parallel.tp", "int", minimum=1)
-    v.take(f"{p}cp_size", "parallel.cp", "int", minimum=1)
+    cp = v.take(f"{p}cp_size", "parallel.cp", "int", minimum=1)
+    sp = v.value(f"{p}sp_size", "int", minimum=1)
+    backend = v.value(f"{p}sp_backend", "str")
+    if backend is not None and backend != "deepspeed":
+        raise v.error(f"{p}sp_backend", backend, "deepspeed")
+    if sp is not None and sp > 1 and cp is not None and cp > 1:
+        raise v.error(f"{p}sp_size", sp, "1 when cp_size > 1 (accelerate refuses context "
+                      "and sequence parallelism together)")
     shard = v.value(f"{p}dp_shard_size", "int", minimum=1)
     replicate = v.value(f"{p}dp_replicate_size", "int", minimum=1)
+    if cp is not None and cp > 1 and (replicate or 1) > 1 and (shard or 1) == 1:
+        raise v.error(f"{p}cp_size", cp, "1 with dp_replicate_size > 1 and dp_shard_size 1 "
+                      "(accelerate refuses CP with pure replication)")
+    if sp is not None and sp > 1:
+        v.set("parallel.cp", sp, f"{p}sp_size (DeepSpeed Ulysses: the sequence split over "
+              "sp ranks)")
+        return
     if shard is not None or replicate is not None:
         v.set("parallel.dp", (shard or 1) * (replicate or 1),
               f"{p}dp_shard_size × {p}dp_replicate_size")
