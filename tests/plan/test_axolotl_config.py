@@ -50,8 +50,8 @@ def test_every_example_is_read_as_axolotl(path: Path) -> None:
     assert detect_config(Sniff.of(path)).name == "axolotl"
     src = read_config(path)
     # bf16: auto leaves the dtype to the GPU; bf16: true says it
-    unknown = [f for f in HUB_UNKNOWN
-               if f != "precision.dtype" or yaml.safe_load(path.read_text()).get("bf16") is not True]
+    said = yaml.safe_load(path.read_text()).get("bf16") is True
+    unknown = [f for f in HUB_UNKNOWN if f != "precision.dtype" or not said]
     assert set(unknown) <= set(src.unresolved) or src.data["framework"] == "deepspeed"
 
 
