@@ -29,7 +29,7 @@ def test_healthy_example_passes() -> None:
 def test_json_schema() -> None:
     res = invoke("check", str(EXAMPLES / "broken-fp16-static-scale.yaml"), "--format", "json")
     payload = json.loads(res.stdout)
-    assert set(payload) == {"findings", "summary"}
+    assert set(payload) == {"findings", "plan", "origins", "summary"}
     f = payload["findings"][0]
     assert {"code", "severity", "check", "title", "message", "fix"} <= set(f)
     assert payload["summary"]["items"]["precision"] in ("warn", "fail")

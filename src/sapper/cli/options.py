@@ -22,7 +22,13 @@ from sapper.plan.flags import OPTION_FIELDS
 if TYPE_CHECKING:
     from sapper.plan.load import LoadedPlan
 
-__all__ = ["PlanInputs", "load_from_options", "stop_on_layout_errors", "with_plan_options"]
+__all__ = [
+    "PlanInputs",
+    "load_from_options",
+    "show_plan",
+    "stop_on_layout_errors",
+    "with_plan_options",
+]
 
 
 
@@ -37,10 +43,15 @@ class PlanInputs:
         values: dict[str, Any],
         configs: list[Path] | None = None,
         config_format: str | None = None,
+        show_plan: bool = False,
     ) -> None:
         self.plan, self.model, self.deepspeed, self.values = plan, model, deepspeed, values
         self.configs = configs or []
         self.config_format = config_format
+        #: ``--show-plan``: print the plan as read, each value with its origin, first.
+        self.show_plan = show_plan
+        #: The command prints JSON (``--format json``): the plan goes into its document.
+        self.as_json = False
 
 
 def _loss_scaling(text: str) -> dict[str, Any]:
@@ -79,7 +90,7 @@ def load_from_options(inputs: PlanInputs) -> LoadedPlan:
                 overrides.set(f"{OPTION_FIELDS[key]}.{sub}", v, origin=origin)
         else:
             overrides.set(OPTION_FIELDS[key], value, origin=origin)
-    return load_plan(
+    loaded = load_plan(
         inputs.plan,
         configs=inputs.configs,
         hf_config=inputs.model,
@@ -87,6 +98,9 @@ def load_from_options(inputs: PlanInputs) -> LoadedPlan:
         overrides=overrides,
         config_format=inputs.config_format,
     )
+    if inputs.show_plan:
+        show_plan(loaded, inputs.as_json)
+    return loaded
 
 
 PlanArg = Annotated[
@@ -113,8 +127,18 @@ ConfigFormatOpt = Annotated[
     typer.Option(
         "--config-format",
         metavar="FORMAT",
-        help="Read every --config file as this format instead of detecting it.",
+        help="Read every config file as this format instead of detecting it from its "
+        "content (sapper, megatron, nemo, axolotl, llamafactory ...; an unknown name "
+        "lists them all).",
         show_default=False,
+    ),
+]
+ShowPlanOpt = Annotated[
+    bool,
+    typer.Option(
+        "--show-plan",
+        help="First print the plan as read: each value with the file and key it came "
+        "from (or --flag, or how sapper derived it), and what is still unknown and why.",
     ),
 ]
 ModelOpt = Annotated[
@@ -208,6 +232,7 @@ _PLAN_PARAMS: dict[str, Any] = {
     "plan": PlanArg,
     "config": ConfigOpt,
     "config_format": ConfigFormatOpt,
+    "show_plan": ShowPlanOpt,
     "model": ModelOpt,
     "deepspeed": DeepSpeedOpt,
     "gpus": GpusOpt,
@@ -248,7 +273,12 @@ def with_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name != "inputs"
     ]
     added = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False if name == "show_plan" else None,
+            annotation=ann,
+        )
         for name, ann in _PLAN_PARAMS.items()
     ]
 
@@ -262,7 +292,9 @@ def with_plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             values,
             configs=kwargs.pop("config"),
             config_format=kwargs.pop("config_format"),
+            show_plan=bool(kwargs.pop("show_plan")),
         )
+        inputs.as_json = getattr(kwargs.get("fmt"), "value", None) == "json"
         return fn(inputs=inputs, **kwargs)
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
@@ -291,3 +323,26 @@ def stop_on_layout_errors(loaded: LoadedPlan, as_json: bool) -> bool:
         console.print("the layout cannot start (as `sapper check` reports):")
         console.print(render_findings(errors))
     return True
+
+
+def show_plan(loaded: LoadedPlan, as_json: bool) -> None:
+    """``--show-plan``: the plan as read with each value's origin. In text, printed (as
+    YAML with the origins as comments) before the command's own output; in JSON, added to
+    the command's one document as top-level ``plan``, ``origins``, ``derived`` and
+    ``unknown`` (field -> why)."""
+    from sapper.checks.engine import run_checklist
+    from sapper.report.plan_view import plan_view, render_plan_yaml
+
+    report = run_checklist(loaded)  # what the checks lack is unknown too
+    view = plan_view(loaded.plan, loaded.origins, report.findings, report.unverified)
+    if as_json:
+        from sapper.cli.output import attach_json
+
+        attach_json(view)
+        return
+    from rich.text import Text
+
+    from sapper.cli.output import console
+
+    console.print(Text(render_plan_yaml(view)), soft_wrap=True)
+    console.print()

@@ -24,6 +24,7 @@ __all__ = [
     "IgnoreOpt",
     "OutputFormat",
     "SelectOpt",
+    "attach_json",
     "console",
     "emit_json",
     "err_console",
@@ -62,12 +63,26 @@ def split_codes(values: list[str] | None, option: str = "--select") -> list[str]
     return codes
 
 
+#: Top-level keys the next :func:`emit_json` adds to its document (``--show-plan``).
+_ATTACHED: dict[str, Any] = {}
+
+
+def attach_json(extra: dict[str, Any]) -> None:
+    """Add ``extra``'s keys to the JSON document this command prints (the command's own
+    keys win): options every command shares print through the command's one document."""
+    _ATTACHED.update(extra)
+
+
 def emit_json(payload: Any) -> None:
+    if isinstance(payload, dict) and _ATTACHED:
+        payload = {**_ATTACHED, **payload}
+    _ATTACHED.clear()
     sys.stdout.write(dumps(payload, indent=2) + "\n")
 
 
 def run_guarded(body: Callable[[], int]) -> None:
     """Run a command body; user errors become one red line and their exit code."""
+    _ATTACHED.clear()
     try:
         code = body()
     except SapperError as exc:

@@ -163,6 +163,63 @@ def _derived(out: list[str]) -> None:
             out.append(f"| `{name}` | {_cell(attr.__doc__)} |")
 
 
+#: ``summary.derived`` of ``sapper check --format json``: key -> what it is.
+_SUMMARY_DERIVED = (
+    ("tp, pp, cp, ep", "`parallel.tp`, `.pp`, `.cp`, `.ep`"),
+    ("dp", "`dp_degree`: the data-parallel degree, given or inferred"),
+    ("world_size", "`world_size`: GPUs in the job"),
+    ("micro_batch", "`batch.micro_batch_size`"),
+    ("gradient_accumulation", "`grad_accum`"),
+    ("global_batch", "`global_batch`: sequences per optimizer step"),
+    ("seq_len", "`batch.seq_len`"),
+    ("tokens_per_step", "`tokens_per_step`"),
+    ("dtype", "`precision.dtype`"),
+    ("zero_stage", "`parallel.zero_stage` (FSDP's full sharding is 3, SHARD_GRAD_OP 2)"),
+    ("checkpointing", "`parallel.checkpointing.granularity`: none / selective / full"),
+    ("lr", "`optimizer.lr`"),
+    ("warmup_steps", "`schedule.warmup_steps`"),
+    ("max_grad_norm", "`clipping.max_norm` (null: no clipping, or not known)"),
+    ("parameters", "the model's parameter count (`active_parameters`: per token, MoE)"),
+)
+
+
+def _shown(out: list[str]) -> None:
+    out.append("\n## What sapper read: `--show-plan` and the JSON report\n")
+    out.append(
+        "`sapper check`, `sapper memory` and `sapper plan` take `--show-plan`: before their "
+        "own output they print the plan as read, in this file's shape, each value with "
+        "where it came from as a trailing comment: `# run.yaml: cutoff_len` (a config "
+        "file and its key, in the framework's own words; a framework's default says so: "
+        "`# run.yaml: optim (transformers 5.25.0 default)`), `# --gpus` (the command "
+        "line), `# derived: ...` (what sapper or the framework computed from the other "
+        "values). Fields left at this file's defaults are not listed. A `derived:` block "
+        "follows with the numbers the checks work with, then `unknown:`: each value "
+        "still unknown (an `\"auto\"`, a hub model id, an input a check lacks) with why "
+        "and which checks need it.\n"
+    )
+    out.append(
+        "`sapper check --format json` always carries the same: top-level `plan` (the "
+        "values, as listed above) and `origins` (dotted field -> origin text, one for "
+        "every leaf of `plan`). With `--show-plan`, every command's JSON also holds "
+        "top-level `plan`, `origins`, `derived` and `unknown` (field -> why). "
+        "`summary.derived` always holds every key below; a value sapper does not know is "
+        "`null` (a field the config leaves open is `null` even where this file has a "
+        "default, since the default is not what the job runs with).\n"
+    )
+    out.append("| `summary.derived` key | value |")
+    out.append("| --- | --- |")
+    for key, what in _SUMMARY_DERIVED:
+        out.append(f"| `{key}` | {what} |")
+    out.append(
+        "\n`summary.partial` (item -> rule codes): items some of whose checks ran while "
+        "others lacked an input. Without findings such an item still reads `unknown` in "
+        "`summary.items`; the text report shows it as "
+        "`PASS (1 check not run: N204 needs --model)` (or `WARN (...)`, "
+        "`FAIL (...)`), where an item of which nothing could be checked reads `UNKNOWN`. "
+        "`--strict` exits 1 on either.\n"
+    )
+
+
 def _gpus(out: list[str]) -> None:
     out.append("\n## GPUs (`hardware.gpu`)\n")
     out.append(
@@ -225,6 +282,7 @@ def render_plan_docs() -> str:
     out.append("## Top level\n")
     _section(Plan, "", out)
     _derived(out)
+    _shown(out)
     _gpus(out)
     return "\n".join(out).rstrip() + "\n"
 

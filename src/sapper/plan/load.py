@@ -26,10 +26,30 @@ __all__ = ["LoadedPlan", "build_plan", "load_plan"]
 class LoadedPlan:
     """A validated plan plus what loading found about its sources."""
 
-    def __init__(self, plan: Plan, findings: list[Finding], sources: list[str]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        findings: list[Finding],
+        sources: list[str],
+        origins: dict[str, str] | None = None,
+    ) -> None:
         self.plan = plan
         self.findings = findings
         self.sources = sources
+        #: Dotted Plan field -> where its value came from, in the user's words
+        #: (``ds.json: train_micro_batch_size_per_gpu``, ``--gpus``, ``derived: ...``).
+        self.origins = origins or {}
+
+
+def _origin_text(src: PlanSource, leaf: str) -> str:
+    """Where ``src`` got ``leaf``: its file and key (``--flag`` alone on the command line)."""
+    probe, key = leaf, None
+    while probe and key is None:
+        key = src.origin.get(probe)
+        probe = probe.rpartition(".")[0]
+    if src.name == "command line":
+        return key or "command line"
+    return f"{Path(src.name).name}: {key or leaf}"
 
 
 def _is_set(tree: dict[str, Any], path: str) -> bool:
@@ -104,10 +124,13 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
     owners: dict[str, PlanSource] = {}
     findings: list[Finding] = []
     unresolved: list[str] = []
+    origins: dict[str, str] = {}
     for src in sources:
         merged = _deep_merge(merged, src.data)
         for leaf in leaves(src.data):
             owners[leaf] = src
+            origins = {k: v for k, v in origins.items() if not k.startswith(leaf + ".")}
+            origins[leaf] = _origin_text(src, leaf)
         findings.extend(src.findings)
         # A later source that sets the field resolves it (e.g. --micro-batch over "auto").
         unresolved = [u for u in unresolved if u not in leaves(src.data)]
@@ -162,9 +185,13 @@ def build_plan(sources: Sequence[PlanSource]) -> LoadedPlan:
         )
     from sapper.plan.frameworks import resolve
 
+    before = leaves(plan.model_dump(mode="json"))
     plan, resolved = resolve(plan)
     findings.extend(resolved)
-    return LoadedPlan(plan, findings, [s.name for s in sources])
+    for leaf, value in leaves(plan.model_dump(mode="json")).items():
+        if before.get(leaf, value) != value or leaf not in before:
+            origins[leaf] = f"derived: what {plan.framework} computes from the other values"
+    return LoadedPlan(plan, findings, [s.name for s in sources], origins)
 
 
 def _stages_hold_layers(plan: Plan, owners: dict[str, PlanSource]) -> None:

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from sapper.checks.engine import CheckReport
+from sapper.checks.engine import CheckReport, ItemStatus
 from sapper.model.derived import derived
 from sapper.plan.flags import describe_input
 from sapper.report.safe import safe_markup
@@ -59,6 +59,34 @@ def render_findings(findings: Iterable[Finding]) -> Group:
     return Group(*lines)
 
 
+def _short_need(field: str) -> str:
+    """``--model`` for ``model (--model config.json or a model section)``: the flag that
+    gives a field, or the field itself."""
+    how = describe_input(field)
+    if "(" in how:
+        flag = how[how.index("(") + 1 :].split()[0].rstrip(")")
+        if flag.startswith("--"):
+            return flag
+    return field
+
+
+def _status(item: ItemStatus) -> str:
+    """The item's verdict; one whose checks ran clean while others lacked inputs reads
+    ``PASS (1 check not run: N204 needs --model)``, not the ``UNKNOWN`` of an item where
+    nothing could be checked."""
+    if not item.unverified or (item.status == "unknown" and not item.partial):
+        return _STATUS[item.status]
+    shown = _STATUS["pass"] if item.status == "unknown" else _STATUS[item.status]
+    parts = []
+    for u in item.unverified:
+        codes = "/".join(u.codes) if len(u.codes) <= 3 else f"{u.codes[0]}…{u.codes[-1]}"
+        needs = ", ".join(dict.fromkeys(_short_need(m) for m in u.missing))
+        verb = "needs" if len(u.codes) == 1 else "need"
+        parts.append(f"{codes} {verb} {needs}")
+    n = len(item.unverified)
+    return f"{shown} ({n} check{'s' if n > 1 else ''} not run: {_safe('; '.join(parts))})"
+
+
 def render_check_report(report: CheckReport) -> Group:
     parts: list[object] = []
     shown = {k: v for k, v in derived(report.plan).items() if v is not None}
@@ -72,7 +100,7 @@ def render_check_report(report: CheckReport) -> Group:
     table.add_column("status")
     table.add_column("findings", justify="right")
     for item in report.items():
-        table.add_row(item.item, _STATUS[item.status], str(len(item.findings)))
+        table.add_row(item.item, _status(item), str(len(item.findings)))
     parts.append(table)
     for item in report.items():
         if item.findings or item.unverified:

@@ -206,7 +206,11 @@ def unresolved_finding(
     if field not in src.unresolved:
         src.unresolved.append(field)
     finding = UNRESOLVED_VALUE.finding(
-        f"{clip(key)}: {why}", fix=fix, source=f"{src.name}: {clip(key)}", key=clip(key)
+        f"{clip(key)}: {why}",
+        fix=fix,
+        source=f"{src.name}: {clip(key)}",
+        key=clip(key),
+        field=field,
     )
     src.findings.append(finding)
     return finding
