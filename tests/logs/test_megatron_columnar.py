@@ -259,6 +259,27 @@ def test_analysis_is_the_same(
     assert len(got[0].attempts) == 2
 
 
+def test_analysis_with_whole_records_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows kept as whole records (an extra a detector might read) across a restart: the
+    resumed attempt's history is taken from the columns with them."""
+    text = megatron_log(5).replace(
+        "num zeros", "nonfinite loss: 0.0 | num zeros", 40
+    )
+    path = _write(tmp_path, text)
+    monkeypatch.setattr(engine, "MIN_RECORDS", 0)
+    monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
+    streaming, _ = load_logs([path], None, {}, columnar=False)
+    monkeypatch.setattr(columnar_megatron, "MIN_BYTES", 0)
+    columnar, _ = load_logs([path], None, {}, columnar=True)
+    assert isinstance(columnar[0], ColumnarLog) and columnar[0].columns is not None
+    assert 0 < len(columnar[0].columns.full) < len(columnar[0].records)
+    assert _findings(analyze_logs(columnar, None, [], [])) == _findings(
+        analyze_logs(streaming, None, [], [])
+    )
+
+
 def test_analysis_of_every_example_through_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "MIN_RECORDS", 0)
     for path in MEGATRON_LOGS:

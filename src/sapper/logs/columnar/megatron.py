@@ -167,8 +167,11 @@ def column_extra(name: str) -> bool:
     )
 
 
+_BATCH = 4096
+
+
 class _Slots:
-    """A growing int64 array (a slot's regular row, or -1)."""
+    """A growing int64 array (a slot's regular row, or -1; the steps emitted)."""
 
     def __init__(self) -> None:
         self.parts: list[np.ndarray] = []
@@ -186,6 +189,17 @@ class _Slots:
         self.tail.append(value)
         self.size += 1
         return self.size - 1
+
+    def add_many(self, values: list[int]) -> None:
+        """Append ints: a few at a time (a log that restarts on every line) are held as
+        a list until there are enough for an array."""
+        if len(values) >= _BATCH:
+            self.extend(np.asarray(values, dtype=np.int64))
+            return
+        self.tail += values
+        self.size += len(values)
+        if len(self.tail) >= _BATCH:
+            self._seal()
 
     def extend(self, values: np.ndarray) -> int:
         self._seal()
@@ -222,8 +236,8 @@ class _Merger:
         self.stray = 0
         self.slot_reg = _Slots()  # slot -> its only put's regular row, -1 otherwise
         self.puts: dict[int, list[Put]] = {}  # slot -> its puts, where not one regular row
-        self.emitted_steps: list[np.ndarray] = []
-        self.emitted_slots: list[np.ndarray] = []
+        self.emitted_steps = _Slots()  # steps in the order the records are emitted
+        self.emitted_slots = _Slots()
         self.count = 0
         self.restarts: list[int] = []  # records emitted before each restart
 
@@ -289,8 +303,8 @@ class _Merger:
     def _emit(self, steps: list[int]) -> None:
         if steps:
             slots = list(map(self.pending.pop, steps))
-            self.emitted_steps.append(np.asarray(steps, dtype=np.int64))
-            self.emitted_slots.append(np.asarray(slots, dtype=np.int64))
+            self.emitted_steps.add_many(steps)
+            self.emitted_slots.add_many(slots)
             self.count += len(steps)
             self.last = steps[-1]
         if not self.pending:
@@ -907,8 +921,8 @@ def _result(path: Path, reader: _Reader, text: _Text) -> ColumnarLog | None:
     n = merger.count
     if n == 0:
         return None
-    steps = np.concatenate(merger.emitted_steps)
-    slots = np.concatenate(merger.emitted_slots)
+    steps = merger.emitted_steps.array()
+    slots = merger.emitted_slots.array()
     slot_reg = merger.slot_reg.array()
     reg = slot_reg[slots]
     complex_rows: dict[int, list[Put]] = {}
