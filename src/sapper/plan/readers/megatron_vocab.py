@@ -30,8 +30,9 @@ __all__ = ["GPT2_VOCAB", "TokenizerVocab", "file_vocab"]
 
 #: GPT-2's vocabulary (``gpt2-vocab.json``: 50,000 merges + 256 bytes + ``<|endoftext|>``).
 GPT2_VOCAB = 50_257
-#: Largest tokenizer file read (a tokenizer.json of 256k tokens is about 20 MiB).
-MAX_TOKENIZER_BYTES = 64 << 20
+#: Largest tokenizer file read (Llama 3's tokenizer.json is 9 MB, Gemma 3's 262k-token one
+#: 33 MB); beyond it the vocabulary is left unknown.
+MAX_TOKENIZER_BYTES = 40 << 20
 #: SentencePiece types: the piece count of ``--tokenizer-model``.
 SENTENCEPIECE = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
 
@@ -66,7 +67,11 @@ def _read_bytes(path: Path) -> bytes | str:
 def _hf_vocab(path: Path) -> TokenizerVocab:
     """``len(tokenizer)`` of a Hugging Face tokenizer: the distinct tokens of
     ``tokenizer.json``'s model vocabulary and its ``added_tokens``."""
-    file = path / "tokenizer.json" if path.is_dir() else path
+    try:
+        folder = path.is_dir()
+    except (OSError, ValueError):
+        folder = False
+    file = path / "tokenizer.json" if folder else path
     data = _read_bytes(file)
     if isinstance(data, str):
         return TokenizerVocab(None, data)
