@@ -38,6 +38,13 @@ Every section is optional; a rule that needs a value the plan does not give stay
 rather than guessing. Unknown keys are errors that name the key, so typos do not pass
 unnoticed.
 
+A YAML file is read as a plan only when it looks like one: its top-level keys are the
+sections below, each holding that section's fields (a typo allowed, so its error names
+it). Another tool's YAML (a CI workflow, a Compose file, a Kubernetes manifest, a Hydra
+config whose `model:` holds that tool's keys) is refused in one line saying what it looks
+like; `--config-format NAME` (`sapper`, `megatron`, `llamafactory` ...) reads every config
+file as that format instead of detecting it.
+
 ## Where values come from
 
 A plan can be assembled from several sources, later ones winning:

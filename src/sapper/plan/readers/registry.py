@@ -3,8 +3,9 @@
 Every reader module listed in :data:`READERS` exposes ``FORMAT`` (see
 :mod:`sapper.plan.readers.base`). A file is read once, each reader scores it, and the most
 confident reader above :data:`MIN_CONFIDENCE` reads it. A file no reader recognises is
-refused with what each reader looked for, or with its syntax error when its name or first
-byte promised JSON, YAML or TOML. Adding a format is one module and one line here.
+refused in one line saying what it looks like (another tool's YAML, or the closest reader
+and what it looked for), or with its syntax error when its name or first byte promised
+JSON, YAML or TOML. Adding a format is one module and one line here.
 """
 
 from __future__ import annotations
@@ -75,14 +76,38 @@ def detect_config(sniff: Sniff) -> ConfigFormat:
     if syntax is not None:
         raise syntax
     first = next((line.strip() for line in sniff.text.splitlines() if line.strip()), "")
+    if not first:
+        raise InputError("the file is empty", file=sniff.name, expected="a launch config")
+    kind = _foreign_kind(sniff.mapping)
+    looks = f"it looks like {kind}" if kind else f"first line: {first[:60]!r}"
+    if best > 0:
+        closest = f"closest: {fmt.title}, which needs {fmt.looks_for}"
+    else:
+        closest = "no reader recognises it (sapper reads " + ", ".join(
+            f.name for f in formats()
+        ) + ")"
     raise InputError(
-        f"not a config sapper can read (first line: {first[:60]!r})"
-        if first
-        else "the file is empty",
+        f"not a config sapper can read ({looks}); {closest}",
         file=sniff.name,
-        expected="one of these formats (or --config-format NAME)",
-        choices=[f"{f.name}: {f.title}, from {f.looks_for}" for f in formats()],
+        expected="a launch config of a format sapper reads (--config-format NAME forces one)",
     )
+
+
+def _foreign_kind(doc: dict[str, object] | None) -> str | None:
+    """What another tool's YAML is, in words, from its top-level keys (for the refusal)."""
+    if not isinstance(doc, dict):
+        return None
+    keys = {str(k) for k in doc}
+    if "jobs" in keys and ("on" in keys or "True" in keys):  # YAML 1.1 reads ``on`` as true
+        return "a GitHub Actions workflow"
+    if "apiVersion" in keys and "kind" in keys:
+        return f"a Kubernetes manifest (kind {str(doc.get('kind'))[:40]})"
+    if "services" in keys and keys <= {"version", "services", "volumes", "networks",
+                                       "configs", "secrets", "name", "include"}:
+        return "a Docker Compose file"
+    if isinstance(doc.get("defaults"), list):
+        return "a Hydra config of another tool"
+    return None
 
 
 def read_config(path: str | Path, fmt: str | None = None) -> PlanSource:

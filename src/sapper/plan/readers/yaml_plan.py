@@ -70,20 +70,71 @@ def _plain(value: Any) -> Any:
 _EXTRA_KEYS = frozenset({"deepspeed"})
 
 
+#: Top-level keys so common in other tools' YAML (a workflow's ``name``) that they say
+#: nothing about a file being a plan.
+_GENERIC_KEYS = frozenset({"name"})
+
+
+def _section_fits(value: Any, fields: set[str]) -> bool:
+    """A section's content is the Plan's: a mapping most of whose keys are that section's
+    fields (a typo allowed), or a scalar where the Plan has one (``framework: megatron``).
+    Another tool's ``model: {lr, backbone}`` is not."""
+    if not isinstance(value, dict):
+        return not fields
+    if not value:
+        return True
+    from sapper.plan.readers.base import closest
+
+    hits = sum(str(k) in fields or closest(str(k), fields) is not None for k in value)
+    return hits * 2 > len(value)
+
+
 def _recognise(sniff: Sniff) -> float:
-    """A YAML mapping whose top-level keys are the Plan's sections. A plan with a typo in
-    one section is still a plan (so its error names the typo); a mapping with no Plan
-    section at all is not. An empty document is an (empty) plan."""
+    """A YAML mapping whose top-level keys are the Plan's sections, each holding that
+    section's fields. A plan with a typo in a key is still a plan (so its error names the
+    typo); a mapping whose sections hold another tool's keys (a Hydra ``model:``), or with
+    no Plan section at all (a workflow, a compose file, a manifest), is not. An empty
+    document is an (empty) plan."""
     doc = sniff.yaml
     if sniff.suffix in (".yaml", ".yml") and doc is None and "yaml" not in sniff.errors:
         return 0.5  # an empty document (or ``null``): an empty plan, which says so
     if not isinstance(doc, dict) or not doc:
         return 0.0
+    from sapper.plan.readers.base import closest
     from sapper.plan.schema import Plan
 
-    known = set(Plan.model_fields) | _EXTRA_KEYS
-    share = sum(str(k) in known for k in doc) / len(doc)
-    return 0.3 + 0.6 * share if share else 0.0
+    sections = {name: _fields(info.annotation) for name, info in Plan.model_fields.items()}
+    sections["deepspeed"] = set()
+    sections["model"] = sections["model"] | {"hf_config"}
+    known = 0
+    evidence = 0
+    for key, value in doc.items():
+        name = str(key)
+        if name not in sections:
+            typo = closest(name, sections, cutoff=0.8)
+            if typo is None or typo in _GENERIC_KEYS:
+                continue
+            name = typo
+        if sections[name] and not isinstance(value, dict):
+            known += 1  # ``precision: bf16``: a plan's mistake, which its error names
+            continue
+        if not _section_fits(value, sections[name]):
+            return 0.0  # a Plan section holding another tool's keys: not a plan
+        known += 1
+        evidence += name not in _GENERIC_KEYS
+    if not evidence:
+        return 0.0
+    return 0.3 + 0.6 * known / len(doc)
+
+
+def _fields(annotation: Any) -> set[str]:
+    """The field names of the Plan section ``annotation`` is (empty for a scalar)."""
+    from pydantic import BaseModel
+
+    for ann in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return set(ann.model_fields)
+    return set()
 
 
 FORMAT = ConfigFormat(
