@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import collections
 import io
+import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import time
@@ -211,18 +211,37 @@ def _bomb_zip(path: Path, inflated: int) -> None:
             out.writestr(info, data)
 
 
+_PEAK_PROBE = """
+import json, sys
+try:  # Linux keeps the forking parent's peak across fork and exec: start this one afresh
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+except OSError:
+    pass
+from sapper.cli.app import main
+sys.argv = ["sapper", *json.loads(sys.argv[1])]
+try:
+    main()
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+with open("/proc/self/status") as fh:
+    hwm = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+sys.__stdout__.write("\\n" + json.dumps({"code": code, "peak_mb": hwm / 1024}) + "\\n")
+"""
+
+
 def _peak_rss_of(*args: object) -> tuple[int, float]:
-    """Exit code and peak RSS (MB) of ``sapper ARGS`` in a child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Exit code and peak RSS (MB, VmHWM) of ``sapper ARGS`` in a fresh interpreter."""
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "sapper"), *map(str, args)],
+        [sys.executable, "-c", _PEAK_PROBE, json.dumps([str(a) for a in args])],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, max(after, before) / 1024
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    return probe["code"], probe["peak_mb"]
 
 
 def test_compression_bomb_is_refused_before_it_inflates(tmp_path: Path) -> None:

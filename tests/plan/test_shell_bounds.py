@@ -42,6 +42,11 @@ TRAIN = (
 _PROBE = """
 import json, resource, sys, time
 start = time.perf_counter()
+try:  # Linux keeps the forking parent's peak across fork and exec: start this one afresh
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+except OSError:
+    pass
 from sapper.cli.app import main
 sys.argv = ["sapper", *json.loads(sys.argv[1])]
 try:
@@ -52,6 +57,12 @@ else:
     code = 0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+try:  # the peak since clear_refs above (VmHWM), where /proc has it
+    with open("/proc/self/status") as fh:
+        hwm = [line for line in fh if line.startswith("VmHWM:")]
+    rss_mb = int(hwm[0].split()[1]) / 2**10 if hwm else rss_mb
+except OSError:
+    pass
 sys.__stdout__.write("\\n" + json.dumps(
     {"code": code, "seconds": time.perf_counter() - start, "rss_mb": rss_mb}) + "\\n")
 """
