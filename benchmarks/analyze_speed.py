@@ -1,5 +1,5 @@
 """Offline analysis at scale: a 1M-step sapper run log through ``sapper analyze`` and
-``sapper report``.
+``sapper report``, and 1M-line text logs of the other formats beside it.
 
 Targets: ``sapper analyze`` on a 1M-step JSONL log in at most 2 s end to end (read into
 columns, every default detector, the JSON out); the same log through pandas
@@ -9,9 +9,36 @@ shows it stays near the columns' ~100 bytes per step, the text read in blocks); 
 ``--report``, the report for 1M steps under 5 MB, opening in headless Chromium in under
 2 s. The log is generated here (a realistic curve with noise, a few spikes and a NaN).
 The time of each detector on the columns is listed with the path it took (a vectorised
-twin, or the streaming detector over the rows it reads). Run::
+twin, or the streaming detector over the rows it reads).
+
+Then the text formats, each a generated log of ``--steps`` lines written as the
+framework writes it (``--formats``, all by default): a Megatron-LM log (timestamps,
+timers, validation and memory lines, warnings, checkpoint lines, fp16 overflows, a loss
+spike, a NaN interval, a loss-scale collapse and a restart that goes back 700
+iterations), the HF Trainer's console (printed dicts under a progress bar), torchtitan,
+fairseq and nanoGPT lines; ``sapper analyze`` and ``sapper diagnose`` on each, the
+JSONL beside them, each command in a fresh process as a user runs it (imports
+included): wall and CPU seconds, and the peak RSS. Run::
 
     python benchmarks/analyze_speed.py [--steps 1000000] [--report] [--no-browser]
+        [--formats sapper,megatron,hf_console,torchtitan,fairseq,nanogpt]
+
+On the 2-core development machine (other work beside it), 1M lines, each command in a
+fresh process, before (the streaming Megatron reader, its records fed one by one to the
+detectors) and after (read into columns, the vectorised detectors), best of two by CPU::
+
+    format        analyze: wall    CPU     peak RSS   diagnose: wall    CPU     peak RSS
+    sapper JSONL  before    7.3 s   4.2 s    479 MiB            5.2 s   4.5 s    543 MiB
+                  after     4.4 s   4.3 s    488 MiB            4.4 s   4.4 s    545 MiB
+    megatron      before   56.7 s  53.2 s  1,257 MiB           54.2 s  53.4 s  1,383 MiB
+                  after     8.7 s   8.6 s    610 MiB            8.7 s   8.6 s    725 MiB
+
+The console formats, CPU seconds of analyze / diagnose (one run each, a loaded machine):
+the HF console 40.1 / 41.9 before, 16.3 / 17.2 after; fairseq 75 / 75 before, 48 / 51
+after; nanoGPT 18.1 / 18.4 before, 16.2 / 17.0 after; torchtitan about 440 before (its
+lines took the progress-bar pattern 400 µs each; measured on 200k lines), 36 / 33 after.
+Their readers still parse line by line in Python (15-45 µs a line); their detectors now
+run through the columns.
 """
 
 from __future__ import annotations
@@ -58,6 +85,201 @@ def write_log(path: Path, steps: int, seed: int = 0) -> None:
                 f'"memory_limit_gib": 79.6, "step_time_s": {0.21 + rng.random() * 0.01:.4f}, '
                 f'"tokens": 65536, "tokens_per_s": {300000 + rng.gauss(0, 3000):.1f}}}\n'
             )
+
+
+MEGATRON_HEADER = """using world size: 64, data-parallel size: 8, context-parallel size: 1, \
+tensor-model-parallel size: 4, pipeline-model-parallel size: 2
+------------------------ arguments ------------------------
+  fp16 .................................... True
+  global_batch_size ....................... 1024
+  log_interval ............................ 1
+  lr ...................................... 0.00015
+  train_iters ............................. 500000
+-------------------- end of arguments ---------------------
+> building GPT2BPETokenizer tokenizer ...
+[after dataloaders are built] datetime: 2024-05-14 10:02:11
+training ...
+[before the start of training step] datetime: 2024-05-14 10:02:11
+"""
+
+
+def write_megatron_log(path: Path, lines: int, seed: int = 0) -> None:
+    """A Megatron-LM log of about ``lines`` lines as Megatron-LM writes it with
+    ``--log-interval 1``: mostly iteration lines behind a time stamp, with the timers
+    every 100 iterations, validation (and test-set) lines and checkpoint saves every
+    2,000, the memory report after the first, warnings, rare fp16 overflows (a skipped
+    iteration without its loss, the scale halved) and the scale growing back; a loss
+    spike at a fifth of the run and another at three fifths, a NaN interval at four
+    fifths, a loss-scale collapse at nine tenths, and a restart at half way that goes
+    back 700 iterations."""
+    rng = random.Random(seed)
+    total = 500_000
+    per_it = 1.04  # lines per iteration, roughly
+    iterations = int(lines / per_it)
+    restart_at, resume_back = iterations // 2, 700
+    spikes = {iterations // 5, (3 * iterations) // 5}
+    nan_at = (4 * iterations) // 5
+    collapse = range((9 * iterations) // 10, (9 * iterations) // 10 + 30)
+    scale, it, done, written, restarted = 65536.0, 0, 0, 0, False
+    with path.open("w") as fh:
+        fh.write(MEGATRON_HEADER)
+        written += MEGATRON_HEADER.count("\n")
+        while written < lines:
+            it += 1
+            done += 1
+            if not restarted and done == restart_at:
+                restarted = True
+                it -= resume_back
+                fh.write(
+                    "[W socket.cpp:663] [c10d] The client socket has failed to connect.\n"
+                    "WARNING: rank 3 restarting after NCCL timeout\n"
+                    f" loading checkpoint from /ckpt at iteration {it - 1}\n"
+                    f"  successfully loaded checkpoint from /ckpt at iteration {it - 1}\n"
+                    "[before the start of training step] datetime: 2024-05-15 02:00:00\n"
+                )
+                written += 5
+            loss = 2.1 + 8.0 * math.exp(-it / 2000) + 0.3 * math.exp(-it / 200000)
+            loss += rng.gauss(0, 0.02)
+            grad = 0.35 + 1.5 * math.exp(-it / 3000) + abs(rng.gauss(0, 0.03))
+            if done in spikes:
+                loss, grad = loss * 2.5, grad * 40
+            lr = 1.5e-4 * min(1.0, it / 2000) * (
+                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / total))
+            )
+            skipped = 0
+            if done in collapse:
+                skipped, scale = 1, max(1.0, scale / 2)
+            elif rng.random() < 0.0005:
+                skipped, scale = 1, scale / 2
+            elif it % 1000 == 0 and scale < 65536.0:
+                scale *= 2
+            stamp = 1715680931 + int(it * 1.2)
+            day, sec = divmod(stamp, 86400)
+            head = (
+                f" [2024-05-{14 + day % 10:02d} {sec // 3600:02d}:{sec // 60 % 60:02d}:"
+                f"{sec % 60:02d}] iteration {it:8d}/{total:8d} | consumed samples: "
+                f"{it * 1024:12d} | elapsed time per iteration (ms): "
+                f"{1230.0 + rng.gauss(0, 15):.1f} | throughput per GPU (TFLOP/s/GPU): "
+                f"{178.0 + rng.gauss(0, 2):.1f} | learning rate: {lr:.6E} | global batch "
+                "size:  1024 |"
+            )
+            lm = "" if skipped or done == nan_at else f" lm loss: {loss:.6E} |"
+            tail = (
+                f" loss scale: {scale:.1f} | grad norm: {grad:.3f} | num zeros: "
+                f"{rng.randint(0, 40)}.0 | number of skipped iterations: {skipped:3d} | "
+                f"number of nan iterations: {int(done == nan_at):3d} |\n"
+            )
+            fh.write(head + lm + tail)
+            written += 1
+            if it == 1:
+                fh.write(
+                    "[Rank 0] (after 1 iterations) memory (MB) | allocated: 6518.5 | max "
+                    "allocated: 21587.7 | reserved: 23412.0 | max reserved: 23412.0\n"
+                )
+                written += 1
+            if it % 100 == 0:
+                fh.write(
+                    "(min, max) time across ranks (ms):\n"
+                    "    forward-backward ...............................: (1101.23, 1102.45)\n"
+                    "    optimizer ......................................: (40.12, 41.90)\n"
+                )
+                written += 3
+            if it % 2000 == 0:
+                v = loss + 0.05
+                rule = "-" * 100
+                fh.write(
+                    f"{rule}\n validation loss at iteration {it} | lm loss value: {v:.6E} | "
+                    f"lm loss PPL: {math.exp(v):.6E} |\n{rule}\n"
+                    f"saving checkpoint at iteration {it:8d} to /ckpt\n"
+                    f"  successfully saved checkpoint from iteration {it:8d} to /ckpt\n"
+                )
+                written += 5
+            if rng.random() < 0.001:
+                fh.write(
+                    "/usr/lib/python3/dist-packages/torch/utils/checkpoint.py:90: UserWarning: "
+                    "None of the inputs have requires_grad=True. Gradients will be None\n"
+                )
+                written += 1
+
+
+def _console_curve(rng: random.Random, step: int, steps: int) -> tuple[float, float, float]:
+    loss = 2.1 + 8.0 * math.exp(-step / 2000) + rng.gauss(0, 0.02)
+    grad = 0.35 + 1.5 * math.exp(-step / 3000) + abs(rng.gauss(0, 0.03))
+    if step in (steps // 3, (2 * steps) // 3):
+        loss, grad = loss * 2.5, grad * 40
+    return loss, grad, 3e-4 * min(1.0, step / 2000)
+
+
+def write_hf_console_log(path: Path, lines: int, seed: int = 0) -> None:
+    """The HF Trainer's console: a printed dict per logging step (every step here),
+    the progress bar redrawn before every 100th, an eval dict every 5,000 steps."""
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        fh.write(f"***** Running training *****\n  Total optimization steps = {lines:,}\n")
+        step = written = 0
+        while written < lines:
+            step += 1
+            loss, grad, lr = _console_curve(rng, step, lines)
+            if step % 100 == 0:
+                fh.write(f"{100 * step // lines:3d}%|###    | {step}/{lines} "
+                         "[01:02<07:40,  1.62it/s]\r")
+            fh.write(f"{{'loss': {loss:.4f}, 'grad_norm': {grad:.6f}, 'learning_rate': "
+                     f"{lr:.4e}, 'epoch': {step / 50000:.2f}}}\n")
+            written += 1
+            if step % 5000 == 0:
+                fh.write(f"{{'eval_loss': {loss + 0.1:.4f}, 'eval_runtime': 3.2, "
+                         f"'eval_samples_per_second': 31.1, 'epoch': {step / 50000:.2f}}}\n")
+                written += 1
+
+
+def write_torchtitan_log(path: Path, lines: int, seed: int = 0) -> None:
+    """torchtitan's metrics line behind its logger prefix, every step."""
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        for step in range(1, lines + 1):
+            loss, grad, _ = _console_curve(rng, step, lines)
+            t = 1716100000 + step
+            fh.write(
+                f"[rank0]:[titan] 2025-06-{16 + t // 86400 % 10:02d} {t // 3600 % 24:02d}:"
+                f"{t // 60 % 60:02d}:{t % 60:02d},735 - root - INFO - step: {step:5d}  loss: "
+                f"{loss:8.4f}  grad_norm: {grad:7.4f}  memory: 49.66GiB(52.28%)  tps: "
+                f"{5856 + rng.randint(-50, 50):,}  tflops: 339.16  mfu: 34.29%\n"
+            )
+
+
+def write_fairseq_log(path: Path, lines: int, seed: int = 0) -> None:
+    """fairseq's ``| epoch N | loss ... | num_updates N | ...`` line, every update."""
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        for step in range(1, lines + 1):
+            loss, grad, lr = _console_curve(rng, step, lines)
+            fh.write(
+                f"| epoch {step // 300 + 1:03d} | loss {loss:.3f} | nll_loss {loss * 0.6:.3f} "
+                f"| ppl {2 ** loss:.2f} | wps 279460 | ups 3 | wpb 110529.673 | bsz 3780.211 "
+                f"| num_updates {step} | lr {lr:.9f} | gnorm {grad:.3f} | clip 0.000 | oom "
+                f"0.000 | loss_scale 64.000 | wall {step * 2} | train_wall {step * 2 - 1}\n"
+            )
+
+
+def write_nanogpt_log(path: Path, lines: int, seed: int = 0) -> None:
+    """nanoGPT's ``iter N: loss X, time Yms, mfu Z%``, every iteration."""
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        for step in range(lines):
+            loss, _, _ = _console_curve(rng, step + 1, lines)
+            fh.write(f"iter {step}: loss {loss:.4f}, time {560 + rng.random() * 5:.2f}ms, "
+                     f"mfu {40 + rng.random():.2f}%\n")
+
+
+#: Format -> (file name, writer of a log of N lines).
+TEXT_FORMATS = {
+    "sapper": ("run.jsonl", write_log),
+    "megatron": ("megatron.log", write_megatron_log),
+    "hf_console": ("hf_console.txt", write_hf_console_log),
+    "torchtitan": ("torchtitan.log", write_torchtitan_log),
+    "fairseq": ("fairseq.log", write_fairseq_log),
+    "nanogpt": ("nanogpt.log", write_nanogpt_log),
+}
 
 
 class Clock:
@@ -161,13 +383,74 @@ def child_peak(path: Path) -> tuple[float, float, int]:
     return float(out[0]), float(out[1]), int(out[2])  # wall, MiB, bytes of JSON
 
 
+COMMAND = """
+import os, sys, time
+from pathlib import Path
+start, cpu = time.perf_counter(), time.process_time()
+keep = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+code = 0
+try:
+    from sapper.cli.app import main
+    sys.argv = ["sapper", *sys.argv[1:]]
+    main()
+except SystemExit as exc:
+    code = exc.code or 0
+sys.stdout.flush()
+os.dup2(keep, 1)
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+peak = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) / 1024
+print(wall, cpu, peak, code)
+"""
+
+
+def command_run(command: str, path: Path) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MiB, exit code) of ``sapper COMMAND PATH --format json``
+    in a fresh process, its imports included."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", COMMAND, command, str(path), "--format", "json"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    return float(out[0]), float(out[1]), float(out[2]), int(out[3])
+
+
+def formats_table(work: Path, steps: int, formats: list[str]) -> list[str]:
+    """``sapper analyze`` and ``sapper diagnose`` on a generated log of each format."""
+    rows = []
+    for fmt in formats:
+        name, writer = TEXT_FORMATS[fmt]
+        path = work / name
+        if not path.exists():
+            writer(path, steps)
+        size = path.stat().st_size / 1e6
+        cells = [f"{fmt:<11}", f"{size:5,.0f} MB"]
+        for command in ("analyze", "diagnose"):
+            wall, cpu, peak, code = command_run(command, path)
+            if code not in (0, 1):
+                raise SystemExit(f"sapper {command} {path}: exit {code}")
+            cells.append(f"{wall:6.2f} s {cpu:6.2f} s {peak:6,.0f} MiB")
+        rows.append("  ".join(cells))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--report", action="store_true",
                         help="also time the HTML report (reads the log a second time)")
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument(
+        "--formats", default=",".join(TEXT_FORMATS),
+        help="the logs of the formats table, comma-separated ('' for none): "
+        + ", ".join(TEXT_FORMATS),
+    )
     args = parser.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = [f for f in formats if f not in TEXT_FORMATS]
+    if unknown:
+        parser.error(f"unknown formats {unknown}: {', '.join(TEXT_FORMATS)}")
 
     from sapper.cli.analyze_cmd import detectors_for, load_logs
     from sapper.logs.columnar.twins.engine import run_columns, twin_for
@@ -251,6 +534,12 @@ def main() -> int:
             print(f"\nper-detector time on the columns of all {args.steps:,} records:")
             for name, path, t in sorted(per_detector, key=lambda x: -x[2].cpu):
                 print(f"  {name:<24} {path:<20} {t}")
+        if formats:
+            print(f"\nanalyze and diagnose, {args.steps:,} lines of each format, each in a fresh "
+                  "process (wall, CPU, peak RSS):")
+            print(f"  {'format':<11}  {'size':>8}  {'analyze':<32}  diagnose")
+            for line in formats_table(work, args.steps, formats):
+                print(f"  {line}")
         failed = [r for r in rows if r[3] == "FAIL"]
         return 1 if failed else 0
     finally:

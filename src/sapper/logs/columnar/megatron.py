@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from sapper.errors import InputError
 from sapper.logs.base import DICT_EXTRAS, Attempt
 from sapper.logs.columnar.frame import (
     BOOL_FIELDS,
@@ -868,7 +869,7 @@ def read_megatron_columnar(
     path = Path(path)
     try:
         size = check_regular(path).st_size
-    except Exception:
+    except InputError:
         return None
     if size < max(1, min_bytes) or size > MAX_LOG_BYTES or path.is_dir():
         return None
@@ -893,12 +894,8 @@ def read_megatron_columnar(
         rest = text.rest()
         reader.feed(f"{last}\n{rest}" if rest else last)
         return _result(path, reader, text)
-    except (OSError, _Giveup):
+    except (OSError, InputError, _Giveup):  # the streaming reader says what is wrong
         return None
-    except Exception as exc:  # InputError from open_log: the streaming reader says it
-        if type(exc).__name__ == "InputError":
-            return None
-        raise
 
 
 def _result(path: Path, reader: _Reader, text: _Text) -> ColumnarLog | None:
