@@ -78,13 +78,23 @@ def test_unstated_dtype_is_unknown_not_fp32() -> None:
     assert "precision.dtype" in out["summary"]["unresolved"]
 
 
-@pytest.mark.parametrize("text", ["", "null\n", "name: only-a-name\n"])
-def test_a_plan_with_nothing_to_check_is_an_input_error(tmp_path: Path, text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "nothing to check"),
+        ("null\n", "nothing to check"),
+        # a name alone does not make a YAML a sapper plan: refused as no known format
+        ("name: only-a-name\n", "not a config sapper can read"),
+    ],
+)
+def test_a_plan_with_nothing_to_check_is_an_input_error(
+    tmp_path: Path, text: str, says: str
+) -> None:
     p = tmp_path / "plan.yaml"
     p.write_text(text)
     res = runner.invoke(app, ["check", str(p)])
     assert res.exit_code == 2
-    assert "nothing to check" in res.output and "Traceback" not in res.output
+    assert says in res.output and "Traceback" not in res.output
 
 
 def test_post_ln_without_a_visible_schedule_warns() -> None:
