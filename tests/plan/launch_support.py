@@ -82,3 +82,31 @@ def hostile_case(folder: Path, name: str, data: bytes, cli: bool) -> None:
                 raise AssertionError(f"{name}: exit 3") from res.exception
             assert res.exit_code in (0, 1, 2), res.output[:2000]
             assert "Traceback" not in res.output
+
+
+def write_yaml(tmp_path: Path, config: dict[str, Any], name: str) -> Path:
+    """``config`` written as a YAML file in ``tmp_path``."""
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def changed(base: dict[str, Any], *, drop: object = None, **changes: object) -> dict[str, Any]:
+    """A copy of ``base`` with dotted keys (``a__b__0__c``: ``__`` between levels, a number
+    indexes a list) set to the given values; a value that ``is drop`` removes the key."""
+    config = json.loads(json.dumps(base))
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = config
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        if value is drop:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return config
+
+
+def c006_by_key(src: Any) -> dict[str, str]:
+    """The C006 notes (values left unresolved) of a PlanSource, by the key they name."""
+    return {f.data["key"]: f.message for f in src.findings if f.code == "C006"}

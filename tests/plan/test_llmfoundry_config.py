@@ -11,18 +11,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from tests.fuzz import stable_settings
 from tests.plan.launch_support import (
     EXAMPLES,
     LLAMA,
+    c006_by_key,
+    changed,
     check,
     hostile_case,
     one_line_error,
     same_verdicts,
     verdicts,
+    write_yaml,
 )
 from tests.plan.test_hostile_property import mutated
 
@@ -52,28 +54,15 @@ BASE: dict = {
 
 
 def _write(tmp_path: Path, config: dict, name: str = "train.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return write_yaml(tmp_path, config, name)
 
 
 def _with(**changes: object) -> dict:
     """BASE with dotted keys changed (None removes the key)."""
-    config = json.loads(json.dumps(BASE))
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return config
+    return changed(BASE, **changes)
 
 
-def _c006(src) -> dict[str, str]:
-    return {f.data["key"]: f.message for f in src.findings if f.code == "C006"}
+_c006 = c006_by_key
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)

@@ -4,7 +4,6 @@ lacks left unknown; dacite's strict keys for typos; bad values as one line."""
 
 from __future__ import annotations
 
-import copy
 import shutil
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from hypothesis import strategies as st
 from tests.fuzz import stable_settings
 from tests.plan.launch_support import (
     EXAMPLES,
+    c006_by_key,
+    changed,
     hostile_case,
     one_line_error,
     same_verdicts,
@@ -41,21 +42,10 @@ _DROP = object()
 
 def _with(**changes: object) -> dict:
     """config_tiny_llama.yaml with dotted keys (``__``) changed; _DROP removes one."""
-    config = copy.deepcopy(TINY)
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = config
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-        if value is _DROP:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return config
+    return changed(TINY, drop=_DROP, **changes)
 
 
-def _c006(src) -> dict[str, str]:
-    return {f.data["key"]: f.message for f in src.findings if f.code == "C006"}
+_c006 = c006_by_key
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)

@@ -5,23 +5,24 @@ OLMo-core, NeMo 2 and Megatron-Bridge refused with what to pass instead."""
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from tests.fuzz import stable_settings
 from tests.plan.launch_support import (
     EXAMPLES,
+    c006_by_key,
+    changed,
     check,
     hostile_case,
     one_line_error,
     same_verdicts,
     verdicts,
+    write_yaml,
 )
 from tests.plan.test_hostile_property import mutated
 
@@ -51,27 +52,15 @@ BASE: dict = {
 
 
 def _write(tmp_path: Path, config: dict, name: str = "olmo.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return write_yaml(tmp_path, config, name)
 
 
 def _with(**changes: object) -> dict:
-    config = json.loads(json.dumps(BASE))
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return config
+    """BASE with dotted keys changed (None removes the key)."""
+    return changed(BASE, **changes)
 
 
-def _c006(src) -> dict[str, str]:
-    return {f.data["key"]: f.message for f in src.findings if f.code == "C006"}
+_c006 = c006_by_key
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
