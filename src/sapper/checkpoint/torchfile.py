@@ -61,31 +61,28 @@ def load_torch_file(path: Path) -> Any:
     """The object in a torch file, built by the restricted unpickler and copied into plain
     data; InputError naming the file when it is not a torch file, is truncated, would
     inflate past the bound, or needs an unsafe global."""
-    file = str(path)
-    try:
-        if not zipfile.is_zipfile(path):
-            return plain(_load_legacy(path, file), file)
-        with zipfile.ZipFile(path) as archive:
-            _check_archive(archive, file)
-            return plain(load_torch_zip(archive, file, path=path), file)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=file) from None
-    except (zipfile.BadZipFile, ValueError, EOFError, RuntimeError) as exc:
-        raise InputError(f"not a loadable torch file (damaged zip: {exc})", file=file) from None
+    return _load(path, str(path), path=path)
 
 
 def load_torch_bytes(data: bytes, file: str) -> Any:
     """The object of a ``torch.save`` archive held in memory (a Distributed Checkpoint's
     storage piece), read as :func:`load_torch_file` reads a file."""
-    stream = io.BytesIO(data)
+    return _load(io.BytesIO(data), file, data=data)
+
+
+def _load(source: Path | io.BytesIO, file: str, path: Path | None = None,
+          data: bytes | None = None) -> Any:  # fmt: skip
     try:
-        if not zipfile.is_zipfile(stream):
-            stream.seek(0)
-            return plain(_load_legacy(stream, file), file)
-        with zipfile.ZipFile(stream) as archive:
+        if not zipfile.is_zipfile(source):
+            if isinstance(source, io.BytesIO):
+                source.seek(0)
+            return plain(_load_legacy(source, file), file)
+        with zipfile.ZipFile(source) as archive:
             _check_archive(archive, file)
-            return plain(load_torch_zip(archive, file, data=data), file)
-    except (zipfile.BadZipFile, ValueError, EOFError, RuntimeError, OSError) as exc:
+            return plain(load_torch_zip(archive, file, path=path, data=data), file)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=file) from None
+    except (zipfile.BadZipFile, ValueError, EOFError, RuntimeError) as exc:
         raise InputError(f"not a loadable torch file (damaged zip: {exc})", file=file) from None
 
 

@@ -65,12 +65,16 @@ class _StateDict(dict):
 
 
 class _Archive:
-    """The storages of one archive: each record's bytes, mapped or in memory."""
+    """The storages of one archive: each record's bytes, mapped from the file at ``path``
+    or copied out of ``data`` in memory."""
 
     def __init__(self, archive: zipfile.ZipFile, prefix: str, file: str,
                  path: Path | None, data: bytes | None) -> None:  # fmt: skip
         self.archive, self.prefix, self.file = archive, prefix, file
         self.path, self.data = path, data
+        # The archive's own open file (or stream) holds the local headers; its size once.
+        self._fh = archive.fp
+        self._size = len(data) if data is not None else self._fh.seek(0, 2)  # type: ignore[union-attr]
         self._whole: torch.UntypedStorage | None = None
         self._storages: dict[str, torch.UntypedStorage] = {}
 
@@ -104,38 +108,25 @@ class _Archive:
         start = self._data_offset(info)
         if self.data is not None:
             piece = bytearray(self.data[start : start + nbytes])
-            return (
-                torch.frombuffer(piece, dtype=torch.uint8).untyped_storage()
-                if piece
-                else (torch.UntypedStorage(0))
-            )
+            if not piece:
+                return torch.UntypedStorage(0)
+            return torch.frombuffer(piece, dtype=torch.uint8).untyped_storage()
         if self._whole is None:
-            assert self.path is not None
-            size = self.path.stat().st_size
-            self._whole = torch.UntypedStorage.from_file(str(self.path), False, size)
+            self._whole = torch.UntypedStorage.from_file(str(self.path), False, self._size)
         return self._whole[start : start + nbytes]
 
     def _data_offset(self, info: zipfile.ZipInfo) -> int:
         """Where a stored record's bytes begin: after its local header (whose name and
         extra field lengths may differ from the central directory's)."""
-        head = self._bytes(info.header_offset, 30)
+        self._fh.seek(info.header_offset)  # type: ignore[union-attr]
+        head = self._fh.read(30)  # type: ignore[union-attr]
         if len(head) < 30 or head[:4] != b"PK\x03\x04":
             raise ValueError(f"record {info.filename} has no local header")
         name_len, extra_len = struct.unpack("<HH", head[26:30])
         start = info.header_offset + 30 + name_len + extra_len
-        end = start + info.file_size
-        total = len(self.data) if self.data is not None else self.path.stat().st_size  # type: ignore[union-attr]
-        if end > total:
+        if start + info.file_size > self._size:
             raise ValueError(f"record {info.filename} runs past the end of the archive")
         return start
-
-    def _bytes(self, start: int, n: int) -> bytes:
-        if self.data is not None:
-            return self.data[start : start + n]
-        assert self.path is not None
-        with open(self.path, "rb") as fh:
-            fh.seek(start)
-            return fh.read(n)
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
