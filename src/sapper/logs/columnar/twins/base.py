@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.runtime.detector import Detector
 
-__all__ = ["Twin", "finding", "fingerprint"]
+__all__ = ["Twin", "finding", "fingerprint", "walking_twin"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,30 @@ class Twin:
     #: ``Detector.unevaluated`` after the same stream; ``None`` for a detector that
     #: reports nothing there (a twin without it stands in for no detector that does).
     unevaluated: Callable[[Any, Columns, list[Finding]], list[str]] | None = None
+
+
+def walking_twin(
+    cls: type[Detector],
+    walk: Callable[[Any, Columns], tuple[Any, list[Finding]]],
+    accepts: Callable[[Any], bool],
+    modules: tuple[str, ...],
+) -> Twin:
+    """A twin whose ``walk`` runs a scratch copy of the detector over the columns and
+    returns it with the findings: ``unevaluated`` right after ``run`` on the same columns
+    asks that scratch copy instead of walking again."""
+    last: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+
+    def run(det: Any, cols: Columns) -> list[Finding]:
+        scratch, found = walk(det, cols)
+        last[det] = (id(cols), scratch)
+        return found
+
+    def unevaluated(det: Any, cols: Columns, found: list[Finding]) -> list[str]:
+        kept = last.pop(det, None)
+        scratch = kept[1] if kept is not None and kept[0] == id(cols) else walk(det, cols)[0]
+        return scratch.unevaluated()
+
+    return Twin(cls=cls, run=run, accepts=accepts, unevaluated=unevaluated, modules=modules)
 
 
 def fingerprint(modules: tuple[str, ...]) -> str:

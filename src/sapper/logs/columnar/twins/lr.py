@@ -12,12 +12,11 @@ fire (each is said once per run). With a declared schedule the streaming detecto
 from __future__ import annotations
 
 import copy
-import weakref
 
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.logs.columnar.twins.base import Twin, state_is
+from sapper.logs.columnar.twins.base import state_is, walking_twin
 from sapper.rules.model import Finding
 from sapper.runtime.detectors.base import fmt
 from sapper.runtime.detectors.lr import LR_OVERRUN, LR_WARMUP_SHORT, LRDetector
@@ -241,26 +240,6 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
     return d, found
 
 
-#: The scratch detector a run ended with, for ``unevaluated`` right after it.
-_LAST: weakref.WeakKeyDictionary[LRDetector, tuple[int, LRDetector]] = weakref.WeakKeyDictionary()
-
-
-def run(det: LRDetector, cols: Columns) -> list[Finding]:
-    scratch, found = _walk(det, cols)
-    _LAST[det] = (id(cols), scratch)
-    return found
-
-
-def unevaluated(det: LRDetector, cols: Columns, found: list[Finding]) -> list[str]:
-    last = _LAST.pop(det, None)
-    scratch = last[1] if last is not None and last[0] == id(cols) else _walk(det, cols)[0]
-    return scratch.unevaluated()
-
-
-TWIN = Twin(
-    cls=LRDetector,
-    run=run,
-    accepts=_accepts,
-    unevaluated=unevaluated,
-    modules=("sapper.runtime.detectors.lr", "sapper.runtime.detectors.base"),
+TWIN = walking_twin(
+    LRDetector, _walk, _accepts, ("sapper.runtime.detectors.lr", "sapper.runtime.detectors.base")
 )

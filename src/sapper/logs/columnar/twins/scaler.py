@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import copy
 import math
-import weakref
 
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.logs.columnar.twins.base import Twin, state_is
+from sapper.logs.columnar.twins.base import state_is, walking_twin
 from sapper.logs.columnar.twins.fallback import rows_for
 from sapper.rules.model import Finding
 from sapper.runtime.detectors.scaler import (
@@ -207,9 +206,7 @@ def _count(
         maxlen = d.skips.maxlen
         keep = entries if maxlen is None else min(entries, maxlen)
         rows = np.flatnonzero(totals | flags)[-keep:] + i if keep else np.zeros(0, np.int64)
-        d.skips.extend(
-            (0, int(span[r]) if has_total[r] else 1) for r in rows.tolist()
-        )
+        d.skips.extend((0, int(span[r]) if has_total[r] else 1) for r in rows.tolist())
     # _scaled_norm: no norm of the order of the scale
     if not internal and not d.live_flags_seen:
         normed = int(with_norm[i:j].sum())
@@ -220,27 +217,9 @@ def _count(
     d.prev_step = int(steps[j - 1])
 
 
-_LAST: weakref.WeakKeyDictionary[ScalerDetector, tuple[int, ScalerDetector]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def run(det: ScalerDetector, cols: Columns) -> list[Finding]:
-    scratch, found = _walk(det, cols)
-    _LAST[det] = (id(cols), scratch)
-    return found
-
-
-def unevaluated(det: ScalerDetector, cols: Columns, found: list[Finding]) -> list[str]:
-    last = _LAST.pop(det, None)
-    scratch = last[1] if last is not None and last[0] == id(cols) else _walk(det, cols)[0]
-    return scratch.unevaluated()
-
-
-TWIN = Twin(
-    cls=ScalerDetector,
-    run=run,
-    accepts=_accepts,
-    unevaluated=unevaluated,
-    modules=("sapper.runtime.detectors.scaler", "sapper.runtime.detectors.base"),
+TWIN = walking_twin(
+    ScalerDetector,
+    _walk,
+    _accepts,
+    ("sapper.runtime.detectors.scaler", "sapper.runtime.detectors.base"),
 )
