@@ -1,5 +1,5 @@
 """Typed access by dotted key to one parsed YAML config, shared by the readers of
-llm-foundry, OLMo and Nanotron configs.
+llm-foundry, OLMo, Nanotron and torchtune configs.
 
 A value is read by the key the user wrote (``fsdp_config.sharding_strategy``), checked
 against what the framework takes (:func:`sapper.plan.readers.typed.check_kind`), and
@@ -33,10 +33,12 @@ class Keyed:
     """One config document, read key by key into ``src``."""
 
     def __init__(self, doc: dict[str, Any], src: PlanSource, *, fix: str,
-                 interpolate: bool = True) -> None:
+                 interpolate: bool = True, max_number: float | None = MAX_NUMBER) -> None:
         self.doc, self.src, self.file, self.fix = doc, src, src.name, fix
         self.resolver = Resolver(doc) if interpolate else None
         self.reported: set[str] = set()
+        #: The cap on counts and sizes with no bound of their own (None: the Plan's).
+        self.max_number = max_number
 
     # -- reading ------------------------------------------------------------------
     def raw(self, key: str) -> Any:
@@ -81,7 +83,7 @@ class Keyed:
         if value is MISSING or value is None:
             return None
         if kind in ("int", "number") and maximum is None:
-            maximum = MAX_NUMBER  # keeps the readers' arithmetic finite
+            maximum = self.max_number  # keeps the readers' arithmetic finite
         return check_kind(self.file, key, value, kind, minimum=minimum, maximum=maximum)
 
     def take(self, key: str, field: str, kind: str, *, minimum: float | None = None,

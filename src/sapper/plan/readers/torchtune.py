@@ -54,7 +54,8 @@ from sapper.plan.readers.base import (
     unknown_key_findings,
     unresolved_finding,
 )
-from sapper.plan.readers.interpolation import MISSING, Resolver, Unresolved
+from sapper.plan.readers.interpolation import MISSING, Unresolved
+from sapper.plan.readers.keyed import Keyed
 from sapper.plan.readers.torchtune_keys import OPTIMIZER_ARGS, SCHEDULER_ARGS, TOP_LEVEL
 from sapper.plan.readers.torchtune_models import BUILDER_PARAMS, find_builder, model_fields
 from sapper.plan.readers.typed import bad_value, check_kind
@@ -120,41 +121,13 @@ def read_torchtune_config(sniff: Sniff) -> PlanSource:
     return r.src
 
 
-class _Reader:
+class _Reader(Keyed):
     """Typed, interpolation-resolving access to the config; every value reaches the Plan
     with its torchtune key as origin."""
 
     def __init__(self, doc: dict[str, Any], src: PlanSource, base: Path) -> None:
-        self.doc, self.src, self.file, self.base = doc, src, src.name, base
-        self.resolver = Resolver(doc)
-        self.reported: set[str] = set()
-
-    def raw(self, key: str) -> Any:
-        """The resolved value, MISSING, or an Unresolved."""
-        return self.resolver.get(key)
-
-    def given(self, key: str) -> bool:
-        return self.raw(key) is not MISSING
-
-    def value(self, key: str, field: str, kind: str, *, minimum: float | None = None,
-              maximum: float | None = None) -> Any:
-        """The checked value of ``key``; None when absent, null or unresolved (C006)."""
-        value = self.raw(key)
-        if isinstance(value, Unresolved):
-            if key not in self.reported:
-                self.reported.add(key)
-                unresolved_finding(self.src, key, field, value.why, _FIX)
-            return None
-        if value is MISSING or value is None:
-            return None
-        return check_kind(self.file, key, value, kind, minimum=minimum, maximum=maximum)
-
-    def take(self, key: str, field: str, kind: str, *, minimum: float | None = None,
-             maximum: float | None = None) -> Any:
-        value = self.value(key, field, kind, minimum=minimum, maximum=maximum)
-        if value is not None:
-            self.src.set(field, value, key)
-        return value
+        super().__init__(doc, src, fix=_FIX, max_number=None)
+        self.base = base
 
     def component(self, section: str) -> str | None:
         """The ``_component_`` path of a section, None when the section is absent or null;
