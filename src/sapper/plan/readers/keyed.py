@@ -1,5 +1,5 @@
 """Typed access by dotted key to one parsed YAML config, shared by the readers of
-llm-foundry, OLMo, Nanotron and torchtune configs.
+llm-foundry, OLMo, Nanotron, torchtune and NeMo configs.
 
 A value is read by the key the user wrote (``fsdp_config.sharding_strategy``), checked
 against what the framework takes (:func:`sapper.plan.readers.typed.check_kind`), and

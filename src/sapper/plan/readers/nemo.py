@@ -28,7 +28,8 @@ from sapper.plan.readers.base import (
     unknown_key_findings,
     unresolved_finding,
 )
-from sapper.plan.readers.interpolation import MISSING, Resolver, Unresolved
+from sapper.plan.readers.interpolation import MISSING, Unresolved
+from sapper.plan.readers.keyed import Keyed
 from sapper.plan.readers.nemo_keys import SECTIONS
 from sapper.plan.readers.typed import bad_value, check_kind
 from sapper.plan.sources import PlanSource
@@ -104,42 +105,13 @@ def read_nemo_config(sniff: Sniff) -> PlanSource:
     return r.src
 
 
-class _Reader:
+class _Reader(Keyed):
     """Typed, interpolation-resolving access to the config; every value reaches the Plan
     with its NeMo key as origin."""
 
     def __init__(self, doc: dict[str, Any], src: PlanSource) -> None:
-        self.doc, self.src, self.file = doc, src, src.name
-        self.resolver = Resolver(doc)
+        super().__init__(doc, src, fix=_FIX, max_number=None)
         self.base = Path(".")
-        self.reported: set[str] = set()
-
-    def raw(self, key: str) -> Any:
-        """The resolved value, MISSING, or an Unresolved."""
-        return self.resolver.get(key)
-
-    def value(self, key: str, field: str, kind: str, *, minimum: float | None = None,
-              maximum: float | None = None) -> Any:
-        """The checked value of ``key``; None when absent, null or unresolved (C006)."""
-        value = self.raw(key)
-        if isinstance(value, Unresolved):
-            if key not in self.reported:  # a key read for two fields is reported once
-                self.reported.add(key)
-                unresolved_finding(self.src, key, field, value.why, _FIX)
-            return None
-        if value is MISSING or value is None:
-            return None
-        return check_kind(self.file, key, value, kind, minimum=minimum, maximum=maximum)
-
-    def take(self, key: str, field: str, kind: str, *, minimum: float | None = None,
-             maximum: float | None = None) -> Any:
-        value = self.value(key, field, kind, minimum=minimum, maximum=maximum)
-        if value is not None:
-            self.src.set(field, value, key)
-        return value
-
-    def given(self, key: str) -> bool:
-        return self.raw(key) is not MISSING
 
     def choice(self, key: str, field: str, table: dict[str, str]) -> str | None:
         """A NeMo word mapped through ``table``; a word the table lacks is an error
