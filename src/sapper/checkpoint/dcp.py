@@ -2,8 +2,8 @@
 
 torch's ``FileSystemReader.read_metadata`` is a plain ``pickle.load``: a ``.metadata`` from
 an untrusted place could run a command. sapper reads it with its own restricted unpickler
-(:mod:`sapper.checkpoint.unpickle`): the few classes of
-``torch.distributed.checkpoint.metadata`` become :class:`~sapper.checkpoint.unpickle.Record`
+(:mod:`sapper.unpickle`): the few classes of
+``torch.distributed.checkpoint.metadata`` become :class:`~sapper.unpickle.Record`
 data, checked field by field into :class:`DcpTensor` entries before anything is opened.
 Each storage piece a tensor names is a ``torch.save`` archive at ``[offset, offset+length)``
 of a shard file, as DCP's ``FileSystemWriter`` writes it; it is loaded through
@@ -29,8 +29,8 @@ from sapper.checkpoint.layout import regular_file
 from sapper.checkpoint.source import TensorInfo, TensorSource
 from sapper.checkpoint.stats import flat_chunks
 from sapper.checkpoint.torchfile import load_torch_bytes
-from sapper.checkpoint.unpickle import Record, Vocabulary, restricted_loads
 from sapper.errors import InputError, quote
+from sapper.unpickle import Record, Vocabulary, restricted_loads
 
 __all__ = ["MAX_DCP_ENTRIES", "MAX_METADATA_BYTES", "DcpChunk", "DcpSource", "DcpTensor"]
 

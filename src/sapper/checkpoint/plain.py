@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from sapper.checkpoint.unpickle import Record
 from sapper.errors import InputError
+from sapper.unpickle import Record
 
 __all__ = ["MAX_DEPTH", "MAX_OBJECTS", "PickledObject", "plain"]
 

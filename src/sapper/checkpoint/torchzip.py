@@ -1,7 +1,7 @@
 """torch's zip checkpoints (what ``torch.save`` has written since 1.6) read by sapper itself.
 
 The archive's ``data.pkl`` goes through sapper's restricted unpickler
-(:mod:`sapper.checkpoint.unpickle`) with the vocabulary a checkpoint needs, by fully
+(:mod:`sapper.unpickle`) with the vocabulary a checkpoint needs, by fully
 qualified name: torch's tensor rebuilders (sapper's own functions that check every
 offset, size and stride against the storage before a tensor is made), storage types,
 dtypes, ``torch.Size``, ``OrderedDict``, numpy's array reconstruction for RNG states,
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from sapper.checkpoint.unpickle import Record, Vocabulary, record_type, restricted_loads
 from sapper.errors import InputError
+from sapper.unpickle import Record, Vocabulary, record_type, restricted_loads
 
 __all__ = ["OTHER_TENSOR", "STAND_INS", "load_torch_zip"]
 

@@ -1,10 +1,11 @@
-"""sapper's own restricted unpickler, for the plain pickles it reads that are not torch files
-(a torch Distributed Checkpoint's ``.metadata``).
+"""sapper's own restricted unpickler, for every pickle it reads (a torch checkpoint's
+``data.pkl``, a Distributed Checkpoint's ``.metadata``, a flight-recorder dump). It sits in a
+layer of its own below the packages that read pickles, so each of them can use it.
 
-``pickle.load`` imports and calls whatever a file names, so a checkpoint from an untrusted
-place could run a command. Here ``find_class`` answers only from the table the format gives
-(:class:`Vocabulary`), by fully qualified name; anything else is refused before it is
-built, naming the global. The classes of the table are :class:`Record` types: a record is
+``pickle.load`` imports and calls whatever a file names, so a checkpoint or a dump from an
+untrusted place could run a command. Here ``find_class`` answers only from the table the
+format gives (:class:`Vocabulary`), by fully qualified name; anything else is refused before
+it is built, naming the global. The classes of the table are :class:`Record` types: a record is
 data only. Its pickled state is kept in one slot (``state``) apart from its attributes, it
 has no ``__dict__``, and nothing of the file can become a method or an attribute the reader
 later calls. The functions of the table are sapper's own (``torch.Size`` becomes a tuple of
