@@ -331,7 +331,7 @@ def analyze_json(path: Path) -> str:
     """What ``sapper analyze LOG --format json`` does, without the process start."""
     import json
 
-    from sapper.cli.analyze_cmd import analyses_json, analyze_logs, load_logs
+    from sapper.pipeline.logs import analyses_json, analyze_logs, load_logs
 
     logs, failed = load_logs([path], None, {}, columnar=True)
     analyses = analyze_logs(logs, None, [], [])
@@ -452,8 +452,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown formats {unknown}: {', '.join(TEXT_FORMATS)}")
 
-    from sapper.cli.analyze_cmd import detectors_for, load_logs
     from sapper.logs.columnar.twins.engine import run_columns, twin_for
+    from sapper.pipeline.logs import detectors_for, load_logs
 
     work = Path(tempfile.mkdtemp(prefix="sapper-bench-"))
     try:

@@ -82,7 +82,7 @@ def test_a_planted_fault_is_named_by_its_cause(log: str, cause: str, check: str)
 def test_each_attempts_stored_findings_stay_its_own() -> None:
     """A resumed run logs its NaN again at the same step: the run log's stored findings
     are tagged with their attempt, so the second one is not merged into the first."""
-    from sapper.cli.analyze_cmd import analyze_logs, load_logs
+    from sapper.pipeline.logs import analyze_logs, load_logs
 
     loaded, _ = load_logs([FAULTS / "restart-same-step.jsonl"], None, None)
     (analysis,) = analyze_logs(loaded, None, [], [])

@@ -6,10 +6,10 @@ import json
 import math
 from pathlib import Path
 
-from sapper.cli.analyze_cmd import analyze_logs, detectors_for, merge_logs
 from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.logs.base import StepMerger
+from sapper.pipeline.logs import analyze_logs, detectors_for, merge_logs
 from sapper.runtime.detectors import default_detectors
 
 

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from tests.fuzz import stable_settings
 from tests.logs.hostile import mutate_lines
 
-from sapper.cli.analyze_cmd import analyses_json, analyze_logs, load_logs
 from sapper.logs import LogData, read_log
 from sapper.logs import limits as log_limits
 from sapper.logs import source as log_source
@@ -30,6 +29,7 @@ from sapper.logs.columnar import megatron as columnar_megatron
 from sapper.logs.columnar.frame import READ_EXTRA_PREFIXES, READ_EXTRAS
 from sapper.logs.columnar.megatron import COLUMN_EXTRAS, column_extra, read_megatron_columnar
 from sapper.logs.columnar.twins import engine
+from sapper.pipeline.logs import analyses_json, analyze_logs, load_logs
 from sapper.runtime.detectors import default_detectors
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sapper.cli.analyze_cmd import analyze_logs
 from sapper.logs import read_log
+from sapper.pipeline.logs import analyze_logs
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sapper.cli.analyze_cmd import analyses_json, analyze_logs, load_logs
 from sapper.logs import read_log
 from sapper.logs.columnar import columns_from_records
 from sapper.logs.columnar.twins import engine
+from sapper.pipeline.logs import analyses_json, analyze_logs, load_logs
 from sapper.runtime.records import StepRecord
 
 

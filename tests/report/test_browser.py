@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from sapper.checks.engine import run_checklist
-from sapper.cli.analyze_cmd import detectors_for
 from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
+from sapper.pipeline.logs import detectors_for
 from sapper.plan.load import load_plan
 from sapper.report.html import build_report_data, write_report
 from sapper.rules.registry import all_rules

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from sapper.checks.engine import run_checklist
-from sapper.cli.analyze_cmd import detectors_for
 from sapper.logs import read_log
 from sapper.logs.analysis import analyze_log
 from sapper.logs.base import Attempt, LogData
+from sapper.pipeline.logs import detectors_for
 from sapper.plan.load import load_plan
 from sapper.report.html import _inline_script, build_report_data, render_report
 from sapper.report.html_data import MAX_POINTS, decimate, mask_ranges

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sapper.cli.analyze_cmd import analyze_logs
 from sapper.logs import read_log
+from sapper.pipeline.logs import analyze_logs
 from sapper.runtime import DetectorSet, StepRecord
 from sapper.runtime.detectors import ThroughputDetector
 

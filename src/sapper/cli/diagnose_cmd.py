@@ -20,13 +20,7 @@ import typer
 from sapper.cli.analyze_cmd import (
     LogFormatOpt,
     MapOpt,
-    analyze_logs,
-    column_mapping,
-    cross_rank_analysis,
     has_plan_inputs,
-    load_logs,
-    merge_logs,
-    plan_for,
     with_log_plan_options,
 )
 from sapper.cli.options import PlanInputs, load_from_options
@@ -72,36 +66,15 @@ def diagnose(
     the test that confirms it — or 'unknown' with the test that would decide."""
 
     def body() -> int:
-        from sapper.checks.engine import plan_check_codes, run_checklist
-        from sapper.diagnose.diagnosis import diagnose as run_diagnosis
-        from sapper.plan.load import LoadedPlan
+        from sapper.pipeline.run import diagnose_run, read_run
         from sapper.report.diagnosis import render_diagnosis
         from sapper.report.safe import safe_markup as escape
 
-        loaded, failed = load_logs(
-            logs, log_format, column_mapping(mapping), columnar=len(logs) == 1
-        )
-        if not loaded:
-            raise failed[0]
-        cross = cross_rank_analysis(loaded, [], [])
-        one_run = [merge_logs(loaded)] if len(loaded) > 1 and cross is None else loaded
-        if has_plan_inputs(inputs):
-            config = load_from_options(inputs)
-        else:
-            stored = plan_for(inputs, one_run)
-            config = LoadedPlan(stored, [], ["the plan in the run log"]) if stored else None
-        plan = config.plan if config is not None else None
-        analyses = analyze_logs(one_run, plan, [], [])
-        if cross is not None:
-            analyses.append(cross)
-        report = run_checklist(config) if config is not None else None
-        inspected = None
-        if checkpoint:
-            from sapper.checkpoint import inspect_paths
-
-            # --model (the run's config.json) is the model the checkpoint should fit
-            inspected = inspect_paths(checkpoint, config=inputs.model)
-        result = run_diagnosis(analyses, report, plan_check_codes(), inspected)
+        run = read_run(logs, log_format, mapping)
+        config = load_from_options(inputs) if has_plan_inputs(inputs) else None
+        # --model (the run's config.json) is the model the checkpoint should fit
+        result = diagnose_run(run, config, checkpoint, inputs.model)[0]
+        failed = run.failed
         for exc in failed:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if fmt == OutputFormat.json:

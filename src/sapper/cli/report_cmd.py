@@ -20,11 +20,7 @@ import typer
 from sapper.cli.analyze_cmd import (
     LogFormatOpt,
     MapOpt,
-    analyze_logs,
-    column_mapping,
     has_plan_inputs,
-    load_logs,
-    merge_logs,
     plan_for,
     with_log_plan_options,
 )
@@ -66,6 +62,7 @@ def report(
         # Imported here so ``sapper --help`` does not load the report builder.
         from sapper.checks.engine import plan_check_codes, run_checklist
         from sapper.diagnose.diagnosis import diagnose
+        from sapper.pipeline.logs import analyze_logs, column_mapping, load_logs, merge_logs
         from sapper.report.html import build_report_data, write_report
         from sapper.report.terminal import safe_markup as escape
 

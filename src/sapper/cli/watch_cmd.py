@@ -20,8 +20,6 @@ import typer
 from sapper.cli.analyze_cmd import (
     LogFormatOpt,
     MapOpt,
-    column_mapping,
-    detectors_for,
     has_plan_inputs,
     with_log_plan_options,
 )
@@ -98,6 +96,7 @@ def watch(
 
     def body() -> int:
         # Imported here so ``sapper --help`` does not load the watcher.
+        from sapper.pipeline.logs import column_mapping, detectors_for
         from sapper.rules.model import Severity
         from sapper.watch import (
             ExecAction,
