@@ -58,7 +58,7 @@ def test_every_runtime_error_rule_is_a_symptom_or_a_sign() -> None:
         ("postln.jsonl", "post-ln-warmup", "normalization"),
         ("accum.jsonl", "accumulation", "accumulation"),
         ("cycle.jsonl", "data-repeat", "data"),
-        ("unscale.jsonl", "scaler-misuse", "scaler"),
+        ("unscale.jsonl", "clip-before-unscale", "scaler"),
         ("overflow.jsonl", "fp16-overflow", "precision"),
         ("schedule.jsonl", "lr-schedule", "lr"),
         ("leak.jsonl", "memory", "memory"),

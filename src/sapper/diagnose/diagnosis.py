@@ -20,6 +20,8 @@ from sapper.diagnose.evidence import (
 from sapper.diagnose.onset import series
 from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
 from sapper.diagnose.restarts import restart_verdicts
+from sapper.diagnose.slow import Bottleneck, slow_verdicts
+from sapper.rules.causes import question_of
 
 if TYPE_CHECKING:
     from sapper.checkpoint.inspect import InspectResult
@@ -43,6 +45,8 @@ class Diagnosis:
     other: list[Evidence] = field(default_factory=list)
     #: The checkpoints ``sapper inspect`` read for evidence.
     checkpoints: list[str] = field(default_factory=list)
+    #: Where a slow run's step time goes, largest share first (empty when not slow).
+    bottlenecks: list[Bottleneck] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -55,6 +59,39 @@ class Diagnosis:
 
     def exit_code(self) -> int:
         return 0 if self.healthy else 1
+
+    @property
+    def question(self) -> str | None:
+        """Which of the three questions the run's problems raise (seed §1): a blow-up,
+        not-learning (a loss that never fell, memorisation), slow, memory; ``None``
+        when nothing is wrong."""
+        codes = {s.code for s in self.reasoning.symptoms}
+        return question_of(codes) if codes else None
+
+    def _named_json(self, r: Reasoning) -> dict[str, Any]:
+        """A named cause with how it was named and what it did not exclude."""
+        assert r.named is not None
+        out = self._cause_json(r.named)
+        out["basis"] = r.basis
+        explained = {s.code for s in r.named.explains}
+        out["unexplained"] = sorted({s.code for s in r.symptoms} - explained
+                                    - {e.code for e in r.named.evidence})
+        if r.rival is not None:
+            out["not_excluded"] = [{
+                "cause": r.rival.cause.id, "title": r.rival.cause.title,
+                "confidence": r.rival.confidence,
+                "explains": sorted({s.code for s in r.rival.explains}),
+                "would_decide": r.rival.cause.next_test,
+            }]
+            out["notes"] = [*out["notes"], (
+                f"most likely {r.named.cause.id}: it explains "
+                f"{', '.join(sorted(explained)) or 'its own signs'}; not excluded: "
+                f"{r.rival.cause.id} (what would decide: {r.rival.cause.next_test})")]
+        elif r.basis == "most likely":
+            out["notes"] = [*out["notes"], (
+                f"most likely {r.named.cause.id}: no other cause explains as much of the "
+                "evidence")]
+        return out
 
     def _cause_json(self, c: Candidate) -> dict[str, Any]:
         onset = min((s.since for s in c.explains if s.since is not None), default=None)
@@ -77,7 +114,7 @@ class Diagnosis:
     def causes_json(self) -> list[dict[str, Any]]:
         r = self.reasoning
         if r.named is not None:
-            return [self._cause_json(r.named)]
+            return [self._named_json(x) for x in (r, *r.more) if x.named is not None]
         if not self._worth_an_answer():
             return []
         tests = [c.cause.next_test for c in r.candidates[:2]] or [
@@ -128,6 +165,8 @@ class Diagnosis:
                 "precision": self.precision,
                 "undecided": self.reasoning.undecided or None,
                 "other_findings": [e.to_json() for e in self.other],
+                "question": self.question,
+                "bottlenecks": [b.to_json() for b in self.bottlenecks],
             },
         }
 
@@ -192,7 +231,9 @@ def diagnose(
     log = log_evidence(analyses)
     precision = run_precision(report.plan if report is not None else None, analyses)
     stored = checkpoint_evidence(inspected) if inspected is not None else []
-    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision, stored)
+    measured, ranked = slow_verdicts(analyses)
+    reasoning = rank_causes(log, config, restart_verdicts(analyses), precision, stored,
+                            measured)
     explained = {e.code for c in reasoning.candidates for e in c.evidence}
     explained |= {s.code for s in reasoning.symptoms}
     # What the logs or the checkpoint show that no cause explains is still listed: a
@@ -205,4 +246,5 @@ def diagnose(
         precision,
         other,
         [c.path for c in inspected.checkpoints] if inspected is not None else [],
+        ranked,
     )

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sapper.diagnose.onset import onset_of
-from sapper.rules.causes import BLOW_UP
+from sapper.rules.causes import MONITOR_OWN
 from sapper.rules.model import Finding, Severity
 
 if TYPE_CHECKING:
@@ -43,6 +43,9 @@ class Evidence:
     #: The step this evidence began, read back from the records (``diagnose.onset``):
     #: a leak began before the step it was sure of. ``step`` when they do not say.
     began: int | None = None
+    #: The largest value over threshold among the rule's findings (how far past its
+    #: line the signal went), where they carry both; ``None`` otherwise.
+    size: float | None = None
 
     @property
     def since(self) -> int | None:
@@ -50,9 +53,14 @@ class Evidence:
 
     @property
     def is_symptom(self) -> bool:
-        """A sign that the run blew up (not an info, not a pre-flight finding)."""
+        """A problem of the run to explain: a finding of its logs at warning or error (a
+        blow-up, a loss that never fell, memorisation, a slowdown, a leak), not an info,
+        not a pre-flight finding, not the monitor's news about itself."""
         return (
-            self.kind == LOG and self.code in BLOW_UP and self.severity != Severity.INFO
+            self.kind == LOG
+            and self.severity != Severity.INFO
+            and self.code[:1] in ("R", "X")
+            and self.code not in MONITOR_OWN
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -79,14 +87,28 @@ def _first_per_code(
 ) -> list[Evidence]:
     first: dict[str, Finding] = {}
     counts: dict[str, int] = {}
+    sizes: dict[str, float] = {}
     for f in sorted(findings, key=_when):
         counts[f.code] = counts.get(f.code, 0) + 1
         first.setdefault(f.code, f)
+        size = _size(f)
+        if size is not None:
+            sizes[f.code] = max(size, sizes.get(f.code, size))
     return [
         Evidence(code, f.step, f.source or source, f.message, f.severity, kind, counts[code],
-                 began(f) if began is not None else None)
+                 began(f) if began is not None else None, sizes.get(code))
         for code, f in first.items()
     ]
+
+
+def _size(f: Finding) -> float | None:
+    """How far past its line a finding went: value over threshold, both positive."""
+    value, threshold = f.value, f.threshold
+    if not isinstance(value, (int, float)) or not isinstance(threshold, (int, float)):
+        return None
+    if not (value > 0 and threshold > 0) or value != value or value == float("inf"):
+        return None
+    return float(value) / float(threshold)
 
 
 def log_evidence(analyses: list[Analysis]) -> list[Evidence]:

@@ -13,7 +13,9 @@ level:
   the finding;
 - repeated samples (R070, R072): the first step that read a sample read before;
 - the schedule (R041, R043, R101): the run's first step, the schedule is wrong from it;
-- a scheduler stepped per micro-batch (R042): the first step that shows it.
+- a scheduler stepped per micro-batch (R042): the first step that shows it;
+- memorisation (R110): the eval loss's best step, after which it rose; a slowdown or a
+  data wait (R060-R062): the start of its episode, as the finding says.
 
 Any other sign begins where it was found.
 """
@@ -150,6 +152,18 @@ _WALKS: dict[str, Callable[[Analysis, tuple[int, int]], int | None]] = {
 }
 
 
+#: Findings that say themselves where their evidence began: the eval loss's best step
+#: (memorisation starts there), a slowdown's or a data wait's episode start.
+SAID = {"R110": "best_step", "R060": "episode_start", "R061": "episode_start",
+        "R062": "episode_start"}
+
+
+def _said(f: Finding) -> int | None:
+    key = SAID.get(f.code)
+    at = f.data.get(key) if key is not None else None
+    return at if isinstance(at, int) and not isinstance(at, bool) else None
+
+
 def onset_of(analysis: Analysis, f: Finding) -> int | None:
     """The step the evidence of ``f`` began, never after its own step; its step when
     the records do not say."""
@@ -159,6 +173,9 @@ def onset_of(analysis: Analysis, f: Finding) -> int | None:
         start, stop = _attempt_rows(analysis, f)
         first = analysis.log.records[start].step if stop > start else f.step
         return min(first, f.step)
+    said = _said(f)
+    if said is not None:
+        return min(said, f.step)
     walk = _WALKS.get(f.code)
     if walk is None:
         return f.step

@@ -14,22 +14,39 @@ benchmarks/diagnose_accuracy.py) is its *support* times how much of what went wr
   a cause that explains every symptom outranks one that explains a few.
 - confidence = min(support, ``MAX_SUPPORT``) × (``BASE`` + (1 − ``BASE``) × coverage).
 
-The answer names a cause only when its confidence reaches ``CONFIDENT`` and no cause of
-another checklist topic comes within ``MARGIN``; otherwise it is ``unknown``, with the
-candidates, their evidence and the test that would decide. A confident wrong cause costs
-more than an honest unknown.
+The verdict weighs the *margin* between candidates and how much of the evidence each
+explains, not an absolute score alone (:func:`_decide`):
+
+- a cause whose confidence reaches ``CONFIDENT`` with no cause of another checklist
+  topic within ``MARGIN`` is named;
+- otherwise a cause is still named, as the *most likely* one, when its support is more
+  than thin (``SOLID``: a strong sign that came before what it explains, a restart that
+  read the same samples, a config finding the log bears out) and no cause of another
+  topic explains as many of the problems with support within ``MARGIN`` of it; the
+  rival is listed as "not excluded", with the test that would decide;
+- a candidate whose own signs are all symptoms the named cause produces, seen no earlier
+  than its evidence (a memorisation that a short data cycle explains), is its
+  consequence, not its rival;
+- otherwise the answer is ``unknown``: two causes explain the evidence about equally
+  well, or the evidence is thin (weak signs, or one strong sign logged at the same step
+  as the symptom it would explain, where it may be one more symptom). A confident wrong
+  cause costs more than an honest unknown.
+
+Problems the named cause does not explain (a leak beside a memorisation) are reasoned
+over again on their own (``Reasoning.more``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sapper.diagnose.evidence import CHECKPOINT, CONFIG, LOG, ConfigEvidence, Evidence
-from sapper.diagnose.restarts import RestartVerdict
-from sapper.rules.causes import CAUSES, STRONG, Cause
+from sapper.rules.causes import CAUSES, MIN_SIZE, STRONG, Cause
 from sapper.rules.model import Severity
 
-__all__ = ["CONFIDENT", "MARGIN", "Candidate", "Reasoning", "rank_causes"]
+__all__ = ["CONFIDENT", "MARGIN", "SOLID", "Candidate", "Reasoning", "Verdict", "rank_causes"]
 
 #: Weight of one item of evidence, by (where it was found, sign strength, timing).
 SUPPORT: dict[tuple[str, str, str], float] = {
@@ -54,9 +71,26 @@ RESTART_VERIFIED = 0.6
 CLEAN_CONFIG = -0.2
 MAX_SUPPORT = 0.95
 BASE = 0.4
-#: Confidence a cause needs to be named, and its lead over a cause of another topic.
+#: Confidence a cause needs to be named outright, and its lead over a cause of another
+#: topic.
 CONFIDENT = 0.5
 MARGIN = 0.15
+#: Support that is more than thin: a strong sign before what it explains (0.6), a
+#: restart that read the same samples (0.6), a config finding the log bears out
+#: (0.4 + 0.2). One strong sign at the same step as the symptom (0.35), weak signs
+#: (0.2 each, two of them 0.4) or a restart without the samples (0.45) are not.
+SOLID = 0.5
+#: Rounds of reasoning over the problems a named cause leaves unexplained.
+MAX_CAUSES = 3
+
+
+class Verdict(Protocol):
+    """Evidence that names its cause itself: a restart that came back (or did not), a
+    measurement of where a slow step's time goes."""
+
+    cause: str
+    evidence: Evidence
+    verified: bool
 
 
 @dataclass
@@ -82,6 +116,13 @@ class Reasoning:
     named: Candidate | None
     #: Why no cause was named, when one was not (an empty string when one was).
     undecided: str = ""
+    #: How the cause was named: "confident" (its score), "most likely" (by margin and
+    #: coverage), "" when none was.
+    basis: str = ""
+    #: The candidate of another topic the named cause did not exclude (most likely).
+    rival: Candidate | None = None
+    #: The reasoning over the problems the named cause does not explain.
+    more: list[Reasoning] = field(default_factory=list)
 
 
 def _timing(sign: Evidence, explains: list[Evidence]) -> str:
@@ -107,7 +148,7 @@ def _candidate(
     symptoms: list[Evidence],
     log: list[Evidence],
     config: ConfigEvidence | None,
-    restarts: list[RestartVerdict],
+    restarts: Sequence[Verdict],
     checkpoint: list[Evidence],
 ) -> Candidate | None:
     explains = [s for s in symptoms if s.code in cause.symptoms or s.code in cause.signs]
@@ -117,7 +158,7 @@ def _candidate(
     notes: list[str] = []
     for e in log:
         strength = cause.signs.get(e.code)
-        if strength is None or e.severity == Severity.INFO:
+        if strength is None or e.severity == Severity.INFO or not _large_enough(e):
             continue
         support += SUPPORT[(LOG, strength, _timing(e, explains))]
         evidence.append(e)
@@ -153,17 +194,75 @@ def _candidate(
                      evidence, explains, first, notes)
 
 
+def _large_enough(e: Evidence) -> bool:
+    """A sign that counts only when large (``MIN_SIZE``) went far enough past its line."""
+    gate = MIN_SIZE.get(e.code)
+    return gate is None or e.size is None or e.size >= gate
+
+
+def _codes(evidence: list[Evidence]) -> set[str]:
+    return {e.code for e in evidence}
+
+
+def _downstream(top: Candidate, other: Candidate) -> bool:
+    """Whether ``other`` is a consequence of ``top``: every sign of ``other`` is a
+    symptom ``top`` produces, and none of it came before ``top``'s evidence."""
+    signs = {e.code for e in other.evidence if e.kind != CONFIG}
+    if not signs or not signs <= top.cause.symptoms:
+        return False
+    if top.first_step is None or other.first_step is None:
+        return False
+    return other.first_step >= top.first_step
+
+
+def _decide(candidates: list[Candidate]) -> tuple[Candidate | None, str, str, Candidate | None]:
+    """The named candidate (or None), why none was, the basis, and the rival not excluded
+    (the module doc)."""
+    top = candidates[0]
+    rivals = [c for c in candidates[1:]
+              if c.cause.check != top.cause.check and not _downstream(top, c)]
+    rival = rivals[0] if rivals else None
+    if top.confidence >= CONFIDENT and (
+        rival is None or top.confidence - rival.confidence >= MARGIN
+    ):
+        return top, "", "confident", None
+    if top.support < SOLID:
+        return None, (f"the evidence is thin: the best candidate ({top.cause.id}) rests on "
+                      f"support {top.support:.2f}, below {SOLID}"), "", None
+    explained = len(_codes(top.explains))
+    close = [c for c in rivals
+             if len(_codes(c.explains)) >= explained and c.support > top.support - MARGIN]
+    if close:
+        other = close[0]
+        return None, (f"{top.cause.id} (support {top.support:.2f}) and {other.cause.id} "
+                      f"(support {other.support:.2f}) explain the run about equally"), "", None
+    return top, "", "most likely", rival
+
+
 def rank_causes(
     log: list[Evidence],
     config: ConfigEvidence | None,
-    restarts: list[RestartVerdict],
+    restarts: Sequence[Verdict],
     precision: str | None,
     checkpoint: list[Evidence] | None = None,
+    measured: Sequence[Verdict] = (),
 ) -> Reasoning:
-    """Score every cause of the map against the evidence and decide. A run with no
-    blow-up is diagnosed only from what its own logs show (a strong sign such as wrapped
-    position ids): a config finding alone is ``check``'s to report, not a cause of a
-    blow-up that did not happen."""
+    """Score every cause of the map against the evidence and decide (the module doc). A
+    run with no problem in its logs is diagnosed only from what they show (a strong
+    sign such as wrapped position ids): a config finding alone is ``check``'s to report,
+    not a cause of a failure that did not happen. ``measured``: verdicts read from the
+    records themselves (where a slow step's time goes)."""
+    return _rank(log, config, [*restarts, *measured], precision, checkpoint or [], 0)
+
+
+def _rank(
+    log: list[Evidence],
+    config: ConfigEvidence | None,
+    verdicts: list[Verdict],
+    precision: str | None,
+    checkpoint: list[Evidence],
+    depth: int,
+) -> Reasoning:
     symptoms = [e for e in log if e.is_symptom]
     if not symptoms and not any(
         e.severity != Severity.INFO and any(c.signs.get(e.code) == STRONG for c in CAUSES)
@@ -172,21 +271,23 @@ def rank_causes(
         return Reasoning([], [], None)
     candidates = [
         c for cause in CAUSES if _allowed(cause, precision)
-        if (c := _candidate(cause, symptoms, log, config, restarts, checkpoint or []))
-        is not None
+        if (c := _candidate(cause, symptoms, log, config, verdicts, checkpoint)) is not None
     ]
     candidates.sort(key=lambda c: (-c.confidence, -c.coverage, c.cause.id))
     if not candidates:
         return Reasoning([], symptoms, None,
                          "no evidence in the inputs points at any cause")
-    top = candidates[0]
-    if top.confidence < CONFIDENT:
-        return Reasoning(candidates, symptoms, None,
-                         f"the best candidate ({top.cause.id}) reaches confidence "
-                         f"{top.confidence:.2f}, below {CONFIDENT}")
-    rival = next((c for c in candidates[1:] if c.cause.check != top.cause.check), None)
-    if rival is not None and top.confidence - rival.confidence < MARGIN:
-        return Reasoning(candidates, symptoms, None,
-                         f"{top.cause.id} ({top.confidence:.2f}) and {rival.cause.id} "
-                         f"({rival.confidence:.2f}) explain the run about equally")
-    return Reasoning(candidates, symptoms, top)
+    named, undecided, basis, rival = _decide(candidates)
+    out = Reasoning(candidates, symptoms, named, undecided, basis, rival)
+    if named is None or depth + 1 >= MAX_CAUSES:
+        return out
+    used = {(e.code, e.step, e.source) for e in named.evidence + named.explains}
+    rest = [e for e in log if (e.code, e.step, e.source) not in used]
+    if any(e.is_symptom for e in rest):
+        again = _rank(rest, None, [v for v in verdicts if v.cause != named.cause.id],
+                      precision, [e for e in checkpoint
+                                  if (e.code, e.step, e.source) not in used], depth + 1)
+        if again.named is not None:
+            out.more = [again, *again.more]
+            again.more = []
+    return out

@@ -30,12 +30,16 @@ __all__ = [
     "BLOW_UP",
     "CAUSES",
     "CHECKS",
+    "MIN_SIZE",
+    "MONITOR_OWN",
+    "QUESTIONS",
     "STRONG",
     "WEAK",
     "Cause",
     "causal_links",
     "causes_of",
     "produced_by",
+    "question_of",
 ]
 
 STRONG = "strong"
@@ -54,6 +58,37 @@ BLOW_UP: frozenset[str] = frozenset({
     "R001", "R002", "R003", "R010", "R011", "R013", "R020", "R030", "R031", "R060",
     "R061", "X001", "X003", "X005",
 })
+
+
+#: Findings the monitor reports about itself (a part switched off, a log it cannot
+#: write): news about sapper, not about the run.
+MONITOR_OWN: frozenset[str] = frozenset({"R190", "R191", "R192"})
+
+#: The three questions people ask of a run that went wrong (seed §1), by the findings
+#: that raise them: why does the loss not go down (or the model only memorise), why is
+#: it slow, and — everything else at warning or error — why did it blow up.
+QUESTIONS: dict[str, frozenset[str]] = {
+    "not-learning": frozenset({"R003", "R012", "R021", "R110", "R111", "R080", "R081"}),
+    "slow": frozenset({"R060", "R061", "R062", "X002"}),
+    "memory": frozenset({"R050", "R051", "X005"}),
+}
+
+#: Signs that count only when large: the largest value over threshold among the
+#: findings of the code must reach this. An eval loss a few percent above its best
+#: (R110's threshold is 2 %) is evaluation noise as often as memorisation; one rising a
+#: sixth above its best while the training loss falls is not.
+MIN_SIZE: dict[str, float] = {"R110": 1.15}
+
+
+def question_of(codes: set[str] | frozenset[str]) -> str:
+    """Which of the questions a set of problems raises: a blow-up when any is one, else
+    the kind most of them are."""
+    quiet = frozenset().union(*QUESTIONS.values())
+    if codes & (BLOW_UP - quiet):
+        return "blow-up"
+    counts = {q: len(codes & members) for q, members in QUESTIONS.items()}
+    best = max(counts, key=lambda q: counts[q])
+    return best if counts[best] else "blow-up"
 
 
 @dataclass(frozen=True)
@@ -102,10 +137,20 @@ CAUSES: tuple[Cause, ...] = (
     _c("scaler-misuse", "scaler",
        "Gradients are clipped or applied while still multiplied by the loss scale",
        "Call scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer).",
-       strong="R032 R033 N203",
-       symptoms="R002 R003 R011 R013",
+       strong="R032",
+       symptoms="R001 R002 R003 R010 R011 R013",
        next_test="log the gradient norm right before clipping: if it carries the loss "
                  "scale (10^4 and more), unscale_ is missing",
+       needs_precision=("fp16",)),
+    _c("clip-before-unscale", "scaler",
+       "Gradients are clipped before scaler.unscale_: the threshold meets a norm of the "
+       "order of the loss scale, so every update shrinks to threshold / scale",
+       "Call scaler.unscale_(optimizer) right before clip_grad_norm_, then "
+       "scaler.step(optimizer) and scaler.update().",
+       strong="R033 N203",
+       symptoms="R003 R011 R012",
+       next_test="print the norm clip_grad_norm_ returns on one step: of the order of the "
+                 "loss scale (10^3 and more) before unscale_, O(1) after it",
        needs_precision=("fp16",)),
     _c("no-clipping", "clipping",
        "No (or a far too loose) gradient clipping let a surge into the weights",
@@ -206,6 +251,43 @@ CAUSES: tuple[Cause, ...] = (
        strong="X003 X009 X005", weak="X002",
        symptoms="R001 X001 X005",
        next_test="compare parameter checksums across data-parallel ranks"),
+    _c("frozen-layer", "init",
+       "A part of the model stopped learning: no gradient reaches it (detached from the "
+       "graph, frozen by mistake, or dead activations)",
+       "Find where the graph is cut before those parameters (.detach(), torch.no_grad(), "
+       "requires_grad=False, a branch the forward skips) and reconnect it; dead "
+       "activations call for a lower LR or another activation.",
+       strong="R021 K022", weak="K016",
+       symptoms="R003 R012 R021",
+       next_test="list the parameters whose .grad is None or all zeros after one backward, "
+                 "and follow their module's output back through the forward"),
+    _c("overfitting", "data",
+       "The model memorises its training data: the eval loss turned up while the training "
+       "loss kept falling (too many passes over too little data)",
+       "Keep the checkpoint of the best eval step (early stopping); train on more or "
+       "deduplicated data, fewer epochs, or with more regularisation (dropout, weight "
+       "decay).",
+       strong="R110",
+       symptoms="R110 R111",
+       next_test="evaluate the checkpoint of the best eval step and the last on a held-out "
+                 "set, and count the epochs the run made over its data"),
+    _c("data-stall", "data",
+       "The input pipeline cannot keep up: steps wait for the next batch",
+       "Raise DataLoader num_workers, pin memory and prefetch, pre-tokenise the data, "
+       "or read it from faster storage.",
+       strong="R062 D104",
+       symptoms="R060 R061 R062",
+       next_test="time the loader alone (iterate it without the model): if it yields "
+                 "batches slower than the steps consume them, it is the bottleneck"),
+    _c("memory-pressure", "memory",
+       "Memory pressure slows the steps: near the device limit the caching allocator "
+       "frees its cache and retries allocations (fragmentation)",
+       "Lower the micro-batch or recompute activations to leave headroom; set "
+       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.",
+       weak="R050 M003",
+       symptoms="R050 R060 R061",
+       next_test="log torch.cuda.memory_stats()['num_alloc_retries'] per step: retries "
+                 "that rise with the step time confirm it"),
     _c("hardware", "hardware",
        "A hardware or transient fault: one slow or failing GPU, a bit flip that did not "
        "come back",
