@@ -15,9 +15,12 @@ reported, so a finding on a log written every 100 steps is read as such.
 from __future__ import annotations
 
 import copy
+import statistics
+import sys
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from sapper.logs.base import Attempt, LogData
@@ -43,6 +46,14 @@ WARM_RECORDS = 2000
 #: rollbacks but interleaved runs (or a damaged file), and each attempt costs a fresh set
 #: of detectors warmed on ``WARM_RECORDS`` records.
 MAX_ATTEMPTS = 100
+#: An attempt shorter than this, in a log read as records, runs record by record
+#: without asking the columnar engine (no larger than its ``MIN_RECORDS``, below which
+#: it streams too): a small log is analyzed without importing numpy and the twins.
+STREAMING_RECORDS = 20_000
+#: Step intervals measured in Python below this many steps, with numpy above.
+PLAIN_INTERVAL_STEPS = 20_000
+#: The columnar engine's module: consulted once loaded, its ``MIN_RECORDS`` may be set.
+_ENGINE = "sapper.logs.columnar.twins.engine"
 #: Findings that make a run roll back: what a restart right after them answers.
 TROUBLE: dict[str, str] = {
     "R001": "a non-finite loss",
@@ -160,6 +171,9 @@ def attempts_interval(
 ) -> tuple[int | None, list[tuple[int, int]]]:
     """The median step difference within each attempt and the gaps far longer than it:
     the step going back between two attempts is neither an interval nor a gap."""
+    runs = [steps for steps in runs if len(steps) > 1]
+    if sum(len(steps) for steps in runs) < PLAIN_INTERVAL_STEPS:
+        return _plain_interval(runs)
     import numpy as np
 
     diffs = [np.diff(np.asarray(steps, dtype=np.int64)) for steps in runs if len(steps) > 1]
@@ -171,6 +185,37 @@ def attempts_interval(
     for steps, d in zip((s for s in runs if len(s) > 1), diffs, strict=True):
         gaps.extend((int(steps[i]), int(steps[i + 1])) for i in np.nonzero(d > limit)[0])
     return interval, gaps
+
+
+def _plain_interval(
+    runs: Sequence[Sequence[int]],
+) -> tuple[int | None, list[tuple[int, int]]]:
+    """:func:`attempts_interval` of a short log in plain Python (the same numbers)."""
+    diffs = [
+        [int(b) - int(a) for a, b in pairwise(steps)] for steps in runs
+    ]
+    every = [d for run in diffs for d in run]
+    if not every:
+        return None, []
+    interval = max(1, int(statistics.median(every)))
+    limit = max(GAP_FACTOR * interval, interval + 1)
+    gaps = [
+        (int(steps[i]), int(steps[i + 1]))
+        for steps, run in zip(runs, diffs, strict=True)
+        for i, d in enumerate(run)
+        if d > limit
+    ]
+    return interval, gaps
+
+
+def _streams(log: LogData, attempts: Sequence[Attempt]) -> bool:
+    """Whether every attempt of ``log`` runs record by record whatever the columnar
+    engine would say: the log was read as records and each attempt is short."""
+    if getattr(log, "columns", None) is not None:
+        return False
+    engine = sys.modules.get(_ENGINE)
+    floor = min(STREAMING_RECORDS, int(getattr(engine, "MIN_RECORDS", STREAMING_RECORDS)))
+    return all(a.stop - a.start < floor for a in attempts)
 
 
 def _asked(lines: list[str], select: Iterable[str], ignore: Iterable[str]) -> list[str]:
@@ -220,8 +265,6 @@ def analyze_log(
     proven to give the same findings, the other detectors fed only the rows they read);
     ``progress(n)`` is told as detectors finish there.
     """
-    from sapper.logs.columnar.twins.engine import run_attempt
-
     templates = list(detectors)
     attempts = attempts_of(log)
     many = len(attempts) > 1
@@ -239,10 +282,13 @@ def analyze_log(
     missed: dict[str, list[int]] = {}
     lineage: Sequence[StepRecord] = []  # the history the next attempt's checkpoint carries
     history = _Rows(log) if many and getattr(log, "columns", None) is not None else None
+    streams = _streams(log, attempts)
+    if not streams:
+        from sapper.logs.columnar.twins.engine import run_attempt
     for i, attempt in enumerate(attempts):
         dets = copy.deepcopy(templates) if many else templates
         warm = history.last(WARM_RECORDS) if history is not None else lineage[-WARM_RECORDS:]
-        fast = run_attempt(log, attempt, dets, warm, progress=progress)
+        fast = None if streams else run_attempt(log, attempt, dets, warm, progress=progress)
         records: Sequence[StepRecord] | None = None
         if fast is not None:
             got, bad, lines = fast.found, fast.failed, fast.unevaluated

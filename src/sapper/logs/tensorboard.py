@@ -25,7 +25,7 @@ from sapper.logs.fields import FieldMap
 from sapper.logs.formats import LogFormat
 from sapper.runtime.records import StepRecord
 
-__all__ = ["EVENTS_MARK", "FORMAT", "TensorBoardParser", "is_event_file"]
+__all__ = ["EVENTS_MARK", "FORMAT", "TensorBoardParser", "is_event_file", "masked_crc32c"]
 
 
 class TensorBoardParser(LogParser):
@@ -154,13 +154,35 @@ def _scalar(proto: Any) -> float | None:
 EVENTS_MARK = "tfevents"
 
 
+@functools.cache
+def _crc32c_table() -> tuple[int, ...]:
+    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) by byte."""
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return tuple(table)
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``. Computed here, not with tensorboard's
+    helper: every log's format is probed with it, and importing tensorboard for that
+    costs most of a second on a command that reads a JSON or text log."""
+    table = _crc32c_table()
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def is_event_file(head: bytes) -> bool:
     """A TFRecord starts with a little-endian u64 length and its masked CRC32C."""
     if len(head) < 12:
         return False
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-
-    return bool(masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0])
+    return masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
 
 
 def _recognise_bytes(head: bytes, path: Path) -> float:

@@ -43,6 +43,7 @@ import numpy as np
 
 from sapper.errors import InputError
 from sapper.logs.base import DICT_EXTRAS, Attempt
+from sapper.logs.columnar import DEFAULT_MIN_BYTES
 from sapper.logs.columnar.frame import (
     BOOL_FIELDS,
     FLOAT_FIELDS,
@@ -69,7 +70,7 @@ from sapper.logs.source import CHUNK_BYTES
 __all__ = ["COLUMN_EXTRAS", "MIN_BYTES", "read_megatron_columnar"]
 
 #: Below this size the streaming reader is as fast.
-MIN_BYTES = 4 << 20
+MIN_BYTES = DEFAULT_MIN_BYTES
 #: ``extra`` names kept as columns (numbers no detector reads): Megatron's named values,
 #: its two counters, and the losses it prints beside the LM loss (``mtp_1_loss``,
 #: ``load_balancing_loss``) unless their name starts like what a detector reads.

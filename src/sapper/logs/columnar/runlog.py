@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sapper.logs.base import Attempt
+from sapper.logs.columnar import DEFAULT_MIN_BYTES
 from sapper.logs.columnar.frame import (
     BOOL_FIELDS,
     FLOAT_FIELDS,
@@ -37,7 +38,7 @@ from sapper.runtime.records import StepRecord
 __all__ = ["MIN_BYTES", "read_runlog_columnar"]
 
 #: Below this size the streaming reader is as fast and the polars import is not worth it.
-MIN_BYTES = 4 << 20
+MIN_BYTES = DEFAULT_MIN_BYTES
 #: Above this share of lines the streaming parser must read (steps with extras, written
 #: by a live monitor on every step) in the first block, the streaming reader is faster.
 SPECIAL_SHARE = 0.25
