@@ -3,7 +3,10 @@
 Each case runs one ``sapper`` command in a fresh interpreter, as the console script does,
 and lists the heavy packages it imported: listing and explaining rules must not import
 torch, transformers or numpy; checking a model of a family sapper counts itself must
-not import transformers or torch.
+not import transformers or torch; the offline commands run on a real small input of each
+kind (a ``trainer_state.json``, a sapper run log, a CSV, a Megatron-LM text log, plan and
+launch configs) import neither torch, transformers, tensorboard nor the cross-rank pass,
+and analyzing or watching one small log does not import numpy.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "numpy", "tensorboard")
+#: The cross-rank pass and the monitor's distributed side: only ranked logs need them.
+CROSS_RANK = ("sapper.distributed.offline", "sapper.distributed.detectors",
+              "sapper.distributed.context")
 
 _PROBE = """
 import json, sys
@@ -35,10 +41,11 @@ sys.__stdout__.write("\\n" + json.dumps({"code": code, "heavy": heavy}) + "\\n")
 """
 
 
-def _imports(*args: str) -> tuple[int, list[str]]:
-    """(exit code, heavy packages imported) of ``sapper ARGS`` in a fresh interpreter."""
+def _imports(*args: str, watched: tuple[str, ...] = HEAVY) -> tuple[int, list[str]]:
+    """(exit code, ``watched`` modules imported) of ``sapper ARGS`` in a fresh
+    interpreter."""
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
+        [sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(watched)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,6 +99,85 @@ def test_a_known_family_is_read_without_transformers(command: str) -> None:
     assert "transformers" not in heavy
     if _installed_rule_modules() == _pyproject_rule_modules():  # stale: X rules load torch
         assert "torch" not in heavy
+
+
+LOGS = ROOT / "examples" / "logs"
+#: One small real log of each kind the offline commands read.
+SMALL_LOGS = {
+    "trainer_state": LOGS / "hf-llama-sft" / "trainer_state.json",
+    "runlog": LOGS / "sapper-gpt2-healthy.jsonl",
+    "csv": LOGS / "wandb-history-lr-stuck.csv",
+    "megatron": LOGS / "megatron-gpt345m-fp16.log",
+}
+#: Never imported by an offline command on one log or a config.
+NEVER = ("torch", "transformers", "tensorboard", *CROSS_RANK)
+
+
+def _offline(*args: str) -> tuple[int, list[str]]:
+    code, loaded = _imports(*args, watched=(*HEAVY, *CROSS_RANK))
+    assert code in (0, 1), (args, code)
+    return code, loaded
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL_LOGS))
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_analyze_of_one_small_log_imports_nothing_heavy(kind: str, fmt: str) -> None:
+    """One log is one rank and a small one is read as records: no torch, tensorboard or
+    cross-rank pass, and not even numpy (the columns are for long logs)."""
+    _, loaded = _offline("analyze", str(SMALL_LOGS[kind]), "--format", fmt)
+    assert loaded == []
+
+
+@pytest.mark.parametrize("kind", ["trainer_state", "runlog"])
+def test_watch_of_one_small_log_imports_nothing_heavy(kind: str) -> None:
+    _, loaded = _offline(
+        "watch", str(SMALL_LOGS[kind]), "--idle-timeout", "0.2", "--poll", "0.05",
+        "--format", "json",
+    )
+    assert loaded == []
+
+
+@pytest.mark.parametrize("kind", ["trainer_state", "runlog", "megatron"])
+def test_diagnose_of_one_small_log_imports_no_torch(kind: str) -> None:
+    _, loaded = _offline("diagnose", str(SMALL_LOGS[kind]))
+    assert not set(loaded) & set(NEVER), loaded
+
+
+def test_report_of_one_small_log_imports_no_torch(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    _, loaded = _offline("report", str(SMALL_LOGS["trainer_state"]), "-o", str(out))
+    assert out.stat().st_size > 0
+    assert not set(loaded) & set(NEVER), loaded
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [
+        ("-c", "examples/plans/healthy-llama-7b.yaml"),
+        ("-c", "examples/torchtitan/llama3_8b.toml"),
+        ("-c", "examples/deepspeed/zero2-bf16.json", "-m", "examples/hf/llama-2-7b.json"),
+    ],
+    ids=["plan", "torchtitan", "deepspeed+hf"],
+)
+def test_check_of_a_config_imports_no_torch(configs: tuple[str, ...]) -> None:
+    if _installed_rule_modules() != _pyproject_rule_modules():
+        pytest.skip("stale installed entry points (see the test above)")
+    _, loaded = _offline("check", *configs)
+    assert not set(loaded) & set(NEVER), loaded
+
+
+def test_event_file_check_agrees_with_tensorboard() -> None:
+    """Every log's format is probed with the TFRecord checksum: sapper's own, so the
+    probe does not import tensorboard, and it must agree with tensorboard's."""
+    import random
+
+    pywrap = pytest.importorskip("tensorboard.compat.tensorflow_stub.pywrap_tensorflow")
+    from sapper.logs.tensorboard import masked_crc32c
+
+    rng = random.Random(0)
+    for n in range(64):
+        data = bytes(rng.randrange(256) for _ in range(n % 24))
+        assert masked_crc32c(data) == pywrap.masked_crc32c(data)
 
 
 def test_log_format_help_lists_the_readers_formats() -> None:

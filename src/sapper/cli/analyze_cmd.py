@@ -204,8 +204,7 @@ def analyze(
             load_logs,
             merge_logs,
         )
-        from sapper.report.analyses import render_analyses
-        from sapper.report.terminal import safe_markup as escape
+        from sapper.report.safe import safe_markup as escape
         from sapper.rules.model import Severity
 
         columns = column_mapping(mapping)
@@ -232,7 +231,9 @@ def analyze(
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if fmt == OutputFormat.json:
             emit_json(analyses_json(analyses, failed))
-        else:
+        else:  # the renderer (and the checklist's it builds on) only for text
+            from sapper.report.analyses import render_analyses
+
             console.print(render_analyses(analyses))
         if failed:
             return 2

@@ -64,7 +64,7 @@ def report(
         from sapper.diagnose.diagnosis import diagnose
         from sapper.pipeline.logs import analyze_logs, column_mapping, load_logs, merge_logs
         from sapper.report.html import build_report_data, write_report
-        from sapper.report.terminal import safe_markup as escape
+        from sapper.report.safe import safe_markup as escape
 
         loaded, failed = load_logs(logs, log_format, column_mapping(mapping))
         if failed:
