@@ -1,0 +1,416 @@
+"""Flight-recorder dumps read back as plain records, one per rank, without running them.
+
+PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``, formerly
+``TORCH_NCCL_TRACE_BUFFER_SIZE``) keeps each rank's recent collectives and writes them on a
+collective timeout (``TORCH_FR_DUMP_TEMP_FILE``/``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank,
+a pickle) or on request (``_dump_fr_trace`` / ``_dump_fr_trace_json``). A dump is a dict:
+``version``, ``pg_config`` (process group name → desc and ranks; empty under gloo),
+``pg_status`` (per local group id: last enqueued/started/completed sequence number) and
+``entries``, each a collective with ``process_group`` (name, desc), ``collective_seq_id``
+(``seq_id`` before torch 2.4's format 2.0), ``profiling_name`` (``"nccl:all_reduce"``),
+sizes, dtypes, ``state`` and the Python ``frames`` that called it.
+
+The pickle goes through sapper's restricted unpickler with an empty vocabulary: the format
+is dicts, lists, tuples, strings and numbers, so a dump naming any global (``os.system``)
+is refused before anything is built. The dump's values are then checked field by field
+and copied into :class:`Entry`; only the last :data:`KEEP_SEQS` collectives of each group
+are kept per rank, so a folder of 16k ranks with full 2000-entry buffers stays small.
+
+The rank is the number that ends the file name (torch writes ``<prefix><rank>``); the dump
+itself does not say it. A text file of ``faulthandler`` stacks whose name ends in the same
+number is the rank's Python stacks (:mod:`sapper.hangs.stacks`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sapper.errors import InputError, quote
+from sapper.hangs.stacks import Frame, Stacks, parse_stacks
+from sapper.unpickle import Vocabulary, restricted_loads
+
+__all__ = [
+    "KEEP_SEQS",
+    "MAX_DUMP_BYTES",
+    "DumpFolder",
+    "Entry",
+    "RankDump",
+    "read_dump",
+    "read_folder",
+]
+
+#: A dump bigger than this is refused: torch's default buffer (2000 entries with their
+#: stacks) writes a few MB; this bounds the memory one hostile file can cost.
+MAX_DUMP_BYTES = 256 << 20
+#: Entries of one dump read at most (torch's buffer is a ring of TORCH_FR_BUFFER_SIZE).
+MAX_ENTRIES = 200_000
+#: The last collectives of each process group kept per rank: the stuck one and the ones
+#: before it that matching looks at for the first disagreement.
+KEEP_SEQS = 16
+#: Frames of a stack kept at most (innermost first).
+MAX_FRAMES = 64
+#: Files looked at in a folder at most, and how deep into sub-folders.
+MAX_FILES = 1 << 20
+MAX_DEPTH = 3
+
+_RANK = re.compile(r"(\d+)$")
+_SUFFIXES = (".pkl", ".pickle", ".json", ".txt", ".log", ".stacks", ".dump")
+_STACK_HEADS = (b"Thread 0x", b"Current thread 0x", b"Stack (most recent call first)",
+                b"Fatal Python error")  # fmt: skip
+_NO_GLOBALS = Vocabulary()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One recorded collective of one rank."""
+
+    pg: str
+    pg_desc: str
+    seq: int
+    op: str
+    in_sizes: tuple[tuple[int, ...], ...]
+    out_sizes: tuple[tuple[int, ...], ...]
+    in_dtypes: tuple[str, ...]
+    out_dtypes: tuple[str, ...]
+    #: ``scheduled``, ``started`` or ``completed`` as the recorder saw it.
+    state: str
+    #: Completed: the state says so, or the recorder retired it (gloo marks completion
+    #: only this way), or the group's status counts it as completed.
+    done: bool
+    p2p: bool
+    frames: tuple[Frame, ...] = ()
+    created_ns: int | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        """What every rank of a group must agree on at one sequence number."""
+        return (self.op, self.in_sizes, self.out_sizes, self.in_dtypes, self.out_dtypes)
+
+    def sizes_text(self) -> str:
+        return ", ".join("x".join(map(str, s)) or "scalar" for s in self.in_sizes) or "-"
+
+
+@dataclass
+class RankDump:
+    """What one rank's dump says, cut to what matching needs."""
+
+    rank: int
+    path: str
+    version: str
+    #: Process group name → its global ranks, from ``pg_config`` (NCCL fills it; gloo not).
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Process group name → its description (``default_pg``, ``undefined``, a user's).
+    descs: dict[str, str] = field(default_factory=dict)
+    #: Process group name → {seq: entry} for its last KEEP_SEQS collectives.
+    collectives: dict[str, dict[int, Entry]] = field(default_factory=dict)
+    #: Process group name → highest sequence number enqueued / completed on this rank.
+    enqueued: dict[str, int] = field(default_factory=dict)
+    completed: dict[str, int] = field(default_factory=dict)
+    #: The last entry recorded, of any group (point-to-point included).
+    last: Entry | None = None
+    stacks: Stacks | None = None
+
+
+@dataclass
+class DumpFolder:
+    """The dumps of one job: the ranks read, the stacks files beside them."""
+
+    folder: str
+    dumps: dict[int, RankDump]
+    #: Rank → the faulthandler stacks found for it (also for ranks without a dump).
+    stacks: dict[int, Stacks]
+
+
+def _rank_of(path: Path) -> int | None:
+    stem = path.name
+    for suffix in _SUFFIXES:
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    m = _RANK.search(stem)
+    return int(m.group(1)) if m and len(m.group(1)) <= 9 else None
+
+
+def _files(folder: Path) -> Iterator[Path]:
+    count = 0
+    for root, dirs, names in os.walk(folder):
+        depth = Path(root).relative_to(folder).parts
+        if len(depth) >= MAX_DEPTH:
+            dirs[:] = []
+        dirs.sort()
+        for name in sorted(names):
+            count += 1
+            if count > MAX_FILES:
+                return
+            yield Path(root) / name
+
+
+def _kind(path: Path) -> str | None:
+    """``pickle``, ``json`` or ``stacks`` from a file's first bytes; None for others."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if head[:1] == b"\x80":
+        return "pickle"
+    text = head.lstrip()
+    if text[:1] == b"{":
+        return "json"
+    if text.startswith(_STACK_HEADS):
+        return "stacks"
+    return None
+
+
+def _looks_like_json_dump(path: Path) -> bool:
+    """A JSON file is a dump when its top level holds the recorder's keys (a run log or
+    config beside the dumps is not)."""
+    with path.open("rb") as f:
+        head = f.read(4096)
+    return b'"entries"' in head or b'"pg_config"' in head or b'"pg_status"' in head
+
+
+def read_folder(target: Path) -> DumpFolder | None:
+    """The dumps in ``target`` (a folder, searched a few levels deep, or one dump file);
+    None when it holds none. Unreadable dumps raise InputError naming the file."""
+    paths = [target] if target.is_file() else list(_files(target))
+    dumps: dict[int, RankDump] = {}
+    stacks: dict[int, Stacks] = {}
+    for path in paths:
+        rank = _rank_of(path)
+        kind = _kind(path)
+        if kind is None or (kind == "json" and not _looks_like_json_dump(path)):
+            continue
+        if kind == "stacks":
+            if rank is not None and rank not in stacks:
+                stacks[rank] = parse_stacks(_read_bytes(path, MAX_DUMP_BYTES), str(path))
+            continue
+        if rank is None:
+            raise InputError(
+                "a flight-recorder dump whose name does not end in its rank",
+                file=str(path), expected="<prefix><rank> as torch names dumps "
+                "(nccl_trace_rank_3, rank_3.json)")  # fmt: skip
+        if rank in dumps:
+            raise InputError(
+                f"two dumps for rank {rank} (the other: {dumps[rank].path})",
+                file=str(path), expected="one dump per rank in the folder")  # fmt: skip
+        dumps[rank] = read_dump(path, rank)
+    if not dumps:
+        return None
+    for rank, st in stacks.items():
+        if rank in dumps:
+            dumps[rank].stacks = st
+    return DumpFolder(str(target), dumps, stacks)
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise InputError("file too large for a flight-recorder dump", file=str(path),
+                             value=size, expected=f"at most {limit} bytes")  # fmt: skip
+        with path.open("rb") as f:
+            return f.read(limit + 1)[:limit]
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror})", file=str(path)) from None
+
+
+def read_dump(path: Path, rank: int) -> RankDump:
+    """One rank's dump (pickle or JSON), checked and cut to what matching needs."""
+    data = _read_bytes(path, MAX_DUMP_BYTES)
+    name = str(path)
+    if data[:1] == b"\x80":
+        raw = restricted_loads(data, _NO_GLOBALS, name)
+    else:
+        try:
+            raw = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"not readable JSON ({str(exc)[:120]})", file=name) from None
+    return _Reader(name, rank).dump(raw)
+
+
+class _Reader:
+    """Field-by-field checks of one dump; every refusal names the file and the field."""
+
+    def __init__(self, file: str, rank: int) -> None:
+        self.file = file
+        self.rank = rank
+
+    def bad(self, fld: str, value: Any, expected: str) -> InputError:
+        return InputError("unexpected value in a flight-recorder dump", file=self.file,
+                          field=fld, value=value, has_value=True, expected=expected)  # fmt: skip
+
+    def dump(self, raw: Any) -> RankDump:
+        if not isinstance(raw, dict):
+            raise self.bad("<top>", raw, "a dict with 'version' and 'entries'")
+        entries = raw.get("entries", [])
+        if not isinstance(entries, list):
+            raise self.bad("entries", entries, "a list of collectives")
+        if len(entries) > MAX_ENTRIES:
+            raise self.bad("entries", entries, f"at most {MAX_ENTRIES} entries")
+        out = RankDump(self.rank, self.file, str(raw.get("version", "")))
+        self._pg_config(raw.get("pg_config"), out)
+        local_ids: dict[str, str] = {}
+        for i, item in enumerate(entries):
+            entry, pg_id = self.entry(item, f"entries[{i}]")
+            if pg_id is not None:
+                local_ids.setdefault(pg_id, entry.pg)
+            out.descs.setdefault(entry.pg, entry.pg_desc)
+            if out.last is None or (entry.created_ns or 0) >= (out.last.created_ns or 0):
+                out.last = entry
+            if entry.p2p:
+                continue
+            kept = out.collectives.setdefault(entry.pg, {})
+            kept[entry.seq] = entry
+            if len(kept) > KEEP_SEQS:
+                del kept[min(kept)]
+            out.enqueued[entry.pg] = max(out.enqueued.get(entry.pg, -1), entry.seq)
+            if entry.done:
+                out.completed[entry.pg] = max(out.completed.get(entry.pg, -1), entry.seq)
+        self._pg_status(raw.get("pg_status"), local_ids, out)
+        return out
+
+    def _pg_config(self, config: Any, out: RankDump) -> None:
+        if config is None:
+            return
+        if not isinstance(config, dict):
+            raise self.bad("pg_config", config, "a dict of process groups")
+        for key, pg in list(config.items())[:MAX_ENTRIES]:
+            if not isinstance(pg, dict):
+                raise self.bad(f"pg_config.{key}", pg, "a dict with name, desc, ranks")
+            ranks = _ranks(pg.get("ranks", "[]"))
+            if ranks is None:
+                raise self.bad(f"pg_config.{key}.ranks", pg.get("ranks"),
+                               "a list of ranks such as '[0, 1, 2]'")  # fmt: skip
+            name = str(pg.get("name", key))
+            if name and ranks:
+                out.groups[name] = ranks
+                out.descs[name] = str(pg.get("desc", ""))
+
+    def _pg_status(self, status: Any, local_ids: dict[str, str], out: RankDump) -> None:
+        """``pg_status`` counts per local group id (the entries' ``pg_id``); it says how
+        far a group got even when its entries have rolled out of the buffer."""
+        if not isinstance(status, dict):
+            return
+        for key, st in list(status.items())[:MAX_ENTRIES]:
+            pg = local_ids.get(str(key))
+            if pg is None or not isinstance(st, dict):
+                continue
+            enq = _int(st.get("last_enqueued_collective"))
+            done = _int(st.get("last_completed_collective"))
+            if enq is not None and enq >= 0:
+                out.enqueued[pg] = max(out.enqueued.get(pg, -1), enq)
+            if done is not None and done >= 0:
+                out.completed[pg] = max(out.completed.get(pg, -1), done)
+        for pg, kept in out.collectives.items():
+            last_done = out.completed.get(pg, -1)
+            for seq, e in kept.items():
+                if not e.done and seq <= last_done:
+                    kept[seq] = _replace_done(e)
+
+    def entry(self, item: Any, where: str) -> tuple[Entry, str | None]:
+        if not isinstance(item, dict):
+            raise self.bad(where, item, "a dict per collective")
+        pg = item.get("process_group", ("", ""))
+        if (not isinstance(pg, (list, tuple)) or len(pg) != 2
+                or not all(isinstance(p, str) for p in pg)):  # fmt: skip
+            raise self.bad(f"{where}.process_group", pg, "[name, desc]")
+        seq = item.get("collective_seq_id", item.get("seq_id"))
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise self.bad(f"{where}.collective_seq_id", seq, "an integer")
+        name = item.get("profiling_name", "")
+        if not isinstance(name, str):
+            raise self.bad(f"{where}.profiling_name", name, "a string such as 'nccl:all_reduce'")
+        state = item.get("state", "")
+        if not isinstance(state, str):
+            raise self.bad(f"{where}.state", state, "scheduled, started or completed")
+        p2p = bool(item.get("is_p2p", False))
+        if p2p:
+            p2p_seq = item.get("p2p_seq_id")
+            seq = p2p_seq if isinstance(p2p_seq, int) and not isinstance(p2p_seq, bool) else seq
+        created = item.get("time_created_ns")
+        pg_id = item.get("pg_id")
+        entry = Entry(
+            pg=pg[0][:200],
+            pg_desc=pg[1][:200],
+            seq=seq,
+            op=name.rpartition(":")[2][:80] or "?",
+            in_sizes=self.sizes(item.get("input_sizes", []), f"{where}.input_sizes"),
+            out_sizes=self.sizes(item.get("output_sizes", []), f"{where}.output_sizes"),
+            in_dtypes=self.dtypes(item.get("input_dtypes", []), f"{where}.input_dtypes"),
+            out_dtypes=self.dtypes(item.get("output_dtypes", []), f"{where}.output_dtypes"),
+            state=state[:40],
+            done=state == "completed" or item.get("retired") is True,
+            p2p=p2p,
+            frames=self.frames(item.get("frames", []), f"{where}.frames"),
+            created_ns=created if isinstance(created, int) else None,
+        )
+        return entry, str(pg_id) if isinstance(pg_id, (int, str)) else None
+
+    def sizes(self, value: Any, where: str) -> tuple[tuple[int, ...], ...]:
+        if not isinstance(value, list) or len(value) > 4096:
+            raise self.bad(where, value, "a list of tensor shapes")
+        out = []
+        for shape in value:
+            if (not isinstance(shape, list) or len(shape) > 64
+                    or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+                raise self.bad(where, shape, "a shape: a list of integers")  # fmt: skip
+            out.append(tuple(shape))
+        return tuple(out)
+
+    def dtypes(self, value: Any, where: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or len(value) > 4096:
+            raise self.bad(where, value, "a list of dtype names")
+        if not all(isinstance(d, str) for d in value):
+            raise self.bad(where, value, "dtype names such as 'Float'")
+        return tuple(d[:40] for d in value)
+
+    def frames(self, value: Any, where: str) -> tuple[Frame, ...]:
+        if not isinstance(value, list):
+            raise self.bad(where, quote(value), "a list of {filename, line, name}")
+        out = []
+        for f in value[:MAX_FRAMES]:
+            if not isinstance(f, dict):
+                raise self.bad(where, f, "a frame: {filename, line, name}")
+            line = f.get("line")
+            number = line if isinstance(line, int) and not isinstance(line, bool) else 0
+            out.append(Frame(str(f.get("filename", "?"))[:500], number,
+                             str(f.get("name", "?"))[:200]))  # fmt: skip
+        return tuple(out)
+
+
+def _replace_done(e: Entry) -> Entry:
+    from dataclasses import replace
+
+    return replace(e, done=True)
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 19:
+        return int(value)
+    return None
+
+
+_RANKS = re.compile(r"\s*\[\s*((?:\d+\s*,\s*)*\d+)?\s*,?\s*\]\s*")
+
+
+def _ranks(value: Any) -> tuple[int, ...] | None:
+    """``pg_config``'s ranks: a list, or the string torch writes (``"[0, 1]"``), read by
+    a pattern (torch's own analyzer ``eval``s it)."""
+    if isinstance(value, list):
+        if all(isinstance(r, int) and not isinstance(r, bool) for r in value):
+            return tuple(value)
+        return None
+    if not isinstance(value, str) or len(value) > 10_000_000:
+        return None
+    m = _RANKS.fullmatch(value)
+    if m is None:
+        return None
+    return tuple(int(r) for r in m.group(1).split(",")) if m.group(1) else ()
