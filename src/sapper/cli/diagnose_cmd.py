@@ -70,6 +70,9 @@ def diagnose(
         from sapper.report.diagnosis import render_diagnosis
         from sapper.report.safe import safe_markup as escape
 
+        hung = _hang_answer(logs, fmt)  # flight-recorder dumps: the hang answer
+        if hung is not None:
+            return hung
         run = read_run(logs, log_format, mapping)
         config = load_from_options(inputs) if has_plan_inputs(inputs) else None
         # --model (the run's config.json) is the model the checkpoint should fit
@@ -84,3 +87,22 @@ def diagnose(
         return 2 if failed else result.exit_code()
 
     run_guarded(body)
+
+
+def _hang_answer(paths: list[Path], fmt: OutputFormat) -> int | None:
+    """When a path holds PyTorch flight-recorder dumps (docs/hangs.md): print what they
+    say and return the exit code (1: a hang); None when none does (the logs' diagnosis;
+    with dumps, the answer is theirs and the logs are not read).
+    """
+    from sapper.hangs import diagnose_hang
+    from sapper.report.hang import render_hang
+
+    verdicts = [v for p in paths if p.exists() and (v := diagnose_hang(p)) is not None]
+    if not verdicts:
+        return None
+    if fmt == OutputFormat.json:
+        emit_json(verdicts[0].to_json() if len(verdicts) == 1 else [v.to_json() for v in verdicts])
+    else:
+        for v in verdicts:
+            console.print(render_hang(v))
+    return max(v.exit_code() for v in verdicts)

@@ -190,16 +190,16 @@ def read_folder(target: Path) -> DumpFolder | None:
             if rank is not None and rank not in stacks:
                 stacks[rank] = parse_stacks(_read_bytes(path, MAX_DUMP_BYTES), str(path))
             continue
-        if rank is None:
-            raise InputError(
-                "a flight-recorder dump whose name does not end in its rank",
-                file=str(path), expected="<prefix><rank> as torch names dumps "
-                "(nccl_trace_rank_3, rank_3.json)")  # fmt: skip
+        if rank is None:  # torch names every dump <prefix><rank>: not one
+            continue
+        dump = read_dump(path, rank)
+        if dump is None:
+            continue
         if rank in dumps:
             raise InputError(
                 f"two dumps for rank {rank} (the other: {dumps[rank].path})",
                 file=str(path), expected="one dump per rank in the folder")  # fmt: skip
-        dumps[rank] = read_dump(path, rank)
+        dumps[rank] = dump
     if not dumps:
         return None
     for rank, st in stacks.items():
@@ -220,8 +220,10 @@ def _read_bytes(path: Path, limit: int) -> bytes:
         raise InputError(f"cannot read ({exc.strerror})", file=str(path)) from None
 
 
-def read_dump(path: Path, rank: int) -> RankDump:
-    """One rank's dump (pickle or JSON), checked and cut to what matching needs."""
+def read_dump(path: Path, rank: int) -> RankDump | None:
+    """One rank's dump (pickle or JSON), checked and cut to what matching needs; None
+    when the file holds something else (a dict without the recorder's keys). A pickle
+    that names any global is refused (InputError) before anything of it is built."""
     data = _read_bytes(path, MAX_DUMP_BYTES)
     name = str(path)
     if data[:1] == b"\x80":
@@ -231,6 +233,8 @@ def read_dump(path: Path, rank: int) -> RankDump:
             raw = json.loads(data)
         except (ValueError, RecursionError) as exc:
             raise InputError(f"not readable JSON ({str(exc)[:120]})", file=name) from None
+    if not isinstance(raw, dict) or not ({"entries", "pg_config", "pg_status"} & raw.keys()):
+        return None
     return _Reader(name, rank).dump(raw)
 
 

@@ -61,6 +61,11 @@ _FIXES = {
     STUCK_INSIDE: "check the transport: NCCL_DEBUG=INFO logs, the NICs and links of the "
     "group's hosts, a device in error",
 }
+#: How sure each kind of answer is: a mismatch is recorded on both sides; a rank behind
+#: is one moment of a job that may still have been moving (a straggler); the undecided
+#: kinds have none.
+_CONFIDENCE = {NOT_ENTERED: 0.8, AHEAD: 0.6, OP_MISMATCH: 0.95, SIZE_MISMATCH: 0.95,
+               DTYPE_MISMATCH: 0.95}  # fmt: skip
 _NEXT = {
     RANK_MISSING: "collect the missing rank's dump or stacks (faulthandler) and run "
     "`sapper diagnose` again",
@@ -224,7 +229,7 @@ class HangVerdict:
                 "cause": "unknown" if self.undecided else f"hang-{g.kind}",
                 "code": None,
                 "title": _TITLES[g.kind],
-                "confidence": None if self.undecided else "high",
+                "confidence": _CONFIDENCE.get(g.kind),
                 "first_step": None,
                 "steps_before_symptom": None,
                 "evidence": self.evidence(g),
