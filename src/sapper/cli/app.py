@@ -23,6 +23,8 @@ from sapper.cli import (
     plan_cmd,
     report_cmd,
     rules_cmd,
+    run_cmd,
+    runs_cmd,
     smoke_cmd,
     watch_cmd,
 )
@@ -59,10 +61,18 @@ def _register_commands() -> None:
         ("report", report_cmd.report),
         ("rules", rules_cmd.rules),
         ("explain", rules_cmd.explain),
+        ("run", run_cmd.run),
+        ("runs", runs_cmd.runs),
         ("smoke", smoke_cmd.smoke),
         ("watch", watch_cmd.watch),
     ):
-        app.command(name)(command)
+        # ``run`` takes a whole command after its own options: the first word that is
+        # not one of them starts it, whatever options the command has.
+        settings = (
+            {"allow_interspersed_args": False, "ignore_unknown_options": True}
+            if name == "run" else None
+        )
+        app.command(name, context_settings=settings)(command)
     _registered = True
 
 

@@ -1,5 +1,8 @@
 """Plan options shared by every command that reads a plan (check, memory, plan ...).
 
+:class:`PlanInputs` and the reading itself live in :mod:`sapper.plan.inputs` (``sapper
+run`` builds its plan there too); they are re-exported here for the commands.
+
 Each option maps to one Plan field, so ``sapper check --model config.json --deepspeed
 ds.json --gpus 64 --gpu A100-80GB --seq-len 4096`` needs no YAML at all.
 """
@@ -8,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sapper.errors import InputError
 from sapper.plan.flags import OPTION_FIELDS
+from sapper.plan.inputs import PlanInputs, load_inputs
 
 if TYPE_CHECKING:
     from sapper.plan.load import LoadedPlan
@@ -32,72 +34,10 @@ __all__ = [
 
 
 
-class PlanInputs:
-    """The parsed plan options of one command invocation."""
-
-    def __init__(
-        self,
-        plan: Path | None,
-        model: Path | None,
-        deepspeed: Path | None,
-        values: dict[str, Any],
-        configs: list[Path] | None = None,
-        config_format: str | None = None,
-        show_plan: bool = False,
-    ) -> None:
-        self.plan, self.model, self.deepspeed, self.values = plan, model, deepspeed, values
-        self.configs = configs or []
-        self.config_format = config_format
-        #: ``--show-plan``: print the plan as read, each value with its origin, first.
-        self.show_plan = show_plan
-        #: The command prints JSON (``--format json``): the plan goes into its document.
-        self.as_json = False
-
-
-def _loss_scaling(text: str) -> dict[str, Any]:
-    """``--loss-scale``: ``dynamic``, ``none``, or a static scale such as ``1024``."""
-    word = text.strip().lower()
-    if word in ("dynamic", "none"):
-        return {"mode": word}
-    try:
-        scale = float(word)
-    except ValueError:
-        scale = math.nan
-    if not math.isfinite(scale) or scale <= 0:
-        raise InputError(
-            "invalid value",
-            file="command line",
-            field="--loss-scale",
-            value=text[:200],
-            expected="dynamic, none, or a positive static scale such as 1024",
-        )
-    return {"mode": "static", "static_scale": scale}
-
-
 def load_from_options(inputs: PlanInputs) -> LoadedPlan:
-    """The Plan the options describe. The loaders (pydantic, YAML) are imported here, not
-    at the top, so every command's ``--help`` and ``sapper rules`` start without them."""
-    from sapper.plan.load import load_plan
-    from sapper.plan.sources import PlanSource
-
-    overrides = PlanSource(name="command line")
-    for key, value in inputs.values.items():
-        if value is None:
-            continue
-        origin = "--" + key.replace("_", "-")
-        if key == "loss_scale":
-            for sub, v in _loss_scaling(value).items():
-                overrides.set(f"{OPTION_FIELDS[key]}.{sub}", v, origin=origin)
-        else:
-            overrides.set(OPTION_FIELDS[key], value, origin=origin)
-    loaded = load_plan(
-        inputs.plan,
-        configs=inputs.configs,
-        hf_config=inputs.model,
-        deepspeed=inputs.deepspeed,
-        overrides=overrides,
-        config_format=inputs.config_format,
-    )
+    """The Plan the options describe (:func:`sapper.plan.inputs.load_inputs`), printed
+    first with its origins under ``--show-plan``."""
+    loaded = load_inputs(inputs)
     if inputs.show_plan:
         show_plan(loaded, inputs.as_json)
     return loaded

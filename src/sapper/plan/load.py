@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -19,6 +19,9 @@ from sapper.errors import InputError
 from sapper.plan.schema import Plan, bounds_text, field_info
 from sapper.plan.sources import PlanSource, leaves
 from sapper.rules.model import Finding
+
+if TYPE_CHECKING:
+    from sapper.plan.readers.base import Sniff
 
 __all__ = ["LoadedPlan", "build_plan", "load_plan"]
 
@@ -236,7 +239,7 @@ _REF_FORMATS = {"hf_config": "hf", "deepspeed": "deepspeed"}
 def load_plan(
     plan_file: str | Path | None = None,
     *,
-    configs: Sequence[str | Path] = (),
+    configs: Sequence[str | Path | Sniff] = (),
     hf_config: str | Path | None = None,
     deepspeed: str | Path | None = None,
     overrides: PlanSource | None = None,
@@ -257,7 +260,7 @@ def load_plan(
     given = {"hf_config": hf_config, "deepspeed": deepspeed}
     read: set[Path] = set()
 
-    def add(path: str | Path, fmt: str | None) -> PlanSource:
+    def add(path: str | Path | Sniff, fmt: str | None) -> PlanSource:
         src = read_config(path, fmt)
         for kind, ref in src.refs.items():
             if given.get(kind) is None and _identity(ref) not in read:

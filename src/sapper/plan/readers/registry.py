@@ -110,12 +110,16 @@ def _foreign_kind(doc: dict[str, object] | None) -> str | None:
     return None
 
 
-def read_config(path: str | Path, fmt: str | None = None) -> PlanSource:
-    """One config file as a Plan source, in the format its content shows (or ``fmt``)."""
-    try:
-        sniff = Sniff.of(path)
-    except InputError as exc:
-        raise (refuse_pickle(path) or exc) from None
+def read_config(path: str | Path | Sniff, fmt: str | None = None) -> PlanSource:
+    """One config file as a Plan source, in the format its content shows (or ``fmt``).
+    A :class:`Sniff` is text already in hand (a launch command line), read the same way."""
+    if isinstance(path, Sniff):
+        sniff = path
+    else:
+        try:
+            sniff = Sniff.of(path)
+        except InputError as exc:
+            raise (refuse_pickle(path) or exc) from None
     reader = find_format(fmt) if fmt else detect_config(sniff)
     src = reader.read(sniff)
     src.format = src.format or reader.name

@@ -1,0 +1,134 @@
+"""The run folder: everything about one run in one place (docs/run.md).
+
+``preflight.txt`` and ``preflight.json`` (the checklist as ``sapper check`` prints it),
+``command.txt``, ``env.json``, ``console.log``, ``logs/rank{R}.jsonl`` (the monitor's run
+log of every rank), ``stacks/`` and ``fr/`` (written when a hang is suspected),
+``report.html`` after a failure, and ``run.json``, the machine-readable summary, strict
+JSON through :func:`sapper.jsontext.dumps`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sapper.jsontext import dumps
+
+if TYPE_CHECKING:
+    from sapper.launch.preflight import Preflight
+
+__all__ = ["is_run_folder", "make", "summary", "write_json", "write_start"]
+
+#: Version of run.json's layout.
+RUN_JSON_VERSION = 1
+
+
+def make(out: Path | None, name: str, cwd: Path) -> Path:
+    """The run folder, created (``runs/<name>-<YYYYmmdd-HHMMSS>`` by default); absolute,
+    since the children resolve it from their own working directories. An existing folder
+    is used as it is: each node of a multi-node job writes its part into the same one."""
+    if out is None:
+        out = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = out if out.is_absolute() else cwd / out
+    path = Path(os.path.abspath(path))
+    for sub in ("", "logs", "stacks", "fr"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder ``sapper run`` wrote (its run.json, or logs/ beside console.log)."""
+    try:
+        return path.is_dir() and (
+            (path / "run.json").is_file()
+            or ((path / "logs").is_dir() and (path / "console.log").is_file())
+        )
+    except OSError:
+        return False
+
+
+def write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight,
+                info: dict[str, Any]) -> None:
+    """What is known before the launch: the command, the environment, the checklist."""
+    from sapper.launch.machine import environment
+
+    (run_dir / "command.txt").write_text(f"cd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n")
+    write_json(run_dir / "env.json", environment(info))
+    write_json(run_dir / "preflight.json", {
+        "checklist": pre.to_json(),
+        "skipped": pre.skipped,
+        "sources": pre.sources,
+    })
+    (run_dir / "preflight.txt").write_text(_preflight_text(pre))
+
+
+def _preflight_text(pre: Preflight) -> str:
+    if pre.report is None:
+        return f"no checklist: {pre.skipped}\n"
+    from io import StringIO
+
+    from rich.console import Console
+
+    from sapper.report.terminal import render_check_report
+
+    buf = StringIO()
+    Console(file=buf, width=110, color_system=None, force_terminal=False).print(
+        render_check_report(pre.report)
+    )
+    return f"pre-flight checklist of {', '.join(pre.sources)}\n\n" + buf.getvalue()
+
+
+def summary(
+    argv: list[str],
+    cwd: Path,
+    exit_code: int,
+    program_exit_code: int | None,
+    outcome: str,
+    started: float,
+    ended: float,
+    pre: Preflight,
+    *,
+    findings: list[dict[str, Any]] | None = None,
+    diagnosis: dict[str, Any] | None = None,
+    hang: dict[str, Any] | None = None,
+    history: list[dict[str, Any]] | None = None,
+    report: Path | None = None,
+    steps: dict[str, int | None] | None = None,
+    tokens: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+    forwarded: list[str] | None = None,
+) -> dict[str, Any]:
+    """run.json."""
+    return {
+        "version": RUN_JSON_VERSION,
+        "command": list(argv),
+        "command_line": shlex.join(argv),
+        "cwd": str(cwd),
+        "exit_code": exit_code,
+        "program_exit_code": program_exit_code,
+        "outcome": outcome,
+        "started": started,
+        "ended": ended,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "ended_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ended)),
+        "preflight": pre.to_json(),
+        "preflight_skipped": pre.skipped,
+        "findings": findings or [],
+        "diagnosis": diagnosis,
+        "hang": hang,
+        "history": history or [],
+        "report": str(report) if report is not None else None,
+        "steps": steps or {},
+        "tokens": tokens or {"measured": None, "predicted": None, "how": None},
+        "signals": forwarded or [],
+        "notes": notes or [],
+    }
