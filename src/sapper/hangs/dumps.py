@@ -55,6 +55,10 @@ MAX_ENTRIES = 200_000
 KEEP_SEQS = 16
 #: Frames of a stack kept at most (innermost first).
 MAX_FRAMES = 64
+#: Values looked at in one dump at most (entries, shape dimensions, frames): a pickle's
+#: shared references can make a small file a huge structure; reading stops here, in a
+#: few seconds. A real 2000-entry dump costs ~100k.
+MAX_WORK = 5_000_000
 #: Files looked at in a folder at most, and how deep into sub-folders.
 MAX_FILES = 1 << 20
 MAX_DEPTH = 3
@@ -244,6 +248,14 @@ class _Reader:
     def __init__(self, file: str, rank: int) -> None:
         self.file = file
         self.rank = rank
+        self.work = 0
+
+    def spend(self, n: int, where: str) -> None:
+        self.work += n
+        if self.work > MAX_WORK:
+            raise InputError("a flight-recorder dump larger than any torch writes",
+                             file=self.file, field=where,
+                             expected=f"at most {MAX_WORK} values (entries, shapes, frames)")
 
     def bad(self, fld: str, value: Any, expected: str) -> InputError:
         return InputError("unexpected value in a flight-recorder dump", file=self.file,
@@ -318,6 +330,7 @@ class _Reader:
                     kept[seq] = _replace_done(e)
 
     def entry(self, item: Any, where: str) -> tuple[Entry, str | None]:
+        self.spend(1, where)
         if not isinstance(item, dict):
             raise self.bad(where, item, "a dict per collective")
         pg = item.get("process_group", ("", ""))
@@ -360,7 +373,9 @@ class _Reader:
         if not isinstance(value, list) or len(value) > 4096:
             raise self.bad(where, value, "a list of tensor shapes")
         out = []
+        self.spend(len(value), where)
         for shape in value:
+            self.spend(len(shape) if isinstance(shape, list) else 1, where)
             if (not isinstance(shape, list) or len(shape) > 64
                     or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
                 raise self.bad(where, shape, "a shape: a list of integers")  # fmt: skip
@@ -370,6 +385,7 @@ class _Reader:
     def dtypes(self, value: Any, where: str) -> tuple[str, ...]:
         if not isinstance(value, list) or len(value) > 4096:
             raise self.bad(where, value, "a list of dtype names")
+        self.spend(len(value), where)
         if not all(isinstance(d, str) for d in value):
             raise self.bad(where, value, "dtype names such as 'Float'")
         return tuple(d[:40] for d in value)
@@ -378,6 +394,7 @@ class _Reader:
         if not isinstance(value, list):
             raise self.bad(where, quote(value), "a list of {filename, line, name}")
         out = []
+        self.spend(min(len(value), MAX_FRAMES), where)
         for f in value[:MAX_FRAMES]:
             if not isinstance(f, dict):
                 raise self.bad(where, f, "a frame: {filename, line, name}")
