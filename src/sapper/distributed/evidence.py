@@ -7,7 +7,7 @@ the exchange, with the other columns):
 
 * ``output_absmax`` / ``output_nonfinite_step`` — the largest ``|output|`` of the model's
   training forwards in the window and the first step it was non-finite (a forward hook:
-  one reduction per forward);
+  one min/max reduction per forward, folded once per window);
 * ``local_grad_norm`` / ``local_grad_nonfinite_step`` — the same for the norm of this
   rank's *local* gradient, per backward, computed in a DDP communication hook on each
   bucket just before it is all-reduced (wrapping DDP's default all-reduce hook: one norm
@@ -48,34 +48,69 @@ class WindowPeak:
     """Device-side fold of one value per event (a forward, a backward): the largest value
     before the first non-finite one, and the index of that first non-finite event (-1:
     none). Values after it are left out: by then the all-reduce has spread it to every
-    rank, and only "who was first" still tells the ranks apart."""
+    rank, and only "who was first" still tells the ranks apart.
+
+    An event only keeps its value (no kernel): the fold runs at :meth:`take`, once per
+    window, over the stacked values, so the per-step host cost is one list append
+    whatever the fold does. At most :attr:`KEEP` values wait; beyond that they are
+    folded into a carried result (a long window under heavy accumulation)."""
+
+    #: Values kept before folding them into the carried result.
+    KEEP = 1024
 
     def __init__(self) -> None:
         self.peak: torch.Tensor | None = None
         self.first_bad: torch.Tensor | None = None
         self.peak_at: torch.Tensor | None = None  # the event of the peak
         self.events = 0
+        self._values: list[Any] = []
+        self._folded = 0  # events already in the carried peak / first_bad / peak_at
 
-    def add(self, v: torch.Tensor) -> None:
-        v = v.detach().float().reshape(())
-        k = float(self.events)  # a scalar argument: no host-to-device copy, no sync
-        bad = ~torch.isfinite(v)
-        if self.peak is None or self.first_bad is None or self.peak_at is None:
-            self.first_bad = torch.where(bad, k, -1.0)
-            self.peak = torch.where(bad, 0.0, v)
-            self.peak_at = torch.zeros_like(self.peak)
-        else:
-            v = v.to(self.peak.device)
-            self.first_bad = torch.where((self.first_bad < 0) & bad, k, self.first_bad)
-            higher = (self.first_bad < 0) & (v > self.peak)
-            self.peak_at = torch.where(higher, k, self.peak_at)
-            self.peak = torch.where(higher, v, self.peak)
+    def add(self, v: Any) -> None:
+        self._values.append(v)
         self.events += 1
+        if len(self._values) >= self.KEEP:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold the kept values into the carried result (device ops, no sync)."""
+        values, self._values = self._values, []
+        if not values:
+            return
+        vals = self._scalars(values)
+        dev = vals.device
+        n = vals.numel()
+        idx = torch.arange(n, device=dev, dtype=torch.float32)
+        bad = ~torch.isfinite(vals)
+        # the first non-finite event of this batch of values (n: none)
+        first = torch.where(bad, idx, float(n)).amin()
+        before = torch.where(idx < first, vals, 0.0)
+        peak = before.amax()
+        peak_at = before.argmax().to(torch.float32) + self._folded
+        first_bad = torch.where(first < n, first + self._folded, -1.0)
+        if self.peak is None or self.first_bad is None or self.peak_at is None:
+            self.peak, self.peak_at, self.first_bad = peak, peak_at, first_bad
+        else:
+            peak, peak_at, first_bad = (t.to(self.peak.device) for t in (peak, peak_at, first_bad))
+            open_ = self.first_bad < 0  # the carried events were all finite
+            higher = open_ & (peak > self.peak)
+            self.peak_at = torch.where(higher, peak_at, self.peak_at)
+            self.peak = torch.where(higher, peak, self.peak)
+            self.first_bad = torch.where(open_, first_bad, self.first_bad)
+        self._folded += n
+
+    def _scalars(self, values: list[Any]) -> torch.Tensor:
+        """The kept values as one float vector on the first value's device."""
+        dev = values[0].device
+        return torch.stack(
+            [(v if v.device == dev else v.to(dev)).float().reshape(()) for v in values]
+        )
 
     def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
         """``{"peak", "peak_step", "nonfinite_step"}`` for the window (device scalars),
         event indices mapped to the window's steps (events per step > 1 under gradient
         accumulation); a new window."""
+        self._fold()
         out: dict[str, torch.Tensor] = {}
         if (
             self.peak is not None
@@ -92,6 +127,7 @@ class WindowPeak:
             }
         self.peak = self.first_bad = self.peak_at = None
         self.events = 0
+        self._folded = 0
         return out
 
 
@@ -108,7 +144,14 @@ class OutputMax(WindowPeak):
         t = first_tensor(out)
         if t is None or not t.is_floating_point() or t.numel() == 0:
             return
-        self.add(t.detach().abs().amax())
+        # one pass, no |output|-sized temporary: max |x| is max(max, -min), taken at the fold
+        self.add(torch.aminmax(t.detach()))  # type: ignore[arg-type]
+
+    def _scalars(self, values: list[Any]) -> torch.Tensor:
+        dev = values[0][0].device
+        lows = torch.stack([lo.to(dev).float().reshape(()) for lo, _ in values])
+        highs = torch.stack([hi.to(dev).float().reshape(()) for _, hi in values])
+        return torch.maximum(highs, lows.neg())
 
     def remove(self) -> None:
         self._handle.remove()
@@ -124,7 +167,7 @@ class LocalGradNorm(WindowPeak):
         super().__init__()
         self._allreduce = allreduce_hook
         self.process_group = getattr(ddp, "process_group", None)
-        self._sq: torch.Tensor | None = None
+        self._buckets: list[torch.Tensor] = []  # this backward's bucket norms so far
         ddp.register_comm_hook(self, LocalGradNorm._hook)
 
     @classmethod
@@ -141,11 +184,16 @@ class LocalGradNorm(WindowPeak):
 
     @staticmethod
     def _hook(state: LocalGradNorm, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        sq = torch.linalg.vector_norm(bucket.buffer().detach(), dtype=torch.float32).square()
-        state._sq = sq if state._sq is None else state._sq + sq.to(state._sq.device)
-        if bucket.is_last():
-            state.add(state._sq.sqrt())
-            state._sq = None
+        norms = state._buckets
+        norms.append(torch.linalg.vector_norm(bucket.buffer().detach(), dtype=torch.float32))
+        if bucket.is_last():  # the norm of the bucket norms: one kernel for all of them
+            dev = norms[0].device
+            state.add(
+                norms[0]
+                if len(norms) == 1
+                else torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+            )
+            state._buckets = []
         return state._allreduce(state.process_group, bucket)
 
 
