@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from sapper.cli.options import PlanInputs, load_from_options, with_plan_options
@@ -15,6 +17,9 @@ from sapper.cli.output import (
     run_guarded,
     split_codes,
 )
+
+if TYPE_CHECKING:
+    from sapper.plan.load import LoadedPlan
 
 
 @with_plan_options
@@ -40,6 +45,18 @@ def check(
             emit_json(report.to_json())
         else:
             console.print(render_check_report(report))
+            _ledger_matches(loaded)
         return report.exit_code(strict)
 
     run_guarded(body)
+
+
+def _ledger_matches(loaded: LoadedPlan) -> None:
+    """Say when this plan repeats one that blew up in a recorded run (``sapper run``'s
+    ledger): same model family and the settings the earlier cause named. Silent when
+    there is no ledger."""
+    from sapper.launch.ledger import fingerprint, matches
+    from sapper.report.safe import safe_markup
+
+    for match in matches(fingerprint(loaded.plan)):
+        console.print(f"[yellow]history:[/] {safe_markup(match.line())}", highlight=False)

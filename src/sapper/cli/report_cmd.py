@@ -62,13 +62,22 @@ def report(
         # Imported here so ``sapper --help`` does not load the report builder.
         from sapper.checks.engine import plan_check_codes, run_checklist
         from sapper.diagnose.diagnosis import diagnose
-        from sapper.pipeline.logs import analyze_logs, column_mapping, load_logs, merge_logs
+        from sapper.pipeline.logs import (
+            analyze_logs,
+            column_mapping,
+            first_rank,
+            load_logs,
+            merge_logs,
+        )
         from sapper.report.html import build_report_data, write_report
         from sapper.report.safe import safe_markup as escape
 
         loaded, failed = load_logs(logs, log_format, column_mapping(mapping))
         if failed:
             raise failed[0]
+        ranked = first_rank(loaded) if len(logs) == 1 else None
+        if ranked is not None:  # a run folder of `sapper run`: its ranks are one run
+            loaded = [ranked]
         if len(logs) == 1 and len(loaded) > 1:
             names = ", ".join(log.path for log in loaded[:6])
             raise InputError(

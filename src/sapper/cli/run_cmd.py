@@ -64,6 +64,8 @@ def run(
             out=out, no_block=no_block, check_only=check_only,
             hang_after=hang_after or None, ledger=not no_ledger,
         )
-        return run_launch(argv, opts, console, err_console)
+        # The program's stdout stays its own (a pipe after `sapper run` sees only it):
+        # sapper speaks on stderr, except for --check-only, whose output is the checklist.
+        return run_launch(argv, opts, console if check_only else err_console, err_console)
 
     run_guarded(body)

@@ -177,7 +177,7 @@ def _count(launch: Launch, value: str | None, what: str, origin: str) -> int | N
 
 # ---- the machine's part -----------------------------------------------------------------
 def _local_gpus(launch: Launch, machine_gpus: int | None, what: str) -> int | None:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = _env("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip():
         n = len([d for d in visible.split(",") if d.strip()])
         launch.origins[what] = "CUDA_VISIBLE_DEVICES"
@@ -524,13 +524,11 @@ def _config_cli(launch: Launch, name: str, args: list[str], cwd: Path) -> None:
 def _local_world(launch: Launch, per_name: str = "NPROC_PER_NODE") -> None:
     """The process counts of a CLI that starts torchrun or accelerate itself: its
     environment (``NPROC_PER_NODE``, ``NNODES``) or the machine's GPUs."""
-    if os.environ.get(per_name):
-        per_node = _count(launch, os.environ.get(per_name), "nproc_per_node", per_name)
+    if _env(per_name):
+        per_node = _count(launch, _env(per_name), "nproc_per_node", per_name)
     else:
         per_node = _local_gpus(launch, _MACHINE_GPUS.get("n"), "nproc_per_node")
-    nodes = None
-    if os.environ.get("NNODES"):
-        nodes = _count(launch, os.environ.get("NNODES"), "nnodes", "NNODES")
+    nodes = _count(launch, _env("NNODES"), "nnodes", "NNODES") if _env("NNODES") else None
     if launch.world_size is None:
         _set_counts(launch, per_node, nodes)
 
@@ -631,6 +629,14 @@ _CLIS = {
 
 #: The machine's GPU count while one command is parsed (for ``--nproc-per-node gpu``).
 _MACHINE_GPUS: dict[str, int | None] = {}
+#: ``env NAME=value`` assignments before the command, while it is parsed.
+_ENV_GIVEN: dict[str, str] = {}
+
+
+def _env(name: str) -> str | None:
+    """A variable as the command will see it: ``env NAME=...`` first, then sapper's own
+    environment (which the command inherits)."""
+    return _ENV_GIVEN.get(name, os.environ.get(name))
 
 
 def parse_command(argv: list[str], cwd: Path | None = None,
@@ -640,17 +646,22 @@ def parse_command(argv: list[str], cwd: Path | None = None,
     the machine."""
     cwd = cwd or Path.cwd()
     tokens = list(argv)
+    given: dict[str, str] = {}
     while tokens and (tokens[0] == "env" or _ENV_ASSIGN.match(tokens[0])):
-        tokens = tokens[1:]  # env FOO=1 ... / FOO=1 ...
+        name, _, value = tokens[0].partition("=")
+        if tokens[0] != "env":
+            given[name] = value
+        tokens = tokens[1:]  # env FOO=1 ...
     launch = Launch(argv=list(argv), launcher=Path(tokens[0]).name if tokens else "")
     _MACHINE_GPUS["n"] = machine_gpus
+    _ENV_GIVEN.update(given)
     try:
         _program(launch, tokens, cwd)
     finally:
         _MACHINE_GPUS.clear()
+        _ENV_GIVEN.clear()
     if launch.launcher in ("python",) or _is_python(launch.launcher):
         launch.launcher = "python"
-    if launch.world_size is None and launch.launcher in ("python",) and launch.trains:
-        launch.world_size, launch.nproc_per_node = 1, 1
-        launch.origins["world_size"] = "one process (no launcher)"
+    # ``python train.py`` alone says nothing of the world size: the program may start
+    # its processes itself (Lightning's ``devices=8``, ``mp.spawn``); its config decides.
     return launch

@@ -40,14 +40,10 @@ def make(out: Path | None, name: str, cwd: Path) -> Path:
 
 
 def is_run_folder(path: Path) -> bool:
-    """A folder ``sapper run`` wrote (its run.json, or logs/ beside console.log)."""
-    try:
-        return path.is_dir() and (
-            (path / "run.json").is_file()
-            or ((path / "logs").is_dir() and (path / "console.log").is_file())
-        )
-    except OSError:
-        return False
+    """A folder ``sapper run`` wrote (the pipeline's test, which reads it as a run)."""
+    from sapper.pipeline.logs import is_run_folder as pipeline_test
+
+    return pipeline_test(path)
 
 
 def write_json(path: Path, doc: Any) -> None:

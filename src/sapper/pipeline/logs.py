@@ -22,10 +22,44 @@ __all__ = [
     "count",
     "cross_rank_analysis",
     "detectors_for",
+    "first_rank",
+    "is_run_folder",
     "load_logs",
     "merge_logs",
+    "run_folder_paths",
     "stored_plan",
 ]
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder ``sapper run`` wrote: its ``run.json``, or ``logs/`` beside
+    ``console.log`` (a run still going, or one whose end was not recorded)."""
+    try:
+        return path.is_dir() and (path / "logs").is_dir() and (
+            (path / "run.json").is_file() or (path / "console.log").is_file()
+        )
+    except OSError:
+        return False
+
+
+def run_folder_paths(paths: list[Path]) -> list[Path]:
+    """``paths`` with each run folder of ``sapper run`` replaced by its ``logs/``: the
+    run logs of every rank are the run; the console, stacks and dumps beside them are
+    read by ``run`` and the hang analysis, not as logs."""
+    return [Path(p) / "logs" if is_run_folder(Path(p)) else p for p in paths]
+
+
+def first_rank(logs: list[LogData]) -> LogData | None:
+    """The lowest rank's log when ``logs`` are the per-rank logs of one run (what a
+    report about the run draws), else None."""
+    if len(logs) < 2:
+        return None
+    from sapper.distributed.offline import ranked_logs
+
+    index = ranked_logs([log.path for log in logs])
+    if index is None:
+        return None
+    return logs[index[min(index)]]
 
 
 def stored_plan(logs: list[LogData]) -> Plan | None:
@@ -142,7 +176,7 @@ def load_logs(
     errors: list[InputError] = []
     skipped: list[str] = []
     try:
-        expanded = expand_paths(list(paths), skipped)
+        expanded = expand_paths(run_folder_paths(list(paths)), skipped)
     except InputError as exc:
         return [], [exc]
     for path, detected in expanded:

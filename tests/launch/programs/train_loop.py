@@ -10,6 +10,7 @@ rank stop before the all-reduce of ``--hang-at`` while the others wait in it.
 import argparse
 import faulthandler
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -35,8 +36,8 @@ if args.gloo:
     dist.init_process_group("gloo")
 # What the bootstrap does in every training process: SIGUSR1 dumps the stacks.
 (run_dir / "stacks").mkdir(parents=True, exist_ok=True)
-stacks = open(run_dir / "stacks" / f"rank{rank}-{os.getpid()}.txt", "w")  # noqa: SIM115
-faulthandler.register(10, file=stacks, all_threads=True)  # SIGUSR1
+stacks = open(run_dir / "stacks" / f"rank{rank}-{os.getpid()}.txt", "w")
+faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1))
