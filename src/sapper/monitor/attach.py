@@ -313,8 +313,9 @@ def _attach_plain(optimizer: Any) -> None:
 
     scaler = _S.scaler() if _S.scaler is not None else None
     _rename_stacks()
+    rank = torch.distributed.get_rank() if _distributed() else None
     with _building():
-        mon = Monitor(model, optimizer, scaler=scaler, run_log=run_log_path())
+        mon = Monitor(model, optimizer, scaler=scaler, run_log=run_log_path(), rank=rank)
     _S.plain, _S.plain_opt = mon, weakref.ref(optimizer)
     _S.auto.add(mon)
     _S.probe = model.register_forward_hook(_probe_model_loss)
@@ -569,6 +570,8 @@ def _programs_monitor(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 # ---- dumps on request -----------------------------------------------------------------
 def _start_dumps(run_dir: Path) -> None:
+    if _launcher():
+        return
     folder = run_dir / "stacks"
     folder.mkdir(parents=True, exist_ok=True)
     rank = _env_rank()
@@ -587,6 +590,24 @@ def _start_dumps(run_dir: Path) -> None:
     ).start()
 
 
+#: The launchers' own processes (``torchrun``, ``python -m torch.distributed.run``,
+#: ``deepspeed``, ``accelerate launch``) import torch but train nothing: no stacks of
+#: theirs to take for a rank's, no SIGUSR1 for them.
+_LAUNCHER_NAMES = frozenset(("torchrun", "deepspeed", "accelerate", "accelerate-launch"))
+_LAUNCHER_FILES = (
+    "torch/distributed/run.py",
+    "torch/distributed/launch.py",
+    "deepspeed/launcher/runner.py",
+    "deepspeed/launcher/launch.py",
+    "accelerate/commands/launch.py",
+)
+
+
+def _launcher() -> bool:
+    argv0 = (sys.argv[0] if sys.argv else "").replace("\\", "/")
+    return os.path.basename(argv0) in _LAUNCHER_NAMES or argv0.endswith(_LAUNCHER_FILES)
+
+
 def _mtime(path: Path) -> int | None:
     try:
         return path.stat().st_mtime_ns
@@ -595,15 +616,33 @@ def _mtime(path: Path) -> int | None:
 
 
 def _watch_trigger(trigger: Path, seen: int | None) -> None:
+    time.sleep(POLL_S)
+    if _launcher():  # ``python -m torch.distributed.run``: argv is known only now
+        _stop_dumps()
+        return
     while True:
-        time.sleep(POLL_S)
         now = _mtime(trigger)
-        if now is None or now == seen:
-            continue
-        seen = now
-        if _answers():
-            with contextlib.suppress(Exception):  # a dump that fails must not end the thread
-                _dump()
+        if now is not None and now != seen:
+            seen = now
+            if _answers():
+                with contextlib.suppress(Exception):  # a failed dump must not end the thread
+                    _dump()
+        time.sleep(POLL_S)
+
+
+def _stop_dumps() -> None:
+    """A launcher's process after all: no stack file, no SIGUSR1 handler of sapper's."""
+    usr1 = getattr(signal, "SIGUSR1", None)
+    with contextlib.suppress(Exception):
+        if usr1 is not None:
+            faulthandler.unregister(usr1)
+    if _S.stacks is not None:
+        with contextlib.suppress(Exception):
+            _S.stacks.close()
+        with contextlib.suppress(OSError):
+            if _S.stacks_path is not None:
+                _S.stacks_path.unlink()
+    _S.stacks = _S.stacks_path = None
 
 
 def _answers() -> bool:
@@ -633,30 +672,39 @@ def _dump() -> None:
     if _S.stacks is not None:
         faulthandler.dump_traceback(file=_S.stacks, all_threads=True)
         _S.stacks.flush()
-    data = _flight_recorder() if _dist_initialized() else None
-    if data is not None and _S.run_dir is not None:
-        folder = _S.run_dir / "fr"
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"rank_{torch.distributed.get_rank()}"
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, final)
+    if _S.run_dir is None or not _dist_initialized() or not _recorder_on():
+        return
+    final = _S.run_dir / "fr" / f"rank_{torch.distributed.get_rank()}"
+    # First without the collectives' Python stacks (a fraction of a millisecond), then
+    # with them: torch symbolises them through torch._dynamo, seconds to import in a
+    # process that has not, and a supervisor ending a hung job may not wait that long.
+    _write_recorder(final, stacks=False)
+    _write_recorder(final, stacks=True)
+
+
+def _recorder_on() -> bool:
+    """The flight recorder keeps entries (its buffer size is set, > 0)."""
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = (os.environ.get(key) or "").strip()
+        if value.isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def _write_recorder(final: Path, *, stacks: bool) -> None:
+    """torch's flight-recorder dump (the pickle its own timeout dump writes) to
+    ``final``, atomically; the call's name changed in torch 2.7."""
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return
+    data = bytes(dump(includeStackTraces=stacks))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, final)
 
 
 def _dist_initialized() -> bool:
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized())
-
-
-def _flight_recorder() -> bytes | None:
-    """torch's flight-recorder dump (the pickle its own timeout dump writes), when the
-    recorder is on; the call's name changed in torch 2.7."""
-    on = any(
-        (os.environ.get(k) or "0").strip().isdigit() and int(os.environ[k]) > 0
-        for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-    )
-    if not on:
-        return None
-    c10d = getattr(torch._C, "_distributed_c10d", None)
-    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
-    return bytes(dump()) if dump is not None else None
