@@ -133,9 +133,12 @@ class CheckReport:
         return sum(f.severity == Severity.WARNING for f in self.findings)
 
     def items(self) -> list[ItemStatus]:
-        """The seven checklist items in order, then any other topic that has findings."""
+        """The seven checklist items in order, then any other topic that has findings or
+        checks that ran or could not (the optimizer's learning-rate check: a clean or
+        unverified item is shown, never left out)."""
+        extra = {f.check for f in self.findings} | {u.item for u in self.unverified}
         topics = list(CHECKLIST_ITEMS) + sorted(
-            {f.check for f in self.findings} - set(CHECKLIST_ITEMS)
+            (extra | set(self.evaluated)) - set(CHECKLIST_ITEMS)
         )
         out = []
         for topic in topics:

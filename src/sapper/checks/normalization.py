@@ -12,11 +12,13 @@ Training Transformers") show the instability grows with depth.
 
 from __future__ import annotations
 
-from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
+from sapper.checks.engine import CheckOutput, NotEvaluated, not_evaluated, plan_check
+from sapper.checks.hyperparams import lr_reference
 from sapper.plan.schema import NormPlacement, Plan
 from sapper.rules.model import Rule, Severity
 
 __all__ = [
+    "NO_WARMUP_DEEP_STACK",
     "POST_LN_NO_WARMUP",
     "POST_LN_PREFER_PRE_LN",
     "POST_LN_SHORT_WARMUP",
@@ -31,6 +33,9 @@ SHALLOW_LAYERS = 6
 POST_LN_WARMUP_STEPS = 4000
 #: BERT's fine-tuning warmup proportion: the floor used when the run is shorter.
 WARMUP_FRACTION = 0.1
+#: A Pre-LN stack started at this share of the published peak LR for its size (or more)
+#: with no warmup is reported: every published run reached such an LR only after one.
+HIGH_LR_SHARE = 1 / 3
 
 POST_LN_NO_WARMUP = Rule(
     code="N401",
@@ -93,6 +98,37 @@ Late-run instability at learning rates a Pre-LN model of the same size trains at
 Prefer Pre-LN (or a variant such as sandwich-LN or DeepNorm) for new pre-training runs;
 keep Post-LN only to match a pretrained checkpoint.""",
     seed="§2.4",
+)
+
+
+NO_WARMUP_DEEP_STACK = Rule(
+    code="N404",
+    name="deep-stack-without-warmup",
+    check="normalization",
+    severity=Severity.WARNING,
+    title="Deep stack trained from scratch without warmup (placement unknown, or Pre-LN at "
+    "a high LR)",
+    why="""\
+Two cases the Post-LN rules (N401/N402) cannot see. When the plan does not say where the
+norms sit, a deep stack started at full LR diverges if it is Post-LN (Xiong et al. 2020:
+Post-LN fails without warmup from 6 layers), and nothing in the plan rules that out.
+When it is Pre-LN, the norms keep an identity path and Pre-LN can train without warmup at
+moderate LRs (Xiong et al. 2020), but Adam's second-moment estimate rests on a handful of
+gradients in the first steps, so its early steps are erratic and large (Liu et al. 2020,
+"On the Variance of the Adaptive Learning Rate and Beyond"); at a pre-training peak LR
+they hit a freshly initialised deep stack at once. Every published pre-training run of
+a deep Pre-LN stack warms up (GPT-3 over 375M tokens, LLaMA 2000 steps, OLMo 2000-5000
+steps). sapper reports a stack of 12 layers or more trained from scratch with no warmup,
+when its placement is unknown, or when it is Pre-LN at a third or more of the peak LR
+published for its size (N501's reference).""",
+    signs="""\
+A loss spike or NaN within the first hundred steps; gradient norms far above the
+clipping threshold on the first steps, then a loss that plateaus higher than a warmed-up
+run's.""",
+    fix="""\
+Warm the LR up linearly over the first 1-5% of steps (a few hundred to a few thousand),
+and state the norm placement (model.norm_placement) so sapper can check it.""",
+    seed="§2.4, §5.2",
 )
 
 
@@ -197,4 +233,56 @@ def post_ln_prefer_pre_ln(plan: Plan) -> CheckOutput:
         return  # N401/N402 already say it, louder
     yield POST_LN_PREFER_PRE_LN.finding(
         message, source="model.norm_placement", layers=L, warmup_needed=need
+    )
+
+
+def _placement_known(plan: Plan) -> bool:
+    """The plan says where the norms sit (Megatron-LM's GPT blocks are Pre-LN)."""
+    m = plan.model
+    assert m is not None
+    return "norm_placement" in m.model_fields_set or m.implementation == "megatron"
+
+
+@plan_check(NO_WARMUP_DEEP_STACK)
+def deep_stack_no_warmup(plan: Plan) -> CheckOutput:
+    m = plan.model
+    if m is None or m.num_layers < DEEP_LAYERS or plan.init.from_pretrained:
+        return  # no model: N401 says so; a fine-tune starts from trained weights
+    known = _placement_known(plan)
+    if known and m.norm_placement == NormPlacement.POST:
+        return  # N401/N402
+    if not _schedule_known(plan) or plan.schedule.warmup_steps > 0:
+        return
+    L = m.num_layers
+    if not known:
+        yield NO_WARMUP_DEEP_STACK.finding(
+            f"{L} layers trained from scratch with warmup_steps 0 and no norm placement in "
+            "the plan: if the blocks are Post-LN this diverges (N401)",
+            fix="state model.norm_placement, and warm the LR up over the first 1-5% of steps",
+            value=0,
+            source="model.norm_placement",
+            layers=L,
+        )
+        return
+    lr = None if "optimizer.lr" in plan.unresolved else plan.optimizer.lr
+    ref = lr_reference(plan)
+    if lr is None or isinstance(ref, NotEvaluated):
+        yield not_evaluated(
+            f"whether the peak LR of this {L}-layer {m.norm_placement.value}-LN stack, "
+            "started without warmup, is at pre-training level",
+            *(ref.missing if isinstance(ref, NotEvaluated) else ("optimizer.lr",)),
+        )
+        return
+    if lr < ref.lr * HIGH_LR_SHARE:
+        return
+    yield NO_WARMUP_DEEP_STACK.finding(
+        f"{m.norm_placement.value}-LN stack of {L} layers trained from scratch with "
+        f"warmup_steps 0 at peak LR {lr:g} ({lr / ref.lr:.2g}× the published peak {ref.lr:.2g} "
+        f"for its size: {ref.run}): Adam's first steps land on fresh weights at full LR",
+        fix="warm the LR up linearly over the first 1-5% of steps (LLaMA: 2000 steps)",
+        value=lr,
+        threshold=ref.lr * HIGH_LR_SHARE,
+        source="schedule.warmup_steps",
+        layers=L,
+        reference_lr=ref.lr,
     )

@@ -5,10 +5,20 @@ from __future__ import annotations
 import math
 
 from sapper.checks.engine import CheckOutput, not_evaluated, plan_check
+from sapper.model.derived import plan_architecture
+from sapper.model.params import total_params
 from sapper.plan.schema import Plan
 from sapper.rules.model import Rule, Severity
 
 FP16_MAX = 65504.0
+#: fp16's smallest normal number (2^-14): below it a value keeps fewer mantissa bits.
+FP16_MIN_NORMAL = 2.0**-14
+#: fp16's smallest subnormal (2^-24): below half of it a value rounds to zero.
+FP16_MIN_SUBNORMAL = 2.0**-24
+#: Global gradient norms of healthy pre-training (seed §2.3), and of the spikes that
+#: clipping exists for (seed §2.3: "often 5-10" means the LR is too high).
+HEALTHY_NORMS = (0.1, 1.0)
+SPIKE_NORM = 10.0
 
 BF16_UNSUPPORTED = Rule(
     code="N101",
@@ -54,7 +64,10 @@ FP16_STATIC_SCALE = Rule(
 Gradient magnitudes drift during training: large early, small late. A fixed scale that
 fits the start overflows (Inf, skipped or poisoned steps) or, later, no longer lifts small
 gradients above fp16's underflow threshold. A scale ≤ 1 does not scale at all; a huge one
-overflows at once.""",
+overflows at once. The finding shows the arithmetic: a true gradient element above
+65504 / scale overflows, one below 2^-25 / scale rounds to zero, and for a model of N
+parameters the RMS element of a gradient at a healthy global norm (0.1-1) is
+norm / √N, which the scale must lift into fp16's normal range (≥ 2^-14).""",
     signs="""\
 Inf/NaN gradients in the first steps (scale too big), or gradients that drift to zero late
 in training (scale too small).""",
@@ -183,30 +196,74 @@ def fp16_loss_scaling(plan: Plan) -> CheckOutput:
         )
     elif ls.mode == "static":
         scale = ls.static_scale
+        numbers = static_scale_range(plan, scale) if scale is not None and scale > 0 else {}
         if scale is None or scale <= 1:
             yield FP16_STATIC_SCALE.finding(
-                f"static loss scale {scale} ≤ 1 does not scale fp16 gradients at all",
+                f"static loss scale {scale} ≤ 1 does not scale fp16 gradients at all"
+                + (f" ({_range_text(numbers)})" if numbers else ""),
                 severity=Severity.ERROR,
                 value=scale,
                 threshold=1.0,
                 source="precision.loss_scaling.static_scale",
+                **numbers,
             )
         elif scale > 2.0**24:
             yield FP16_STATIC_SCALE.finding(
                 f"static loss scale {scale:g} (2^{_log2(scale)})"
-                " is huge: scaled gradients overflow fp16 (max 65504) from the first steps",
+                " is huge: scaled gradients overflow fp16 (max 65504) from the first steps"
+                f" ({_range_text(numbers)})",
                 severity=Severity.ERROR,
                 value=scale,
                 threshold=2.0**24,
                 source="precision.loss_scaling.static_scale",
+                **numbers,
             )
         else:
             yield FP16_STATIC_SCALE.finding(
-                f"static loss scale {scale:g}: gradient magnitudes drift, a fixed scale either "
-                "overflows early or underflows late",
+                f"static loss scale {scale:g}: {_range_text(numbers)}; gradient magnitudes "
+                "drift, a fixed scale either overflows early or underflows late",
                 value=scale,
                 source="precision.loss_scaling.static_scale",
+                **numbers,
             )
+
+
+def static_scale_range(plan: Plan, scale: float) -> dict[str, float]:
+    """The gradient range a static loss scale leaves fp16, as numbers: the smallest true
+    gradient element that overflows (65504 / scale), the largest that rounds to zero
+    (2^-24 / 2 / scale), and, with the model's size N known, the RMS element of a gradient
+    at the healthy global norms 0.1-1 (norm / √N) and where it lands once scaled."""
+    out: dict[str, float] = {
+        "overflow_above": FP16_MAX / scale,
+        "zero_below": FP16_MIN_SUBNORMAL / 2 / scale,
+    }
+    arch = plan_architecture(plan)
+    if arch is not None:
+        n = total_params(arch)
+        low, high = (norm / math.sqrt(n) for norm in HEALTHY_NORMS)
+        out |= {"parameters": n, "rms_element_low": low, "rms_element_high": high,
+                "scaled_rms_low": low * scale}
+    return out
+
+
+def _range_text(numbers: dict[str, float]) -> str:
+    """The arithmetic of :func:`static_scale_range` in words."""
+    if not numbers:
+        return "no scaling range to compute"
+    over, zero = numbers["overflow_above"], numbers["zero_below"]
+    text = (f"a true gradient element above {over:.2g} overflows fp16 (65504 / scale) and "
+            f"one below {zero:.2g} rounds to 0")
+    if over <= SPIKE_NORM:
+        text += (f"; a gradient spike of global norm {SPIKE_NORM:g} can hold an element that "
+                 "large, and a static scale never backs off")
+    if "parameters" in numbers:
+        low, scaled = numbers["rms_element_low"], numbers["scaled_rms_low"]
+        text += (f"; at global norm {HEALTHY_NORMS[0]:g} over {numbers['parameters']:,.0f} "
+                 f"parameters the RMS element is {low:.2g}, {scaled:.2g} once scaled")
+        if scaled < FP16_MIN_NORMAL:
+            text += (f", below fp16's normal range ({FP16_MIN_NORMAL:.2g}): typical gradients "
+                     "lose precision and the smaller ones vanish")
+    return text
 
 
 def _log2(x: float) -> str:
