@@ -62,29 +62,82 @@ _DTYPES = {
 }
 
 
-def _sample_fields(*groups: Any) -> set[str]:
+def _sample_lines(data: bytes) -> Iterator[bytes]:
+    """Some lines of a block: its first ``_SAMPLE`` and one after each of ``_SAMPLE``
+    evenly spread offsets, cut from the bytes (no line split of the whole block)."""
+    size, start = len(data), 0
+    for _ in range(_SAMPLE):
+        if start >= size:
+            break
+        end = data.find(b"\n", start)
+        end = size if end < 0 else end
+        yield data[start:end]
+        start = end + 1
+    for k in range(1, _SAMPLE):
+        start = data.find(b"\n", k * size // _SAMPLE) + 1
+        if start <= 0:
+            break
+        end = data.find(b"\n", start)
+        yield data[start : end if end >= 0 else size]
+
+
+def _sample_fields(data: bytes) -> set[str]:
     """The StepRecord fields some lines of a block hold (its first and a spread)."""
     names: set[str] = set()
-    for lines in groups:
-        for text in lines.to_list():
-            if not text:
-                continue
-            try:
-                obj = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                names.update(k for k in obj if k in _DTYPES)
+    for text in _sample_lines(data):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            names.update(k for k in obj if k in _DTYPES)
     return names
 
 
-def _decode_file(pl: Any, data: bytes, schema: dict[str, Any], lines: Any) -> Any:
-    """Every line of a block decoded by polars in one pass (the fast way), with the
-    block's line index of each row; ``None`` when a line is not JSON at all (polars
-    stops there) or the rows do not line up with the non-blank lines."""
+def _all_plain(data: bytes, frame: Any) -> bool:
+    """Whether every line of a block (ending with a newline) is a plain step that
+    ``frame``, its rows decoded by polars, holds whole: one row per line, and as many
+    values decoded as the block has colons. Every key is followed by a colon (whatever
+    the spacing) and a value is decoded only for a key, so a line never has fewer
+    colons than values decoded from it: equal totals mean that on every line each
+    key was decoded and no colon lies elsewhere, which the line-by-line key count of
+    the general path then finds too. Counting one byte over the block costs a
+    fraction of splitting it into lines and counting each."""
+    if frame.height != data.count(b"\n"):
+        return False  # a blank line (polars skips it)
+    decoded = sum(frame.height - frame[c].null_count() for c in frame.columns)
+    if decoded != data.count(b":"):
+        return False
+    kind, step = frame["kind"], frame["step"]
+    if kind.null_count() or step.null_count() or not (kind == "step").all():
+        return False
+    if frame.height and step.min() < 0:
+        return False
+    for name in INT_FIELDS:
+        if name in frame.columns:
+            col = frame[name].drop_nulls()
+            if len(col) and (
+                col.min() < 0 or col.max() > MAX_COUNT or not (col == col.floor()).all()
+            ):
+                return False
+    return True
+
+
+def _read_block(pl: Any, data: bytes, schema: dict[str, Any]) -> Any:
+    """Every line of a block decoded by polars in one pass (the fast way); ``None``
+    when a line is not JSON at all (polars stops there)."""
     try:
-        frame = pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
+        return pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
     except Exception:
+        return None
+
+
+def _decode_file(pl: Any, frame: Any, lines: Any) -> Any:
+    """``frame`` (the block as :func:`_read_block` decoded it) with the block's line
+    index of each row; ``None`` when the rows do not line up with the non-blank lines."""
+    if frame is None:
         return None
     if frame.height == len(lines):
         index = np.arange(len(lines))
@@ -158,6 +211,18 @@ class _Reader:
     def block(self, data: bytes, newline_end: bool) -> bool:
         """Read one block; ``False`` when this reader cannot take the log."""
         pl = self.pl
+        sample = _sample_fields(data)
+        schema = {
+            "kind": pl.Utf8,
+            "step": pl.Int64,
+            **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
+        }
+        whole = _read_block(pl, data, schema) if newline_end else None
+        if whole is not None and _all_plain(data, whole):
+            # Every line a plain step (a long run's usual block): its rows as decoded.
+            self._keep(whole.with_columns(pl.Series("i", np.arange(whole.height))))
+            self.line0 += whole.height
+            return True
         try:
             lines = pl.read_csv(
                 io.BytesIO(data),
@@ -170,18 +235,14 @@ class _Reader:
         except Exception:  # a line polars cannot split (a \x1f in it)
             return False
         n_lines = len(lines)
-        # A line is plain when polars decodes a value for every key it has (counted here)
-        # and it is a step with an integer step number: a key outside the schema (extras,
-        # per-group LRs, a stranger's field) or a value of another type ("nan", a string,
-        # a float step) fails the count, and the line goes to the streaming parser.
-        keys = lines.str.count_matches('":', literal=True).fill_null(0).to_numpy()
-        sample = _sample_fields(lines.head(_SAMPLE), lines.gather_every(max(1, n_lines // _SAMPLE)))
-        schema = {
-            "kind": pl.Utf8,
-            "step": pl.Int64,
-            **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
-        }
-        frame = _decode_file(pl, data, schema, lines) if newline_end else None
+        # A line is plain when polars decodes a value for every key it has (its colons,
+        # counted here: one per key, whatever the spacing, and none elsewhere in a plain
+        # line) and it is a step with an integer step number: a key outside the schema
+        # (extras, per-group LRs, a stranger's field) or a value of another type ("nan",
+        # a string, a float step) fails the count, and the line goes to the streaming
+        # parser. :func:`_all_plain` counts the same over a whole block.
+        keys = lines.str.count_matches(":", literal=True).fill_null(0).to_numpy()
+        frame = _decode_file(pl, whole, lines)
         if frame is None:
             frame = _decode_lines(pl, lines, newline_end, schema)
         if frame is None:
@@ -208,18 +269,7 @@ class _Reader:
         plain_idx = frame["i"].to_numpy().astype(np.int64)
         if not self.lines and len(plain_idx) < (1 - SPECIAL_SHARE) * n_lines:
             return False  # mostly lines for the streaming parser: it reads them faster
-        start = sum(len(x) for x in self.lines)
-        self.lines.append(plain_idx + self.line0)
-        self.steps.append(frame["step"].to_numpy().astype(np.int64))
-        for name in fields_:
-            if name in ("kind", "step"):
-                continue
-            col = frame[name]
-            if col.null_count() == len(col):
-                continue
-            self.values.setdefault(name, []).append(
-                (start, col.cast(pl.Float64).to_numpy(), col.is_not_null().to_numpy())
-            )
+        self._keep(frame)
         other = np.ones(n_lines, dtype=bool)
         other[plain_idx] = False
         other_idx = np.flatnonzero(other)
@@ -239,6 +289,27 @@ class _Reader:
                 self.full.append((self.line0 + first + k, rec))
         self.line0 += n_lines
         return True
+
+    def _keep(self, frame: Any) -> None:
+        """The plain rows of a block (``frame``, its column ``i`` their line in the
+        block) as column pieces."""
+        pl = self.pl
+        start = sum(len(x) for x in self.lines)
+        self.lines.append(frame["i"].to_numpy().astype(np.int64) + self.line0)
+        self.steps.append(frame["step"].to_numpy().astype(np.int64))
+        for name in frame.columns:
+            if name in ("kind", "step", "i"):
+                continue
+            col = frame[name]
+            nulls = col.null_count()
+            if nulls == len(col):
+                continue
+            present = (
+                np.ones(len(col), dtype=bool) if nulls == 0 else col.is_not_null().to_numpy()
+            )
+            self.values.setdefault(name, []).append(
+                (start, col.cast(pl.Float64).to_numpy(), present)
+            )
 
     def result(self, path: Path) -> ColumnarLog | None:
         parser = self.parser
