@@ -64,6 +64,7 @@ MAX_FILES = 1 << 20
 MAX_DEPTH = 3
 
 _RANK = re.compile(r"(\d+)$")
+_NAMED_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _SUFFIXES = (".pkl", ".pickle", ".json", ".txt", ".log", ".stacks", ".dump")
 _STACK_HEADS = (b"Thread 0x", b"Current thread 0x", b"Stack (most recent call first)",
                 b"Fatal Python error")  # fmt: skip
@@ -131,13 +132,17 @@ class DumpFolder:
 
 
 def _rank_of(path: Path) -> int | None:
+    """The rank a file's name gives: the number after ``rank`` (``rank_3``,
+    ``rank3-4711.txt``: sapper run's stacks carry the pid after it), else the number that
+    ends the name (torch's ``<prefix><rank>``)."""
     stem = path.name
     for suffix in _SUFFIXES:
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
             break
-    m = _RANK.search(stem)
-    return int(m.group(1)) if m and len(m.group(1)) <= 9 else None
+    named = _NAMED_RANK.findall(stem)
+    digits = named[-1] if named else (m.group(1) if (m := _RANK.search(stem)) else None)
+    return int(digits) if digits is not None and len(digits) <= 9 else None
 
 
 def _files(folder: Path) -> Iterator[Path]:

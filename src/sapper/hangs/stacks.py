@@ -1,15 +1,17 @@
 """A rank's Python stacks from a ``faulthandler`` dump, and the frame that says where it is.
 
-``faulthandler.dump_traceback(all_threads=True)`` (or ``faulthandler.register(SIGUSR1)``,
-``py-spy dump`` in its faulthandler-like form is not read) writes, per thread::
+``faulthandler.dump_traceback(all_threads=True)`` (or ``faulthandler.register(SIGUSR1)``)
+writes, per thread::
 
     Thread 0x00007f... (most recent call first):
       File "/path/train.py", line 83 in step
 
 The thread that wrote the dump is marked ``Current thread``: when a watchdog thread dumps,
 it is not where the rank is, so the main thread (the one whose outermost frame is not a
-``threading`` bootstrap) is preferred. The frame that says where the rank is: the innermost
-one outside torch and the Python runtime, i.e. the user's own code.
+``threading`` bootstrap) is preferred. A file a process appended several dumps to (one per
+SIGUSR1) is read for its last one: a thread seen again starts a new dump. The frame that
+says where the rank is: the innermost one outside torch and the Python runtime, i.e. the
+user's own code.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def parse_stacks(data: bytes, path: str) -> Stacks:
                 ident, current = head.group(2), head.group(1) == "Current thread"
             else:
                 ident, current = "", True
+            if any(t.ident == ident for t in threads):  # a later dump appended: it wins
+                threads = []
             continue
         m = _FRAME.match(line)
         if m is not None and started and len(frames) < MAX_FRAMES:

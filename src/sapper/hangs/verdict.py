@@ -131,8 +131,14 @@ class HangVerdict:
     def hung(self) -> bool:
         return self.stuck is not None
 
+    @property
+    def empty(self) -> bool:
+        """No dump recorded a collective: the recorder was off (buffer 0), or the job
+        hung before its first collective; the dumps cannot tell where it is."""
+        return not self.groups
+
     def exit_code(self) -> int:
-        return 1 if self.hung else 0
+        return 1 if self.hung or self.empty else 0
 
     @property
     def undecided(self) -> bool:
@@ -174,6 +180,9 @@ class HangVerdict:
 
     def headline(self) -> str:
         g = self.stuck
+        if self.empty:
+            return ("the dumps hold no collective: the flight recorder was off "
+                    "(TORCH_FR_BUFFER_SIZE=0) or the job stopped before its first one")
         if g is None:
             return "no hang: every process group's recorded collectives completed on every rank"
         op = g.expected.op if g.expected else "a collective"
@@ -243,6 +252,8 @@ class HangVerdict:
                 "mismatch": g.kind,
                 "missing": g.missing,
             })  # fmt: skip
+        if self.empty:
+            causes.append(self._empty_json())
         return {
             "causes": causes,
             "considered": [],
@@ -259,6 +270,20 @@ class HangVerdict:
                 "groups": [{"process_group": x.pg, "desc": x.desc, "ranks": len(x.ranks),
                             "state": x.kind, "seq": x.seq} for x in self.groups[:64]],
             },
+        }  # fmt: skip
+
+
+    def _empty_json(self) -> dict[str, Any]:
+        test = ("run again with the recorder on (TORCH_FR_BUFFER_SIZE=2000) and "
+                "faulthandler stacks (sapper run writes both)")  # fmt: skip
+        return {
+            "check": "distributed", "cause": "unknown", "code": None,
+            "title": "The flight-recorder dumps hold no collective", "confidence": None,
+            "first_step": None, "steps_before_symptom": None,
+            "evidence": [{"rank": r, "role": "empty", "suspect": False,
+                          "message": "no collective recorded"} for r in self.ranks[:MAX_EVIDENCE]],
+            "explains": [], "fix": test, "next_test": test, "notes": [self.headline()],
+            "collective": None, "suspects": [], "mismatch": None, "missing": self.missing,
         }  # fmt: skip
 
 

@@ -34,6 +34,10 @@ def render_hang(verdict: HangVerdict) -> Group:
         return Group(head, Text.from_markup(f"[bold green]No hang:[/] {line}"))
     c = data["causes"][0]
     col = c["collective"]
+    if col is None:  # nothing recorded: what is missing, and how to get it
+        return Group(head, Text.from_markup(
+            f"[bold yellow]Unknown:[/] {escape(c['notes'][0])}"),
+            Text.from_markup(f"[bold]To decide:[/] {escape(c['next_test'])}"))  # fmt: skip
     conf = f" · confidence {c['confidence']:.2f}" if c["confidence"] is not None else ""
     parts: list[Any] = [head, Text.from_markup(
         f"[bold red]Hang:[/] [bold]{escape(c['title'])}[/]  "
