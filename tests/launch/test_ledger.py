@@ -80,3 +80,18 @@ def test_missing_or_broken_ledger(tmp_path: Path) -> None:
     with pytest.raises(LedgerError):
         add_run(outcome="ok", run_dir="r", command="x", fingerprint={},
                 path=blocked / "runs.sqlite")
+
+
+def test_check_names_the_run_a_plan_repeats(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from sapper.cli.app import _register_commands, app
+
+    monkeypatch.setenv("SAPPER_HOME", str(tmp_path))
+    plan_file = ROOT / "examples/plans/healthy-llama-7b.yaml"
+    fp = fingerprint(load_plan(configs=[plan_file]).plan)
+    add_run(outcome="failed", run_dir="runs/exp41", command="x", fingerprint=fp,
+            cause="lr-too-high", check="lr")
+    _register_commands()
+    out = CliRunner().invoke(app, ["check", str(plan_file)]).output
+    assert "history:" in out and "runs/exp41" in out and "lr-too-high" in out
