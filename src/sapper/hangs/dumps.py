@@ -23,6 +23,7 @@ number is the rank's Python stacks (:mod:`sapper.hangs.stacks`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -277,22 +278,31 @@ class _Reader:
         out = RankDump(self.rank, self.file, str(raw.get("version", "")))
         self._pg_config(raw.get("pg_config"), out)
         local_ids: dict[str, str] = {}
+        # A first pass reads what every entry says about progress (group, number, done);
+        # only the entries kept are then read whole (sizes, dtypes, frames).
+        kept_at: dict[str, dict[int, int]] = {}
+        last: tuple[int, int] | None = None
         for i, item in enumerate(entries):
-            entry, pg_id = self.entry(item, f"entries[{i}]")
+            entry, pg_id = self.entry(item, f"entries[{i}]", whole=False)
             if pg_id is not None:
                 local_ids.setdefault(pg_id, entry.pg)
             out.descs.setdefault(entry.pg, entry.pg_desc)
-            if out.last is None or (entry.created_ns or 0) >= (out.last.created_ns or 0):
-                out.last = entry
+            if last is None or (entry.created_ns or 0) >= last[0]:
+                last = (entry.created_ns or 0, i)
             if entry.p2p:
                 continue
-            kept = out.collectives.setdefault(entry.pg, {})
-            kept[entry.seq] = entry
+            kept = kept_at.setdefault(entry.pg, {})
+            kept[entry.seq] = i
             if len(kept) > KEEP_SEQS:
                 del kept[min(kept)]
             out.enqueued[entry.pg] = max(out.enqueued.get(entry.pg, -1), entry.seq)
             if entry.done:
                 out.completed[entry.pg] = max(out.completed.get(entry.pg, -1), entry.seq)
+        for pg, kept in kept_at.items():
+            out.collectives[pg] = {seq: self.entry(entries[i], f"entries[{i}]")[0]
+                                   for seq, i in kept.items()}  # fmt: skip
+        if last is not None:
+            out.last = self.entry(entries[last[1]], f"entries[{last[1]}]")[0]
         self._pg_status(raw.get("pg_status"), local_ids, out)
         return out
 
@@ -334,7 +344,8 @@ class _Reader:
                 if not e.done and seq <= last_done:
                     kept[seq] = _replace_done(e)
 
-    def entry(self, item: Any, where: str) -> tuple[Entry, str | None]:
+    def entry(self, item: Any, where: str, whole: bool = True) -> tuple[Entry, str | None]:
+        """The entry at ``where``; without its sizes, dtypes and frames unless ``whole``."""
         self.spend(1, where)
         if not isinstance(item, dict):
             raise self.bad(where, item, "a dict per collective")
@@ -362,16 +373,20 @@ class _Reader:
             pg_desc=pg[1][:200],
             seq=seq,
             op=name.rpartition(":")[2][:80] or "?",
-            in_sizes=self.sizes(item.get("input_sizes", []), f"{where}.input_sizes"),
-            out_sizes=self.sizes(item.get("output_sizes", []), f"{where}.output_sizes"),
-            in_dtypes=self.dtypes(item.get("input_dtypes", []), f"{where}.input_dtypes"),
-            out_dtypes=self.dtypes(item.get("output_dtypes", []), f"{where}.output_dtypes"),
+            in_sizes=self.sizes(item.get("input_sizes", []), f"{where}.input_sizes")
+            if whole else (),
+            out_sizes=self.sizes(item.get("output_sizes", []), f"{where}.output_sizes")
+            if whole else (),
+            in_dtypes=self.dtypes(item.get("input_dtypes", []), f"{where}.input_dtypes")
+            if whole else (),
+            out_dtypes=self.dtypes(item.get("output_dtypes", []), f"{where}.output_dtypes")
+            if whole else (),
             state=state[:40],
             done=state == "completed" or item.get("retired") is True,
             p2p=p2p,
-            frames=self.frames(item.get("frames", []), f"{where}.frames"),
+            frames=self.frames(item.get("frames", []), f"{where}.frames") if whole else (),
             created_ns=created if isinstance(created, int) else None,
-        )
+        )  # fmt: skip
         return entry, str(pg_id) if isinstance(pg_id, (int, str)) else None
 
     def sizes(self, value: Any, where: str) -> tuple[tuple[int, ...], ...]:
@@ -436,6 +451,13 @@ def _ranks(value: Any) -> tuple[int, ...] | None:
         return None
     if not isinstance(value, str) or len(value) > 10_000_000:
         return None
+    return _ranks_text(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _ranks_text(value: str) -> tuple[int, ...] | None:
+    """Cached: every rank's dump repeats the same lists (the default group's is the
+    whole world, ~100 kB of text at 16k ranks)."""
     m = _RANKS.fullmatch(value)
     if m is None:
         return None
