@@ -6,6 +6,11 @@ median and the minimum wall time against the target. Listing and explaining rule
 not import torch, and checking a model of a known family must not import transformers,
 so their targets are far below what importing either costs (~1 s and ~3 s).
 
+``analyze``/``diagnose`` of a small log (a 30-record ``trainer_state.json``, a sapper run
+log) must stay under 0.5 s: one log is one rank, so neither torch nor the cross-rank pass
+is imported, and a small log is read as records without numpy. Beside the table, the
+floors the commands stand on: a bare interpreter, and importing the command line.
+
 ``plan`` runs a Llama-3-style 462B model (benchmarks/data/llama-462b-6144.yaml) on 6,144
 GPUs and on 32,768 GPUs: the target is for the whole command, start-up and search.
 
@@ -65,6 +70,11 @@ CASES: tuple[Case, ...] = (
     Case("help", ["--help"], 0.3),
     Case("rules", ["rules"], 0.3),
     Case("explain", ["explain", "N102"], 0.3),
+    Case("analyze-hf", ["analyze", "examples/logs/hf-llama-sft/trainer_state.json"], 0.5),
+    Case("analyze-json", ["analyze", "examples/logs/sapper-gpt2-healthy.jsonl", "--format",
+                          "json"], 0.5),
+    Case("diagnose-hf", ["diagnose", "examples/logs/hf-llama-sft/trainer_state.json"], 0.5),
+    Case("diagnose-jsonl", ["diagnose", "examples/logs/sapper-gpt2-healthy.jsonl"], 0.5),
     Case("check-yaml", ["check", "examples/plans/healthy-llama-7b.yaml"], 1.0),
     Case("check-hf", ["check", *HF_FLAGS], 1.0),
     Case("memory-hf", ["memory", *HF_FLAGS, "--micro-batch", "1"], 1.0),
@@ -78,13 +88,21 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def time_once(args: list[str]) -> tuple[float, float]:
+#: What every command stands on, timed beside the cases: the interpreter alone, and the
+#: command line's own import (typer, rich and the command modules).
+FLOORS: tuple[tuple[str, str], ...] = (
+    ("python", "pass"),
+    ("import cli", "import sapper.cli.app"),
+)
+
+
+def time_once(args: list[str], entry: str = ENTRY) -> tuple[float, float]:
     """Wall and CPU seconds of one fresh ``sapper ARGS`` process. CPU time is shown too
     because it moves less than wall time when other work shares the machine."""
     cpu = _children_cpu_s()
     t = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", ENTRY, *args],
+        [sys.executable, "-c", entry, *args],
         cwd=ROOT,
         env=ENV,
         stdout=subprocess.DEVNULL,
@@ -133,10 +151,22 @@ def main() -> None:
                 "met": med < case.target_s,
             }
         )
+    floors = []
+    for key, code in FLOORS:
+        runs = [time_once([], code) for _ in range(opts.repeats)]
+        floors.append(
+            {
+                "case": key,
+                "command": f"python -c {code!r}",
+                "median_s": round(statistics.median(w for w, _ in runs), 3),
+                "min_s": round(min(w for w, _ in runs), 3),
+                "min_cpu_s": round(min(c for _, c in runs), 3),
+            }
+        )
     if opts.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"cases": rows, "floors": floors}, indent=2))
         return
-    width = max(len(r["case"]) for r in rows)
+    width = max(len(r["case"]) + 2 for r in [*rows, *floors])
     print(f"{'case':<{width}}  median s   min s  min cpu s  target  met")
     for r in rows:
         met = "yes" if r["met"] else "NO"
@@ -144,8 +174,13 @@ def main() -> None:
             f"{r['case']:<{width}}  {r['median_s']:>8.3f}  {r['min_s']:>6.3f}  "
             f"{r['min_cpu_s']:>9.3f}  {r['target_s']:>6.1f}  {met}"
         )
+    for r in floors:
+        print(
+            f"{'(' + r['case'] + ')':<{width}}  {r['median_s']:>8.3f}  {r['min_s']:>6.3f}  "
+            f"{r['min_cpu_s']:>9.3f}  floor"
+        )
     print()
-    for r in rows:
+    for r in [*rows, *floors]:
         print(f"{r['case']:<{width}}  {r['command']}")
 
 
