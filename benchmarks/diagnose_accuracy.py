@@ -1,11 +1,16 @@
 """How often `sapper diagnose` names the right cause, beside the obvious baseline.
 
-The labelled cases are tests/fixtures/diagnose/LABELS.yaml: planted faults in tiny real
+The labelled cases are tests/fixtures/diagnose/LABELS.yaml (planted faults in tiny real
 training runs, public logs whose authors documented the cause, public blow-ups whose
-cause nobody could tell from the logs, and healthy public runs. Each case runs through
-the command line exactly as a user runs it (``diagnose --format json``), and through the
-baseline: "the first error-severity finding of ``analyze``", read as the cause it is a
-strong sign of in the causal map (a symptom such as a NaN names no cause).
+cause nobody could tell from the logs, healthy public runs) and
+benchmarks/data/diagnose/CASES.yaml (more planted faults, one per rule family, each with
+and without the plan that launched it; the three questions of seed §1 — a blow-up, a
+loss that does not go down, a slow run; the same runs as a user's own CSV columns;
+built cases the logs cannot tell apart; healthy runs). Each case runs through the command
+line exactly as a user runs it (``diagnose --format json``), and through the baseline:
+"the first loud finding of ``analyze``" (its first error, else its first warning), read
+as the cause it is a strong sign of in the causal map (a symptom such as a NaN names no
+cause).
 
 Scored per method:
 
@@ -15,11 +20,14 @@ Scored per method:
 - false alarms: healthy runs given any cause (``unknown`` included);
 - confident wrong: a named cause that is not the labelled one (on named and
   cannot-tell cases): the worst answer there is;
-- calibration: the named answers' mean confidence against their accuracy.
+- answered / unknown / no cause: what the named-cause cases got;
+- calibration: the named answers' mean confidence against their accuracy, and per
+  confidence bin how often the named cause is right.
 
     python benchmarks/diagnose_accuracy.py [--json]
 
-Each is reported for the planted faults, the public logs and all cases. Targets
+Each is reported for the planted faults (with and without their plan), the public logs,
+all cases, and per question. Targets
 (tests/diagnose/test_accuracy.py): on every case no false alarm, no confident wrong
 answer, the onset within 5 % of the run's length; top-1 ≥ 90 % on the planted faults,
 whose logs hold the evidence by construction; on the public logs, better than the
@@ -30,6 +38,7 @@ the maintainer blamed on the LR, a 3-line fp16 NaN) are kept in, and scored as m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -42,9 +51,22 @@ from typer.testing import CliRunner
 from sapper.cli.app import _register_commands, app
 from sapper.rules.causes import CAUSES, STRONG
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
 LABELS = FIXTURES / "diagnose" / "LABELS.yaml"
+CASES = ROOT / "benchmarks" / "data" / "diagnose" / "CASES.yaml"
 NAMED_TARGET, ONSET_TARGET = 0.9, 0.05
+#: Confidence bins of the calibration table (lower bounds).
+BINS = (0.0, 0.5, 0.7, 0.9)
+#: The question a labelled cause answers, where a case does not say (seed §1); the rest
+#: are blow-ups.
+QUESTION_OF = {
+    "memory": "memory", "data-stall": "slow", "memory-pressure": "slow",
+    "parallel-layout": "slow", "overfitting": "not-learning", "data-repeat": "not-learning",
+    "optimizer-setup": "not-learning", "frozen-layer": "not-learning",
+    "accumulation": "not-learning", "clip-before-unscale": "not-learning",
+    "lr-schedule": "not-learning", "post-ln-warmup": "not-learning",
+}
 
 
 @dataclass
@@ -58,7 +80,8 @@ class Answer:
 
 @dataclass
 class Case:
-    #: "planted" (a fault run written by make_fault_runs.py) or "public" (a real log).
+    #: "planted" (a fault run written by make_fault_runs.py / make_cases.py) or
+    #: "public" (a real log).
     group: str
     logs: list[str]
     expect: str
@@ -67,6 +90,10 @@ class Case:
     length: int
     sapper: Answer
     baseline: Answer
+    #: Diagnosed with the plan that launched the run.
+    plan: bool = False
+    #: blow-up, not-learning, slow or memory (healthy runs: none).
+    question: str = "none"
 
 
 def _invoke(runner: CliRunner, command: str, paths: list[str], args: list[str]) -> dict:
@@ -92,10 +119,11 @@ for _cause in CAUSES:
 
 
 def _baseline_answer(doc: dict[str, Any]) -> Answer:
-    """The first error-severity finding of analyze, read as the cause it strongly
-    signs (or as no cause when it is a symptom). The baseline has no notion of
-    'cannot tell': whatever it names, it names."""
+    """The first loud finding of analyze (its first error, else its first warning),
+    read as the cause it strongly signs (or as no cause when it is a symptom). The
+    baseline has no notion of 'cannot tell': whatever it names, it names."""
     errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    errors = errors or [f for f in doc["findings"] if f["severity"] == "warning"]
     if not errors:
         return Answer(None, None, None)
     first = min(errors, key=lambda f: (f.get("step") is None, f.get("step") or 0))
@@ -118,19 +146,35 @@ def _length(doc: dict[str, Any]) -> int:
     return 1
 
 
-def run_cases(labels: Path = LABELS) -> list[Case]:
+def _question(item: dict[str, Any]) -> str:
+    if item["expect"] == "healthy":
+        return "none"
+    return str(item.get("question") or QUESTION_OF.get(item["expect"], "blow-up"))
+
+
+def run_cases(labels: Path = LABELS, more: Path | None = CASES) -> list[Case]:
+    """Every labelled case of ``labels`` (paths under tests/fixtures) and ``more``
+    (paths under the repository root, with an optional plan)."""
     _register_commands()
     runner = CliRunner()
     cases = []
-    for item in yaml.safe_load(labels.read_text()):
-        paths = [str(FIXTURES / p) for p in item["logs"]]
-        args = [str(a) for a in item.get("args", [])]
-        diagnosed = _invoke(runner, "diagnose", paths, args)
-        analyzed = _invoke(runner, "analyze", paths, args)
-        group = "planted" if item["logs"][0].startswith("diagnose/") else "public"
-        cases.append(Case(group, item["logs"], item["expect"], item.get("onset"), item["source"],
-                          _length(analyzed), _sapper_answer(diagnosed),
-                          _baseline_answer(analyzed)))
+    sets = [(labels, FIXTURES)] + ([(more, ROOT)] if more is not None else [])
+    for path, base in sets:
+        for item in yaml.safe_load(path.read_text()):
+            paths = [str(base / p) for p in item["logs"]]
+            args = [str(a) for a in item.get("args", [])]
+            if item.get("plan"):
+                args += ["--plan", str(ROOT / item["plan"])]
+            diagnosed = _invoke(runner, "diagnose", paths, args)
+            analyzed = _invoke(runner, "analyze", paths, args)
+            first = item["logs"][0]
+            planted = first.startswith(("diagnose/", "tests/fixtures/diagnose/",
+                                        "benchmarks/data/diagnose/"))
+            cases.append(Case("planted" if planted else "public", item["logs"],
+                              item["expect"], item.get("onset"), item["source"],
+                              _length(analyzed), _sapper_answer(diagnosed),
+                              _baseline_answer(analyzed), bool(item.get("plan")),
+                              _question(item)))
     return cases
 
 
@@ -144,6 +188,10 @@ class Score:
     false_alarms: int
     confident_wrong: int
     confidences: list[tuple[float, bool]]
+    #: Named-cause cases answered with a cause, with ``unknown``, with nothing.
+    answered: int = 0
+    unknown: int = 0
+    silent: int = 0
 
     @property
     def top1_rate(self) -> float:
@@ -171,6 +219,9 @@ def score(cases: list[Case], method: str) -> Score:
             s.confident_wrong += _is_cause(a.cause)
             continue
         s.named += 1
+        s.answered += _is_cause(a.cause)
+        s.unknown += a.cause == "unknown"
+        s.silent += a.cause is None or (a.cause or "").startswith("symptom")
         right = a.cause == c.expect
         s.top1 += right
         if _is_cause(a.cause) and not right:
@@ -188,20 +239,54 @@ def _row(name: str, group: str, s: Score) -> str:
         f"{sum(conf) / len(conf):.2f} / {sum(r for _, r in s.confidences) / len(conf):.2f}"
         if conf else "-"
     )
-    return (f"| {name} | {group} | {s.top1}/{s.named} ({s.top1_rate:.0%}) | {s.worst_onset:.1%} | "
-            f"{s.false_alarms}/{s.healthy} | {s.confident_wrong} | {calib} |")
+    onset = (f"{sum(s.onset_errors) / len(s.onset_errors):.1%} / {s.worst_onset:.1%}"
+             if s.onset_errors else "-")
+    return (f"| {name} | {group} | {s.top1}/{s.named} ({s.top1_rate:.0%}) | "
+            f"{s.answered}/{s.unknown}/{s.silent} | {onset} | "
+            f"{s.false_alarms}/{s.healthy} | {s.confident_wrong} ({s.cannot_tell} cannot-tell) "
+            f"| {calib} |")
+
+
+#: The groups of the summary table: (label, which cases).
+GROUPS = {
+    "planted, log only": lambda c: c.group == "planted" and not c.plan,
+    "planted, with plan": lambda c: c.group == "planted" and c.plan,
+    "public logs": lambda c: c.group == "public",
+    "all": lambda c: True,
+}
+
+
+def calibration(cases: list[Case]) -> list[str]:
+    """Per confidence bin, how many named answers fell in it and how many were right."""
+    pairs = score(cases, "sapper").confidences
+    lines = ["| confidence | named answers | right | accuracy |", "|---|---|---|---|"]
+    edges = [*BINS, 1.01]
+    for lo, hi in itertools.pairwise(edges):
+        inside = [r for p, r in pairs if lo <= p < hi]
+        acc = f"{sum(inside) / len(inside):.0%}" if inside else "-"
+        lines.append(f"| {lo:.1f}–{min(hi, 1.0):.1f} | {len(inside)} | {sum(inside)} | {acc} |")
+    return lines
 
 
 def table(cases: list[Case]) -> str:
     lines = [
-        "| method | cases | top-1 (named causes) | worst onset error | false alarms (healthy) "
-        "| confident wrong | mean confidence / accuracy |",
-        "|---|---|---|---|---|---|---|",
+        "| method | cases | top-1 (named causes) | answered / unknown / none | onset error "
+        "mean / worst | false alarms (healthy) | confident wrong | mean confidence / "
+        "accuracy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for method, name in (("sapper", "sapper diagnose"), ("baseline", "first error of analyze")):
-        for group in ("planted", "public", "all"):
-            chosen = [c for c in cases if group in ("all", c.group)]
-            lines.append(_row(name, group, score(chosen, method)))
+    for method, name in (("sapper", "sapper diagnose"),
+                         ("baseline", "first loud finding of analyze")):
+        for group, keep in GROUPS.items():
+            lines.append(_row(name, group, score([c for c in cases if keep(c)], method)))
+    lines += ["", "| question | cases | diagnose top-1 | baseline top-1 | diagnose "
+              "confident wrong |", "|---|---|---|---|---|"]
+    for q in ("blow-up", "not-learning", "slow", "memory"):
+        chosen = [c for c in cases if c.question == q]
+        ours, base = score(chosen, "sapper"), score(chosen, "baseline")
+        lines.append(f"| {q} | {len(chosen)} | {ours.top1}/{ours.named} | "
+                     f"{base.top1}/{base.named} | {ours.confident_wrong} |")
+    lines += ["", *calibration(cases)]
     lines += [
         "",
         "| case | expected | diagnose | baseline |",
@@ -215,8 +300,8 @@ def table(cases: list[Case]) -> str:
             return f"{a.cause}{conf} @ {a.first_step}"
 
         expected = c.expect + (f" @ {c.onset}" if c.onset is not None else "")
-        lines.append(f"| {Path(c.logs[0]).name} | {expected} | {show(c.sapper)} | "
-                     f"{show(c.baseline)} |")
+        name = Path(c.logs[0]).name + (" + plan" if c.plan else "")
+        lines.append(f"| {name} | {expected} | {show(c.sapper)} | {show(c.baseline)} |")
     return "\n".join(lines)
 
 

@@ -90,7 +90,11 @@ def _first_per_code(
     sizes: dict[str, float] = {}
     for f in sorted(findings, key=_when):
         counts[f.code] = counts.get(f.code, 0) + 1
-        first.setdefault(f.code, f)
+        held = first.setdefault(f.code, f)
+        if held.severity == Severity.INFO and f.severity != Severity.INFO:
+            # an onset told as info, then sustained as a warning: the warning is the
+            # finding (its onset is where its evidence began, ``began``)
+            first[f.code] = f
         size = _size(f)
         if size is not None:
             sizes[f.code] = max(size, sizes.get(f.code, size))

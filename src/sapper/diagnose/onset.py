@@ -14,8 +14,10 @@ level:
 - repeated samples (R070, R072): the first step that read a sample read before;
 - the schedule (R041, R043, R101): the run's first step, the schedule is wrong from it;
 - a scheduler stepped per micro-batch (R042): the first step that shows it;
-- memorisation (R110): the eval loss's best step, after which it rose; a slowdown or a
-  data wait (R060-R062): the start of its episode, as the finding says.
+- memorisation (R110): the eval loss's best step, after which it rose; a slowdown
+  (R060, R061): the start of its episode, as the finding says;
+- a data wait (R062): the first reading of the run of readings above halfway between
+  the wait early in the log and at its end.
 
 Any other sign begins where it was found.
 """
@@ -117,6 +119,34 @@ def _memory_rise(analysis: Analysis, rows: tuple[int, int]) -> int | None:
     return readings[min(began + 1, len(readings) - 1)][0]
 
 
+def _data_rise(analysis: Analysis, rows: tuple[int, int]) -> int | None:
+    """The first reading of the rise in data wait that ends at the finding: the run of
+    readings, walking back from the last, above halfway between the wait of the log's
+    first quarter and its last readings'."""
+    waits = series(analysis.log, "data_time_s", *rows)
+    if len(waits) < 8:
+        return None
+    values = [v for _, v in waits]
+    quarter = max(2, len(values) // 4)
+    early = float(np.median(values[:quarter]))
+    late = float(np.median(values[-quarter:]))
+    if not late > early:
+        return None
+    line = (early + late) / 2
+    i = len(waits) - 1
+    below = 0
+    began = None
+    while i >= 0:
+        if waits[i][1] > line:
+            began, below = waits[i][0], 0
+        else:
+            below += 1
+            if below > FLAT_READINGS:
+                break
+        i -= 1
+    return began
+
+
 def _records(analysis: Analysis, rows: tuple[int, int]) -> Sequence[StepRecord]:
     return analysis.log.records[rows[0] : rows[1]]
 
@@ -149,13 +179,13 @@ _WALKS: dict[str, Callable[[Analysis, tuple[int, int]], int | None]] = {
     "R050": _memory_rise, "R051": _memory_rise,
     "R070": _first_repeat, "R072": _first_repeat,
     "R042": _per_micro,
+    "R062": _data_rise,
 }
 
 
 #: Findings that say themselves where their evidence began: the eval loss's best step
 #: (memorisation starts there), a slowdown's or a data wait's episode start.
-SAID = {"R110": "best_step", "R060": "episode_start", "R061": "episode_start",
-        "R062": "episode_start"}
+SAID = {"R110": "best_step", "R060": "episode_start", "R061": "episode_start"}
 
 
 def _said(f: Finding) -> int | None:

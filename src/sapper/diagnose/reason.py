@@ -9,7 +9,8 @@ benchmarks/diagnose_accuracy.py) is its *support* times how much of what went wr
   (a precursor) than after it (then it may be one more symptom); so does a finding of
   ``sapper inspect`` on a checkpoint, at the step it was saved; a pre-flight finding on
   the config that predicts the cause counts; a restart that came back (or did not) counts.
-  A config whose checks for the cause ran clean lowers it (``CLEAN_CONFIG``).
+  A config whose checks for the cause ran clean lowers it (``CLEAN_CONFIG``, half of it
+  where the run shows a strong sign of the cause).
 - coverage is the share of the blow-up's symptoms (distinct rules) the cause can produce:
   a cause that explains every symptom outranks one that explains a few.
 - confidence = min(support, ``MAX_SUPPORT``) × (``BASE`` + (1 − ``BASE``) × coverage).
@@ -56,6 +57,10 @@ SUPPORT: dict[tuple[str, str, str], float] = {
     (LOG, "weak", "after"): 0.1,
     (CONFIG, STRONG, ""): 0.4,
     (CONFIG, "weak", ""): 0.2,
+    # An error of the pre-flight check (a value orders of magnitude outside what runs of
+    # its kind use) predicts the failure as firmly as a precursor in the log.
+    (CONFIG, STRONG, "error"): 0.6,
+    (CONFIG, "weak", "error"): 0.2,
     # The checkpoint's state is measured, not predicted: weighed as a log finding at
     # the step it was saved (no step known: as if saved after the first symptom).
     (CHECKPOINT, STRONG, "before"): 0.6,
@@ -67,8 +72,12 @@ SUPPORT: dict[tuple[str, str, str], float] = {
 #: log shows the resumed run read the same samples (``RestartVerdict.verified``).
 RESTART_WEIGHT = 0.45
 RESTART_VERIFIED = 0.6
-#: The config's checks for this cause ran and found nothing.
+#: The config's checks for this cause ran and found nothing: evidence against it, half
+#: as strong where the run itself shows a strong sign of it (a check predicts from what
+#: the config states; the log measured what the loop did, which no config states, such
+#: as a loss not divided by the accumulation steps).
 CLEAN_CONFIG = -0.2
+CLEAN_CONFIG_MEASURED = -0.1
 MAX_SUPPORT = 0.95
 BASE = 0.4
 #: Confidence a cause needs to be named outright, and its lead over a cause of another
@@ -166,13 +175,15 @@ def _candidate(
         for e in config.findings:
             strength = cause.signs.get(e.code)
             if strength is not None:
-                support += SUPPORT[(CONFIG, strength, "")]
+                level = "error" if e.severity == Severity.ERROR else ""
+                support += SUPPORT[(CONFIG, strength, level)]
                 evidence.append(e)
         planned = [c for c in cause.signs if c[0] in "NCDMP"]
         ran = [c for c in planned if c in config.evaluated]
         fired = {e.code for e in config.findings}
         if ran and not fired & set(planned):
-            support += CLEAN_CONFIG
+            measured = any(cause.signs.get(e.code) == STRONG for e in evidence)
+            support += CLEAN_CONFIG_MEASURED if measured else CLEAN_CONFIG
             notes.append(f"the config's checks {', '.join(ran)} ran clean")
     for e in checkpoint:
         strength = cause.signs.get(e.code)
@@ -226,6 +237,9 @@ def _decide(candidates: list[Candidate]) -> tuple[Candidate | None, str, str, Ca
         rival is None or top.confidence - rival.confidence >= MARGIN
     ):
         return top, "", "confident", None
+    if not top.explains:
+        return None, (f"the best candidate ({top.cause.id}) explains none of the problems "
+                      "the logs show"), "", None
     if top.support < SOLID:
         return None, (f"the evidence is thin: the best candidate ({top.cause.id}) rests on "
                       f"support {top.support:.2f}, below {SOLID}"), "", None

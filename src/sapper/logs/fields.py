@@ -15,13 +15,17 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = [
+    "GPU_MEMORY",
     "LAYER_KEYS",
     "RECORD_FIELDS",
     "STEP_NAMES",
     "FieldMap",
     "canonical",
+    "describe",
     "eval_set",
     "layer_of",
+    "memory_unit",
+    "nearest_field",
     "normalize_name",
     "parse_mapping",
     "resolve",
@@ -153,6 +157,31 @@ _add("tokens_per_s", 1.0, "tokens_per_s", "tokens_per_sec", "tokens_per_second",
 _add("samples_per_s", 1.0, "samples_per_s", "samples_per_sec", "samples_per_second", "samples/s",
      "train_samples_per_second", "samples per second", "throughput/samples_per_sec",
      "throughput_samples")
+# The names people give these in their own loops' tables (a name without a unit is read
+# in the field's unit; a memory column whose values cannot be GiB is re-read by
+# :func:`memory_unit`).
+_add("memory_allocated_gib", _BYTES, "mem_bytes", "memory_bytes", "gpu_mem_bytes",
+     "allocated_bytes", "gpu_memory_bytes", "cuda_mem_bytes")
+_add("memory_allocated_gib", _GIB, "gpu_mem_gb", "mem_gb", "memory_gb", "gpu_memory_gb",
+     "vram_gb", "gpu_mem_gib", "mem_gib", "gpu_mem", "gpu_memory", "cuda_memory",
+     "gpu_memory_used")
+_add("memory_allocated_gib", _MIB, "mem_mb", "gpu_mem_mb", "gpu_memory_mb", "vram_mb",
+     "memory_used_mb")
+_add("memory_peak_gib", _BYTES, "peak_mem_bytes", "max_mem_bytes", "peak_memory_bytes")
+_add("memory_peak_gib", _GIB, "max_mem", "peak_mem", "max_mem_gb", "peak_mem_gb",
+     "max_memory_reserved", "torch.cuda.max_memory_allocated")
+_add("tokens_per_s", 1.0, "throughput", "tok_per_sec", "tokens/sec", "toks/s", "tok/sec",
+     "tokens_per_s_per_gpu", "tokens_per_sec_per_gpu", "tps_per_gpu", "throughput/tokens_per_s",
+     "perf/tokens_per_sec", "token_throughput")
+_add("samples_per_s", 1.0, "samples/sec", "sample/s", "samples_per_sec_per_gpu",
+     "imgs/s", "images_per_sec", "images/s", "seq/s", "sequences_per_sec",
+     "sample_throughput")
+_add("step_time_s", 1.0, "time_per_iter", "step_duration", "iteration_time_s",
+     "iter_time_s", "step_time_sec")
+_add("step_time_s", 1e-3, "iter_time_ms", "step_ms")
+_add("data_time_s", 1.0, "data_wait", "data_wait_s", "dataloader_wait", "data_load_time",
+     "time/data", "data_loading", "wait_data", "data_wait_time")
+_add("data_time_s", 1e-3, "data_wait_ms", "dataloader_ms", "data_load_ms")
 _add("mfu", 1.0, "mfu")
 _add("mfu", 0.01, "mfu(%)", "mfu_percent", "mfu_pct")
 _add("time", 1.0, "time", "timestamp", "_timestamp", "wall_time", "walltime")
@@ -261,6 +290,58 @@ def layer_of(name: str) -> str | None:
     if key.endswith("total") or (_ALIASES.get(key) or ("",))[0] == "grad_norm":
         return None  # ``grad_norm/grad_2.0_norm_total``: the global norm, renamed
     return layer
+
+
+#: The GPU memory fields, whose unit a column's values can betray.
+GPU_MEMORY = frozenset({"memory_allocated_gib", "memory_reserved_gib", "memory_peak_gib"})
+#: A GPU holds at most a few hundred GiB: a "GiB" reading past this is MiB or bytes.
+_MAX_GIB = 4096.0
+
+
+def memory_unit(fm: FieldMap, value: float) -> tuple[float, str] | None:
+    """A GPU memory column named without its unit whose first value cannot be GiB
+    (``max_memory_allocated`` as ``torch.cuda.max_memory_allocated()`` returns it, in
+    bytes): the factor its values really need and the unit, or ``None`` when the name's
+    unit fits. Decided once per column, on its first value."""
+    if fm.field not in GPU_MEMORY or fm.factor != _GIB or not value > _MAX_GIB:
+        return None
+    if value >= 2**30 / 8:  # an eighth of a GiB in bytes: no MiB reading is this large
+        return _BYTES, "bytes"
+    return _MIB, "MiB"
+
+
+#: Words a field's name abbreviates: ``learning_rate`` says ``lr`` as plainly.
+_SPELLED = {"lr": {"learning", "rate"}, "grad": {"gradient"}}
+
+
+def _words(text: str) -> set[str]:
+    words = {w for w in re.split(r"[/_()]+", normalize_name(text)) if w}
+    return words.union(*(_SPELLED.get(w, set()) for w in words))
+
+
+def describe(name: str, fm: FieldMap) -> str | None:
+    """How a column was read, for the user's note (``mem_bytes → memory_allocated_gib
+    (bytes → GiB)``), or ``None`` when there is nothing to say: the values are taken as
+    they are and the name says the field (``train/loss`` is the loss)."""
+    if fm.key or fm.field == "time":
+        return None
+    if fm.factor == 1.0 and _words(name) & _words(fm.field):
+        return None
+    factor = {_BYTES: " (bytes → GiB)", _MIB: " (MiB → GiB)", 1e-3: " (ms → s)",
+              0.01: " (% → fraction)"}.get(fm.factor, "")
+    return f"{name} → {fm.field}{factor}"
+
+
+def nearest_field(name: str) -> str | None:
+    """The field an unrecognised column name comes closest to (by the spellings the
+    table knows), for a note that suggests ``--map``; ``None`` when none is close."""
+    import difflib
+
+    key = normalize_name(name)
+    if key.startswith("_") or _EVAL_NAMESPACE.search(key) or key in STEP_NAMES:
+        return None  # a tracker's own counter, an eval metric, a step: not a near miss
+    close = difflib.get_close_matches(key, list(_ALIASES), n=1, cutoff=0.6)
+    return _ALIASES[close[0]][0] if close else None
 
 
 @functools.lru_cache(maxsize=4096)

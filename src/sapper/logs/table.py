@@ -23,7 +23,16 @@ from typing import Any
 from sapper.errors import InputError, clip, quote
 from sapper.logs.base import LogParser, coerce, put_mapped, to_float
 from sapper.logs.counters import FLAG_NAMES
-from sapper.logs.fields import LAYER_KEYS, STEP_NAMES, FieldMap, normalize_name, resolve
+from sapper.logs.fields import (
+    LAYER_KEYS,
+    STEP_NAMES,
+    FieldMap,
+    describe,
+    memory_unit,
+    nearest_field,
+    normalize_name,
+    resolve,
+)
 from sapper.logs.formats import LogFormat, first_line, first_object
 from sapper.logs.limits import MAX_NESTING, json_int, nested_too_deep, to_count
 from sapper.runtime.records import StepRecord
@@ -145,6 +154,9 @@ class TableParser(LogParser):
         self._bad_steps = 0
         self._extra_names: dict[str, bool] = {}
         self._extra_dropped = 0
+        #: Per memory column named without its unit, the factor its values showed it
+        #: needs (``max_memory_allocated`` in bytes), decided on its first value.
+        self._units: dict[str, FieldMap] = {}
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         if self.kind == "jsonl":
@@ -189,7 +201,39 @@ class TableParser(LogParser):
             )
         if self.columns.step_column is None and self._row:
             self.notes.append("no step column (step, iteration, _step ...): rows numbered from 1")
+        self._mapping_notes()
         return super().finish()
+
+    def _mapping_notes(self) -> None:
+        """Say how the columns whose names are not the fields' own were read, and list
+        the numeric columns no field took, each with the field it may mean (``--map``)."""
+        read = []
+        for name, fm in self.columns.targets.items():
+            if fm is None or self.mapped(name) is not None:
+                continue
+            said = describe(name, self._units.get(name, fm))
+            if said is not None:
+                read.append(said)
+        if read:
+            shown = ", ".join(read[:_MAX_COLUMN_NOTES])
+            more = (f" and {len(read) - _MAX_COLUMN_NOTES} more"
+                    if len(read) > _MAX_COLUMN_NOTES else "")
+            self.notes.append(f"columns read as: {shown}{more}")
+        unknown = []
+        for name in self._extra_names:
+            if normalize_name(name) in LAYER_KEYS or self.mapped(name) is not None:
+                continue
+            near = nearest_field(name)
+            if near is not None:
+                unknown.append(f"{quote(name)} (may be {near})")
+        if unknown:
+            shown = ", ".join(unknown[:_MAX_COLUMN_NOTES])
+            more = (f" and {len(unknown) - _MAX_COLUMN_NOTES} more"
+                    if len(unknown) > _MAX_COLUMN_NOTES else "")
+            self.notes.append(
+                f"numeric columns no field reads, kept as extras: {shown}{more} "
+                "(--map COLUMN=FIELD reads one as that field)"
+            )
 
     # ---- CSV ------------------------------------------------------------------------
     def _feed_csv(self, lines: Iterable[str]) -> None:
@@ -328,6 +372,7 @@ class TableParser(LogParser):
             if target.key:
                 put_mapped(target, value, values, extra)
                 continue
+            target = self._unit_of(name, target, value)
             scaled = coerce(target.field, value * target.factor)
             if scaled is None:
                 self._bad_values[name] = self._bad_values.get(name, 0) + 1
@@ -335,6 +380,20 @@ class TableParser(LogParser):
             values[target.field] = scaled
         if values or extra:
             self.merger.put(step, values, extra)
+
+
+    def _unit_of(self, name: str, target: FieldMap, value: float) -> FieldMap:
+        """A memory column's map with the unit its first value betrays (see
+        :func:`sapper.logs.fields.memory_unit`); other columns as mapped."""
+        known = self._units.get(name)
+        if known is not None:
+            return known
+        if target.field.startswith("memory_") and self.mapped(name) is None:
+            guess = memory_unit(target, value)
+            known = target if guess is None else FieldMap(target.field, guess[0], target.rank)
+            self._units[name] = known
+            return known
+        return target
 
 
 class _Cursor:

@@ -130,8 +130,8 @@ CAUSES: tuple[Cause, ...] = (
        "fp16 without a working dynamic loss scale (none, static, or out-of-range settings)",
        "Use dynamic loss scaling with the framework's defaults (initial 2^16, growth "
        "interval 1000-2000, hysteresis 2).",
-       strong="N102 N103 N104", weak="R031 R022",
-       symptoms="R001 R003 R010 R022 R031",
+       strong="N102 N103 N104 R022", weak="R031",
+       symptoms="R001 R003 R010 R012 R021 R022 R031",
        next_test="re-run with dynamic loss scaling at the framework's defaults",
        needs_precision=("fp16",)),
     _c("scaler-misuse", "scaler",
@@ -227,7 +227,7 @@ CAUSES: tuple[Cause, ...] = (
        "Divide the loss by the accumulation steps, or sum token losses and divide by the "
        "batch's token count.",
        strong="R080 S003 C101 C102", weak="R081",
-       symptoms="R002 R004 R013",
+       symptoms="R002 R004 R011 R013",
        next_test="compare one step at accumulation N with one step of the N-times batch"),
     _c("memory", "memory",
        "Memory runs out: the layout does not fit, or memory leaks from step to step",

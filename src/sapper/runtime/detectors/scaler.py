@@ -27,7 +27,11 @@ of the scale says nothing about the step there. So the offline R032 signature is
 - ``unknown``/``torch``: only on unambiguous evidence, a norm between ``scaled_ratio``
   and ``scaled_max_ratio`` × the scale (the scale times a plausible unscaled norm) on
   ``unknown_records`` logged steps in a row, with every loss on them finite and the
-  loss not falling over them (a loop that applies scaled gradients does not learn).
+  loss not falling over them (a loop that applies scaled gradients does not learn); or,
+  in a log that starts at the run's start, on ``scaled_records`` logged steps (the loss
+  not falling over them either) when every gradient norm of the log sat there from its
+  first one under a power-of-two scale (a GradScaler's): no unscaled norm was ever
+  logged, and a run that applies scaled gradients may die within a few steps.
 
 R033 comes only from the live monitor's hooks (``clip_before_unscale``), which are
 GradScaler evidence themselves.
@@ -136,7 +140,8 @@ and step on unscaled gradients, whatever norm they log (the unscaled one, a smal
 fraction of a scale of 65536 in fp16; or, in DeepSpeed ZeRO-1/2 before April 2022, the
 norm of the scaled gradients); from their logs R032 never fires. From a log of unknown
 origin it fires only on unambiguous evidence (a norm of the scale × a plausible unscaled
-norm for 20 logged steps, with a finite loss that does not fall); the live monitor sees
+norm for 20 logged steps with a finite loss that does not fall, or for 3 from the run's first
+logged norm under a power-of-two scale, the loss not falling); the live monitor sees
 the GradScaler calls themselves.""",
         signs="""\
 A gradient norm of the order of the loss scale; the loss rising right after the first
@@ -365,6 +370,18 @@ class ScalerDetector(RuleDetector):
             threshold=self.skip_share,
         )
 
+    def _scaled_from_start(self, scale: float) -> bool:
+        """Whether every gradient norm of the log so far sat at the scale times a
+        plausible norm, the log starting at the run's start, under a scale a GradScaler
+        keeps (a power of two): no unscaled norm was ever logged, so there is no stretch
+        of healthy steps to wait for (a run that dies within a few steps)."""
+        first = self.first_step if self.first_step is not None else 0
+        return (
+            first <= self.skip_grace_steps
+            and self.scaled_run == self.ratio_records
+            and _power_of_two(scale)
+        )
+
     def _scaled_norm(self, record: StepRecord) -> list[Finding]:
         """Offline fallback: a gradient norm of the order of the loss scale, read as the
         framework allows (see the module doc)."""
@@ -388,16 +405,24 @@ class ScalerDetector(RuleDetector):
         else:
             self.scaled_run = 0
             self.scaled_losses.clear()
-        if self.scaled_run < (self.unknown_records if strict else self.scaled_records):
+        early = strict and self._scaled_from_start(scale)
+        need = self.unknown_records if strict and not early else self.scaled_records
+        if self.scaled_run < need:
             return []
         if strict and _falling(self.scaled_losses):
             return []
-        evidence = (
-            f"; the framework is not known, so this rests on {self.scaled_run} steps with a "
-            "finite loss that does not fall"
-            if strict
-            else ""
-        )
+        if early:
+            evidence = (
+                "; from the log's first gradient norm on, under a GradScaler-style scale (a "
+                "power of two), so a run that dies within a few steps shows it too"
+            )
+        elif strict:
+            evidence = (
+                f"; the framework is not known, so this rests on {self.scaled_run} steps with a "
+                "finite loss that does not fall"
+            )
+        else:
+            evidence = ""
         return self.fire(
             SCALED_GRADS_STEP,
             record.step,
@@ -453,6 +478,10 @@ def _halvings_since_growth(changes: deque[float]) -> int:
             break
         total += change
     return round(total)
+
+
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.log2(x).is_integer()
 
 
 def _falling(losses: deque[float]) -> bool:
