@@ -93,7 +93,7 @@ def measure(cmd: list[str], timeout: float, mem_gb: float) -> tuple[float | None
               "print('WALL', time.perf_counter() - t)\n"
               "print('RSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
               "print('RC', p.returncode)\n"
-              "out = p.stdout[:3000] + p.stdout[-3000:] + p.stderr[-3000:]\n"
+              "out = p.stdout[:3000] + p.stdout[-3000:] + p.stderr[:3000] + p.stderr[-3000:]\n"
               "sys.stdout.write(out)\n")  # fmt: skip
     try:
         out = subprocess.run([sys.executable, "-c", runner, str(timeout), *cmd],
