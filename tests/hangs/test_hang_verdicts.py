@@ -128,3 +128,21 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert text.exit_code == 1 and "rank 3 called all_reduce #3" in " ".join(text.output.split())
     healthy = runner.invoke(app, ["diagnose", str(DATA / "slow_healthy")])
     assert healthy.exit_code == 0 and "No hang" in healthy.output
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("nccl_trace_rank_12", 12),
+        ("nccl_trace_rank_12.json", 12),
+        ("rank_7", 7),  # sapper run's fr/
+        ("rank3-4711.txt", 3),  # sapper run's stacks/: the pid follows the rank
+        ("nccl_trace_rank_container-node02_5", 5),  # hostname and rank (pytorch#140879)
+        ("stacks_rank_0.txt", 0),
+        ("trainer_state.json", None),
+    ],
+)
+def test_the_rank_comes_from_the_file_name(name, rank):
+    from sapper.hangs.dumps import _rank_of
+
+    assert _rank_of(Path(name)) == rank

@@ -70,6 +70,10 @@ _SUFFIXES = (".pkl", ".pickle", ".json", ".txt", ".log", ".stacks", ".dump")
 _STACK_HEADS = (b"Thread 0x", b"Current thread 0x", b"Stack (most recent call first)",
                 b"Fatal Python error")  # fmt: skip
 _NO_GLOBALS = Vocabulary()
+#: Stacks seen, shared by every entry and rank that recorded the same one (16k ranks
+#: calling from the same lines would otherwise hold 16k copies of each).
+_STACKS: dict[tuple[tuple[str, int, str], ...], tuple[Frame, ...]] = {}
+MAX_SHARED_STACKS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,16 +417,21 @@ class _Reader:
     def frames(self, value: Any, where: str) -> tuple[Frame, ...]:
         if not isinstance(value, list):
             raise self.bad(where, quote(value), "a list of {filename, line, name}")
-        out = []
+        out: list[tuple[str, int, str]] = []
         self.spend(min(len(value), MAX_FRAMES), where)
         for f in value[:MAX_FRAMES]:
             if not isinstance(f, dict):
                 raise self.bad(where, f, "a frame: {filename, line, name}")
             line = f.get("line")
             number = line if isinstance(line, int) and not isinstance(line, bool) else 0
-            out.append(Frame(str(f.get("filename", "?"))[:500], number,
-                             str(f.get("name", "?"))[:200]))  # fmt: skip
-        return tuple(out)
+            out.append((str(f.get("filename", "?"))[:500], number, str(f.get("name", "?"))[:200]))
+        key = tuple(out)
+        frames = _STACKS.get(key)
+        if frames is None:  # every rank calls from the same code: one copy of each stack
+            if len(_STACKS) > MAX_SHARED_STACKS:
+                _STACKS.clear()
+            frames = _STACKS[key] = tuple(Frame(*f) for f in key)
+        return frames
 
 
 def _replace_done(e: Entry) -> Entry:
