@@ -20,7 +20,7 @@ from sapper.jsontext import dumps
 if TYPE_CHECKING:
     from sapper.launch.preflight import Preflight
 
-__all__ = ["is_run_folder", "make", "summary", "write_json", "write_start"]
+__all__ = ["is_run_folder", "make", "summary", "write_env", "write_json", "write_start"]
 
 #: Version of run.json's layout.
 RUN_JSON_VERSION = 1
@@ -52,19 +52,25 @@ def write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight,
-                info: dict[str, Any]) -> None:
-    """What is known before the launch: the command, the environment, the checklist."""
-    from sapper.launch.machine import environment
-
+def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight) -> None:
+    """What is known before the launch: the command and the checklist. A trigger file
+    left by an earlier run into the same folder is removed (it would ask the new run's
+    ranks for their stacks at once)."""
+    (run_dir / ".sapper-dump").unlink(missing_ok=True)
     (run_dir / "command.txt").write_text(f"cd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n")
-    write_json(run_dir / "env.json", environment(info))
     write_json(run_dir / "preflight.json", {
         "checklist": pre.to_json(),
         "skipped": pre.skipped,
         "sources": pre.sources,
     })
     (run_dir / "preflight.txt").write_text(_preflight_text(pre))
+
+
+def write_env(run_dir: Path, info: dict[str, Any]) -> None:
+    """env.json: the versions, GPUs and variables that decide numerics and communication."""
+    from sapper.launch.machine import environment
+
+    write_json(run_dir / "env.json", environment(info))
 
 
 def _preflight_text(pre: Preflight) -> str:

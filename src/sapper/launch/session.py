@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sapper.launch import folder as run_folder
 from sapper.launch.command import Launch, parse_command
-from sapper.launch.preflight import Preflight, preflight
+from sapper.launch.preflight import Preflight, plan_inputs, preflight
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,16 +84,34 @@ def _say(console: Console, text: str, style: str = "bold") -> None:
     console.print(f"[{style}]sapper:[/] {safe_markup(text)}", highlight=False, soft_wrap=True)
 
 
-def _machine() -> tuple[dict[str, Any], str | None, str]:
-    from sapper.launch.machine import match_gpu, probe
+class _Machine:
+    """The machine's torch and GPUs, asked in the background from the start: a command
+    with nothing to check (``python -c ...``) never waits for the answer before it
+    starts; one with a plan waits, since the checklist needs the GPU."""
 
-    info = probe()
-    gpus = info.get("gpus") or []
-    if not gpus:
-        return info, None, "this machine"
-    first = gpus[0]
-    name = match_gpu(str(first.get("name", "")), first.get("memory_gib"))
-    return info, name, f"this machine: {first.get('name')}"
+    def __init__(self) -> None:
+        import threading
+
+        from sapper.launch.machine import probe
+
+        self.info: dict[str, Any] = {}
+        self._thread = threading.Thread(target=lambda: self.info.update(probe()), daemon=True)
+        self._thread.start()
+
+    def wait(self) -> dict[str, Any]:
+        self._thread.join()
+        return self.info
+
+    def gpu(self) -> tuple[int | None, str | None, str]:
+        """(GPU count, table name of the first GPU, its origin), waiting for the probe."""
+        from sapper.launch.machine import match_gpu
+
+        gpus = self.wait().get("gpus") or []
+        if not gpus:
+            return None, None, "this machine"
+        first = gpus[0]
+        name = match_gpu(str(first.get("name", "")), first.get("memory_gib"))
+        return len(gpus), name, f"this machine: {first.get('name')}"
 
 
 def _show_preflight(console: Console, pre: Preflight, launch: Launch) -> None:
@@ -124,9 +142,14 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
     """Run ``argv`` under sapper; sapper's exit code."""
     err = err_console or console
     cwd = Path.cwd()
-    info, gpu, gpu_origin = _machine()
-    launch = parse_command(argv, cwd, machine_gpus=len(info.get("gpus") or []) or None)
-    pre = preflight(launch, cwd, gpu, gpu_origin)
+    machine = _Machine()
+    launch = parse_command(argv, cwd)
+    if plan_inputs(launch, cwd) is not None:  # a checklist will run: it needs the GPU
+        count, gpu, gpu_origin = machine.gpu()
+        launch = parse_command(argv, cwd, machine_gpus=count)
+        pre = preflight(launch, cwd, gpu, gpu_origin)
+    else:
+        pre = preflight(launch, cwd)
     _show_preflight(console, pre, launch)
     history = _ledger_matches(console, pre, opts)
     blocked = pre.errors > 0 and not opts.no_block
@@ -134,7 +157,7 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
         return BLOCKED_EXIT if pre.errors else 0
     run_dir = run_folder.make(opts.out, launch.name, cwd)
     started = time.time()
-    run_folder.write_start(run_dir, argv, cwd, pre, info)
+    run_folder.write_start(run_dir, argv, cwd, pre)
     if blocked:
         _say(err, f"the launch is blocked: {pre.errors} pre-flight error(s) above; the "
              "program was not started. Fix them, or run again with --no-block to launch "
@@ -144,8 +167,10 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
         first = next((f for f in pre.report.findings if f.severity.value == "error"), None) \
             if pre.report is not None else None
         cause = first.code if first is not None else None
-        _finish(err, run_dir, doc, pre, opts, cause, "preflight" if cause else None)
+        _finish(err, run_dir, doc, pre, opts, cause, "preflight" if cause else None, machine)
         return BLOCKED_EXIT
+    if machine.info:
+        run_folder.write_env(run_dir, machine.info)
     if pre.errors:
         _say(err, f"--no-block: launching despite {pre.errors} pre-flight error(s)", "yellow")
     from sapper.launch.supervise import Supervisor
@@ -165,14 +190,14 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
         _say(err, f"cannot start {argv[0]!r}: {exc.strerror or 'not found'}", "bold red")
         doc = run_folder.summary(argv, cwd, 127, None, "failed", started, time.time(), pre,
                                  history=history)
-        _finish(err, run_dir, doc, pre, opts, None, None)
+        _finish(err, run_dir, doc, pre, opts, None, None, machine)
         return 127
-    return _after(console, err, run_dir, argv, cwd, launch, pre, out, opts, history)
+    return _after(console, err, run_dir, argv, cwd, launch, pre, out, opts, history, machine)
 
 
 def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: Path,
            launch: Launch, pre: Preflight, out: Outcome, opts: RunOptions,
-           history: list[dict[str, Any]]) -> int:
+           history: list[dict[str, Any]], machine: _Machine) -> int:
     """Read the run back and answer: summary, post-mortem or hang analysis."""
     from sapper.report.safe import safe_markup
 
@@ -221,7 +246,7 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
         first = (hang.get("flight_recorder") or {}).get("causes") or first
     cause = first[0].get("cause") if first else ("hang" if out.outcome == "hung" else None)
     check = first[0].get("check") if first else ("distributed" if out.outcome == "hung" else None)
-    _finish(console, run_dir, doc, pre, opts, cause, check)
+    _finish(console, run_dir, doc, pre, opts, cause, check, machine)
     return code
 
 
@@ -343,8 +368,12 @@ def _print_healthy(console: Console, doc: dict[str, Any]) -> None:
 
 
 def _finish(console: Console, run_dir: Path, doc: dict[str, Any], pre: Preflight,
-            opts: RunOptions, cause: str | None, check: str | None) -> None:
-    """run.json, then the ledger row; a ledger that cannot take it is one warning."""
+            opts: RunOptions, cause: str | None, check: str | None,
+            machine: _Machine) -> None:
+    """env.json if not yet written, run.json, then the ledger row; a ledger that cannot
+    take it is one warning."""
+    if not (run_dir / "env.json").exists():
+        run_folder.write_env(run_dir, machine.wait())
     run_folder.write_json(run_dir / "run.json", doc)
     if opts.ledger:
         from sapper.launch.ledger import LedgerError, add_run, fingerprint
