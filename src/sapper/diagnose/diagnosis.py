@@ -47,6 +47,9 @@ class Diagnosis:
     checkpoints: list[str] = field(default_factory=list)
     #: Where a slow run's step time goes, largest share first (empty when not slow).
     bottlenecks: list[Bottleneck] = field(default_factory=list)
+    #: How the logs' columns were read (a memory column in bytes, ``throughput`` as
+    #: tokens/s) and the numeric columns no field took: what the answer rests on.
+    columns: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -167,6 +170,7 @@ class Diagnosis:
                 "other_findings": [e.to_json() for e in self.other],
                 "question": self.question,
                 "bottlenecks": [b.to_json() for b in self.bottlenecks],
+                "columns": self.columns,
             },
         }
 
@@ -180,6 +184,9 @@ def _chain(c: Candidate) -> list[dict[str, Any]]:
     items = sorted(signs + symptoms, key=lambda p: (p[0].since is not None, p[0].since or 0))
     return [{**e.to_json(), "role": role} for e, role in items]
 
+
+#: The notes of a log reader that say how its columns were read.
+COLUMN_NOTES = ("columns read as:", "numeric columns no field reads")
 
 #: Records at the start of each attempt searched for the precision the monitor saw.
 PRECISION_RECORDS = 50
@@ -247,4 +254,5 @@ def diagnose(
         other,
         [c.path for c in inspected.checkpoints] if inspected is not None else [],
         ranked,
+        [n for a in analyses for n in a.log.notes if n.startswith(COLUMN_NOTES)],
     )

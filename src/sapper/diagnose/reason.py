@@ -23,8 +23,9 @@ explains, not an absolute score alone (:func:`_decide`):
 - otherwise a cause is still named, as the *most likely* one, when its support is more
   than thin (``SOLID``: a strong sign that came before what it explains, a restart that
   read the same samples, a config finding the log bears out) and no cause of another
-  topic explains as many of the problems with support within ``MARGIN`` of it; the
-  rival is listed as "not excluded", with the test that would decide;
+  topic explains as many of the same problems with support within ``MARGIN`` of it; the
+  rival is listed as "not excluded", with the test that would decide (a cause that
+  explains only other problems is no rival: it is theirs);
 - a candidate whose own signs are all symptoms the named cause produces, seen no earlier
   than its evidence (a memorisation that a short data cycle explains), is its
   consequence, not its rival;
@@ -230,8 +231,13 @@ def _decide(candidates: list[Candidate]) -> tuple[Candidate | None, str, str, Ca
     """The named candidate (or None), why none was, the basis, and the rival not excluded
     (the module doc)."""
     top = candidates[0]
+    mine = _codes(top.explains)
+    # A rival offers another explanation of the same problems: a cause of another topic
+    # that explains some of them and is not their consequence. One that explains only
+    # other problems is their cause, for the next round (``Reasoning.more``).
     rivals = [c for c in candidates[1:]
-              if c.cause.check != top.cause.check and not _downstream(top, c)]
+              if c.cause.check != top.cause.check and not _downstream(top, c)
+              and (_codes(c.explains) & mine or not mine)]
     rival = rivals[0] if rivals else None
     if top.confidence >= CONFIDENT and (
         rival is None or top.confidence - rival.confidence >= MARGIN
@@ -243,7 +249,7 @@ def _decide(candidates: list[Candidate]) -> tuple[Candidate | None, str, str, Ca
     if top.support < SOLID:
         return None, (f"the evidence is thin: the best candidate ({top.cause.id}) rests on "
                       f"support {top.support:.2f}, below {SOLID}"), "", None
-    explained = len(_codes(top.explains))
+    explained = len(mine)
     close = [c for c in rivals
              if len(_codes(c.explains)) >= explained and c.support > top.support - MARGIN]
     if close:

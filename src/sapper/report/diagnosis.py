@@ -43,9 +43,18 @@ def _evidence(
     return lines
 
 
-def _cause(c: dict[str, Any], logs: list[str]) -> list[Any]:
+#: The headline per question (seed §1), for a run that did not blow up.
+QUESTIONS = {
+    "not-learning": "Why the loss does not go down (or the model only memorises)",
+    "slow": "Why the run is slow",
+    "memory": "Why memory runs out",
+}
+
+
+def _cause(c: dict[str, Any], logs: list[str], label: str = "Cause") -> list[Any]:
+    likely = "most likely: " if c.get("basis") == "most likely" else ""
     parts: list[Any] = [Text.from_markup(
-        f"[bold red]Cause:[/] [bold]{escape(c['title'])}[/]  "
+        f"[bold red]{label}:[/] {likely}[bold]{escape(c['title'])}[/]  "
         f"[dim]({c['check']} · {c['cause']} · confidence {c['confidence']:.2f})[/]"
     )]
     lead = c.get("steps_before_symptom")
@@ -58,8 +67,29 @@ def _cause(c: dict[str, Any], logs: list[str]) -> list[Any]:
     parts += _evidence(c["evidence"], logs)
     parts.append(Text.from_markup(f"[bold]Fix:[/] {escape(c['fix'])}"))
     parts.append(Text.from_markup(f"[bold]To confirm:[/] {escape(c['next_test'])}"))
+    for other in c.get("not_excluded", []):
+        parts.append(Text.from_markup(
+            f"[bold]Not excluded:[/] {escape(other['title'])} [dim]({other['cause']} · "
+            f"explains {', '.join(other['explains']) or 'nothing'})[/]; what would decide: "
+            f"{escape(other['would_decide'])}"))
+    if c.get("unexplained"):
+        parts.append(Text.from_markup(
+            f"  [dim]it does not explain: {escape(', '.join(c['unexplained']))}[/]"))
     for note in c["notes"]:
+        if note.startswith("most likely"):
+            continue  # said by the headline and the "not excluded" line
         parts.append(Text.from_markup(f"  [dim]note: {escape(note)}[/]"))
+    return parts
+
+
+def _bottlenecks(items: list[dict[str, Any]]) -> list[Any]:
+    """Where a slow run's step time goes, largest share first."""
+    if not items:
+        return []
+    parts: list[Any] = [Text("Where the slow steps' time goes:")]
+    for b in items:
+        parts.append(Text.from_markup(
+            f"  {100 * b['share']:5.0f}%  [bold]{escape(b['name'])}[/]  {escape(b['detail'])}"))
     return parts
 
 
@@ -85,8 +115,12 @@ def render_diagnosis(diagnosis: Diagnosis) -> Group:
         + (f" with {escape(doc['summary']['config'])}" if doc["summary"]["config"] else "")
     )]
     causes = doc["causes"]
+    question = doc["summary"].get("question")
+    if question in QUESTIONS and causes:
+        parts.append(Text(QUESTIONS[question] + ":", style="bold"))
     if not causes and not doc["symptoms"]:
-        parts.append(Text("No blow-up to explain: no cause named.", style="bold green"))
+        parts.append(Text("Nothing to explain: no problem in the logs, no cause named.",
+                          style="bold green"))
     elif not causes:
         parts.append(Text("No cause named: these warnings are all there is, and nothing in "
                           "the inputs points at a cause (told, not judged):", style="yellow"))
@@ -103,8 +137,14 @@ def render_diagnosis(diagnosis: Diagnosis) -> Group:
         parts.append(Text.from_markup(f"[bold]Next test:[/] {escape(u['next_test'])}"))
     else:
         parts += _cause(causes[0], logs)
+        for i, more in enumerate(causes[1:], 2):
+            parts.append(Text(""))
+            parts += _cause(more, logs, f"Cause {i} (of what the first leaves unexplained)")
         parts += _considered(doc["considered"], "Also considered (ranked lower):", logs)
+    parts += _bottlenecks(doc["summary"].get("bottlenecks", []))
+    for note in doc["summary"].get("columns", []):
+        parts.append(Text.from_markup(f"[dim]{escape(note)}[/]"))
     if doc["summary"]["other_findings"]:
-        parts.append(Text("Other findings of analyze (no blow-up, no cause):", style="dim"))
+        parts.append(Text("Other findings of analyze (no cause points at them):", style="dim"))
         parts += _evidence(doc["summary"]["other_findings"], logs)
     return Group(*parts)
