@@ -185,3 +185,10 @@ def test_a_hang_names_the_rank(tmp_path: Path, env) -> None:
     assert "train_loop.py" in hang["stacks"]["1"]["frame"]
     assert hang["stacks"]["0"]["in_collective"] is True
     assert time.monotonic() - started < 200
+
+
+def test_a_command_that_cannot_start_is_127(tmp_path: Path, env) -> None:
+    done = sapper(["run", "--out", "r", "--", "sapper-no-such-program-here"], env, tmp_path)
+    assert done.returncode == 127 and "cannot start" in done.stderr
+    doc = run_json(tmp_path / "r")
+    assert (doc["outcome"], doc["program_exit_code"]) == ("failed", None)
