@@ -183,3 +183,11 @@ def test_shell_script_is_a_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize("line", ["", "torchrun", "deepspeed --num_gpus", "accelerate launch"])
 def test_incomplete_commands_do_not_raise(tmp_path: Path, line: str) -> None:
     parse_command(shlex.split(line), tmp_path)
+
+
+def test_an_unknown_launcher_flag_does_not_swallow_the_script(tmp_path: Path) -> None:
+    launch = parse("accelerate launch --some_new_flag train.py --lr 1", tmp_path)
+    assert launch.program[0] == "train.py"
+    launch = parse("python -m torch.distributed.launch --use_env --nproc_per_node 2 train.py",
+                   tmp_path)
+    assert (launch.world_size, launch.program[0]) == (2, "train.py")

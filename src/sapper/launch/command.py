@@ -90,12 +90,12 @@ class Launch:
 #: (or ``=value``), as argparse does for these launchers.
 _TORCHRUN_FLAGS = frozenset({
     "standalone", "no-python", "no_python", "run-path", "run_path", "module", "m",
-    "help", "h", "virtual-local-rank", "virtual_local_rank",
+    "help", "h", "virtual-local-rank", "virtual_local_rank", "use_env", "use-env",
 })
 _DEEPSPEED_LAUNCH_FLAGS = frozenset({
     "no_python", "no-python", "no_local_rank", "no-local-rank", "module", "force_multi",
     "force-multi", "elastic_training", "elastic-training", "save_pid", "save-pid",
-    "enable_each_rank_log", "bind_cores_to_rank", "no_ssh_check", "no_ssh", "help", "h",
+    "bind_cores_to_rank", "no_ssh_check", "no_ssh", "help", "h",
 })
 _ACCELERATE_FLAGS = frozenset({
     "multi_gpu", "multi-gpu", "use_deepspeed", "use-deepspeed", "use_fsdp", "use-fsdp",
@@ -131,7 +131,9 @@ def _opts(
             opts[tok[1:2]] = tok[2:]  # -n8
             i += 1
             continue
-        if name in flags or i + 1 >= len(tokens):
+        # A flag this table does not know (a launcher newer than sapper) must not swallow
+        # the script: no launcher option takes a .py file as its value.
+        if name in flags or i + 1 >= len(tokens) or tokens[i + 1].endswith(".py"):
             opts[name] = "true"
             i += 1
             continue
