@@ -127,3 +127,30 @@ def test_many_suspects_are_summarised_not_listed(tmp_path):
     c = answer(out)
     assert c["cause"] == "hang-ahead" and c["suspects"] == [0, *range(41, 64)]
     assert len(c["evidence"]) == 33 and "more ranks" in c["evidence"][-1]["message"]
+
+
+def test_ranks_waiting_in_sends_and_receives_are_no_healthy_job(tmp_path):
+    """Gloo records no point-to-point ops; NCCL does (``nccl:send 1->0``). A job whose
+    collectives all completed but whose rank 1 waits in a send is not called healthy."""
+    def send(rank: int, dump: dict[str, Any]) -> None:
+        if rank == 1:
+            last = dump["entries"][-1]
+            dump["entries"].append({**last, "is_p2p": True, "p2p_seq_id": 1,
+                                    "profiling_name": "nccl:send 1->0", "retired": False,
+                                    "time_created_ns": last["time_created_ns"] + 1})  # fmt: skip
+
+    verdict = diagnose_hang(rewrite(tmp_path, "slow_healthy", send))
+    assert verdict is not None and not verdict.hung and verdict.exit_code() == 1
+    c = verdict.to_json()["causes"][0]
+    assert (c["cause"], c["mismatch"]) == ("unknown", "p2p")
+    assert [e["rank"] for e in c["evidence"]] == [1] and "send 1->0" in c["evidence"][0]["message"]
+
+
+def test_dumps_without_a_collective_say_what_is_missing(tmp_path):
+    def off(rank: int, dump: dict[str, Any]) -> None:
+        dump["entries"], dump["pg_status"] = [], {}
+
+    verdict = diagnose_hang(rewrite(tmp_path, "skip_allreduce", off))
+    assert verdict is not None and verdict.exit_code() == 1
+    c = verdict.to_json()["causes"][0]
+    assert c["cause"] == "unknown" and "TORCH_FR_BUFFER_SIZE" in c["next_test"]

@@ -122,6 +122,9 @@ class HangVerdict:
     missing: list[int] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
     stacks: int = 0
+    #: Rank → its last record when that is a point-to-point op (send/recv) that did not
+    #: complete: pipeline stages waiting on each other, which matching does not pair.
+    p2p_waiting: dict[int, Entry] = field(default_factory=dict)
 
     @property
     def stuck(self) -> GroupState | None:
@@ -137,8 +140,13 @@ class HangVerdict:
         hung before its first collective; the dumps cannot tell where it is."""
         return not self.groups
 
+    @property
+    def p2p_only(self) -> bool:
+        """No collective is stuck, but ranks wait in sends/receives: not healthy."""
+        return not self.hung and not self.empty and bool(self.p2p_waiting)
+
     def exit_code(self) -> int:
-        return 1 if self.hung or self.empty else 0
+        return 1 if self.hung or self.empty or self.p2p_only else 0
 
     @property
     def undecided(self) -> bool:
@@ -183,6 +191,10 @@ class HangVerdict:
         if self.empty:
             return ("the dumps hold no collective: the flight recorder was off "
                     "(TORCH_FR_BUFFER_SIZE=0) or the job stopped before its first one")
+        if g is None and self.p2p_only:
+            ranks = sorted(self.p2p_waiting)
+            return (f"no collective is stuck, but rank(s) {', '.join(map(str, ranks[:16]))} "
+                    "wait in a point-to-point op (send/recv) that never completed")  # fmt: skip
         if g is None:
             return "no hang: every process group's recorded collectives completed on every rank"
         op = g.expected.op if g.expected else "a collective"
@@ -254,6 +266,8 @@ class HangVerdict:
             })  # fmt: skip
         if self.empty:
             causes.append(self._empty_json())
+        elif self.p2p_only:
+            causes.append(self._p2p_json())
         return {
             "causes": causes,
             "considered": [],
@@ -287,12 +301,32 @@ class HangVerdict:
         }  # fmt: skip
 
 
+    def _p2p_json(self) -> dict[str, Any]:
+        test = ("log each pipeline stage's sends and receives (peer, shape) around the last "
+                "step; a receive whose send never comes names the stage that stopped")
+        evidence = [{"rank": r, "role": "p2p-waiting", "suspect": False,
+                     "message": f"waits in {e.op} of group {e.pg} (#{e.seq}, "
+                     f"{e.sizes_text()})", "entry": _entry_json(e)}
+                    for r, e in sorted(self.p2p_waiting.items())[:MAX_EVIDENCE]]  # fmt: skip
+        return {
+            "check": "distributed", "cause": "unknown", "code": None,
+            "title": "Ranks wait in point-to-point ops that never completed",
+            "confidence": None, "first_step": None, "steps_before_symptom": None,
+            "evidence": evidence, "explains": ["collective timeout"], "fix": test,
+            "next_test": test, "notes": [self.headline(), "sends and receives are not "
+                                         "paired across ranks by this analysis"],
+            "collective": None, "suspects": [], "mismatch": "p2p", "missing": self.missing,
+        }  # fmt: skip
+
+
 def verdict_of(found: DumpFolder) -> HangVerdict:
     groups = match_groups(found)
     missing = sorted({r for g in groups for r in g.missing})
     versions = sorted({d.version for d in found.dumps.values()})
+    p2p = {r: d.last for r, d in found.dumps.items()
+           if d.last is not None and d.last.p2p and not d.last.done}  # fmt: skip
     return HangVerdict(found.folder, sorted(found.dumps), groups, missing, versions,
-                       len(found.stacks))  # fmt: skip
+                       len(found.stacks), p2p)  # fmt: skip
 
 
 def diagnose_hang(folder: Path) -> HangVerdict | None:
