@@ -146,3 +146,8 @@ def test_the_rank_comes_from_the_file_name(name, rank):
     from sapper.hangs.dumps import _rank_of
 
     assert _rank_of(Path(name)) == rank
+
+
+def test_a_json_log_with_entries_is_no_dump(tmp_path):
+    (tmp_path / "metrics_3.json").write_text('{"entries": [{"loss": 1.0}], "step": 3}')
+    assert diagnose_hang(tmp_path) is None

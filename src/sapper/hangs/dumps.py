@@ -247,7 +247,12 @@ def read_dump(path: Path, rank: int) -> RankDump | None:
             raw = json.loads(data)
         except (ValueError, RecursionError) as exc:
             raise InputError(f"not readable JSON ({str(exc)[:120]})", file=name) from None
-    if not isinstance(raw, dict) or not ({"entries", "pg_config", "pg_status"} & raw.keys()):
+    # The recorder writes its entries with a version, a pg_config or a pg_status beside
+    # them; a log or config that merely has an "entries" key is not a dump.
+    if not isinstance(raw, dict) or not (
+        {"entries", "pg_config", "pg_status"} & raw.keys()
+        and {"version", "pg_config", "pg_status"} & raw.keys()
+    ):
         return None
     return _Reader(name, rank).dump(raw)
 
