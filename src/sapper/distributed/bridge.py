@@ -7,10 +7,19 @@ happen at the *same* step on every rank, so it is tied to the step count, not to
 :meth:`MonitorBridge.on_records` feeds every read to the rank's tracker and exchanges
 once a boundary is reached, before the records go to the detectors and the run log (so
 rank 0's last record carries the per-rank table and the job's numbers).
+
+Quick steps stretch the cadence: an exchange costs a few milliseconds of host time
+whatever the step, so on steps of a few milliseconds one every ``every`` steps would be
+a large share of each. The exchange runs every ``every`` steps, or every
+``min_interval_s`` seconds (0.5 by default) when that is more steps, up to
+``MAX_STRETCH`` × ``every``. The stretch is decided from the step times just exchanged,
+which every rank holds alike, so every rank takes the next exchange at the same step.
+``min_interval_s=0`` keeps the cadence at exactly ``every`` steps.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,9 +37,22 @@ __all__ = ["MonitorBridge"]
 class MonitorBridge:
     """One rank's cross-rank checks inside the monitor."""
 
-    def __init__(self, tracker: RankTracker, every: int, start_step: int = 0) -> None:
+    #: The most steps an exchange is put off by quick steps, as a multiple of ``every``
+    #: (steps that turn slow after a quick window are not left unchecked for long).
+    MAX_STRETCH = 5
+
+    def __init__(
+        self,
+        tracker: RankTracker,
+        every: int,
+        start_step: int = 0,
+        min_interval_s: float = 0.5,
+    ) -> None:
         self.tracker = tracker
         self.every = int(every)
+        self.min_interval_s = float(min_interval_s)
+        #: Steps from one exchange to the next (``every``, or more on quick steps).
+        self.interval = self.every
         self._next = start_step + self.every
 
     @classmethod
@@ -49,9 +71,19 @@ class MonitorBridge:
             return None
         opts = dict(options or {})
         every = int(opts.pop("every", every))
+        min_interval_s = opts.pop("min_interval_s", 0.5)
+        if not isinstance(min_interval_s, (int, float)) or not 0 <= min_interval_s < math.inf:
+            from sapper.errors import InputError
+
+            raise InputError(
+                "must be a number of seconds",
+                field="distributed.min_interval_s",
+                value=min_interval_s,
+                expected="a number ≥ 0 (0: exchange every `every` steps exactly)",
+            )
         opts.setdefault("start_step", start_step)
         tracker = RankTracker(model, plan=plan, every=every, **opts)
-        return cls(tracker, every, start_step)
+        return cls(tracker, every, start_step, float(min_interval_s))
 
     @property
     def rank(self) -> int:
@@ -72,13 +104,29 @@ class MonitorBridge:
         self.tracker.add_records(records)
         if next_step < self._next:
             return []
-        self._next = next_step + self.every
         found = self.tracker.exchange(records[-1] if records else None)
+        self.interval = self._interval()
+        self._next = next_step + self.interval
         if found and not self.is_main:
             # rank 0 is gone (the only case another rank reports): say it here, once
             for f in found:
                 print(f"sapper [rank {self.rank}] {f.code}: {f.message}", file=sys.stderr)
         return found
+
+    def _interval(self) -> int:
+        """Steps to the next exchange, from the exchanged table's slowest step time (the
+        same numbers on every rank, so the same answer on every rank)."""
+        table = self.tracker.last_table
+        if self.min_interval_s <= 0 or table is None:
+            return self.every
+        try:
+            step_s = table.job().col("step_time_s").max
+        except Exception:  # a table without step times: the plain cadence
+            return self.every
+        if not (isinstance(step_s, (int, float)) and math.isfinite(step_s) and step_s > 0):
+            return self.every
+        wanted = math.ceil(self.min_interval_s / step_s)
+        return max(self.every, min(self.every * self.MAX_STRETCH, wanted))
 
     def listen(self, on_finding: Callable[[list[Finding]], None]) -> None:
         """Findings made outside the exchange (at start, or by the lost-rank watcher
