@@ -147,6 +147,7 @@ def test_a_crash_is_diagnosed(tmp_path: Path, env) -> None:
     assert doc["diagnosis"] is not None
     codes = {s["code"] for s in doc["diagnosis"]["symptoms"]}
     assert "R001" in codes  # the non-finite loss the planted fault makes
+    assert doc["error"].startswith("RuntimeError: loss is")
     assert Path(doc["report"]).is_file()
     # the run folder as a whole, read by diagnose and report
     again = sapper(["diagnose", "r", "--format", "json"], env, tmp_path)

@@ -108,6 +108,7 @@ def summary(
     tokens: dict[str, Any] | None = None,
     notes: list[str] | None = None,
     forwarded: list[str] | None = None,
+    error: str | None = None,
 ) -> dict[str, Any]:
     """run.json."""
     return {
@@ -132,5 +133,6 @@ def summary(
         "steps": steps or {},
         "tokens": tokens or {"measured": None, "predicted": None, "how": None},
         "signals": forwarded or [],
+        "error": error,
         "notes": notes or [],
     }

@@ -13,6 +13,7 @@ the hang analysis for a hung one. Everything lands in the run folder
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import time
@@ -214,18 +215,21 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
         out.outcome != "ok" or diag_json is not None
     ):
         report_path = _html_report(run_dir, post, pre, err)
+    error = _last_error(run_dir / "console.log") if out.outcome == "failed" else None
     doc = run_folder.summary(
         argv, cwd, code, out.exit_code, out.outcome, out.started, out.ended, pre,
         findings=post.get("findings", []), diagnosis=diag_json, hang=hang,
         history=history, report=report_path, steps=post.get("steps"),
         tokens=_throughput(post, launch, pre), notes=post.get("notes", []),
-        forwarded=out.forwarded,
+        forwarded=out.forwarded, error=error,
     )
     console.print()
     if out.outcome == "ok" and diag_json is None:
         _print_healthy(console, doc)
     else:
-        _say(console, f"the run {out.outcome} (exit {out.exit_code})"
+        how = {"interrupted": "was interrupted", "ok": "ended with exit 0"}.get(
+            out.outcome, out.outcome)
+        _say(console, f"the run {how} (exit {out.exit_code})"
              + (f"; sapper exits {code}" if code != out.exit_code else ""), "bold red")
         if hang is not None:
             _say(console, "hang: " + hang["summary"], "bold red")
@@ -236,9 +240,20 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
             from sapper.report.diagnosis import render_diagnosis
 
             console.print(render_diagnosis(post["diagnosis_obj"]))
-        elif not post.get("steps"):
+        if error is not None:
+            _say(console, f"last error in the console: {error}", "bold red")
+        if diag_json is not None:
+            pass  # the diagnosis above is the answer
+        elif post.get("steps"):
+            last = max((v for v in post["steps"].values() if v is not None), default=None)
+            _say(console, "the run logs show no blow-up"
+                 + (f" up to step {last:,}" if last is not None else "")
+                 + ": the cause is outside the training numerics (see console.log)", "yellow")
+        else:
             _say(console, "no run log was written under logs/: nothing to diagnose (the "
                  "monitor attaches in Python processes that train with torch)", "yellow")
+        for note in post.get("notes", []):
+            _say(console, note, "yellow")
         if report_path is not None:
             console.print(f"report: {safe_markup(str(report_path))}", highlight=False)
     first = (diag_json or {}).get("causes") or []
@@ -248,6 +263,29 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
     check = first[0].get("check") if first else ("distributed" if out.outcome == "hung" else None)
     _finish(console, run_dir, doc, pre, opts, cause, check, machine)
     return code
+
+
+#: A Python exception's last traceback line (``RuntimeError: CUDA out of memory ...``),
+#: torchrun's ``[rank1]: ...`` prefix allowed.
+_ERROR_LINE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Halt)"
+    r"(?::.*)?)$"
+)
+
+
+def _last_error(console_log: Path) -> str | None:
+    """The last exception line the program printed (from the end of console.log)."""
+    try:
+        with console_log.open("rb") as fh:
+            fh.seek(max(0, console_log.stat().st_size - (64 << 10)))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        m = _ERROR_LINE.match(line.strip())
+        if m:
+            return m.group(1)[:300]
+    return None
 
 
 def _fr_headline(verdict: Any) -> str | None:
