@@ -76,3 +76,16 @@ def test_an_unreadable_config_is_said_not_raised(tmp_path: Path) -> None:
     launch = parse_command(["python", "train.py", "--config", "bad.yaml"], tmp_path)
     pre = preflight(launch, tmp_path)
     assert pre.report is None and pre.skipped.startswith("could not read the plan")
+
+
+def test_what_the_user_gives_completes_and_wins(tmp_path: Path) -> None:
+    from sapper.launch.preflight import Given
+
+    launch = parse_command(["python", "train.py"], tmp_path)
+    assert plan_inputs(launch, tmp_path) is None
+    given = Given({"gpu": "A100-80GB", "seq_len": 2048},
+                  configs=[EXAMPLES / "plans" / "healthy-llama-7b.yaml"])
+    pre = preflight(launch, tmp_path, gpu="H100", gpu_origin="this machine", given=given)
+    plan, origins = pre.loaded.plan, pre.loaded.origins
+    assert (plan.hardware.gpu, plan.batch.seq_len) == ("A100-80GB", 2048)
+    assert (origins["hardware.gpu"], origins["batch.seq_len"]) == ("--gpu", "--seq-len")

@@ -193,3 +193,9 @@ def test_a_command_that_cannot_start_is_127(tmp_path: Path, env) -> None:
     assert done.returncode == 127 and "cannot start" in done.stderr
     doc = run_json(tmp_path / "r")
     assert (doc["outcome"], doc["program_exit_code"]) == ("failed", None)
+
+
+def test_an_unknown_gpu_name_is_an_input_error(tmp_path: Path, env) -> None:
+    done = sapper(["run", "--gpu", "Z100", "--", sys.executable, "-c", "print(1)"], env,
+                  tmp_path)
+    assert done.returncode == 2 and "--gpu" in done.stderr and done.stdout == ""

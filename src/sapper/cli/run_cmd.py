@@ -2,6 +2,9 @@
 code — the checklist before it starts, the monitor in every training process, the answer
 when it ends, and everything in one run folder (docs/run.md).
 
+The plan options ``--config``, ``--model``, ``--gpu``, ``--gpus``, ``--seq-len`` and
+``--dataset`` add what the command cannot say (as ``sapper check``'s do, after it).
+
 Exit code: the program's own (128+N for a death by signal N); 1 when a pre-flight error
 blocked the launch; 124 when sapper ended a hung job; 127 when the command cannot start.
 """
@@ -13,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from sapper.cli.options import ConfigOpt, DatasetOpt, GpuOpt, GpusOpt, ModelOpt, SeqOpt
 from sapper.cli.output import console, err_console, run_guarded
 from sapper.errors import InputError
 
@@ -43,11 +47,18 @@ def run(
     no_ledger: bool = typer.Option(
         False, "--no-ledger", help="Neither read nor write the ledger of runs."
     ),
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    seq_len: SeqOpt = None,
+    dataset: DatasetOpt = None,
 ) -> None:
     """Run a training command under sapper: pre-flight checklist, live monitor in every
     process, post-mortem or hang analysis at the end, one run folder."""
 
     def body() -> int:
+        from sapper.launch.preflight import Given
         from sapper.launch.session import RunOptions, run_launch
 
         argv = list(command or [])
@@ -60,9 +71,17 @@ def run(
         if hang_after < 0:
             raise InputError("must be 0 (never) or a number of seconds", field="--hang-after",
                              value=hang_after, expected="a number ≥ 0")
+        if gpu is not None:
+            from sapper.plan.hardware import resolve_gpu
+
+            resolve_gpu(gpu, "--gpu")  # a name the table does not know: exit 2, not a skip
+        given = Given(
+            {"gpu": gpu, "gpus": gpus, "seq_len": seq_len, "dataset": dataset},
+            model=model, configs=list(config or []),
+        )
         opts = RunOptions(
             out=out, no_block=no_block, check_only=check_only,
-            hang_after=hang_after or None, ledger=not no_ledger,
+            hang_after=hang_after or None, ledger=not no_ledger, given=given,
         )
         # The program's stdout stays its own (a pipe after `sapper run` sees only it):
         # sapper speaks on stderr, except for --check-only, whose output is the checklist.

@@ -23,10 +23,25 @@ if TYPE_CHECKING:
     from sapper.plan.inputs import PlanInputs
     from sapper.plan.load import LoadedPlan
 
-__all__ = ["Preflight", "plan_inputs", "preflight"]
+__all__ = ["Given", "Preflight", "plan_inputs", "preflight"]
 
 #: What the command-line text is called in origins and findings.
 COMMAND_NAME = "launch command"
+
+
+@dataclass
+class Given:
+    """What the user tells ``sapper run`` besides the command (``--gpu``, ``--model``,
+    ``--config`` ...): read like ``sapper check``'s options, after everything else."""
+
+    #: Plan option values keyed as :data:`sapper.plan.flags.OPTION_FIELDS`.
+    values: dict[str, Any] = field(default_factory=dict)
+    model: Path | None = None
+    configs: list[Path] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.configs or self.model or any(
+            v is not None for v in self.values.values()))
 
 
 @dataclass
@@ -75,13 +90,18 @@ def _text_config(launch: Launch, cwd: Path) -> Any:
 
 
 def plan_inputs(
-    launch: Launch, cwd: Path, gpu: str | None = None, gpu_origin: str = "this machine"
+    launch: Launch,
+    cwd: Path,
+    gpu: str | None = None,
+    gpu_origin: str = "this machine",
+    given: Given | None = None,
 ) -> PlanInputs | None:
     """The plan inputs of a launch, or None when it names nothing sapper reads."""
     from sapper.plan.inputs import PlanInputs, Preset
 
+    given = given or Given()
     text = _text_config(launch, cwd)
-    if not launch.configs and text is None and launch.deepspeed is None:
+    if not launch.configs and text is None and launch.deepspeed is None and not given:
         return None
     presets: list[Preset] = []
     origins = launch.origins
@@ -99,24 +119,28 @@ def plan_inputs(
     presets.extend(Preset(f, v, o) for f, v, o in launch.values)
     return PlanInputs(
         None,
-        launch.model,
+        given.model or launch.model,
         launch.deepspeed,
-        {},
-        configs=list(launch.configs),
+        dict(given.values),
+        configs=[*launch.configs, *given.configs],
         texts=[text] if text is not None else [],
         presets=presets,
     )
 
 
 def preflight(
-    launch: Launch, cwd: Path, gpu: str | None = None, gpu_origin: str = "this machine"
+    launch: Launch,
+    cwd: Path,
+    gpu: str | None = None,
+    gpu_origin: str = "this machine",
+    given: Given | None = None,
 ) -> Preflight:
     """Read the launch's plan and run the checklist on it. A file that cannot be read is
     said (``skipped``), not raised: the program may still read it, and the run goes on."""
     from sapper.checks.engine import run_checklist
     from sapper.plan.inputs import load_inputs
 
-    inputs = plan_inputs(launch, cwd, gpu, gpu_origin)
+    inputs = plan_inputs(launch, cwd, gpu, gpu_origin, given)
     if inputs is None:
         return Preflight(skipped="the command names no config or flags sapper reads")
     sources = [str(p) for p in inputs.configs] + [COMMAND_NAME for _ in inputs.texts]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sapper.launch import folder as run_folder
 from sapper.launch.command import Launch, parse_command
-from sapper.launch.preflight import Preflight, plan_inputs, preflight
+from sapper.launch.preflight import Given, Preflight, plan_inputs, preflight
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,6 +48,8 @@ class RunOptions:
     grace: float = 10.0
     ledger: bool = True
     report: bool = True
+    #: Plan values the user gives besides the command (--gpu, --model, --config ...).
+    given: Given | None = None
 
 
 def site_dir() -> Path:
@@ -145,10 +147,10 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
     cwd = Path.cwd()
     machine = _Machine()
     launch = parse_command(argv, cwd)
-    if plan_inputs(launch, cwd) is not None:  # a checklist will run: it needs the GPU
+    if plan_inputs(launch, cwd, given=opts.given) is not None:  # a checklist will run
         count, gpu, gpu_origin = machine.gpu()
         launch = parse_command(argv, cwd, machine_gpus=count)
-        pre = preflight(launch, cwd, gpu, gpu_origin)
+        pre = preflight(launch, cwd, gpu, gpu_origin, opts.given)
     else:
         pre = preflight(launch, cwd)
     _show_preflight(console, pre, launch)
