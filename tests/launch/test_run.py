@@ -199,3 +199,18 @@ def test_an_unknown_gpu_name_is_an_input_error(tmp_path: Path, env) -> None:
     done = sapper(["run", "--gpu", "Z100", "--", sys.executable, "-c", "print(1)"], env,
                   tmp_path)
     assert done.returncode == 2 and "--gpu" in done.stderr and done.stdout == ""
+
+
+def test_another_node_writes_its_own_files_into_the_shared_folder(tmp_path: Path,
+                                                                  env) -> None:
+    env["NODE_RANK"] = "1"
+    done = sapper(["run", "--out", "shared", "--", sys.executable, "-c", "print(1)"], env,
+                  tmp_path)
+    assert done.returncode == 0
+    folder = tmp_path / "shared"
+    assert not (folder / "run.json").exists()
+    assert json.loads((folder / "run-node1.json").read_text())["node"] == 1
+    assert (folder / "console-node1.log").read_text() == "1\n"
+    assert (folder / "env-node1.json").is_file()
+    listed = sapper(["runs", "--format", "json"], env, tmp_path)
+    assert json.loads(listed.stdout)["runs"] == []  # node 0 records the run

@@ -20,7 +20,15 @@ from sapper.jsontext import dumps
 if TYPE_CHECKING:
     from sapper.launch.preflight import Preflight
 
-__all__ = ["is_run_folder", "make", "summary", "write_env", "write_json", "write_start"]
+__all__ = [
+    "is_run_folder",
+    "make",
+    "node_name",
+    "summary",
+    "write_env",
+    "write_json",
+    "write_start",
+]
 
 #: Version of run.json's layout.
 RUN_JSON_VERSION = 1
@@ -39,6 +47,15 @@ def make(out: Path | None, name: str, cwd: Path) -> Path:
     return path
 
 
+def node_name(name: str, node: int) -> str:
+    """A file of node ``node`` in a folder several nodes share: node 0 keeps the plain
+    name (``run.json``), another node's is ``run-node3.json``, ``console-node3.log``."""
+    if not node:
+        return name
+    stem, dot, ext = name.partition(".")
+    return f"{stem}-node{node}{dot}{ext}"
+
+
 def is_run_folder(path: Path) -> bool:
     """A folder ``sapper run`` wrote (the pipeline's test, which reads it as a run)."""
     from sapper.pipeline.logs import is_run_folder as pipeline_test
@@ -52,25 +69,29 @@ def write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight) -> None:
+def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight,
+                node: int = 0) -> None:
     """What is known before the launch: the command and the checklist. A trigger file
-    left by an earlier run into the same folder is removed (it would ask the new run's
-    ranks for their stacks at once)."""
-    (run_dir / ".sapper-dump").unlink(missing_ok=True)
-    (run_dir / "command.txt").write_text(f"cd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n")
-    write_json(run_dir / "preflight.json", {
+    left by an earlier run into the same folder is removed by node 0 (it would ask the
+    new run's ranks for their stacks at once)."""
+    if not node:
+        (run_dir / ".sapper-dump").unlink(missing_ok=True)
+    (run_dir / node_name("command.txt", node)).write_text(
+        f"cd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n"
+    )
+    write_json(run_dir / node_name("preflight.json", node), {
         "checklist": pre.to_json(),
         "skipped": pre.skipped,
         "sources": pre.sources,
     })
-    (run_dir / "preflight.txt").write_text(_preflight_text(pre))
+    (run_dir / node_name("preflight.txt", node)).write_text(_preflight_text(pre))
 
 
-def write_env(run_dir: Path, info: dict[str, Any]) -> None:
+def write_env(run_dir: Path, info: dict[str, Any], node: int = 0) -> None:
     """env.json: the versions, GPUs and variables that decide numerics and communication."""
     from sapper.launch.machine import environment
 
-    write_json(run_dir / "env.json", environment(info))
+    write_json(run_dir / node_name("env.json", node), environment(info))
 
 
 def _preflight_text(pre: Preflight) -> str:

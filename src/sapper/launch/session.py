@@ -81,6 +81,18 @@ def child_env(run_dir: Path, base: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
+def _node_rank(launch: Launch) -> int:
+    """Which node of a multi-node job this ``sapper run`` is: the launcher's
+    ``--node-rank``/``--machine_rank``, else Slurm's or the launcher's variables."""
+    if launch.node_rank is not None:
+        return launch.node_rank
+    for name in ("SLURM_NODEID", "NODE_RANK", "GROUP_RANK"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def _say(console: Console, text: str, style: str = "bold") -> None:
     from sapper.report.safe import safe_markup
 
@@ -159,8 +171,9 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
     if opts.check_only:
         return BLOCKED_EXIT if pre.errors else 0
     run_dir = run_folder.make(opts.out, launch.name, cwd)
+    node = _node_rank(launch)
     started = time.time()
-    run_folder.write_start(run_dir, argv, cwd, pre)
+    run_folder.write_start(run_dir, argv, cwd, pre, node)
     if blocked:
         _say(err, f"the launch is blocked: {pre.errors} pre-flight error(s) above; the "
              "program was not started. Fix them, or run again with --no-block to launch "
@@ -170,10 +183,11 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
         first = next((f for f in pre.report.findings if f.severity.value == "error"), None) \
             if pre.report is not None else None
         cause = first.code if first is not None else None
-        _finish(err, run_dir, doc, pre, opts, cause, "preflight" if cause else None, machine)
+        _finish(err, run_dir, doc, pre, opts, cause, "preflight" if cause else None, machine,
+                node)
         return BLOCKED_EXIT
     if machine.info:
-        run_folder.write_env(run_dir, machine.info)
+        run_folder.write_env(run_dir, machine.info, node)
     if pre.errors:
         _say(err, f"--no-block: launching despite {pre.errors} pre-flight error(s)", "yellow")
     from sapper.launch.supervise import Supervisor
@@ -185,7 +199,7 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
     sup = Supervisor(
         argv, env=child_env(run_dir), cwd=cwd, run_dir=run_dir, launcher=launch.launcher,
         hang_after=opts.hang_after, dump_wait=opts.dump_wait, grace=opts.grace,
-        on_hang=on_hang,
+        on_hang=on_hang, console_name=run_folder.node_name("console.log", node),
     )
     try:
         out = sup.run()
@@ -193,14 +207,15 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
         _say(err, f"cannot start {argv[0]!r}: {exc.strerror or 'not found'}", "bold red")
         doc = run_folder.summary(argv, cwd, 127, None, "failed", started, time.time(), pre,
                                  history=history)
-        _finish(err, run_dir, doc, pre, opts, None, None, machine)
+        _finish(err, run_dir, doc, pre, opts, None, None, machine, node)
         return 127
-    return _after(console, err, run_dir, argv, cwd, launch, pre, out, opts, history, machine)
+    return _after(console, err, run_dir, argv, cwd, launch, pre, out, opts, history, machine,
+                  node)
 
 
 def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: Path,
            launch: Launch, pre: Preflight, out: Outcome, opts: RunOptions,
-           history: list[dict[str, Any]], machine: _Machine) -> int:
+           history: list[dict[str, Any]], machine: _Machine, node: int) -> int:
     """Read the run back and answer: summary, post-mortem or hang analysis."""
     from sapper.report.safe import safe_markup
 
@@ -217,7 +232,8 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
         out.outcome != "ok" or diag_json is not None
     ):
         report_path = _html_report(run_dir, post, pre, err)
-    error = _last_error(run_dir / "console.log") if out.outcome == "failed" else None
+    console_log = run_dir / run_folder.node_name("console.log", node)
+    error = _last_error(console_log) if out.outcome == "failed" else None
     doc = run_folder.summary(
         argv, cwd, code, out.exit_code, out.outcome, out.started, out.ended, pre,
         findings=post.get("findings", []), diagnosis=diag_json, hang=hang,
@@ -263,7 +279,7 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
         first = (hang.get("flight_recorder") or {}).get("causes") or first
     cause = first[0].get("cause") if first else ("hang" if out.outcome == "hung" else None)
     check = first[0].get("check") if first else ("distributed" if out.outcome == "hung" else None)
-    _finish(console, run_dir, doc, pre, opts, cause, check, machine)
+    _finish(console, run_dir, doc, pre, opts, cause, check, machine, node)
     return code
 
 
@@ -409,13 +425,14 @@ def _print_healthy(console: Console, doc: dict[str, Any]) -> None:
 
 def _finish(console: Console, run_dir: Path, doc: dict[str, Any], pre: Preflight,
             opts: RunOptions, cause: str | None, check: str | None,
-            machine: _Machine) -> None:
-    """env.json if not yet written, run.json, then the ledger row; a ledger that cannot
-    take it is one warning."""
-    if not (run_dir / "env.json").exists():
-        run_folder.write_env(run_dir, machine.wait())
-    run_folder.write_json(run_dir / "run.json", doc)
-    if opts.ledger:
+            machine: _Machine, node: int = 0) -> None:
+    """env.json if not yet written, run.json, then the ledger row (node 0's: one row a
+    run); a ledger that cannot take it is one warning."""
+    if not (run_dir / run_folder.node_name("env.json", node)).exists():
+        run_folder.write_env(run_dir, machine.wait(), node)
+    doc["node"] = node
+    run_folder.write_json(run_dir / run_folder.node_name("run.json", node), doc)
+    if opts.ledger and not node:
         from sapper.launch.ledger import LedgerError, add_run, fingerprint
 
         try:

@@ -170,11 +170,13 @@ class Supervisor:
         on_hang: Callable[[float], None] | None = None,
         stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None,
+        console_name: str = "console.log",
     ) -> None:
         self.argv, self.env, self.cwd, self.run_dir = argv, env, cwd, run_dir
         self.launcher = launcher
         self.hang_after, self.dump_wait, self.grace = hang_after, dump_wait, grace
         self.on_hang = on_hang
+        self.console_name = console_name
         self.out = stdout if stdout is not None else sys.stdout.buffer
         self.err = stderr if stderr is not None else sys.stderr.buffer
         self.proc: subprocess.Popen[bytes] | None = None
@@ -291,7 +293,7 @@ class Supervisor:
     def run(self) -> Outcome:
         started = time.time()
         try:
-            self._log = (self.run_dir / "console.log").open("ab")
+            self._log = (self.run_dir / self.console_name).open("ab")
         except OSError:
             self._log = None
         handlers = {}
