@@ -249,7 +249,8 @@ LR_FAR_ABOVE = Rule(
 Published pre-training runs sit on a narrow band of peak learning rates that falls with
 model size: for Adam 6e-4 at 125M parameters, 3e-4 at 7B, 1.5e-4 at 70B, 8e-5 at 405B
 (GPT-3, Pythia, LLaMA, Llama 3, Chinchilla, OLMo, BLOOM). Larger models take smaller
-steps because each update moves more weights that feed the same output. A peak LR ten
+steps because a wider layer sums more updated weights into each output (the reason μP
+scales Adam's LR of hidden matrices by 1/width). A peak LR ten
 times above every published run of the same size has no evidence it trains; a hundred
 times above (or 0.1 and more with Adam, whose step is about LR per weight whatever the
 gradient's size) moves every weight by about the LR on the first steps after warmup: the
@@ -266,8 +267,8 @@ curve of a smaller run at the same LR is fine.""",
     fix="""\
 Use a peak LR near the published one for this size and optimizer (the finding names it);
 if the value was meant, sweep it on a small model first (sapper smoke) and keep a warmup.
-Check the units: 3e-4 written as 3e-2 or a per-token LR multiplied by the batch is the
-usual mistake.""",
+Check the exponent (3e-4 typed as 3e-2) and any LR scaled linearly from a much smaller
+batch.""",
     seed="§5.2, §6",
 )
 
