@@ -54,7 +54,7 @@ from sapper.distributed.bridge import MonitorBridge
 from sapper.monitor import durable
 from sapper.monitor.checkpoints import CheckpointWatch
 from sapper.monitor.collect import StepCollector, StepSlot
-from sapper.monitor.cpuwait import RunQueueClock
+from sapper.monitor.cpuwait import StepWaits
 from sapper.monitor.dtensor import global_norm
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.fingerprint import fingerprint_rows
@@ -143,7 +143,11 @@ class Monitor:
             where a loss scaler may skip ``optimizer.step()``).
         distributed: cross-rank checks when a process group of 2+ ranks is initialized
             (:mod:`sapper.distributed`; options such as ``{"timeout_s": 60}``), or False.
-            Only rank 0 prints and writes the run log and TensorBoard.
+            Only rank 0 prints and writes the run log and TensorBoard. The exchange runs
+            every ``log_every`` steps, or about every ``min_interval_s`` seconds (0.5)
+            when steps are quicker, up to 5 × ``log_every`` steps
+            (:mod:`sapper.distributed.bridge`); ``{"min_interval_s": 0}`` keeps it at
+            exactly ``log_every``.
     """
 
     def __init__(
@@ -236,9 +240,9 @@ class Monitor:
         self._calls_since_event = 0
         self._call_based = optimizer is None or step_on_call
         self._last_event_t: float | None = None
-        # the training thread's run-queue delay at the last step boundary (cpuwait.py)
-        self._cpu_clock = RunQueueClock()
-        self._last_cpu_wait: float | None = None
+        # each step's wait for a CPU, from the training thread's run-queue delay, read
+        # every step on a busy machine and every few on a quiet one (cpuwait.py)
+        self._waits = StepWaits()
         self._ready_t: float | None = None
         self._force_read = False
         self._localise_pending = False
@@ -462,7 +466,7 @@ class Monitor:
         for sink in self.sinks:
             self.guard("sinks", sink.close)
         self.memory.close()
-        self._cpu_clock.close()
+        self._waits.close()
         if self.dist is not None:  # sapper.distributed: remove its hooks
             self.dist.close()
         return self.findings
@@ -654,10 +658,7 @@ class Monitor:
         if self._last_event_t is not None:
             slot.step_time_s = now - self._last_event_t
         self._last_event_t = now
-        waited = self._cpu_clock.read()
-        if waited is not None and self._last_cpu_wait is not None and slot.step_time_s:
-            slot.extra["cpu_wait_s"] = min(slot.step_time_s, max(0.0, waited - self._last_cpu_wait))
-        self._last_cpu_wait = waited
+        self._waits.on_step(slot)
         slot.time = time.time()
         if slot.step % self.memory_every == 0:
             slot.host.update(self.guard("memory", self.memory.read) or {})
@@ -919,6 +920,8 @@ class Monitor:
         (stall flusher, signal handler): no cross-rank exchange, no step-time credit, no
         hooks touched."""
         self._force_read = False
+        if not background:  # the CPU wait of the steps about to become records
+            self._waits.settle()
         records = self.collector.read()  # note: this is a CPU-GPU sync point
         self._last_read_t = time.monotonic()
         if not records:
@@ -927,16 +930,13 @@ class Monitor:
         # left out of the next step's time. The wait in the copy above is not: on an
         # accelerator it is queued training work catching up.
         started = time.perf_counter()
-        waited = self._cpu_clock.read() if self._last_cpu_wait is not None else None
+        mark = self._waits.mark() if not background else None
         try:
             return self._process(records, background)
         finally:
             if self._last_event_t is not None and not background:
                 self._last_event_t += time.perf_counter() - started
-            if waited is not None and self._last_cpu_wait is not None:
-                now_waited = self._cpu_clock.read()
-                if now_waited is not None:
-                    self._last_cpu_wait += now_waited - waited
+            self._waits.leave_out(mark)
 
     def _process(self, records: list[StepRecord], background: bool = False) -> list[Finding]:
         found: list[Finding] = []
