@@ -69,5 +69,9 @@ def test_a_slowdown_the_log_cannot_split_is_told_not_blamed(tmp_path: Path) -> N
     assert [s["code"] for s in doc["symptoms"]] == ["R061"]
     (only,) = doc["summary"]["bottlenecks"]
     assert only["name"] == "compute or communication" and only["cause"] is None
+    # told with what could produce it and the tests that would decide
+    (question,) = doc["summary"]["open"]
+    assert question["code"] == "R061" and "data-stall" in question["could_be"]
+    assert question["to_decide"]
     text = runner.invoke(app, ["diagnose", str(tmp_path / "run.csv")]).output
     assert "compute or communication" in text

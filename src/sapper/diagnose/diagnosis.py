@@ -21,7 +21,7 @@ from sapper.diagnose.onset import series
 from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
 from sapper.diagnose.restarts import restart_verdicts
 from sapper.diagnose.slow import Bottleneck, slow_verdicts
-from sapper.rules.causes import question_of
+from sapper.rules.causes import causes_of, produced_by, question_of
 
 if TYPE_CHECKING:
     from sapper.checkpoint.inspect import InspectResult
@@ -147,6 +147,27 @@ class Diagnosis:
         r = self.reasoning
         return bool(r.candidates) or any(s.severity.rank >= 2 for s in r.symptoms)
 
+    def open_questions(self) -> list[dict[str, Any]]:
+        """The problems no answer covers (told, not diagnosed), each with the causes
+        that can produce it and the tests that would decide between them: what to do
+        next when the inputs do not say."""
+        covered: set[str] = set()
+        for c in self.causes_json():
+            covered |= set(c["explains"]) | {e["code"] for e in c["evidence"]}
+        out = []
+        for s in self.reasoning.symptoms:
+            if s.code in covered:
+                continue
+            could = [c for c in produced_by(s.code) + [c for c, _ in causes_of(s.code)]
+                     if not c.needs_precision or self.precision in (None, *c.needs_precision)]
+            seen: dict[str, str] = {}
+            for c in could:
+                seen.setdefault(c.id, c.next_test)
+            if seen:
+                out.append({"code": s.code, "step": s.step, "could_be": list(seen)[:4],
+                            "to_decide": list(seen.values())[:2]})
+        return out
+
     def considered(self) -> list[Candidate]:
         r = self.reasoning
         return [c for c in r.candidates if c is not r.named][:MAX_CONSIDERED]
@@ -171,6 +192,7 @@ class Diagnosis:
                 "question": self.question,
                 "bottlenecks": [b.to_json() for b in self.bottlenecks],
                 "columns": self.columns,
+                "open": self.open_questions(),
             },
         }
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sapper.diagnose.evidence import Evidence
 from sapper.diagnose.onset import series
-from sapper.logs.fields import normalize_name
+from sapper.logs.fields import ALLOC_RETRIES, normalize_name
 from sapper.rules.model import Severity
 
 if TYPE_CHECKING:
@@ -50,8 +50,7 @@ MIN_SHARE = 0.15
 #: Records read back for the extras a log keeps by name (allocator retries).
 MAX_RECORDS = 20_000
 #: Names of the allocator's retry counter as logs write it (normalised).
-RETRY_NAMES = ("num_alloc_retries", "alloc_retries", "memory/num_alloc_retries",
-               "cuda_alloc_retries", "allocator_retries", "memory_num_alloc_retries")
+RETRY_NAMES = ALLOC_RETRIES
 
 #: The cause each component points at in the causal map.
 CAUSE_OF = {"data wait": "data-stall", "memory pressure": "memory-pressure",
@@ -147,8 +146,18 @@ def bottlenecks(analysis: Analysis, since: int | None) -> list[Bottleneck]:
         left = 1.0 - sum(b.share for b in out)
         if left > 0:
             out.append(Bottleneck("compute or communication", left,
-                                  "the rest of the step (the log does not split the two)"))
+                                  "the rest of the step (the log does not split the two)"
+                                  + _against_plan(analysis)))
     return sorted((b for b in out if b.share >= MIN_SHARE), key=lambda b: -b.share)
+
+
+def _against_plan(analysis: Analysis) -> str:
+    """What the plan predicted, where R060 compared the run with it."""
+    for f in analysis.findings:
+        if f.code == "R060" and f.value and f.threshold and f.severity != Severity.INFO:
+            return (f"; the run reaches {f.value:.4g}, below the floor of {f.threshold:.4g} "
+                    "set from the throughput the plan expects (R060)")
+    return ""
 
 
 def _slow_finding(analysis: Analysis) -> tuple[str, int | None, int | None] | None:

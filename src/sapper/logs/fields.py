@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = [
+    "ALLOC_RETRIES",
     "GPU_MEMORY",
     "LAYER_KEYS",
     "RECORD_FIELDS",
@@ -332,12 +333,20 @@ def describe(name: str, fm: FieldMap) -> str | None:
     return f"{name} → {fm.field}{factor}"
 
 
+#: Extras sapper reads by name without a StepRecord field (``sapper diagnose`` splits a
+#: slow step with the allocator's retry counter), normalised.
+ALLOC_RETRIES = ("num_alloc_retries", "alloc_retries", "memory/num_alloc_retries",
+                 "cuda_alloc_retries", "allocator_retries", "memory_num_alloc_retries")
+
+
 def nearest_field(name: str) -> str | None:
     """The field an unrecognised column name comes closest to (by the spellings the
     table knows), for a note that suggests ``--map``; ``None`` when none is close."""
     import difflib
 
     key = normalize_name(name)
+    if key in ALLOC_RETRIES:
+        return None  # read by name, not a near miss
     if key.startswith("_") or _EVAL_NAMESPACE.search(key) or key in STEP_NAMES:
         return None  # a tracker's own counter, an eval metric, a step: not a near miss
     close = difflib.get_close_matches(key, list(_ALIASES), n=1, cutoff=0.6)
