@@ -19,6 +19,8 @@ Every number below was checked against its source:
   model table (EleutherAI/pythia README): 1024 sequences × 2048 tokens per step.
 - LLaMA: Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models",
   Table 2.
+- Llama 2: Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
+  Table 1 (4M tokens per step).
 - Llama 3: Llama Team 2024, "The Llama 3 Herd of Models", Table 3 (405B: 4M tokens per
   step while the LR peaks, raised to 8M and 16M later).
 - Chinchilla and Gopher: Hoffmann et al. 2022, "Training Compute-Optimal Large Language
@@ -74,6 +76,7 @@ class PublishedRun:
 _GPT3 = "Brown et al. 2020, Table 2.1"
 _PYTHIA = "Biderman et al. 2023, model table"
 _LLAMA = "Touvron et al. 2023, Table 2"
+_LLAMA2 = "Touvron et al. 2023 (Llama 2), Table 1"
 _LLAMA3 = "Llama Team 2024, Table 3"
 _CHINCHILLA = "Hoffmann et al. 2022, Table 4"
 _OLMO = "Groeneveld et al. 2024, configs/official-0724"
@@ -97,13 +100,17 @@ PUBLISHED_ADAM: tuple[PublishedRun, ...] = (
     PublishedRun("LLaMA-7B", 6.7e9, 3.0e-4, 4.0e6, _LLAMA),
     PublishedRun("Pythia-6.9B", 6.9e9, 1.2e-4, 2.0e6, _PYTHIA),
     PublishedRun("OLMo-7B", 6.9e9, 3.0e-4, 4.2e6, _OLMO),
+    PublishedRun("Llama 2 7B", 7.0e9, 3.0e-4, 4.0e6, _LLAMA2),
     PublishedRun("Llama 3 8B", 8.0e9, 3.0e-4, 4.0e6, _LLAMA3),
     PublishedRun("Pythia-12B", 12e9, 1.2e-4, 2.0e6, _PYTHIA),
     PublishedRun("GPT-3 13B", 13e9, 1.0e-4, 2.0e6, _GPT3),
     PublishedRun("LLaMA-13B", 13e9, 3.0e-4, 4.0e6, _LLAMA),
+    PublishedRun("Llama 2 13B", 13e9, 3.0e-4, 4.0e6, _LLAMA2),
     PublishedRun("LLaMA-33B", 32.5e9, 1.5e-4, 4.0e6, _LLAMA),
+    PublishedRun("Llama 2 34B", 34e9, 1.5e-4, 4.0e6, _LLAMA2),
     PublishedRun("LLaMA-65B", 65.2e9, 1.5e-4, 4.0e6, _LLAMA),
     PublishedRun("Chinchilla 70B", 70e9, 1.0e-4, 1.5e6, _CHINCHILLA),
+    PublishedRun("Llama 2 70B", 70e9, 1.5e-4, 4.0e6, _LLAMA2),
     PublishedRun("Llama 3 70B", 70e9, 1.5e-4, 4.0e6, _LLAMA3),
     PublishedRun("GPT-3 175B", 175e9, 0.6e-4, 3.2e6, _GPT3),
     PublishedRun("BLOOM-176B", 176e9, 0.6e-4, 4.2e6, _BLOOM),
@@ -248,7 +255,7 @@ LR_FAR_ABOVE = Rule(
     why="""\
 Published pre-training runs sit on a narrow band of peak learning rates that falls with
 model size: for Adam 6e-4 at 125M parameters, 3e-4 at 7B, 1.5e-4 at 70B, 8e-5 at 405B
-(GPT-3, Pythia, LLaMA, Llama 3, Chinchilla, OLMo, BLOOM). Larger models take smaller
+(GPT-3, Pythia, LLaMA, Llama 2, Llama 3, Chinchilla, OLMo, BLOOM). Larger models take smaller
 steps because a wider layer sums more updated weights into each output (the reason μP
 scales Adam's LR of hidden matrices by 1/width). A peak LR ten
 times above every published run of the same size has no evidence it trains; a hundred
