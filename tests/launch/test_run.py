@@ -214,3 +214,32 @@ def test_another_node_writes_its_own_files_into_the_shared_folder(tmp_path: Path
     assert (folder / "env-node1.json").is_file()
     listed = sapper(["runs", "--format", "json"], env, tmp_path)
     assert json.loads(listed.stdout)["runs"] == []  # node 0 records the run
+
+
+#: A rank that logs two steps, then blocks without ever answering the dump trigger (no
+#: torch: the bootstrap's trigger thread never starts); like the bootstrap, it registers
+#: faulthandler for SIGUSR1 into an empty stack file named after its rank and pid.
+_STUCK = """
+import faulthandler, json, os, signal, time
+run = os.environ["SAPPER_RUN_DIR"]
+os.makedirs(f"{run}/stacks", exist_ok=True)
+out = open(f"{run}/stacks/rank0-{os.getpid()}.txt", "a")
+faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)
+with open(f"{run}/logs/rank0.jsonl", "a") as log:
+    for step in range(2):
+        log.write(json.dumps({"kind": "step", "step": step, "loss": 1.0}) + "\\n")
+        log.flush()
+def stuck_in_io():
+    time.sleep(600)
+stuck_in_io()
+"""
+
+
+@pytest.mark.slow
+def test_sigusr1_gets_the_stacks_of_a_rank_that_does_not_answer(tmp_path: Path,
+                                                                 env) -> None:
+    done = sapper(["run", "--out", "r", "--hang-after", "1", "--", sys.executable, "-c",
+                   _STUCK], env, tmp_path, timeout=120)
+    assert done.returncode == 124, done.stderr
+    hang = run_json(tmp_path / "r")["hang"]
+    assert hang["stacks"]["0"]["frame"].endswith("in stuck_in_io")

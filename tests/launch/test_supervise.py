@@ -17,7 +17,7 @@ from sapper.launch.supervise import Supervisor
 def _run(tmp_path: Path, code: str, **kw) -> tuple[supervise.Outcome, bytes, bytes]:
     out, err = io.BytesIO(), io.BytesIO()
     sup = Supervisor([sys.executable, "-c", code], env=dict(os.environ), cwd=tmp_path,
-                     run_dir=tmp_path, launcher="python", stdout=out, stderr=err, **kw)
+                     run_dir=tmp_path, stdout=out, stderr=err, **kw)
     result = sup.run()
     return result, out.getvalue(), err.getvalue()
 
@@ -47,6 +47,6 @@ def test_no_watch_before_the_first_step(tmp_path: Path) -> None:
 
 def test_a_command_that_cannot_start(tmp_path: Path) -> None:
     sup = Supervisor(["sapper-no-such-program-here"], env=dict(os.environ), cwd=tmp_path,
-                     run_dir=tmp_path, launcher="other", hang_after=None)
+                     run_dir=tmp_path, hang_after=None)
     with pytest.raises(FileNotFoundError):
         sup.run()

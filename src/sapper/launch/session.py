@@ -197,7 +197,7 @@ def run_launch(argv: list[str], opts: RunOptions, console: Console,
              "its stacks and flight-recorder dump, then ending the job", "bold red")
 
     sup = Supervisor(
-        argv, env=child_env(run_dir), cwd=cwd, run_dir=run_dir, launcher=launch.launcher,
+        argv, env=child_env(run_dir), cwd=cwd, run_dir=run_dir,
         hang_after=opts.hang_after, dump_wait=opts.dump_wait, grace=opts.grace,
         on_hang=on_hang, console_name=run_folder.node_name("console.log", node),
     )

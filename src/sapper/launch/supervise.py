@@ -12,13 +12,14 @@ The hang watch reads the run logs the monitor writes under ``logs/``: once a ste
 been logged, no new step on any rank for ``hang_after`` seconds is a hang. sapper then
 asks every rank for its stacks and flight-recorder dump (the trigger file the bootstrap
 polls for), sends SIGUSR1 (which the bootstrap registers with faulthandler) to the
-job's training processes when no stacks came, and ends the job.
+training processes whose stacks did not come, and ends the job.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,15 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["CONSOLE_LIMIT", "Outcome", "StepWatch", "Supervisor", "exit_status"]
+__all__ = ["CONSOLE_LIMIT", "Outcome", "StepWatch", "Supervisor", "exit_status",
+           "group_members"]
 
 #: console.log stops growing past this (a note says so); the terminal still gets all.
 CONSOLE_LIMIT = 256 << 20
 #: Bytes read from the end of a run log to find its last step.
 _TAIL = 64 << 10
-#: Launchers whose own process is not a training process (SIGUSR1 would end it).
-LAUNCHERS = frozenset({"torchrun", "deepspeed", "accelerate", "composer", "llamafactory",
-                       "axolotl", "torchtune", "trl", "litgpt", "shell"})
 
 
 def exit_status(returncode: int) -> int:
@@ -124,12 +123,32 @@ def _last_step(path: Path, size: int) -> int | None:
     return None
 
 
-def _written(folder: Path) -> bool:
-    """Whether any rank has written its stacks into ``folder`` yet."""
+_STACK_FILE = re.compile(r"^rank\d+-(\d+)\.txt$")
+
+
+def _silent_ranks(folder: Path, pgid: int | None) -> list[int]:
+    """The pids whose stack file (``rank{R}-{pid}.txt``, created empty by the bootstrap
+    when it registers faulthandler for SIGUSR1) is still empty, alive in the job's
+    process group."""
+    if pgid is None:
+        return []
+    members = set(group_members(pgid))
+    pids = []
     try:
-        return any(p.stat().st_size > 0 for p in folder.glob("*.txt"))
+        files = list(folder.glob("rank*-*.txt"))
     except OSError:
-        return False
+        return []
+    for path in files:
+        m = _STACK_FILE.match(path.name)
+        try:
+            if m is None or path.stat().st_size > 0:
+                continue
+        except OSError:
+            continue
+        pid = int(m.group(1))
+        if pid in members:
+            pids.append(pid)
+    return sorted(pids)
 
 
 def group_members(pgid: int) -> list[int]:
@@ -163,7 +182,6 @@ class Supervisor:
         env: dict[str, str],
         cwd: Path,
         run_dir: Path,
-        launcher: str,
         hang_after: float | None,
         dump_wait: float = 5.0,
         grace: float = 10.0,
@@ -173,7 +191,6 @@ class Supervisor:
         console_name: str = "console.log",
     ) -> None:
         self.argv, self.env, self.cwd, self.run_dir = argv, env, cwd, run_dir
-        self.launcher = launcher
         self.hang_after, self.dump_wait, self.grace = hang_after, dump_wait, grace
         self.on_hang = on_hang
         self.console_name = console_name
@@ -268,17 +285,18 @@ class Supervisor:
             pass
         if self._done.wait(self.dump_wait):
             return
-        stacks = self.run_dir / "stacks"
-        if self.proc is not None and not _written(stacks):
-            # The bootstrap did not answer the trigger: faulthandler's SIGUSR1 handler
-            # writes the stacks. Not to a launcher's own process, which has none.
-            skip = {self.proc.pid} if self.launcher in LAUNCHERS else set()
-            for pid in group_members(self.proc.pid):
-                if pid not in skip:
-                    try:
-                        os.kill(pid, signal.SIGUSR1)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+        silent = _silent_ranks(self.run_dir / "stacks", self.proc.pid if self.proc else None)
+        if silent:
+            # Ranks that did not answer the trigger (a main thread stuck in C holding the
+            # GIL keeps the bootstrap's thread from running): faulthandler's SIGUSR1
+            # handler writes from the signal itself. Only to the pids the bootstrap named
+            # by their stack file: any other process (a launcher, a worker) would die of
+            # a SIGUSR1 it does not handle.
+            for pid in silent:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except (ProcessLookupError, PermissionError):
+                    pass
             if self._done.wait(min(2.0, self.dump_wait)):
                 return
         self._end_job()

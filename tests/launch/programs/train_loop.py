@@ -34,9 +34,10 @@ if args.gloo:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-# What the bootstrap does in every training process: SIGUSR1 dumps the stacks.
+# What the bootstrap does in every training process: SIGUSR1 dumps the stacks into an
+# (empty until then) file named after the rank and pid.
 (run_dir / "stacks").mkdir(parents=True, exist_ok=True)
-stacks = open(run_dir / "stacks" / f"rank{rank}-{os.getpid()}.txt", "w")
+stacks = open(run_dir / "stacks" / f"rank{rank}-{os.getpid()}.txt", "a")
 faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
 torch.manual_seed(0)
