@@ -7,6 +7,7 @@ Each program runs as a child process with the environment ``sapper run`` gives i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -275,3 +276,19 @@ def test_the_programs_do_not_import_sapper() -> None:
     for path in PROGRAMS.glob("*.py"):
         imports = re.findall(r"^(?:import|from) sapper\b", path.read_text(), re.MULTILINE)
         assert bool(imports) == (path.name == "own_monitor.py"), path.name
+
+
+@pytest.mark.slow
+def test_plain_loop_loss_is_what_the_step_optimised(tmp_path: Path) -> None:
+    """Two micro-batches a step, each ``scaler.scale(loss / 2).backward()``: the run log
+    holds the step's mean loss, the scaling undone, and the scaler's scale."""
+    pytest.importorskip("torch.amp").GradScaler("cpu")
+    run_dir = tmp_path / "run"
+    proc = run([sys.executable, program("plain_accumulate.py")], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    read = read_runlog(run_dir / "logs" / "rank0.jsonl")
+    assert [r.step for r in read.steps] == list(range(12))
+    assert [r.loss for r in read.steps] == pytest.approx(printed, rel=1e-5)
+    assert read.steps[-1].loss_scale == 1024.0
+    assert all(r.extra.get("grad_accum") == 2 for r in read.steps[1:])
