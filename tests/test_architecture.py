@@ -64,12 +64,21 @@ def test_layers_cover_every_top_level_module() -> None:
     assert named - present == set()
 
 
+#: Folders that are entries of a child process's ``PYTHONPATH``, not packages: their
+#: modules are imported under top-level names (``sapper run``'s ``sitecustomize``).
+PATH_ENTRIES = {"src/sapper/launch/site"}
+
+
 def test_every_source_folder_is_a_package() -> None:
     """import-linter sees regular packages only: a folder of modules without
     ``__init__.py`` (a namespace package) would drop out of every contract unnoticed."""
     folders = {p.parent for p in SRC.rglob("*.py") if "__pycache__" not in p.parts}
     namespaces = [f for f in folders if not (f / "__init__.py").exists()]
-    assert sorted(str(f.relative_to(ROOT)) for f in namespaces) == []
+    named = sorted(str(f.relative_to(ROOT)) for f in namespaces)
+    assert [f for f in named if f not in PATH_ENTRIES] == []
+    # a path entry holds just the module Python looks for there
+    for entry in PATH_ENTRIES:
+        assert sorted(p.name for p in (ROOT / entry).glob("*.py")) == ["sitecustomize.py"]
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
