@@ -74,19 +74,20 @@ class Preflight:
 
 
 def _text_config(launch: Launch, cwd: Path) -> Any:
-    """The command line as a config text, when a reader recognises it (a Trainer's or
-    Megatron's flags); None otherwise."""
+    """The command line as a config text, when a reader recognises and reads it (a
+    Trainer's or Megatron's flags); None otherwise."""
     from sapper.plan.readers.base import Sniff
-    from sapper.plan.readers.registry import detect_config
+    from sapper.plan.readers.registry import read_config
 
     if not launch.trains or "--" not in launch.text:
         return None
-    sniff = Sniff(cwd / COMMAND_NAME, launch.text)
     try:
-        detect_config(sniff)
+        # Read once here: flags a reader recognises but cannot read (a command line
+        # whose Trainer flags are all the shell's) must not cost the config files.
+        read_config(Sniff(cwd / COMMAND_NAME, launch.text))
     except InputError:
         return None
-    return sniff
+    return Sniff(cwd / COMMAND_NAME, launch.text)
 
 
 def plan_inputs(
