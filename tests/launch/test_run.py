@@ -243,3 +243,10 @@ def test_sigusr1_gets_the_stacks_of_a_rank_that_does_not_answer(tmp_path: Path,
     assert done.returncode == 124, done.stderr
     hang = run_json(tmp_path / "r")["hang"]
     assert hang["stacks"]["0"]["frame"].endswith("in stuck_in_io")
+
+
+def test_a_run_folder_that_cannot_be_made_is_an_input_error(tmp_path: Path, env) -> None:
+    (tmp_path / "taken").write_text("a file")
+    done = sapper(["run", "--out", "taken", "--", sys.executable, "-c", "print(1)"], env,
+                  tmp_path)
+    assert done.returncode == 2 and "--out" in done.stderr and done.stdout == ""

@@ -11,6 +11,7 @@ blocked the launch; 124 when sapper ended a hung job; 127 when the command canno
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -68,7 +69,7 @@ def run(
                 expected="the launch command after `--`, e.g. sapper run -- torchrun "
                 "--nproc-per-node 8 train.py",
             )
-        if hang_after < 0:
+        if not math.isfinite(hang_after) or hang_after < 0:
             raise InputError("must be 0 (never) or a number of seconds", field="--hang-after",
                              value=hang_after, expected="a number ≥ 0")
         if gpu is not None:

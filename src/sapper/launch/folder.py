@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sapper.errors import InputError
 from sapper.jsontext import dumps
 
 if TYPE_CHECKING:
@@ -42,8 +43,14 @@ def make(out: Path | None, name: str, cwd: Path) -> Path:
         out = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = out if out.is_absolute() else cwd / out
     path = Path(os.path.abspath(path))
-    for sub in ("", "logs", "stacks", "fr"):
-        (path / sub).mkdir(parents=True, exist_ok=True)
+    try:
+        for sub in ("", "logs", "stacks", "fr"):
+            (path / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot make the run folder ({exc.strerror or exc})", file=str(path),
+            field="--out", expected="a folder sapper can create and write",
+        ) from None
     return path
 
 
