@@ -21,7 +21,7 @@ from sapper.diagnose.onset import series
 from sapper.diagnose.reason import Candidate, Reasoning, rank_causes
 from sapper.diagnose.restarts import restart_verdicts
 from sapper.diagnose.slow import Bottleneck, slow_verdicts
-from sapper.rules.causes import causes_of, produced_by, question_of
+from sapper.rules.causes import BLOW_UP, causes_of, produced_by, question_of
 
 if TYPE_CHECKING:
     from sapper.checkpoint.inspect import InspectResult
@@ -180,8 +180,11 @@ class Diagnosis:
             if self.reasoning.named is not None else [],
             "symptoms": [s.to_json() for s in self.reasoning.symptoms],
             "summary": {
+                # "unexplained": a blow-up finding no answer covers; other warnings that
+                # are only told (a noisy loss) leave the run "healthy", as before
                 "verdict": causes[0]["cause"] if causes else (
-                    "unexplained" if self.reasoning.symptoms else "healthy"),
+                    "unexplained" if any(s.code in BLOW_UP for s in self.reasoning.symptoms)
+                    else "healthy"),
                 "onset": self.onset,
                 "logs": self.logs,
                 "config": self.config,
