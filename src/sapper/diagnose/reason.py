@@ -272,7 +272,7 @@ def rank_causes(
     sign such as wrapped position ids): a config finding alone is ``check``'s to report,
     not a cause of a failure that did not happen. ``measured``: verdicts read from the
     records themselves (where a slow step's time goes)."""
-    return _rank(log, config, [*restarts, *measured], precision, checkpoint or [], 0)
+    return _rank(log, config, [*restarts, *measured], precision, checkpoint or [], set())
 
 
 def _rank(
@@ -281,7 +281,7 @@ def _rank(
     verdicts: list[Verdict],
     precision: str | None,
     checkpoint: list[Evidence],
-    depth: int,
+    named_before: set[str],
 ) -> Reasoning:
     symptoms = [e for e in log if e.is_symptom]
     if not symptoms and not any(
@@ -290,7 +290,7 @@ def _rank(
     ):
         return Reasoning([], [], None)
     candidates = [
-        c for cause in CAUSES if _allowed(cause, precision)
+        c for cause in CAUSES if _allowed(cause, precision) and cause.id not in named_before
         if (c := _candidate(cause, symptoms, log, config, verdicts, checkpoint)) is not None
     ]
     candidates.sort(key=lambda c: (-c.confidence, -c.coverage, c.cause.id))
@@ -299,14 +299,15 @@ def _rank(
                          "no evidence in the inputs points at any cause")
     named, undecided, basis, rival = _decide(candidates)
     out = Reasoning(candidates, symptoms, named, undecided, basis, rival)
-    if named is None or depth + 1 >= MAX_CAUSES:
+    if named is None or len(named_before) + 1 >= MAX_CAUSES:
         return out
     used = {(e.code, e.step, e.source) for e in named.evidence + named.explains}
     rest = [e for e in log if (e.code, e.step, e.source) not in used]
     if any(e.is_symptom for e in rest):
-        again = _rank(rest, None, [v for v in verdicts if v.cause != named.cause.id],
+        again = _rank(rest, config, [v for v in verdicts if v.cause != named.cause.id],
                       precision, [e for e in checkpoint
-                                  if (e.code, e.step, e.source) not in used], depth + 1)
+                                  if (e.code, e.step, e.source) not in used],
+                      named_before | {named.cause.id})
         if again.named is not None:
             out.more = [again, *again.more]
             again.more = []
