@@ -292,3 +292,27 @@ def test_plain_loop_loss_is_what_the_step_optimised(tmp_path: Path) -> None:
     assert [r.loss for r in read.steps] == pytest.approx(printed, rel=1e-5)
     assert read.steps[-1].loss_scale == 1024.0
     assert all(r.extra.get("grad_accum") == 2 for r in read.steps[1:])
+
+
+@pytest.mark.slow
+def test_a_program_that_handles_sigusr1_keeps_it(tmp_path: Path) -> None:
+    """The program takes SIGUSR1 for itself: sapper stops offering it (no empty stack
+    file), the program's handler still runs, and the trigger file still dumps."""
+    run_dir, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, program("wait_for_dump.py"), str(marks)],
+        env=bootstrap_env(run_dir, OWN_SIGUSR1="1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: (marks / "ready0").exists())
+        _wait_for(lambda: not list((run_dir / "stacks").glob("*.txt")), timeout=10)
+        os.kill(int((marks / "ready0").read_text()), signal.SIGUSR1)
+        (run_dir / ".sapper-dump").write_text("now\n")
+        _wait_for(lambda: "wait_for_release" in _stack_text(run_dir, 0), timeout=20)
+    finally:
+        (marks / "release").write_text("")
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "own SIGUSR1 handler ran" in out and "released" in out

@@ -101,6 +101,8 @@ class _State:
         self.stacks: Any = None
         self.stacks_path: Path | None = None
         self.stacks_rank: int | None = None
+        #: faulthandler answers SIGUSR1 with the stacks (the program has not taken it).
+        self.usr1 = False
         self.lock = threading.Lock()
 
 
@@ -575,12 +577,13 @@ def _start_dumps(run_dir: Path) -> None:
     folder = run_dir / "stacks"
     folder.mkdir(parents=True, exist_ok=True)
     rank = _env_rank()
-    path = folder / f"rank{rank}-{os.getpid()}.txt"
-    _S.stacks = open(path, "a")  # held open: faulthandler writes to it on SIGUSR1
-    _S.stacks_path, _S.stacks_rank = path, rank
+    _S.stacks_path, _S.stacks_rank = folder / f"rank{rank}-{os.getpid()}.txt", rank
     usr1 = getattr(signal, "SIGUSR1", None)
     if usr1 is not None and signal.getsignal(usr1) in (signal.SIG_DFL, None):
+        # The empty file says "SIGUSR1 writes my stacks": only while the handler is ours.
+        _S.stacks = open(_S.stacks_path, "a")  # held open: faulthandler writes to it
         faulthandler.register(usr1, file=_S.stacks, all_threads=True)
+        _S.usr1 = True
     trigger = run_dir / TRIGGER
     threading.Thread(
         target=_watch_trigger,
@@ -588,6 +591,23 @@ def _start_dumps(run_dir: Path) -> None:
         name="sapper-dump-watch",
         daemon=True,
     ).start()
+
+
+def _check_usr1() -> None:
+    """The program installed its own SIGUSR1 handler (Lightning's SLURM requeue) over
+    faulthandler's: stop offering SIGUSR1, so no one sends it expecting stacks."""
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if not _S.usr1 or usr1 is None or signal.getsignal(usr1) in (signal.SIG_DFL, None):
+        return
+    # (no faulthandler.unregister: it would put back the handler it replaced, over the
+    # program's)
+    _S.usr1 = False
+    if _S.stacks is not None and _S.stacks_path is not None and _S.stacks.tell() == 0:
+        with contextlib.suppress(Exception):
+            _S.stacks.close()
+        with contextlib.suppress(OSError):
+            _S.stacks_path.unlink()
+        _S.stacks = None
 
 
 #: The launchers' own processes (``torchrun``, ``python -m torch.distributed.run``,
@@ -621,6 +641,7 @@ def _watch_trigger(trigger: Path, seen: int | None) -> None:
         _stop_dumps()
         return
     while True:
+        _check_usr1()
         now = _mtime(trigger)
         if now is not None and now != seen:
             seen = now
@@ -634,8 +655,9 @@ def _stop_dumps() -> None:
     """A launcher's process after all: no stack file, no SIGUSR1 handler of sapper's."""
     usr1 = getattr(signal, "SIGUSR1", None)
     with contextlib.suppress(Exception):
-        if usr1 is not None:
+        if usr1 is not None and _S.usr1 and signal.getsignal(usr1) in (signal.SIG_DFL, None):
             faulthandler.unregister(usr1)
+    _S.usr1 = False
     if _S.stacks is not None:
         with contextlib.suppress(Exception):
             _S.stacks.close()
@@ -663,13 +685,16 @@ def _rename_stacks() -> None:
     rank = torch.distributed.get_rank()
     if rank != _S.stacks_rank:
         new = _S.stacks_path.with_name(f"rank{rank}-{os.getpid()}.txt")
-        os.replace(_S.stacks_path, new)  # the open file (faulthandler's) follows it
+        if _S.stacks is not None:
+            os.replace(_S.stacks_path, new)  # the open file (faulthandler's) follows it
         _S.stacks_path, _S.stacks_rank = new, rank
 
 
 def _dump() -> None:
     _rename_stacks()
-    if _S.stacks is not None:
+    if _S.stacks_path is not None:
+        if _S.stacks is None:
+            _S.stacks = open(_S.stacks_path, "a")
         faulthandler.dump_traceback(file=_S.stacks, all_threads=True)
         _S.stacks.flush()
     if _S.run_dir is None or not _dist_initialized() or not _recorder_on():
