@@ -136,6 +136,9 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, float]]]] = {
         "rss_gib": ("gpu_mem_gb", 1.0),
         "step_time_s": ("iter_time", 1.0), "data_time_s": ("data_wait_ms", 1e3),
         "tokens_per_s": ("throughput", 1.0)}),
+    "overflow-user-columns.csv": ("../../../tests/fixtures/diagnose/overflow", {
+        "loss": ("loss", 1.0), "grad_norm": ("gnorm", 1.0),
+        "loss_scale": ("scaler/scale", 1.0), "skipped": ("overflow", 1.0)}),
     "healthy-user-columns.csv": ("healthy-long", {
         "loss": ("loss", 1.0), "lr": ("lr", 1.0), "grad_norm": ("gnorm", 1.0),
         "rss_gib": ("max_memory_allocated", float(2**30)),
@@ -152,6 +155,8 @@ def _table(name: str, source: str, columns: dict[str, tuple[str, float]]) -> Non
         row: dict[str, Any] = {"step": rec["step"]}
         for field, (column, factor) in columns.items():
             value = rec.get(field)
+            if value in ("nan", "inf", "-inf"):  # how the run log writes non-finite numbers
+                value = float(value)
             if isinstance(value, (int, float)):
                 row[column] = value * factor
         if len(row) > 1:
