@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,12 @@ MIN_BYTES = DEFAULT_MIN_BYTES
 SPECIAL_SHARE = 0.25
 #: Text read and decoded at once: bounds the memory a long log's text takes.
 BLOCK_BYTES = 32 << 20
+#: polars' allocator (jemalloc) keeps the pages each block's decoding freed for ten
+#: seconds by default, so a long log's read held some 100 MB it no longer used at the
+#: peak; returned at once, unless the user's environment says otherwise. Set before
+#: polars is first imported (its allocator reads it then); a process that imported
+#: polars already keeps its own setting.
+_ALLOCATOR_ENV = ("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 
 _SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
 #: In a block polars cannot decode whole (a torn or unreadable line), the lines tried
@@ -129,7 +137,7 @@ def _read_block(pl: Any, data: bytes, schema: dict[str, Any]) -> Any:
     """Every line of a block decoded by polars in one pass (the fast way); ``None``
     when a line is not JSON at all (polars stops there)."""
     try:
-        return pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
+        return pl.read_ndjson(data, schema=schema, ignore_errors=True)
     except Exception:
         return None
 
@@ -396,6 +404,8 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
     if size < max(1, min_bytes):
         return None
     try:
+        if "polars" not in sys.modules:
+            os.environ.setdefault(*_ALLOCATOR_ENV)
         import polars as pl
     except ImportError:
         return None
