@@ -14,7 +14,12 @@ src/sapper/monitor/attach.py).
    one-off cost shows in the ``first steps`` column).
 
 Run: python benchmarks/bootstrap_cost.py [--pairs 40] [--repeats 5] [--steps 200]
-On a busy machine the CPU columns (user + system time of the child) say more than wall.
+[--only startup|monitor]. On a busy machine the CPU columns (user + system time of the
+child) say more than wall. An installed sapper runs its bootstrap from bytecode compiled
+at install; a source checkout under PYTHONDONTWRITEBYTECODE=1 would compile it in every
+process (~1.5 ms), so bytecode is cached in a temporary folder (PYTHONPYCACHEPREFIX) for
+both sides of each pair, as benchmarks/startup.py does; --no-bytecode-cache keeps the
+caller's setting.
 """
 
 from __future__ import annotations
@@ -68,9 +73,16 @@ print(json.dumps({"step_ms": (end - warmed) / steps * 1e3, "first_ms": (warmed -
 """
 
 
+#: Where the children cache bytecode (None: the caller's setting).
+PYCACHE: list[str] = []
+
+
 def _env(run_dir: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("SAPPER_RUN_DIR", "RANK")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if PYCACHE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE[0]
     if run_dir is not None:
         env["SAPPER_RUN_DIR"] = str(run_dir)
         env["SAPPER_RUN_COMMAND"] = "1"
@@ -156,48 +168,61 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs of each training mode")
     parser.add_argument("--steps", type=int, default=200, help="steps timed per run")
     parser.add_argument("--warm", type=int, default=10, help="first steps left out")
+    parser.add_argument("--only", choices=("startup", "monitor"), help="one half only")
+    parser.add_argument("--no-bytecode-cache", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sapper-bootstrap-") as tmp:
         folder = Path(tmp)
-        rows = [
-            ("python -c pass", startup("pass", args.pairs, folder / "s1"), START_TARGET_MS),
-            ("python -c 'import torch'", startup("import torch", max(4, args.pairs // 4),
-                                                 folder / "s2"), None),
-        ]  # fmt: skip
-        print("Start-up per process (ms, medians; diff = median of paired differences)")
-        print(f"{'command':<26}{'bare wall':>10}{'boot wall':>10}{'diff':>8}"
-              f"{'bare cpu':>10}{'boot cpu':>10}{'diff':>8}  target")  # fmt: skip
-        for name, r, target in rows:
-            verdict = "" if target is None else (
-                f"< {target:.0f} ms: {'met' if r['diff_wall'] < target else 'MISSED'}"
-            )
-            walls = f"{r['bare_wall']:>10.1f}{r['boot_wall']:>10.1f}{r['diff_wall']:>8.1f}"
-            cpus = f"{r['bare_cpu']:>10.1f}{r['boot_cpu']:>10.1f}{r['diff_cpu']:>8.1f}"
-            print(f"{name:<26}{walls}{cpus}  {verdict}")
-        cost = monitor_cost(args.repeats, args.steps, args.warm, folder)
-        print()
-        print(f"Monitor in a plain loop, tiny GPT-2, {args.steps} steps x {args.repeats} runs "
-              "(ms, medians)")  # fmt: skip
-        print(f"{'mode':<34}{'step':>8}{'± half range':>14}{'step cpu':>10}{'± half range':>14}"
-              f"{'first steps':>13}")  # fmt: skip
-        names = {
-            "bare": "bare loop (no monitor)",
-            "code": "two lines in the code",
-            "run": "bootstrapped (no code change)",
-        }
-        for mode in ("bare", "code", "run"):
-            c = cost[mode]
-            wall = f"{c['step_ms']:>8.2f}{c['spread_ms']:>14.2f}"
-            cpu = f"{c['cpu_ms']:>10.2f}{c['cpu_spread_ms']:>14.2f}"
-            print(f"{names[mode]:<34}{wall}{cpu}{c['first_ms']:>13.1f}")
-        code, boot = cost["code"], cost["run"]
-        measures = (("wall", "step_ms", "spread_ms"), ("cpu", "cpu_ms", "cpu_spread_ms"))
-        for what, key, spread in measures:
-            delta = boot[key] - code[key]
-            noise = max(code[spread], boot[spread])
-            same = "the same within noise" if abs(delta) <= noise else "OUTSIDE the noise"
-            print(f"bootstrapped - two lines ({what}): {delta:+.2f} ms a step "
-                  f"({same}: ± {noise:.2f} ms)")  # fmt: skip
+        if not args.no_bytecode_cache:
+            PYCACHE.append(str(folder / "pycache"))
+        if args.only != "monitor":
+            _startup_table(args.pairs, folder)
+        if args.only != "startup":
+            _monitor_table(args.repeats, args.steps, args.warm, folder)
+
+
+def _startup_table(pairs: int, folder: Path) -> None:
+    rows = [
+        ("python -c pass", startup("pass", pairs, folder / "s1"), START_TARGET_MS),
+        ("python -c 'import torch'", startup("import torch", max(4, pairs // 4), folder / "s2"),
+         None),
+    ]  # fmt: skip
+    print("Start-up per process (ms, medians; diff = median of paired differences)")
+    print(f"{'command':<26}{'bare wall':>10}{'boot wall':>10}{'diff':>8}"
+          f"{'bare cpu':>10}{'boot cpu':>10}{'diff':>8}  target")  # fmt: skip
+    for name, r, target in rows:
+        verdict = "" if target is None else (
+            f"< {target:.0f} ms: {'met' if r['diff_wall'] < target else 'MISSED'}"
+        )
+        walls = f"{r['bare_wall']:>10.1f}{r['boot_wall']:>10.1f}{r['diff_wall']:>8.1f}"
+        cpus = f"{r['bare_cpu']:>10.1f}{r['boot_cpu']:>10.1f}{r['diff_cpu']:>8.1f}"
+        print(f"{name:<26}{walls}{cpus}  {verdict}")
+    print()
+
+
+def _monitor_table(repeats: int, steps: int, warm: int, folder: Path) -> None:
+    cost = monitor_cost(repeats, steps, warm, folder)
+    print(f"Monitor in a plain loop, tiny GPT-2, {steps} steps x {repeats} runs (ms, medians)")
+    print(f"{'mode':<34}{'step':>8}{'± half range':>14}{'step cpu':>10}{'± half range':>14}"
+          f"{'first steps':>13}")  # fmt: skip
+    names = {
+        "bare": "bare loop (no monitor)",
+        "code": "two lines in the code",
+        "run": "bootstrapped (no code change)",
+    }
+    for mode in ("bare", "code", "run"):
+        c = cost[mode]
+        wall = f"{c['step_ms']:>8.2f}{c['spread_ms']:>14.2f}"
+        cpu = f"{c['cpu_ms']:>10.2f}{c['cpu_spread_ms']:>14.2f}"
+        print(f"{names[mode]:<34}{wall}{cpu}{c['first_ms']:>13.1f}")
+    code, boot = cost["code"], cost["run"]
+    measures = (("wall", "step_ms", "spread_ms"), ("cpu", "cpu_ms", "cpu_spread_ms"))
+    for what, key, spread in measures:
+        delta = boot[key] - code[key]
+        noise = max(code[spread], boot[spread])
+        same = "the same within noise" if abs(delta) <= noise else "OUTSIDE the noise"
+        print(f"bootstrapped - two lines ({what}): {delta:+.2f} ms a step "
+              f"({same}: ± {noise:.2f} ms)")  # fmt: skip
 
 
 if __name__ == "__main__":
