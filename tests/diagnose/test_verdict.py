@@ -101,3 +101,16 @@ def test_a_clean_item_weighs_against_but_not_over_what_the_run_measured() -> Non
     weak = [ev("R013", 100), ev("R002", 101)]
     ran = _config([], {"D105"})
     assert rank(weak, ran).candidates[0].support == rank(weak).candidates[0].support - 0.2
+
+
+def test_of_two_equal_causes_the_one_whose_evidence_began_first_leads() -> None:
+    from sapper.diagnose.diagnosis import Diagnosis
+
+    # wrapped positions from step 5 and a short data cycle from step 6, both explaining
+    # the flat loss: the first cause leads, the other is named for what it alone shows
+    r = rank([ev("R091", 5, E), ev("R072", 6), ev("R003", 60)])
+    assert r.named is not None and r.named.cause.id == "positions"
+    assert [x.named.cause.id for x in r.more if x.named is not None] == ["data-repeat"]
+    doc = Diagnosis(r, ["run.log"], None, "fp32").to_json()
+    assert [c["cause"] for c in doc["causes"]] == ["positions", "data-repeat"]
+    assert "data-repeat" not in {c["cause"] for c in doc["considered"]}

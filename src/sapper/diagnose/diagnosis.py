@@ -169,8 +169,10 @@ class Diagnosis:
         return out
 
     def considered(self) -> list[Candidate]:
+        """The other candidates of the first round, less the causes named after it."""
         r = self.reasoning
-        return [c for c in r.candidates if c is not r.named][:MAX_CONSIDERED]
+        named = {x.named.cause.id for x in (r, *r.more) if x.named is not None}
+        return [c for c in r.candidates if c.cause.id not in named][:MAX_CONSIDERED]
 
     def to_json(self) -> dict[str, Any]:
         causes = self.causes_json()

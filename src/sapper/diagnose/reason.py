@@ -293,7 +293,10 @@ def _rank(
         c for cause in CAUSES if _allowed(cause, precision) and cause.id not in named_before
         if (c := _candidate(cause, symptoms, log, config, verdicts, checkpoint)) is not None
     ]
-    candidates.sort(key=lambda c: (-c.confidence, -c.coverage, c.cause.id))
+    # on a tie, the cause whose evidence began first: the first cause, not a later one
+    candidates.sort(key=lambda c: (-c.confidence, -c.coverage,
+                                   c.first_step if c.first_step is not None else 1 << 62,
+                                   c.cause.id))
     if not candidates:
         return Reasoning([], symptoms, None,
                          "no evidence in the inputs points at any cause")
