@@ -86,10 +86,16 @@ def measure(cmd: list[str], timeout: float, mem_gb: float) -> tuple[float | None
         cap = int(mem_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
+    # The peak RSS of a tool killed at the timeout is measured too (rusage of the
+    # children waited for).
     runner = ("import resource, subprocess, sys, time\n"
               "t = time.perf_counter()\n"
-              "p = subprocess.run(sys.argv[2:], capture_output=True, text=True,"
+              "try:\n"
+              "    p = subprocess.run(sys.argv[2:], capture_output=True, text=True,"
               " timeout=float(sys.argv[1]))\n"
+              "except subprocess.TimeoutExpired:\n"
+              "    print('TIMEOUT')\n"
+              "    p = subprocess.CompletedProcess([], -9, '', '')\n"
               "print('WALL', time.perf_counter() - t)\n"
               "print('RSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
               "print('RC', p.returncode)\n"
@@ -105,6 +111,8 @@ def measure(cmd: list[str], timeout: float, mem_gb: float) -> tuple[float | None
         return None, float("nan"), "timed out"
     wall = float(re.search(r"WALL (\S+)", out).group(1))  # type: ignore[union-attr]
     rss = int(re.search(r"RSS (\d+)", out).group(1)) / 1024  # type: ignore[union-attr]
+    if "TIMEOUT" in out:
+        return None, rss, f"no answer within {timeout:.0f} s (killed)"
     rc = int(re.search(r"RC (-?\d+)", out).group(1))  # type: ignore[union-attr]
     return wall, rss, _gist(out, rc)
 
