@@ -147,6 +147,15 @@ class Diagnosis:
         r = self.reasoning
         return bool(r.candidates) or any(s.severity.rank >= 2 for s in r.symptoms)
 
+    def _uncovered(self, causes: list[dict[str, Any]]) -> list[Evidence]:
+        """The problems the named causes leave unexplained, told beside them (when no
+        cause is named the problems are the answer's own list)."""
+        if not causes:
+            return []
+        covered = {code for c in causes
+                   for code in [*c["explains"], *(e["code"] for e in c["evidence"])]}
+        return [s for s in self.reasoning.symptoms if s.code not in covered]
+
     def open_questions(self) -> list[dict[str, Any]]:
         """The problems no answer covers (told, not diagnosed), each with the causes
         that can produce it and the tests that would decide between them: what to do
@@ -193,7 +202,7 @@ class Diagnosis:
                 "checkpoints": self.checkpoints,
                 "precision": self.precision,
                 "undecided": self.reasoning.undecided or None,
-                "other_findings": [e.to_json() for e in self.other],
+                "other_findings": [e.to_json() for e in self.other + self._uncovered(causes)],
                 "question": self.question,
                 "bottlenecks": [b.to_json() for b in self.bottlenecks],
                 "columns": self.columns,

@@ -141,14 +141,14 @@ def render_diagnosis(diagnosis: Diagnosis) -> Group:
             parts.append(Text(""))
             parts += _cause(more, logs, f"Cause {i} (of what the first leaves unexplained)")
         parts += _considered(doc["considered"], "Also considered (ranked lower):", logs)
-    for q in doc["summary"].get("open", []):
-        parts.append(Text.from_markup(
-            f"[bold]{escape(q['code'])}[/] could come from: {escape(', '.join(q['could_be']))}; "
-            f"to decide: {escape('; or '.join(q['to_decide']))}"))
     parts += _bottlenecks(doc["summary"].get("bottlenecks", []))
     for note in doc["summary"].get("columns", []):
         parts.append(Text.from_markup(f"[dim]{escape(note)}[/]"))
     if doc["summary"]["other_findings"]:
         parts.append(Text("Other findings of analyze (no cause points at them):", style="dim"))
         parts += _evidence(doc["summary"]["other_findings"], logs)
+    for q in doc["summary"].get("open", []):
+        parts.append(Text.from_markup(
+            f"[bold]{escape(q['code'])}[/] could come from: {escape(', '.join(q['could_be']))}; "
+            f"to decide: {escape('; or '.join(q['to_decide']))}"))
     return Group(*parts)
