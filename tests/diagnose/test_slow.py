@@ -75,3 +75,20 @@ def test_a_slowdown_the_log_cannot_split_is_told_not_blamed(tmp_path: Path) -> N
     assert question["to_decide"]
     text = runner.invoke(app, ["diagnose", str(tmp_path / "run.csv")]).output
     assert "compute or communication" in text
+
+
+def test_a_straggler_rank_is_the_slow_runs_hardware(tmp_path: Path) -> None:
+    """The cross-rank pass found one rank persistently slower (X002): every rank waits
+    for it at each collective, and the split names it (the hardware cause)."""
+    from sapper.diagnose.slow import slow_verdicts
+    from sapper.logs import read_log
+    from sapper.pipeline.logs import analyze_logs
+    from sapper.rules.registry import get_rule
+
+    (analysis,) = analyze_logs([read_log(_table(tmp_path / "run.csv", retries=False,
+                                                data=False))], None, [], [])
+    analysis.findings.append(get_rule("X002").finding(
+        "rank 3 is 40% slower than the others", step=320, rank=3))
+    verdicts, ranked = slow_verdicts([analysis])
+    assert ranked[0].name == "straggler rank"
+    assert [v.cause for v in verdicts] == ["hardware"]
