@@ -316,3 +316,16 @@ def test_a_program_that_handles_sigusr1_keeps_it(tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     assert "own SIGUSR1 handler ran" in out and "released" in out
+
+
+@pytest.mark.slow
+def test_plain_loop_fault_is_found_with_its_scheduler(tmp_path: Path) -> None:
+    """The loop's LR scheduler (found beside its optimizer) steps per micro-batch: R042,
+    in the run log and on the console."""
+    run_dir = tmp_path / "run"
+    proc = run([sys.executable, program("plain_scheduler_fault.py")], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = run_dir / "logs" / "rank0.jsonl"
+    assert serious(log) == ["R042"] and "R042" in proc.stderr
+    steps = read_runlog(log).steps
+    assert all(r.extra.get("scheduler_steps") == 2 for r in steps[1:])

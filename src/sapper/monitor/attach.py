@@ -304,7 +304,7 @@ def _step_loss(roots: list[torch.Tensor]) -> torch.Tensor:
 def _attach_plain(optimizer: Any) -> None:
     if _S.plain is not None or _watched(optimizer=optimizer):
         return
-    model = _model_of(optimizer)
+    model, scheduler = _model_of(optimizer)
     if model is None:
         _off(
             f"no torch.nn.Module holds the parameters the {type(optimizer).__name__} "
@@ -317,19 +317,34 @@ def _attach_plain(optimizer: Any) -> None:
     _rename_stacks()
     rank = torch.distributed.get_rank() if _distributed() else None
     with _building():
-        mon = Monitor(model, optimizer, scaler=scaler, run_log=run_log_path(), rank=rank)
+        mon = Monitor(
+            model, optimizer, scaler=scaler, scheduler=scheduler, run_log=run_log_path(),
+            rank=rank,
+        )
     _S.plain, _S.plain_opt = mon, weakref.ref(optimizer)
     _S.auto.add(mon)
     _S.probe = model.register_forward_hook(_probe_model_loss)
 
 
-def _model_of(optimizer: Any) -> nn.Module | None:
+def _model_of(optimizer: Any) -> tuple[nn.Module | None, Any]:
     """The outermost module holding most of the optimizer's parameters (a DDP, FSDP or
-    compiled wrapper, whose forward the loop calls), else one holding the optimizer."""
+    compiled wrapper, whose forward the loop calls), else one holding the optimizer; and
+    the LR scheduler driving the optimizer, if there is one (its calls per step are
+    checked). One walk over the objects the garbage collector tracks, once per run."""
     from sapper.monitor.training import unwrap_optimizer
 
     ids = {id(p) for g in optimizer.param_groups for p in g.get("params", ())}
-    modules = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
+    base = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or getattr(
+        torch.optim.lr_scheduler, "_LRScheduler", None
+    )
+    modules, scheduler = [], None
+    for o in gc.get_objects():
+        kind = type(o)
+        if issubclass(kind, nn.Module):
+            modules.append(o)
+        elif base is not None and issubclass(kind, base) and scheduler is None:
+            if getattr(o, "optimizer", None) is optimizer:
+                scheduler = o
     inner = {
         id(child)
         for m in modules
@@ -345,12 +360,12 @@ def _model_of(optimizer: Any) -> nn.Module | None:
             continue
         if held > most:
             best, most = m, held
-    if best is not None:
-        return best
-    for m in roots:  # the optimizer steps flat copies (DeepSpeed ZeRO): its engine
-        if unwrap_optimizer(getattr(m, "optimizer", None)) is optimizer:
-            return m
-    return None
+    if best is None:  # the optimizer steps flat copies (DeepSpeed ZeRO): its engine
+        best = next(
+            (m for m in roots if unwrap_optimizer(getattr(m, "optimizer", None)) is optimizer),
+            None,
+        )
+    return best, scheduler
 
 
 def _probe_model_loss(module: nn.Module, args: Any, output: Any) -> None:
