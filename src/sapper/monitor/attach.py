@@ -19,7 +19,8 @@ as each module it waits for finishes importing. Here that becomes:
   ``nn.Module`` holding the optimizer's parameters, found once by one walk over the
   objects the garbage collector tracks (no hook on every module call, which would slow
   each forward pass); failing that, the module holding the optimizer (DeepSpeed's
-  engine). After each step the monitor gets the step's loss: the model's own (the
+  engine). The same walk finds the LR scheduler driving the optimizer, whose calls per
+  step the monitor checks. After each step the monitor gets the step's loss: the model's own (the
   monitor reads it from the forward output) when the model returns one, else the sum of
   the scalars given to backward since the last step (``(loss / accumulation)`` per
   micro-batch sums to the step's mean), with a ``GradScaler``'s scaling undone. No value
