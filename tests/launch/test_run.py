@@ -250,3 +250,15 @@ def test_a_run_folder_that_cannot_be_made_is_an_input_error(tmp_path: Path, env)
     done = sapper(["run", "--out", "taken", "--", sys.executable, "-c", "print(1)"], env,
                   tmp_path)
     assert done.returncode == 2 and "--out" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.slow
+def test_the_summary_sets_measured_tokens_against_the_plan(tmp_path: Path, env) -> None:
+    lm = str(Path(__file__).parent / "programs" / "tiny_lm.py")
+    plan = str(ROOT / "examples/plans/healthy-llama-7b.yaml")
+    done = sapper(["run", "--out", "r", "--config", plan, "--", sys.executable, lm, "40"],
+                  env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    tokens = run_json(tmp_path / "r")["tokens"]
+    assert tokens["measured"] > 0 and tokens["predicted"] > 0
+    assert "tokens/s measured vs" in done.stderr

@@ -242,13 +242,15 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
         forwarded=out.forwarded, error=error,
     )
     console.print()
+    if out.outcome == "ok":
+        _print_healthy(console, doc, troubled=diag_json is not None)
     if out.outcome == "ok" and diag_json is None:
-        _print_healthy(console, doc)
+        pass  # the summary is the answer
     else:
-        how = {"interrupted": "was interrupted", "ok": "ended with exit 0"}.get(
-            out.outcome, out.outcome)
-        _say(console, f"the run {how} (exit {out.exit_code})"
-             + (f"; sapper exits {code}" if code != out.exit_code else ""), "bold red")
+        if out.outcome != "ok":
+            how = "was interrupted" if out.outcome == "interrupted" else out.outcome
+            _say(console, f"the run {how} (exit {out.exit_code})"
+                 + (f"; sapper exits {code}" if code != out.exit_code else ""), "bold red")
         if hang is not None:
             _say(console, "hang: " + hang["summary"], "bold red")
             headline = _fr_headline(hang.get("flight_recorder"))
@@ -397,7 +399,9 @@ def _html_report(run_dir: Path, post: dict[str, Any], pre: Preflight, err: Conso
     return path
 
 
-def _print_healthy(console: Console, doc: dict[str, Any]) -> None:
+def _print_healthy(console: Console, doc: dict[str, Any], troubled: bool = False) -> None:
+    """The one screen of a run that exited 0: steps, findings, throughput against the
+    plan. ``troubled``: its logs still show a problem (the diagnosis follows)."""
     steps = doc.get("steps") or {}
     last = [s for s in steps.values() if s is not None]
     counts: dict[str, int] = {}
@@ -405,9 +409,12 @@ def _print_healthy(console: Console, doc: dict[str, Any]) -> None:
         counts[f["severity"]] = counts.get(f["severity"], 0) + 1
     took = doc["ended"] - doc["started"]
     if last:
-        _say(console, f"the run ended well (exit 0) in {took:,.0f} s: {max(last):,} steps "
+        ended = "ended (exit 0)" if troubled else "ended well (exit 0)"
+        _say(console, f"the run {ended} in {took:,.0f} s: {max(last):,} steps "
              f"over {len(steps)} run log(s); findings: {counts.get('error', 0)} error(s), "
-             f"{counts.get('warning', 0)} warning(s), {counts.get('info', 0)} info", "bold green")
+             f"{counts.get('warning', 0)} warning(s), {counts.get('info', 0)} info"
+             + ("; its logs show a problem, diagnosed below" if troubled else ""),
+             "bold yellow" if troubled else "bold green")
     else:
         _say(console, f"the program ended with exit 0 in {took:,.0f} s (no run log: no "
              "training steps were monitored)", "bold green")
@@ -418,6 +425,8 @@ def _print_healthy(console: Console, doc: dict[str, Any]) -> None:
             ratio = tokens["measured"] / tokens["predicted"]
             line += f" vs {tokens['predicted']:,.0f} predicted by the plan ({ratio:.0%})"
         _say(console, line)
+    if troubled:
+        return  # the diagnosis that follows names the findings that matter
     for f in doc.get("findings", [])[:5]:
         if f["severity"] in ("error", "warning"):
             _say(console, f"{f['code']} {f['title']}: {f['message']}", "yellow")
