@@ -290,28 +290,38 @@ class _Reader:
         # A first pass reads what every entry says about progress (group, number, done);
         # only the entries kept are then read whole (sizes, dtypes, frames).
         kept_at: dict[str, dict[int, int]] = {}
-        last: tuple[int, int] | None = None
+        enqueued, completed = out.enqueued, out.completed
+        last_ns, last_i = -1, -1
+        self.spend(len(entries), "entries")
         for i, item in enumerate(entries):
-            entry, pg_id = self.entry(item, f"entries[{i}]", whole=False)
-            if pg_id is not None:
-                local_ids.setdefault(pg_id, entry.pg)
-            out.descs.setdefault(entry.pg, entry.pg_desc)
-            if last is None or (entry.created_ns or 0) >= last[0]:
-                last = (entry.created_ns or 0, i)
-            if entry.p2p:
+            light = _light(item)
+            if light is None:  # not the usual shape: the full reading says what is wrong
+                self.entry(item, f"entries[{i}]", whole=False)
                 continue
-            kept = kept_at.setdefault(entry.pg, {})
-            kept[entry.seq] = i
+            pg, desc, seq, done, p2p, created, pg_id = light
+            if pg_id is not None and pg_id not in local_ids:
+                local_ids[pg_id] = pg
+            if pg not in out.descs:
+                out.descs[pg] = desc
+            if created >= last_ns:
+                last_ns, last_i = created, i
+            if p2p:
+                continue
+            kept = kept_at.get(pg)
+            if kept is None:
+                kept = kept_at[pg] = {}
+            kept[seq] = i
             if len(kept) > KEEP_SEQS:
                 del kept[min(kept)]
-            out.enqueued[entry.pg] = max(out.enqueued.get(entry.pg, -1), entry.seq)
-            if entry.done:
-                out.completed[entry.pg] = max(out.completed.get(entry.pg, -1), entry.seq)
+            if seq > enqueued.get(pg, -1):
+                enqueued[pg] = seq
+            if done and seq > completed.get(pg, -1):
+                completed[pg] = seq
         for pg, kept in kept_at.items():
             out.collectives[pg] = {seq: self.entry(entries[i], f"entries[{i}]")[0]
                                    for seq, i in kept.items()}  # fmt: skip
-        if last is not None:
-            out.last = self.entry(entries[last[1]], f"entries[{last[1]}]")[0]
+        if last_i >= 0:
+            out.last = self.entry(entries[last_i], f"entries[{last_i}]")[0]
         self._pg_status(raw.get("pg_status"), local_ids, out)
         return out
 
@@ -437,6 +447,36 @@ class _Reader:
                 _STACKS.clear()
             frames = _STACKS[key] = tuple(Frame(*f) for f in key)
         return frames
+
+
+def _light(item: Any) -> tuple[str, str, int, bool, bool, int, str | None] | None:
+    """What one entry says about progress — group, desc, number, done, point-to-point,
+    creation time, local group id — read without building an Entry (a 16k-rank folder
+    of full buffers has 32M of them); None when the entry is not of the usual shape."""
+    if type(item) is not dict:
+        return None
+    pg = item.get("process_group", ("", ""))
+    if type(pg) not in (tuple, list) or len(pg) != 2:
+        return None
+    name, desc = pg
+    if type(name) is not str or type(desc) is not str:
+        return None
+    seq = item.get("collective_seq_id")
+    if seq is None:
+        seq = item.get("seq_id")
+    state = item.get("state", "")
+    if type(seq) is not int or type(state) is not str:
+        return None
+    p2p = bool(item.get("is_p2p", False))
+    if p2p:
+        p2p_seq = item.get("p2p_seq_id")
+        if type(p2p_seq) is int:
+            seq = p2p_seq
+    created = item.get("time_created_ns")
+    pg_id = item.get("pg_id")
+    return (name[:200], desc[:200], seq, state == "completed" or item.get("retired") is True,
+            p2p, created if type(created) is int else 0,
+            str(pg_id) if type(pg_id) in (int, str) else None)  # fmt: skip
 
 
 def _replace_done(e: Entry) -> Entry:
