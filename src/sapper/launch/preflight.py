@@ -27,6 +27,8 @@ __all__ = ["Given", "Preflight", "plan_inputs", "preflight"]
 
 #: What the command-line text is called in origins and findings.
 COMMAND_NAME = "launch command"
+#: The checklist's step-cost prediction (its value: the job's tokens/s).
+STEP_PREDICTION = "P116"
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Preflight:
         if self.report is None:
             return None
         for f in self.report.findings:
-            if f.data.get("step_time_s") is not None and isinstance(f.value, (int, float)):
+            if f.code == STEP_PREDICTION and isinstance(f.value, (int, float)):
                 return float(f.value)
         return None
 
