@@ -113,6 +113,8 @@ CASES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "no-backward": lambda m: train(gpt2(), backward=False, steps=20, monitor=m),
     # Gradient accumulation over 4 micro-batches, the loss not divided (inside the model).
     "accum-inside": lambda m: train(gpt2(), ga=4, divide_loss=False, steps=25, monitor=m),
+    # AdamW at a peak LR of 1.0 (a thousand times the tiny model's working 1e-3).
+    "lr-high": lambda m: train(gpt2(), lr=1.0, steps=40, monitor=m),
     # Cannot tell: one step's logits x50 in an fp32 run, never resumed.
     "one-spike": lambda m: train(gpt2(), inject=OneSpike(20, 50.0), steps=40, monitor=m),
     # Cannot tell: one non-finite forward at step 20, the run not resumed.
