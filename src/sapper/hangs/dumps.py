@@ -311,15 +311,16 @@ class _Reader:
             if kept is None:
                 kept = kept_at[pg] = {}
             kept[seq] = i
-            if len(kept) > KEEP_SEQS:
-                del kept[min(kept)]
+            if len(kept) > 4 * KEEP_SEQS:  # trimmed now and then, not at every entry
+                for old in sorted(kept)[:-KEEP_SEQS]:
+                    del kept[old]
             if seq > enqueued.get(pg, -1):
                 enqueued[pg] = seq
             if done and seq > completed.get(pg, -1):
                 completed[pg] = seq
         for pg, kept in kept_at.items():
-            out.collectives[pg] = {seq: self.entry(entries[i], f"entries[{i}]")[0]
-                                   for seq, i in kept.items()}  # fmt: skip
+            out.collectives[pg] = {seq: self.entry(entries[kept[seq]], f"entries[{kept[seq]}]")[0]
+                                   for seq in sorted(kept)[-KEEP_SEQS:]}  # fmt: skip
         if last_i >= 0:
             out.last = self.entry(entries[last_i], f"entries[{last_i}]")[0]
         self._pg_status(raw.get("pg_status"), local_ids, out)
