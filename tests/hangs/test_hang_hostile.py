@@ -128,4 +128,4 @@ def test_the_reading_budget_refuses_a_dump_past_it(tmp_path, monkeypatch):
 
 def test_a_file_past_the_size_limit_is_not_read(tmp_path, monkeypatch):
     monkeypatch.setattr(dumps_module, "MAX_DUMP_BYTES", 1000)
-    refused(job_with(tmp_path, b"\x80" + b"\0" * 5000), "file too large")
+    refused(job_with(tmp_path, b"\x80\x04" + b"\0" * 5000), "file too large")

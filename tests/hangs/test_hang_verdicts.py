@@ -4,6 +4,7 @@ under gloo): each names the stuck collective and the rank that keeps it."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,15 @@ def test_the_rank_comes_from_the_file_name(name, rank):
 def test_a_json_log_with_entries_is_no_dump(tmp_path):
     (tmp_path / "metrics_3.json").write_text('{"entries": [{"loss": 1.0}], "step": 3}')
     assert diagnose_hang(tmp_path) is None
+
+
+def test_other_binary_files_beside_the_dumps_are_left_alone(tmp_path):
+    """A legacy torch checkpoint (a pickle naming torch's globals) and an event file
+    beside the dumps: the dumps are read, the others are not taken for dumps."""
+    import pickle
+
+    folder = tmp_path / "run"
+    shutil.copytree(DATA / "skip_allreduce", folder)
+    (folder / "optimizer_1.pkl").write_bytes(pickle.dumps(Path("/x")))  # names pathlib
+    (folder / "events.out.tfevents.1700000000.host.7").write_bytes(b"\x80\x10" + b"\0" * 64)
+    assert cause(folder)["suspects"] == [1]

@@ -16,9 +16,12 @@ is refused before anything is built. The dump's values are then checked field by
 and copied into :class:`Entry`; only the last :data:`KEEP_SEQS` collectives of each group
 are kept per rank, so a folder of 16k ranks with full 2000-entry buffers stays small.
 
-The rank is the number that ends the file name (torch writes ``<prefix><rank>``); the dump
-itself does not say it. A text file of ``faulthandler`` stacks whose name ends in the same
-number is the rank's Python stacks (:mod:`sapper.hangs.stacks`).
+The rank is the number after ``rank`` in the file name, else the number that ends it (torch
+writes ``<prefix><rank>``); the dump itself does not say it. In a folder, a file is taken
+for a dump by its content and its name (or its folder's) saying ``trace``, ``rank``,
+``dump``, ``flight`` or ``fr``, so checkpoints and event files beside the dumps are left
+alone. A text file of ``faulthandler`` stacks with the same rank in its name is the rank's
+Python stacks (:mod:`sapper.hangs.stacks`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ MAX_DEPTH = 3
 
 _RANK = re.compile(r"(\d+)$")
 _NAMED_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+#: What the names of dumps (or their folders) say, as torch and sapper run write them
+#: (nccl_trace_rank_3, fr/rank_3, a user's TORCH_FR_DUMP_TEMP_FILE such as /fs/dump_3): a
+#: pickle in a folder whose name says none of it is not read.
+_DUMP_NAME = re.compile(r"trace|rank|dump|flight|fr", re.IGNORECASE)
 _SUFFIXES = (".pkl", ".pickle", ".json", ".txt", ".log", ".stacks", ".dump")
 _STACK_HEADS = (b"Thread 0x", b"Current thread 0x", b"Stack (most recent call first)",
                 b"Fatal Python error")  # fmt: skip
@@ -171,7 +178,7 @@ def _kind(path: Path) -> str | None:
             head = f.read(64)
     except OSError:
         return None
-    if head[:1] == b"\x80":
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "pickle"
     text = head.lstrip()
     if text[:1] == b"{":
@@ -206,6 +213,8 @@ def read_folder(target: Path) -> DumpFolder | None:
             continue
         if rank is None:  # torch names every dump <prefix><rank>: not one
             continue
+        if path is not target and not _DUMP_NAME.search(f"{path.parent.name}/{path.name}"):
+            continue  # beside the dumps: a checkpoint, an event file, another pickle
         dump = read_dump(path, rank)
         if dump is None:
             continue
