@@ -51,6 +51,8 @@ BLOCK_BYTES = 32 << 20
 #: peak; returned at once, unless the user's environment says otherwise. Set before
 #: polars is first imported (its allocator reads it then); a process that imported
 #: polars already keeps its own setting.
+#: The most of a file's start read to find its first line (a meta line is far shorter).
+_HEAD_BYTES = 1 << 16
 _ALLOCATOR_ENV = ("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 
 _SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
@@ -181,11 +183,12 @@ def _decode_lines(pl: Any, lines: Any, newline_end: bool, schema: dict[str, Any]
         return None
 
 
-def _blocks(path: Path, size: int) -> Iterator[tuple[bytes, bool]]:
-    """The file in blocks of whole lines (``BLOCK_BYTES`` or so), and whether the block
-    ends with a newline (only the last may not: a torn last line). Each block is read
-    from where the last one's final newline left off, so no text is copied twice."""
-    pos, want = 0, BLOCK_BYTES
+def _blocks(path: Path, size: int, pos: int = 0) -> Iterator[tuple[bytes, bool]]:
+    """The file from byte ``pos`` in blocks of whole lines (``BLOCK_BYTES`` or so), and
+    whether the block ends with a newline (only the last may not: a torn last line).
+    Each block is read from where the last one's final newline left off, so no text is
+    copied twice."""
+    want = BLOCK_BYTES
     with path.open("rb") as fh:
         while pos < size:
             fh.seek(pos)
@@ -216,6 +219,32 @@ class _Reader:
         self.values: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
         self.full: list[tuple[int, StepRecord]] = []  # (line index, record)
 
+    def _mostly_special(self, plain: int, lines: int) -> bool:
+        """Whether the first block holds mostly lines for the streaming parser (which
+        then reads the log faster), the header line it took counted among them."""
+        if self.lines:
+            return False
+        return plain < (1 - SPECIAL_SHARE) * (lines + self.line0)
+
+    def header(self, path: Path) -> int:
+        """The file's first line read by the streaming parser when it is no step (the
+        monitor's meta line), so the first block can be taken whole like the others:
+        the bytes it took (0 when the first line is left to the blocks)."""
+        with path.open("rb") as fh:
+            head = fh.read(_HEAD_BYTES)
+        end = head.find(b"\n")
+        if end < 0 or b'"kind": "step"' in head[:end]:
+            return 0
+        try:
+            text = head[:end].decode("utf-8")
+        except UnicodeDecodeError:
+            return 0  # the blocks' reader says what is wrong with it
+        parser = self.parser
+        parser._line = 0
+        self.full.extend(enumerate(parser.feed([text])))
+        self.line0 = 1
+        return end + 1
+
     def block(self, data: bytes, newline_end: bool) -> bool:
         """Read one block; ``False`` when this reader cannot take the log."""
         pl = self.pl
@@ -228,6 +257,8 @@ class _Reader:
         whole = _read_block(pl, data, schema) if newline_end else None
         if whole is not None and _all_plain(data, whole):
             # Every line a plain step (a long run's usual block): its rows as decoded.
+            if self._mostly_special(whole.height, whole.height):
+                return False
             self._keep(whole.with_columns(pl.Series("i", np.arange(whole.height))))
             self.line0 += whole.height
             return True
@@ -275,8 +306,8 @@ class _Reader:
         if not ok.all():
             frame = frame.filter(pl.Series(ok))
         plain_idx = frame["i"].to_numpy().astype(np.int64)
-        if not self.lines and len(plain_idx) < (1 - SPECIAL_SHARE) * n_lines:
-            return False  # mostly lines for the streaming parser: it reads them faster
+        if self._mostly_special(len(plain_idx), n_lines):
+            return False
         self._keep(frame)
         other = np.ones(n_lines, dtype=bool)
         other[plain_idx] = False
@@ -411,7 +442,7 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         return None
     reader = _Reader(pl, path)
     try:
-        for data, newline_end in _blocks(path, size):
+        for data, newline_end in _blocks(path, size, reader.header(path)):
             if not reader.block(data, newline_end):
                 return None
     except OSError:
