@@ -3,6 +3,7 @@
 ``preflight.txt`` and ``preflight.json`` (the checklist as ``sapper check`` prints it),
 ``command.txt``, ``env.json``, ``console.log``, ``logs/rank{R}.jsonl`` (the monitor's run
 log of every rank), ``stacks/`` and ``fr/`` (written when a hang is suspected),
+``plan.json`` (the checked plan, for the monitors the bootstrap attaches),
 ``report.html`` after a failure, and ``run.json``, the machine-readable summary, strict
 JSON through :func:`sapper.jsontext.dumps`.
 """
@@ -54,6 +55,10 @@ def make(out: Path | None, name: str, cwd: Path) -> Path:
     return path
 
 
+#: The checked plan, as JSON, for the monitors in the training processes.
+PLAN_FILE = "plan.json"
+
+
 def node_name(name: str, node: int) -> str:
     """A file of node ``node`` in a folder several nodes share: node 0 keeps the plain
     name (``run.json``), another node's is ``run-node3.json``, ``console-node3.log``."""
@@ -92,6 +97,10 @@ def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight,
         "sources": pre.sources,
     })
     (run_dir / node_name("preflight.txt", node)).write_text(_preflight_text(pre))
+    if pre.loaded is not None:
+        # The plan the checklist judged, for the monitors the bootstrap attaches in the
+        # training processes (their detectors read the schedule, clipping, GPU ... from it).
+        write_json(run_dir / node_name(PLAN_FILE, node), pre.loaded.plan.model_dump(mode="json"))
 
 
 def write_env(run_dir: Path, info: dict[str, Any], node: int = 0) -> None:

@@ -51,6 +51,7 @@ import contextlib
 import faulthandler
 import functools
 import gc
+import json
 import os
 import signal
 import sys
@@ -159,6 +160,26 @@ def install(run_dir: str | Path | None = None) -> bool:
             _off(exc)
             return False
     return True
+
+
+def run_plan() -> Any:
+    """The plan ``sapper run`` checked before the launch (``plan.json`` in the run
+    folder), for the detectors of the monitors attached here; None when the launch had
+    none or it cannot be read (the monitor then runs without one, as it would in code)."""
+    if _S.run_dir is None:
+        return None
+    path = _S.run_dir / "plan.json"
+    try:
+        raw = json.loads(path.read_text())
+        from sapper.plan.schema import Plan
+
+        return Plan.model_validate(raw)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a damaged file costs the detectors their plan, nothing more
+        print(f"sapper: the run's plan ({path}) is not used ({exc.__class__.__name__})",
+              file=sys.stderr)
+        return None
 
 
 def run_log_path() -> str:
@@ -320,7 +341,7 @@ def _attach_plain(optimizer: Any) -> None:
     with _building():
         mon = Monitor(
             model, optimizer, scaler=scaler, scheduler=scheduler, run_log=run_log_path(),
-            rank=rank,
+            rank=rank, plan=run_plan(),
         )
     _S.plain, _S.plain_opt = mon, weakref.ref(optimizer)
     _S.auto.add(mon)
@@ -494,6 +515,8 @@ def _start_monitor(callback: Any, start: Callable[[], None], model: Any, optimiz
     if callback.monitor is not None or _S.off or _watched(model, optimizer):
         return
     callback.options["run_log"] = run_log_path()
+    if callback.plan is None:
+        callback.plan = run_plan()
     _rename_stacks()
     try:
         with _building():
