@@ -191,6 +191,14 @@ def _blocks(path: Path, size: int, pos: int = 0) -> Iterator[tuple[bytes, bool]]
     want = BLOCK_BYTES
     with path.open("rb") as fh:
         while pos < size:
+            cut = _last_newline(fh, pos, want) if pos + want < size else -1
+            if cut > 0:  # read up to it: no block copied to cut its torn line off
+                fh.seek(pos)
+                chunk = fh.read(cut)
+                if len(chunk) == cut:
+                    yield chunk, True
+                    pos, want = pos + cut, BLOCK_BYTES
+                    continue
             fh.seek(pos)
             chunk = fh.read(want)
             if not chunk:
@@ -204,6 +212,17 @@ def _blocks(path: Path, size: int, pos: int = 0) -> Iterator[tuple[bytes, bool]]
                 continue
             yield (chunk if cut == len(chunk) else chunk[:cut]), True
             pos, want = pos + cut, BLOCK_BYTES
+
+
+def _last_newline(fh: Any, pos: int, want: int) -> int:
+    """The length of the block of whole lines in the ``want`` bytes from ``pos``, found
+    in their last ``_HEAD_BYTES``; -1 when no newline lies there (a long line: the
+    caller reads the whole block to find one)."""
+    start = max(pos, pos + want - _HEAD_BYTES)
+    fh.seek(start)
+    tail = fh.read(pos + want - start)
+    at = tail.rfind(b"\n")
+    return -1 if at < 0 else start - pos + at + 1
 
 
 class _Reader:
