@@ -267,6 +267,8 @@ class RankTracker:
         self._losses: list[tuple[int, Any]] = []
         self._norms: list[tuple[int, Any]] = []
         self._hashes: list[torch.Tensor] = []
+        #: Fingerprints the monitor read to the host (one tensor at the exchange).
+        self._host_hashes: list[int] = []
         self._grad_norm: Any = None
         #: The samples of each step of the window, as the loop named them (X010 reads
         #: those of a spiking rank's step): step -> (kind, device tensors or host ids).
@@ -363,7 +365,7 @@ class RankTracker:
                 self._step_samples[rec.step] = ("fingerprints", [list(hashes)])
             if hashes:
                 values = [int(h, 16) if isinstance(h, str) else int(h) for h in hashes]
-                self._hashes.append(torch.tensor([v & _HASH_MASK for v in values]))
+                self._host_hashes.extend(v & _HASH_MASK for v in values)
 
     def _fold(self) -> dict[str, Any]:
         """The window's losses and norms as a few device scalars: the mean finite loss,
@@ -390,6 +392,9 @@ class RankTracker:
             bad_steps = bad if bad_steps is None else bad_steps | bad.to(bad_steps.device)
         if bad_steps is not None:
             out["nonfinite_steps"] = bad_steps.sum().to(torch.float64)
+        if self._host_hashes:  # one tensor for the window, not one per record
+            self._hashes.append(torch.tensor(self._host_hashes, dtype=torch.int64))
+            self._host_hashes = []
         if self._hashes:
             dev = self._hashes[0].device
             self._window_hashes = torch.cat([h.to(dev) for h in self._hashes])
@@ -433,7 +438,7 @@ class RankTracker:
             v["tokens"] = self._tokens
         if "samples" not in v and self._samples:
             v["samples"] = self._samples
-        if "memory_peak_gib" not in v and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if "memory_peak_gib" not in v and torch.cuda.is_initialized() and torch.cuda.is_available():
             v["memory_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for name in ("nonfinite_loss_step", "nonfinite_grad_step"):
             v[name] = folded.get(name, -1.0)
@@ -706,7 +711,11 @@ def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps and values of a window as two float64 tensors on the values' device (one
     stack of the kept device scalars; host floats are converted on the host)."""
     tensors = [v for _, v in series if isinstance(v, torch.Tensor)]
-    dev = tensors[0].device if tensors else torch.device("cpu")
+    if not tensors:  # host numbers (what the live monitor read): one tensor, not one each
+        vals = torch.tensor([float(v) for _, v in series], dtype=torch.float64)
+        steps = torch.tensor([float(s) for s, _ in series], dtype=torch.float64)
+        return steps, vals
+    dev = tensors[0].device
     vals = torch.stack([_scalar(v).to(dev) for _, v in series])
     steps = torch.tensor([float(s) for s, _ in series], dtype=torch.float64, device=dev)
     return steps, vals

@@ -1,0 +1,547 @@
+"""The live monitor's own host time per step, feature by feature, on one process and
+under DDP (gloo, CPU) at world 2 and 4. Target: under 1 ms per step at the defaults.
+
+What is measured is the monitor's *self time*: every entry point of the monitor into a
+training step (the model's forward hooks, the loss/logits tensor hooks, the optimizer's
+hooks, the clipping wrapper, ``Monitor.step``, and under DDP the cross-rank tracker's
+forward timer, output-max hook, the local-gradient-norm communication hook and the
+heartbeat's marks) is wrapped in a clock, outermost calls only, and the time inside DDP's
+own all-reduce launch is taken out. This is the cost itself rather than a small
+difference between two noisy step times, which on a shared machine mostly measure the
+neighbours.
+
+Each row switches one feature off (through the monitor's own options or its per-part
+switch, the same one that turns a failing part off) and runs alternating blocks of the
+defaults and of that variant; the feature's cost is the paired median difference of self
+time per step, and the attributed column is the time measured inside the feature's own
+functions with the defaults on (the two should agree within noise). The exchange is
+amortised: it runs once per ``log_every`` steps (or per ``flush_every_s``), so its time
+is spread over the steps of its window.
+
+    python benchmarks/monitor_features.py [--steps 60] [--rounds 4] [--worlds 2 4]
+    python benchmarks/monitor_features.py --profile 2   # cProfile of rank 0, world 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from sapper.distributed.bridge import MonitorBridge
+from sapper.distributed.evidence import LocalGradNorm, OutputMax
+from sapper.distributed.heartbeat import Heartbeat
+from sapper.distributed.timing import ForwardTimer
+from sapper.monitor import Monitor
+from sapper.monitor import monitor as monitor_module
+from sapper.monitor.cpuwait import RunQueueClock
+from sapper.monitor.faults import GradStats, Localiser
+from sapper.monitor.positions import PositionWatch
+from sapper.monitor.structure import StructureProbe
+from sapper.monitor.system import MemoryReader
+from sapper.monitor.training import TrainingObserver
+
+transformers.logging.set_verbosity_error()
+
+#: Where control enters the monitor during a step (outermost calls are timed).
+ENTRY_POINTS: tuple[tuple[type, tuple[str, ...]], ...] = (
+    (
+        Monitor,
+        (
+            "_forward_pre",
+            "_forward_post",
+            "_on_loss_grad",
+            "_on_logits_weight",
+            "step",
+            "on_optimizer_stepped",
+        ),
+    ),
+    (TrainingObserver, ("_pre_step", "_post_step", "before_clip", "after_clip")),
+    (PositionWatch, ("_pre_hook",)),
+    (Localiser, ("_record", "_grad")),
+    (StructureProbe, ("_stack_in", "_block_out", "_norm_out")),
+    (ForwardTimer, ("_pre", "_post")),
+    (OutputMax, ("_hook",)),
+    (LocalGradNorm, ("_hook",)),
+    (Heartbeat, ("mark", "step_done")),
+)
+
+#: Feature -> the functions whose time is that feature's (attributed, inclusive).
+#: Module-level functions are given as (module, name).
+ATTRIBUTED: dict[str, tuple[tuple[Any, str], ...]] = {
+    "batch read": ((monitor_module, "read_batch"),),
+    "fingerprints": ((monitor_module, "fingerprint_rows"),),
+    "positions": (
+        (PositionWatch, "on_inputs"),
+        (PositionWatch, "after_forward"),
+        (PositionWatch, "_pre_hook"),
+    ),
+    "loss weight hooks": (
+        (Monitor, "_weighed"),
+        (Monitor, "_on_loss_grad"),
+        (Monitor, "_on_logits_weight"),
+    ),
+    "cpu wait": ((RunQueueClock, "read"),),
+    "memory": ((MemoryReader, "read"),),
+    "grad stats": ((GradStats, "measure"),),
+    "localiser": ((Localiser, "arm"), (Localiser, "disarm"), (Localiser, "_record")),
+    "optimizer/clip hooks": (
+        (TrainingObserver, "_pre_step"),
+        (TrainingObserver, "_post_step"),
+        (TrainingObserver, "before_clip"),
+        (TrainingObserver, "after_clip"),
+    ),
+    "read + detectors + log": ((Monitor, "_read"),),
+    "exchange (in read)": ((MonitorBridge, "on_records"),),
+    "forward timer": ((ForwardTimer, "_pre"), (ForwardTimer, "_post")),
+    "output max": ((OutputMax, "_hook"),),
+    "local grad norm": ((LocalGradNorm, "_hook"),),
+    "heartbeat marks": ((Heartbeat, "mark"), (Heartbeat, "step_done")),
+}
+
+#: Row name -> how to switch it off: Monitor options, and parts for its switch.
+FEATURES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "fingerprints": ({"hash_samples": False}, ()),
+    "positions": ({}, ("positions",)),
+    "loss weight hooks": ({}, ("accumulation",)),
+    "memory": ({}, ("memory",)),
+    "grad stats": ({"sample_every": 10**9}, ()),
+    "localiser": ({"localise_every": 10**9}, ()),
+    "run log": ({"run_log": None}, ()),
+    "cross-rank": ({"distributed": False}, ()),
+}
+
+SIZE = (2, 64, 2, 64, 4)  # layers, hidden, heads, seq, batch: ~10 ms a step on a CPU
+
+
+class SelfTimer:
+    """Times the monitor's entry points (outermost calls only) and, apart, the time
+    inside each feature's functions, while active. DDP's all-reduce launch inside the
+    communication hook is subtracted (it is DDP's work, not sapper's)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        #: The same calls' CPU time on the training thread (no time spent descheduled
+        #: or blocked waiting for a peer in a collective).
+        self.cpu = 0.0
+        self.parts: dict[str, float] = dict.fromkeys(ATTRIBUTED, 0.0)
+        self._depth = 0
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> SelfTimer:
+        for cls, names in ENTRY_POINTS:
+            for name in names:
+                self._patch(cls, name, self._entry)
+        for feature, sites in ATTRIBUTED.items():
+            for owner, name in sites:
+                self._patch(owner, name, functools.partial(self._part, feature))
+        self._patch_allreduce()
+        return self
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name]
+        self._saved.append((owner, name, original))
+        if isinstance(original, staticmethod):
+            setattr(owner, name, staticmethod(make(original.__func__)))
+        else:
+            setattr(owner, name, make(original))
+
+    def _patch_allreduce(self) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        original = default_hooks.allreduce_hook
+        self._saved.append((default_hooks, "allreduce_hook", original))
+
+        @functools.wraps(original)
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                cpu = time.thread_time() - c0
+                self.cpu -= cpu
+                self.seconds -= time.perf_counter() - t0
+                self.parts["local grad norm"] -= cpu
+
+        default_hooks.allreduce_hook = launch  # type: ignore[assignment]
+
+    def _entry(self, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth = 1
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth = 0
+                self.cpu += time.thread_time() - c0
+                self.seconds += time.perf_counter() - t0
+
+        return call
+
+    def _part(self, feature: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.parts[feature] += time.thread_time() - c0
+
+        return call
+
+    def reset(self) -> None:
+        self.seconds = self.cpu = 0.0
+        self.parts = dict.fromkeys(ATTRIBUTED, 0.0)
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+def build() -> torch.nn.Module:
+    layers, hidden, heads, seq, _ = SIZE
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=1024, n_positions=seq,
+        bos_token_id=0, eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _wrap(module: torch.nn.Module) -> torch.nn.Module:
+    """Under torch.distributed a fresh DDP wrapper per block: DDP takes one
+    communication hook per wrapper, and each block's monitor sets its own."""
+    if torch.distributed.is_initialized():
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(module)
+    return module
+
+
+def block(
+    module: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: list[torch.Tensor],
+    options: dict[str, Any] | None,
+    off: tuple[str, ...],
+    skip: int,
+    log: Path,
+) -> dict[str, Any]:
+    """One block of steps with a fresh monitor; its self time per step (after ``skip``
+    untimed steps), per-feature time per step, and the median bare step."""
+    model = _wrap(module)
+    timer = SelfTimer()
+    mon = None
+    with timer:
+        if options is not None:
+            mon = Monitor(model, opt, console=False, **{"run_log": log, **options})
+            mon._disabled.update(off)
+        timer.reset()
+        times = []
+        for i, x in enumerate(batches):
+            if i == skip:
+                timer.reset()
+            t0 = time.perf_counter()
+            out = model(input_ids=x, labels=x)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if mon is not None:
+                mon.step(out.loss)
+            if i >= skip:
+                times.append(time.perf_counter() - t0)
+        n = max(1, len(batches) - skip)
+        own = timer.seconds / n
+        own_cpu = timer.cpu / n
+        parts = {k: v / n for k, v in timer.parts.items()}
+        if mon is not None:
+            mon.close()
+    return {"own": own, "cpu": own_cpu, "parts": parts, "step": statistics.median(times)}
+
+
+def run_rows(
+    steps: int, rounds: int, skip: int, features: list[str], seed: int = 1
+) -> dict[str, Any]:
+    """Alternating blocks: defaults vs each feature off; every round runs them all."""
+    model = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(seed)
+    seq, batch = SIZE[3], SIZE[4]
+
+    def batches() -> list[torch.Tensor]:
+        return [torch.randint(0, 1024, (batch, seq), generator=gen) for _ in range(steps)]
+
+    logs = Path(tempfile.mkdtemp(prefix="sapper-features-"))
+    block(model, opt, batches(), None, (), skip, logs / "warm.jsonl")  # warm-up
+    variants: dict[str, tuple[dict[str, Any] | None, tuple[str, ...]]] = {
+        "bare": (None, ()),
+        "defaults": ({}, ()),
+        **{f"{name} off": FEATURES[name] for name in features},
+    }
+    got: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    order = list(variants)
+    for r in range(rounds):
+        for v in order[r % len(order) :] + order[: r % len(order)]:
+            options, off = variants[v]
+            got[v].append(block(model, opt, batches(), options, off, skip, logs / f"{v}.jsonl"))
+    return got
+
+
+def summarise(got: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    base = got["defaults"]
+    out: dict[str, Any] = {
+        "bare_ms": 1e3 * statistics.median(b["step"] for b in got["bare"]),
+        "defaults_ms": 1e3 * statistics.median(b["own"] for b in base),
+        "defaults_cpu_ms": 1e3 * statistics.median(b["cpu"] for b in base),
+        "parts_ms": {
+            k: 1e3 * statistics.median(b["parts"][k] for b in base) for k in ATTRIBUTED
+        },
+        "off": {},
+    }
+    for v, blocks in got.items():
+        if not v.endswith(" off"):
+            continue
+        diffs = [d["own"] - b["own"] for d, b in zip(base, blocks, strict=True)]
+        out["off"][v.removesuffix(" off")] = {
+            "own_ms": 1e3 * statistics.median(b["own"] for b in blocks),
+            "cost_ms": 1e3 * statistics.median(diffs),
+        }
+    return out
+
+
+# ---- DDP --------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(args: argparse.Namespace) -> None:
+    """One rank (or the one process of world 1): rows or a profile; rank 0 prints."""
+    torch.set_num_threads(1)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank() if distributed else 0
+    if args.profile:
+        prof = cProfile.Profile()
+        DDPProfiled(args, prof).run()
+        if rank == 0:
+            text = io.StringIO()
+            stats = pstats.Stats(prof, stream=text).sort_stats(args.sort)
+            stats.print_stats(args.match, 60)
+            print(text.getvalue())
+    else:
+        got = run_rows(args.steps, args.rounds, args.skip, args.features, seed=rank + 1)
+        if rank == 0:
+            print("RESULT " + json.dumps(summarise(got)), flush=True)
+    if distributed:
+        torch.distributed.destroy_process_group()
+
+
+class DDPProfiled:
+    """cProfile of the monitor's step path on one rank (defaults, DDP)."""
+
+    def __init__(self, args: argparse.Namespace, prof: cProfile.Profile) -> None:
+        self.args, self.prof = args, prof
+        self.model = _wrap(build())
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+
+    def run(self) -> None:
+        seq, batch = SIZE[3], SIZE[4]
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        gen = torch.Generator().manual_seed(rank + 1)
+        log = Path(tempfile.mkdtemp(prefix="sapper-prof-")) / "run.jsonl"
+        mon = Monitor(self.model, self.opt, console=False, run_log=log)
+        for i in range(self.args.steps):
+            x = torch.randint(0, 1024, (batch, seq), generator=gen)
+            if i == self.args.skip:
+                self.prof.enable()
+            out = self.model(input_ids=x, labels=x)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            mon.step(out.loss)
+        self.prof.disable()
+        mon.close()
+
+
+def launch(
+    world: int, args: argparse.Namespace, features: list[str], src: str | None = None
+) -> str:
+    """Run the worker on ``world`` ranks (one plain process for world 1), sapper imported
+    from ``src`` when given (another tree, for a before/after comparison); rank 0's
+    output."""
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if world > 1:
+            env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
+               "--steps", str(args.steps), "--rounds", str(args.rounds),
+               "--skip", str(args.skip), "--features", ",".join(features)]
+        if args.profile:
+            cmd += ["--profile", str(world), "--sort", args.sort, "--match", args.match]
+        procs.append(subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True
+        ))
+    out, _ = procs[0].communicate(timeout=1800)
+    for p in procs[1:]:
+        p.wait(timeout=600)
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"world {world}: a rank failed ({[p.returncode for p in procs]})")
+    return out
+
+
+def result(out: str) -> dict[str, Any]:
+    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def _label(world: int) -> str:
+    return "1 process" if world == 1 else f"DDP world {world}"
+
+
+def compare(args: argparse.Namespace, before: str, worlds: list[int]) -> str:
+    """The defaults' self time with sapper from ``before`` and from this tree, the two
+    alternating round by round (order swapped each round) on the same machine."""
+    trees = {"before": before, "after": None}
+    got: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in range(args.compare_rounds):
+        order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            for world in worlds:
+                got.setdefault((name, world), []).append(
+                    result(launch(world, args, [], trees[name]))
+                )
+        print(f"compare round {r + 1}: done", flush=True)
+
+    def med(name: str, world: int, key: str) -> float:
+        return statistics.median(x[key] for x in got[(name, world)])
+
+    lines = [
+        "monitor self time per step at the defaults, before vs after (ms; medians over "
+        f"{args.compare_rounds} alternating rounds)",
+        "",
+        "| run | bare step | self CPU before | self CPU after | self wall before "
+        "| self wall after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for world in worlds:
+        lines.append(
+            f"| {_label(world)} | {med('after', world, 'bare_ms'):.2f} "
+            f"| {med('before', world, 'defaults_cpu_ms'):.3f} "
+            f"| **{med('after', world, 'defaults_cpu_ms'):.3f}** "
+            f"| {med('before', world, 'defaults_ms'):.3f} "
+            f"| {med('after', world, 'defaults_ms'):.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    names = list(rows)
+    lines = [
+        "monitor self time per step, ms (median over rounds; lower is better)",
+        "",
+        "| row | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+        "| bare step (ms) | " + " | ".join(f"{rows[n]['bare_ms']:.2f}" for n in names) + " |",
+        "| **monitor, defaults: self time** | "
+        + " | ".join(f"**{rows[n]['defaults_ms']:.3f}**" for n in names) + " |",
+        "| **monitor, defaults: self CPU time** | "
+        + " | ".join(f"**{rows[n]['defaults_cpu_ms']:.3f}**" for n in names) + " |",
+    ]
+    features = list(dict.fromkeys(f for n in names for f in rows[n]["off"]))
+    for f in features:
+        cells = []
+        for n in names:
+            r = rows[n]["off"].get(f)
+            cells.append("—" if r is None else f"{r['cost_ms']:+.3f} (off: {r['own_ms']:.3f})")
+        lines.append(f"| {f}: cost when on (self time off) | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("CPU time inside each feature's own functions, defaults on, ms per step:")
+    lines.append("")
+    lines.append("| feature | " + " | ".join(names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    for f in ATTRIBUTED:
+        vals = [rows[n]["parts_ms"][f] for n in names]
+        if any(v > 0 for v in vals):
+            lines.append(f"| {f} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60, help="steps per block")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--skip", type=int, default=10, help="untimed steps per block")
+    ap.add_argument("--worlds", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--features", default=",".join(FEATURES))
+    ap.add_argument("--profile", type=int, default=0, metavar="WORLD",
+                    help="print a cProfile of rank 0 at this world size instead")
+    ap.add_argument("--sort", default="cumulative", help="cProfile order (--profile)")
+    ap.add_argument("--match", default="sapper", help="cProfile rows to print (--profile)")
+    ap.add_argument("--compare", metavar="SRC", default=None,
+                    help="also run sapper from another tree's src/ (before) against this one")
+    ap.add_argument("--compare-rounds", type=int, default=2)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.features = [f for f in args.features.split(",") if f]
+    for f in args.features:
+        if f not in FEATURES:
+            ap.error(f"unknown feature {f!r}; choose from {', '.join(FEATURES)}")
+    if args.worker:
+        _worker(args)
+        return
+    worlds = [1, *args.worlds]
+    if args.profile:
+        print(launch(args.profile, args, []))
+        return
+    if args.compare:
+        print(compare(args, args.compare, worlds))
+        print(f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end.")
+        return
+    rows = {}
+    for world in worlds:
+        features = [f for f in args.features if world > 1 or f != "cross-rank"]
+        rows[_label(world)] = result(launch(world, args, features))
+        print(f"{_label(world)}: done", flush=True)
+    print(table(rows))
+    print(
+        f"\nGPT-2 {SIZE[0]}x{SIZE[1]}, seq {SIZE[3]}, batch {SIZE[4]}, AdamW + clipping, one "
+        f"thread per rank, {args.steps} steps a block ({args.skip} untimed), {args.rounds} "
+        f"rounds; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}. 'cost when on': "
+        "paired median of (defaults − feature off) self time; 'exchange (in read)' is part "
+        "of 'read + detectors + log'."
+    )
+
+
+if __name__ == "__main__":
+    main()
