@@ -33,6 +33,22 @@ detectors) and after (read into columns, the vectorised detectors), best of two 
     megatron      before   56.7 s  53.2 s  1,257 MiB           54.2 s  53.4 s  1,383 MiB
                   after     8.7 s   8.6 s    610 MiB            8.7 s   8.6 s    725 MiB
 
+The first table is the command as the user runs it: ``sapper analyze run.jsonl --format
+json`` from process start to exit (imports, read, detectors, JSON out, exit), paired
+round by round with a polars script (``read_ndjson`` and 50-step rolling medians of the
+loss and the gradient norm, the yardstick: target ≤ 1.5× its wall time, peak memory at
+most its peak) and the same in pandas. On the 2-core development machine (load about 2),
+1M steps (264 MB), best of three paired rounds, wall / CPU / peak RSS:
+
+    sapper at 48947bb (cross-rank pass and torch)    4.88 s   4.77 s   486 MiB   3.07×
+    sapper at 525692b (the pipeline below the CLI)   3.48 s   3.47 s   492 MiB   2.26×
+    sapper now (blocks decoded whole, allocator)     3.14 s   3.10 s   402 MiB   2.10×
+    polars read_ndjson + rolling medians             1.59 s   1.58 s   462 MiB   1.00×
+    pandas read_json + rolling medians (load 7)      9.54 s   6.49 s  2916 MiB   4.0×
+
+Of sapper's ~3.1 s: imports ~0.45 s, the read ~1.8 s (polars' own decoding ~0.9 s of it),
+the vectorised detectors ~1.1 s; the wall-time target is not met yet.
+
 The console formats, CPU seconds of analyze / diagnose (one run each, a loaded machine):
 the HF console 40.1 / 41.9 before, 16.3 / 17.2 after; fairseq 75 / 75 before, 48 / 51
 after; nanoGPT 18.1 / 18.4 before, 16.2 / 17.0 after; torchtitan about 440 before (its
