@@ -47,7 +47,9 @@ most its peak) and the same in pandas. On the 2-core development machine (load a
     pandas read_json + rolling medians (load 7)      9.54 s   6.49 s  2916 MiB   4.0×
 
 Of sapper's ~3.1 s: imports ~0.45 s, the read ~1.8 s (polars' own decoding ~0.9 s of it),
-the vectorised detectors ~1.1 s; the wall-time target is not met yet.
+the vectorised detectors ~1.1 s; the wall-time target is not met yet. The ratio moves
+with the load: with both cores free polars decodes on two threads (1.1 s wall, 1.7 s
+CPU) and sapper, mostly single-threaded, takes 3.4 s (3.0×); under load 7 it was 1.8×.
 
 The console formats, CPU seconds of analyze / diagnose (one run each, a loaded machine):
 the HF console 40.1 / 41.9 before, 16.3 / 17.2 after; fairseq 75 / 75 before, 48 / 51
