@@ -68,6 +68,7 @@ from typing import Any
 
 from sapper.distributed.rules import RANK_LOST
 from sapper.rules.model import Finding
+from sapper.runtime.rundir import DUMP_TRIGGER
 
 __all__ = ["PHASES", "Heartbeat", "dump_local", "job_store", "recorder_env"]
 
@@ -105,9 +106,6 @@ def job_store(timeout_s: float = 30.0) -> tuple[Any, bool]:
     return _get_default_store(), hosted_by_rank0
 
 
-#: The file under ``$SAPPER_RUN_DIR`` whose change makes every rank of a ``sapper run``
-#: write its dumps (the run bootstrap's trigger, ``sapper.monitor.attach.TRIGGER``).
-DUMP_TRIGGER = ".sapper-dump"
 #: Entries of the flight recorder's ring when a launcher turns it on.
 RECORDER_ENTRIES = 2000
 _RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

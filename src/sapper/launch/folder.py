@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sapper.errors import InputError
 from sapper.jsontext import dumps
+from sapper.runtime.rundir import DUMP_TRIGGER, PLAN_FILE
 
 if TYPE_CHECKING:
     from sapper.launch.preflight import Preflight
@@ -55,10 +56,6 @@ def make(out: Path | None, name: str, cwd: Path) -> Path:
     return path
 
 
-#: The checked plan, as JSON, for the monitors in the training processes.
-PLAN_FILE = "plan.json"
-
-
 def node_name(name: str, node: int) -> str:
     """A file of node ``node`` in a folder several nodes share: node 0 keeps the plain
     name (``run.json``), another node's is ``run-node3.json``, ``console-node3.log``."""
@@ -87,7 +84,7 @@ def write_start(run_dir: Path, argv: list[str], cwd: Path, pre: Preflight,
     left by an earlier run into the same folder is removed by node 0 (it would ask the
     new run's ranks for their stacks at once)."""
     if not node:
-        (run_dir / ".sapper-dump").unlink(missing_ok=True)
+        (run_dir / DUMP_TRIGGER).unlink(missing_ok=True)
     (run_dir / node_name("command.txt", node)).write_text(
         f"cd {shlex.quote(str(cwd))}\n{shlex.join(argv)}\n"
     )

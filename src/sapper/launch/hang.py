@@ -16,42 +16,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sapper.hangs.stacks import parse_stacks
+
 __all__ = ["analyze_hang", "read_stacks"]
 
-_FILE = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _NAME = re.compile(r"rank(\d+)(?:-(\d+))?\.txt$")
 #: Bytes of one stack file read (a deep stack of many threads is a few hundred KB).
 _MAX_STACK_FILE = 4 << 20
 #: Frames kept per rank in the JSON.
 _FRAMES_KEPT = 12
-
-
-def _threads(text: str) -> list[list[dict[str, Any]]]:
-    """Each thread of the faulthandler dump(s) in ``text``: its frames, innermost first."""
-    threads: list[list[dict[str, Any]]] = []
-    for line in text.splitlines():
-        if _THREAD.match(line):
-            threads.append([])
-            continue
-        m = _FILE.match(line)
-        if m and threads:
-            threads[-1].append({"file": m["file"], "line": int(m["line"]), "func": m["func"]})
-    return [t for t in threads if t]
-
-
-def _main_thread(threads: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The thread whose outermost frame is the program's entry (``<module>``, runpy's
-    main); the last such one when the file holds several dumps. faulthandler lists the
-    oldest thread, the main one, last of each dump."""
-    entry = [t for t in threads if t[-1]["func"] in ("<module>", "_run_module_as_main")]
-    if entry:
-        return entry[-1]
-    return threads[-1] if threads else []
-
-
-def _in_collective(frames: list[dict[str, Any]]) -> bool:
-    return any("torch/distributed" in f["file"].replace("\\", "/") for f in frames)
 
 
 def read_stacks(folder: Path) -> dict[int, dict[str, Any]]:
@@ -67,20 +40,22 @@ def read_stacks(folder: Path) -> dict[int, dict[str, Any]]:
             continue
         try:
             with path.open("rb") as fh:
-                text = fh.read(_MAX_STACK_FILE).decode(errors="replace")
+                data = fh.read(_MAX_STACK_FILE)
         except OSError:
             continue
-        frames = _main_thread(_threads(text))
-        if not frames:
+        main = parse_stacks(data, str(path)).main()
+        if main is None or not main.frames:
             continue
-        rank = int(m.group(1))
-        top = frames[0]
-        ranks[rank] = {
+        frames = main.frames
+        ranks[int(m.group(1))] = {
             "pid": int(m.group(2)) if m.group(2) else None,
             "file": str(path),
-            "frame": f"{top['file']}:{top['line']} in {top['func']}",
-            "in_collective": _in_collective(frames),
-            "stack": [f"{f['file']}:{f['line']} in {f['func']}" for f in frames[:_FRAMES_KEPT]],
+            "frame": frames[0].text(),
+            # a rank whose main thread is inside torch.distributed waits in a collective
+            "in_collective": any(
+                "torch/distributed" in f.file.replace("\\", "/") for f in frames
+            ),
+            "stack": [f.text() for f in frames[:_FRAMES_KEPT]],
         }
     return ranks
 
@@ -116,10 +91,8 @@ def _ranks(ranks: list[int]) -> str:
 
 def _flight_recorder(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     """sapper's collective analysis of the dumps, when it is installed and can tell."""
-    try:
-        from sapper.hangs import diagnose_hang  # type: ignore[attr-defined]
-    except ImportError:
-        return None, None
+    from sapper.hangs import diagnose_hang
+
     try:
         if not folder.is_dir() or not any(folder.iterdir()):
             return None, "no flight-recorder dumps were written"

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from sapper.runtime.rundir import DUMP_TRIGGER
+
 __all__ = ["CONSOLE_LIMIT", "Outcome", "StepWatch", "Supervisor", "exit_status",
            "group_members"]
 
@@ -278,7 +280,7 @@ class Supervisor:
 
     def _collect_and_end(self) -> None:
         """Ask every rank for its stacks and flight-recorder dump, then end the job."""
-        trigger = self.run_dir / ".sapper-dump"
+        trigger = self.run_dir / DUMP_TRIGGER
         try:
             trigger.write_text(f"{time.time():.3f}\n")
         except OSError:

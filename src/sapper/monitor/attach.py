@@ -65,10 +65,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["TRIGGER", "imported", "install", "run_log_path"]
+from sapper.runtime.rundir import DUMP_TRIGGER, PLAN_FILE
 
-#: The file whose creation (or new mtime) asks every process for its dumps.
-TRIGGER = ".sapper-dump"
+__all__ = ["imported", "install", "run_log_path", "run_plan"]
+
 #: Seconds between two looks at the trigger (one ``stat``).
 POLL_S = 1.0
 #: Scalars kept from backward between two optimizer steps (gradient accumulation).
@@ -168,7 +168,7 @@ def run_plan() -> Any:
     none or it cannot be read (the monitor then runs without one, as it would in code)."""
     if _S.run_dir is None:
         return None
-    path = _S.run_dir / "plan.json"
+    path = _S.run_dir / PLAN_FILE
     try:
         raw = json.loads(path.read_text())
         from sapper.plan.schema import Plan
@@ -623,7 +623,7 @@ def _start_dumps(run_dir: Path) -> None:
         _S.stacks = open(_S.stacks_path, "a")  # held open: faulthandler writes to it
         faulthandler.register(usr1, file=_S.stacks, all_threads=True)
         _S.usr1 = True
-    trigger = run_dir / TRIGGER
+    trigger = run_dir / DUMP_TRIGGER
     threading.Thread(
         target=_watch_trigger,
         args=(trigger, _mtime(trigger)),
