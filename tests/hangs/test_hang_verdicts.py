@@ -164,3 +164,24 @@ def test_other_binary_files_beside_the_dumps_are_left_alone(tmp_path):
     (folder / "optimizer_1.pkl").write_bytes(pickle.dumps(Path("/x")))  # names pathlib
     (folder / "events.out.tfevents.1700000000.host.7").write_bytes(b"\x80\x10" + b"\0" * 64)
     assert cause(folder)["suspects"] == [1]
+
+
+def test_a_run_folder_that_dumped_without_hanging_is_diagnosed_from_its_logs(tmp_path):
+    """Ranks that dump on the way out of a crash leave dumps with no collective stuck: the
+    run did not hang, so `diagnose RUN_DIR` answers from its logs; a hung run folder still
+    gets the hang answer."""
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "slow_healthy", run / "fr")
+    (run / "logs").mkdir()
+    fixtures = Path(__file__).parents[1] / "fixtures" / "diagnose"
+    shutil.copy(fixtures / "overflow.jsonl", run / "logs" / "rank0.jsonl")
+    (run / "console.log").write_text("")
+    crashed = runner.invoke(app, ["diagnose", str(run), "--format", "json"])
+    out = json.loads(crashed.output)
+    assert out["summary"].get("check") != "distributed"
+    assert out["causes"], crashed.output
+    shutil.rmtree(run / "fr")
+    shutil.copytree(DATA / "python_loop", run / "fr")
+    hung = runner.invoke(app, ["diagnose", str(run), "--format", "json"])
+    assert hung.exit_code == 1
+    assert json.loads(hung.output)["summary"]["check"] == "distributed"

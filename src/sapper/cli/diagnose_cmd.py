@@ -92,13 +92,19 @@ def diagnose(
 def _hang_answer(paths: list[Path], fmt: OutputFormat) -> int | None:
     """When a path holds PyTorch flight-recorder dumps (docs/hangs.md): print what they
     say and return the exit code (1: a hang); None when none does (the logs' diagnosis;
-    with dumps, the answer is theirs and the logs are not read).
+    with dumps, the answer is theirs and the logs are not read, unless the dumps are a
+    ``sapper run`` folder's and show no hang).
     """
     from sapper.hangs import diagnose_hang
+    from sapper.pipeline.logs import is_run_folder
     from sapper.report.hang import render_hang
 
     verdicts = [v for p in paths if p.exists() and (v := diagnose_hang(p)) is not None]
     if not verdicts:
+        return None
+    if not any(v.exit_code() for v in verdicts) and any(is_run_folder(p) for p in paths):
+        # A run folder whose ranks dumped on the way out (a crash, a SIGTERM) with no
+        # collective stuck: the run did not hang, its logs say what happened.
         return None
     if fmt == OutputFormat.json:
         emit_json(verdicts[0].to_json() if len(verdicts) == 1 else [v.to_json() for v in verdicts])
