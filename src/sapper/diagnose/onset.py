@@ -26,9 +26,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from statistics import median
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 if TYPE_CHECKING:
     from sapper.logs.analysis import Analysis
@@ -62,7 +61,9 @@ def _rows(analysis: Analysis, f: Finding) -> tuple[int, int]:
     start, stop = _attempt_rows(analysis, f)
     columns = getattr(log, "columns", None)
     step = f.step or 0
-    if columns is not None:  # steps ascend within an attempt
+    if columns is not None:  # steps ascend within an attempt (numpy: the columns hold it)
+        import numpy as np
+
         end = start + int(np.searchsorted(columns.steps[start:stop], step, side="right"))
     else:
         end = bisect_right(log.records, step, start, stop, key=lambda r: r.step)
@@ -128,8 +129,8 @@ def _data_rise(analysis: Analysis, rows: tuple[int, int]) -> int | None:
         return None
     values = [v for _, v in waits]
     quarter = max(2, len(values) // 4)
-    early = float(np.median(values[:quarter]))
-    late = float(np.median(values[-quarter:]))
+    early = float(median(values[:quarter]))
+    late = float(median(values[-quarter:]))
     if not late > early:
         return None
     line = (early + late) / 2
