@@ -105,6 +105,21 @@ def write_log(path: Path, steps: int, seed: int = 0) -> None:
             )
 
 
+def write_resumed_log(path: Path, steps: int, seed: int = 0, share: float = 0.05) -> None:
+    """The run log of :func:`write_log` whose last ``share`` of steps was logged twice: the
+    run resumed from a checkpoint that far back and logged them again (two attempts)."""
+    write_log(path, steps, seed)
+    first = steps - max(1, int(steps * share)) + 1
+    size = path.stat().st_size
+    with path.open("rb") as fh:  # the tail holding the steps logged again, not the file
+        fh.seek(max(0, size - int(size * min(1.0, 2 * share)) - 4096))
+        tail = fh.read()
+    again = tail[tail.index(b'{"kind": "step", "step": %d, ' % first) :]
+    with path.open("ab") as fh:
+        fh.write(b'{"kind": "meta", "version": 1, "started": 1716200000.0}\n')
+        fh.write(again)
+
+
 MEGATRON_HEADER = """using world size: 64, data-parallel size: 8, context-parallel size: 1, \
 tensor-model-parallel size: 4, pipeline-model-parallel size: 2
 ------------------------ arguments ------------------------
@@ -546,12 +561,14 @@ def paired_table(runs: dict[str, list[ProcessRun]], yardstick: str) -> list[str]
 
 
 def whole_process(
-    log_path: Path, work: Path, repeats: int, baseline: Path | None
+    log_path: Path, work: Path, repeats: int, baseline: Path | None,
+    resumed: Path | None = None,
 ) -> tuple[list[str], bool]:
     """``sapper analyze LOG --format json`` as the user runs it, paired with the polars
-    and pandas yardsticks (and an older checkout's sapper with ``--baseline-src``):
-    the table, and whether the targets hold (wall ≤ 1.5× polars', paired run by run;
-    peak memory ≤ polars')."""
+    and pandas yardsticks (and an older checkout's sapper with ``--baseline-src``, and
+    with ``resumed`` the same log resumed from a checkpoint, its last steps logged
+    again): the table, and whether the targets hold (wall ≤ 1.5× polars', paired run by
+    run; peak memory ≤ polars')."""
     pycache = Path(tempfile.mkdtemp(prefix="sapper-bench-pyc-", dir=work))
     env = process_env(pycache)
     scripts = {"polars": POLARS_SCRIPT, "pandas": PANDAS_SCRIPT}
@@ -559,6 +576,10 @@ def whole_process(
         "sapper analyze --format json": (["sapper", "analyze", str(log_path), "--format",
                                           "json"], env),
     }
+    if resumed is not None:
+        contenders["  the log resumed (last 5 % again)"] = (
+            ["sapper", "analyze", str(resumed), "--format", "json"], env,
+        )
     if baseline is not None:
         contenders[f"  the same, {baseline}"] = (
             ["sapper", "analyze", str(log_path), "--format", "json"],
@@ -640,6 +661,9 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=3,
                         help="paired runs of each whole process (the first table)")
+    parser.add_argument("--no-resumed", dest="resumed", action="store_false",
+                        help="leave out the resumed log (its last 5 %% of steps logged "
+                        "again after a restart) from the whole-process table")
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="an older checkout's src/: its sapper analyze joins the pairs")
     args = parser.parse_args()
@@ -660,7 +684,13 @@ def main() -> int:
               f"{os.cpu_count()} CPU(s) · load average {os.getloadavg()[0]:.1f}")
         print(f"\nwhole process, start to exit, {args.steps:,} steps ({size_mb:,.0f} MB), "
               f"{args.repeats} paired rounds:")
-        table, whole_ok = whole_process(log_path, work, args.repeats, args.baseline_src)
+        resumed = None
+        if args.resumed:
+            resumed = work / "resumed.jsonl"
+            write_resumed_log(resumed, args.steps)
+        table, whole_ok = whole_process(
+            log_path, work, args.repeats, args.baseline_src, resumed
+        )
         for line in table:
             print(line)
         print("\nbreakdown: the library calls inside one process (imports excluded)")

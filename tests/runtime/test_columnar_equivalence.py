@@ -384,12 +384,74 @@ def test_columnar_reader_leaves_odd_values_to_the_streaming_reader(tmp_path: Pat
     assert read_columnar(path, "sapper", min_bytes=0) is None
 
 
-def test_columnar_reader_leaves_restarts_to_the_streaming_reader(tmp_path: Path) -> None:
-    path = tmp_path / "run.jsonl"
-    writer = RunLogWriter(path)
-    writer.write_steps(StepRecord(step=s, loss=1.0) for s in (1, 2, 3, 2, 3, 4))
+def _resumed_log(path: Path, n: int) -> None:
+    """A run log resumed from checkpoints: the first attempt's last steps logged again by
+    the next one (and once a step repeated exactly), finding lines in each attempt, a
+    step with extras where an attempt starts (the streaming parser's line)."""
+    from sapper.rules.model import Finding, Severity
+
+    records = _stream(5, n)
+    third, two_thirds = n // 3, (2 * n) // 3
+    finding = Finding(
+        code="R001", severity=Severity.ERROR, check="loss", title="t", message="m", fix="f", step=3
+    )
+    writer = RunLogWriter(path, meta={"run": "resumed"})
+    writer.write_steps(records[:third])
+    writer.write_finding(finding)
     writer.close()
-    assert read_columnar(path, "sapper", min_bytes=0) is None
+    writer = RunLogWriter(path, meta={"run": "resumed", "resume": 1})
+    again = [copy.deepcopy(r) for r in records[third - third // 4 : two_thirds]]
+    again[0].extra["clip_coef"] = 0.5
+    writer.write_steps(again)
+    writer.write_finding(finding.model_copy(update={"step": int(again[5].step)}))
+    writer.write_steps([copy.deepcopy(records[two_thirds - 1])])  # the same step again
+    writer.write_steps(copy.deepcopy(r) for r in records[two_thirds:])
+    writer.write_finding(finding.model_copy(update={"step": int(records[-1].step)}))
+    writer.close()
+
+
+@pytest.mark.parametrize("block", [None, 2500])
+def test_columnar_reader_splits_a_resumed_log_into_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int | None
+) -> None:
+    """Steps that go back start a new attempt, as the streaming reader splits them; the
+    stored findings name the attempt they were written in."""
+    monkeypatch.setattr(runlog, "SPECIAL_SHARE", 1.0)
+    if block is not None:
+        monkeypatch.setattr(runlog, "BLOCK_BYTES", block)
+    path = tmp_path / "run.jsonl"
+    _resumed_log(path, 600)
+    expected = read_log(path)
+    got = read_columnar(path, "sapper", min_bytes=0)
+    assert got is not None
+    assert len(expected.attempts) == 3
+    assert got.attempts == expected.attempts
+    assert [_nan_equal(r.__dict__) for r in got.records] == [
+        _nan_equal(r.__dict__) for r in expected.records
+    ]
+    assert got.findings == expected.findings
+    assert [f.data.get("attempt") for f in got.findings] == [1, 2, 3]
+    assert got.notes == expected.notes
+    assert got.meta == expected.meta
+
+
+def test_resumed_log_analysis_through_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed log read into columns and analyzed attempt by attempt (each with its
+    history as rows of the same columns): the findings, attempts and notes the streaming
+    reader and detectors give."""
+    monkeypatch.setattr(runlog, "SPECIAL_SHARE", 1.0)
+    path = tmp_path / "run.jsonl"
+    _resumed_log(path, 1500)
+    streaming = analyze_log(read_log(path), default_detectors())
+    log = read_columnar(path, "sapper", min_bytes=0)
+    assert log is not None and log.columns is not None
+    monkeypatch.setattr(engine, "MIN_RECORDS", 0)
+    monkeypatch.setattr(engine, "EXTRAS_SHARE", 1.0)
+    columnar = analyze_log(log, default_detectors())
+    assert _analysis_key(columnar) == _analysis_key(streaming)
+    assert any(f.data.get("attempt") == 3 for f in columnar.findings)
 
 
 def _analysis_key(a: Any) -> tuple[Any, ...]:

@@ -6,8 +6,10 @@ hundred MB/s against the standard library's tens. What is not such a plain line,
 meta or finding line, a step with extras or per-group LRs, a non-finite float spelled
 as a string, anything unreadable, goes through :class:`sapper.logs.runlog.RunLogParser`
 line by line, with its own line number, so notes, findings and meta come out as the
-streaming reader has them. A log whose steps do not strictly ascend (a restart, a
-hand-merged file) is left to the streaming reader: it owns what a repeated step means.
+streaming reader has them. A step that does not go past the one before it starts a new
+attempt (a run resumed from a checkpoint logs its steps again), as
+:class:`~sapper.logs.runlog.RunLogParser` splits them, and the findings stored in the
+log are tagged with the attempt they were written in, so a resumed log stays in columns.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from sapper.logs.columnar.frame import (
     ColumnarLog,
     Columns,
     LazyRecords,
-    strictly_ascending,
 )
 from sapper.logs.limits import MAX_COUNT
 from sapper.logs.runlog import RunLogParser
@@ -225,13 +226,51 @@ def _last_newline(fh: Any, pos: int, want: int) -> int:
     return -1 if at < 0 else start - pos + at + 1
 
 
+class _Parser(RunLogParser):
+    """The streaming parser of the lines that are no plain step, which also keeps the
+    line of each finding it stores: it sees only some of the steps, so the attempt a
+    finding was written in is counted over all of them once the log is read."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self.finding_lines: list[int] = []
+
+    def _finding(self, obj: dict[str, Any], line: int) -> None:
+        before = len(self.findings)
+        super()._finding(obj, line)
+        if len(self.findings) > before:
+            self.finding_lines.append(line)
+
+    def count_attempts(self, restart_lines: np.ndarray) -> None:
+        """The restarts of the whole log (rows whose step does not go past the one
+        before, at ``restart_lines``: 0-based file lines) and each finding's attempt, as
+        the streaming parser counts them line by line (its lines are 1-based)."""
+        self._restarts = len(restart_lines)
+        at = np.searchsorted(restart_lines, np.asarray(self.finding_lines, np.int64) - 1)
+        self._finding_attempts = (at + 1).tolist()
+
+
+def _attempts(steps: np.ndarray) -> tuple[list[Attempt], np.ndarray]:
+    """The attempts of rows whose steps ascend but where a step repeats or falls (a run
+    resumed from a checkpoint), split as :class:`RunLogParser` splits them, and the rows
+    that start a new one."""
+    n = len(steps)
+    back = np.flatnonzero(steps[1:] <= steps[:-1]) + 1
+    starts = [0, *back.tolist()]
+    attempts = [
+        Attempt(number, lo, hi, int(steps[lo]), int(steps[hi - 1]))
+        for number, (lo, hi) in enumerate(zip(starts, [*starts[1:], n], strict=True), 1)
+    ]
+    return attempts, back
+
+
 class _Reader:
     """Collects the rows of every block: plain lines as column pieces, the others as the
     streaming parser's records, in file order."""
 
     def __init__(self, pl: Any, path: Path) -> None:
         self.pl = pl
-        self.parser = RunLogParser(str(path))
+        self.parser = _Parser(str(path))
         self.line0 = 0
         self.lines: list[np.ndarray] = []  # line index of each plain row, per block
         self.steps: list[np.ndarray] = []
@@ -371,8 +410,6 @@ class _Reader:
 
     def result(self, path: Path) -> ColumnarLog | None:
         parser = self.parser
-        parser._line = self.line0
-        parser.finish()
         n_plain = sum(len(x) for x in self.lines)
         n = n_plain + len(self.full)
         if n == 0:
@@ -387,8 +424,11 @@ class _Reader:
         if not dense:
             order = np.argsort(line_of, kind="stable")
             steps = steps[order]
-        if not strictly_ascending(steps):
-            return None  # steps that repeat or fall: the streaming reader's business
+            line_of = line_of[order]
+        attempts, back = _attempts(steps)
+        parser.count_attempts(line_of[back])
+        parser._line = self.line0
+        parser.finish()
         cols = Columns(steps=steps)
         if dense:
             plain_rows = None
@@ -436,14 +476,16 @@ class _Reader:
             findings=list(parser.findings),
             meta=dict(parser.meta),
             notes=list(parser.notes),
-            attempts=[Attempt(1, 0, n, int(steps[0]), int(steps[-1]))],
+            attempts=attempts,
             columns=cols,
         )
 
 
 def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
     """The run log at ``path`` in columns, or ``None`` when this path does not apply
-    (no polars, a small file, steps that repeat): then the streaming reader reads it.
+    (no polars, a small file, a value only the streaming detectors judge): then the
+    streaming reader reads it. A resumed run's attempts are split as that reader
+    splits them.
     The file is read in blocks of ``BLOCK_BYTES``, so the text in memory stays bounded
     whatever the log's length; the columns take about 9 bytes per field and step."""
     path = Path(path)
