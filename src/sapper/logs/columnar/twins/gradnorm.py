@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from functools import partial
 from typing import Any
 
@@ -96,6 +97,7 @@ def _cooldown(det: GradNormDetector, code: str) -> int | None:
 
 
 def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
+    _SEEN.pop(det, None)
     rows = np.flatnonzero(cols.has("grad_norm"))
     gn = cols.get("grad_norm")[rows]
     steps = cols.steps[rows]
@@ -153,6 +155,13 @@ def _nonfinite(
     return out
 
 
+#: How many rows the saturation test counted in the last run of each detector, with the
+#: columns it ran on: ``unevaluated`` right after ``run`` reads it instead of counting again.
+_SEEN: weakref.WeakKeyDictionary[GradNormDetector, tuple[int, int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _eligible(
     det: GradNormDetector, cols: Columns, rows: np.ndarray, s: np.ndarray, first_step: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -180,6 +189,7 @@ def _saturation(
     first_step: int,
 ) -> list[Finding]:
     idx, thr = _eligible(det, cols, rows, s, first_step)
+    _SEEN[det] = (id(cols), len(idx))
     if len(idx) < det.saturate_window:
         return []
     over = g[idx] > thr[idx]
@@ -340,10 +350,14 @@ def unevaluated(det: GradNormDetector, cols: Columns, found: list[Finding]) -> l
     if len(rows):
         scratch.first_step = int(cols.steps[rows[0]])
     if scratch.count:
-        f_rows = rows[fin]
-        scratch.saturation_seen = len(
-            _eligible(det, cols, f_rows, cols.steps[f_rows], int(cols.steps[rows[0]]))[0]
-        )
+        seen = _SEEN.pop(det, None)
+        if seen is not None and seen[0] == id(cols):
+            scratch.saturation_seen = seen[1]
+        else:
+            f_rows = rows[fin]
+            scratch.saturation_seen = len(
+                _eligible(det, cols, f_rows, cols.steps[f_rows], int(cols.steps[rows[0]]))[0]
+            )
     has, gn_all = cols.has("grad_norm"), cols.get("grad_norm")
     for row in sorted(cols.full):  # the per-layer histories (R013's layer test)
         if has[row] and not math.isfinite(gn_all[row]):

@@ -1,0 +1,59 @@
+"""The sliding minimum and maximum the vectorised detectors bound their medians with:
+polars' rolling window (taken when the reader has imported polars) and the numpy
+blocks (taken otherwise) give the same numbers as a direct minimum or maximum of every
+window, so a twin's findings do not depend on which one ran."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from sapper.logs.columnar.twins import rolling
+
+pl = pytest.importorskip("polars")
+
+
+def _direct(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
+    view = np.lib.stride_tricks.sliding_window_view(x, window)
+    return (np.min if acc is np.minimum else np.max)(view, axis=1)
+
+
+def _values(seed: int, n: int) -> np.ndarray:
+    """Noise with ties, zeros of both signs and infinities (never NaN: the callers
+    drop them first)."""
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.normal(size=n), int(rng.integers(0, 3)))
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 1e300, -1e300])
+    at = rng.random(n) < 0.05
+    x[at] = rng.choice(specials, size=int(at.sum()))
+    return x
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("window", [2, 3, 7, 50, 333])
+def test_polars_and_numpy_sliding_agree(
+    seed: int, window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _values(seed, 2_000 + seed * 37)
+    for acc in (np.minimum, np.maximum):
+        want = _direct(x, window, acc)
+        monkeypatch.setitem(sys.modules, "polars", pl)
+        fast = rolling._sliding(x, window, acc)
+        monkeypatch.delitem(sys.modules, "polars")
+        slow = rolling._sliding(x, window, acc)
+        monkeypatch.setitem(sys.modules, "polars", pl)
+        assert np.array_equal(fast, want)
+        assert np.array_equal(slow, want)
+
+
+@pytest.mark.parametrize("how", ["min", "max"])
+def test_window_reduce_matches_each_window(how: str) -> None:
+    """Short windows at the start, full ones after, and ends past a window's length."""
+    x = _values(11, 5_000)
+    ends = np.arange(0, len(x) + 1, 3)
+    got = rolling.window_reduce(x, ends, 40, how)
+    fn = np.min if how == "min" else np.max
+    want = np.array([fn(x[max(0, e - 40) : e]) if e else np.nan for e in ends])
+    assert np.array_equal(got, want, equal_nan=True)
