@@ -12,6 +12,7 @@ fire (each is said once per run). With a declared schedule the streaming detecto
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 
@@ -84,8 +85,8 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
     extras = sorted(cols.full)
     found: list[Finding] = []
     steps = cols.steps
-    lrs = lr_all[rows].tolist()
-    srows = rows.tolist()
+    lrs = _Numbers(lr_all[rows])
+    srows = _Numbers(rows)
     e = 0
     # the shape state, as locals (written back at the end)
     first_step, first_lr, prev_lr = d.first_step, d.first_lr, d.prev_lr
@@ -101,8 +102,8 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
     )
     fired = d.fired
     w_code, o_code = LR_WARMUP_SHORT.code, LR_OVERRUN.code
-    step_list = steps[rows].tolist()
     steps_arr = steps[rows]
+    step_list = _Numbers(steps_arr)
 
     def sync() -> None:
         d.first_step, d.first_lr, d.prev_lr = first_step, first_lr, prev_lr
@@ -110,8 +111,8 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
         d.trough, d.rise_run, d.rise_from = trough, rise_run, rise_from
         d.zero_run, d.zero_since = zero_run, zero_since
 
-    arr = lr_all[rows]
-    m = len(lrs)
+    arr = lrs.arr
+    m = len(arr)
     k = 0
     while k < m:
         row, lr, step = srows[k], lrs[k], step_list[k]
@@ -236,8 +237,29 @@ def _walk(det: LRDetector, cols: Columns) -> tuple[LRDetector, list[Finding]]:
         found += d._live_counter(cols.record(extras[e]))
         e += 1
     sync()
-    d.lr_records = len(lrs)
+    d.lr_records = m
     return d, found
+
+
+class _Numbers:
+    """``arr[k]`` as the Python number ``arr.tolist()[k]`` is, converted a block at a
+    time when first read: the walk jumps over quiet stretches, so most of a long log's
+    rows are never read one by one and never converted."""
+
+    __slots__ = ("arr", "blocks")
+    _SHIFT = 12
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+        self.blocks: dict[int, list[Any]] = {}
+
+    def __getitem__(self, k: int) -> Any:
+        b = k >> self._SHIFT
+        block = self.blocks.get(b)
+        if block is None:
+            size = 1 << self._SHIFT
+            block = self.blocks[b] = self.arr[b * size : (b + 1) * size].tolist()
+        return block[k & ((1 << self._SHIFT) - 1)]
 
 
 TWIN = walking_twin(

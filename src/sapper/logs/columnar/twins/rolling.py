@@ -99,7 +99,7 @@ def _sliding(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
     if pl is not None and n >= window > 1 and x.dtype == np.float64:
         series = pl.Series(x)
         rolled = series.rolling_min(window) if acc is np.minimum else series.rolling_max(window)
-        return rolled.to_numpy()[window - 1 :]
+        return rolled.slice(window - 1).to_numpy()  # no nulls left: no copy to NaN
     blocks = -(-n // window)
     fill = np.inf if acc is np.minimum else -np.inf
     padded = np.concatenate([x, np.full(blocks * window - n, fill)]).reshape(blocks, window)
