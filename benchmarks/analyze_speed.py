@@ -42,14 +42,26 @@ most its peak) and the same in pandas. On the 2-core development machine (load a
 
     sapper at 48947bb (cross-rank pass and torch)    4.88 s   4.77 s   486 MiB   3.07×
     sapper at 525692b (the pipeline below the CLI)   3.48 s   3.47 s   492 MiB   2.26×
-    sapper now (blocks decoded whole, allocator)     3.14 s   3.10 s   402 MiB   2.10×
+    sapper at b5f725b (blocks decoded whole)         3.14 s   3.10 s   402 MiB   2.10×
     polars read_ndjson + rolling medians             1.59 s   1.58 s   462 MiB   1.00×
     pandas read_json + rolling medians (load 7)      9.54 s   6.49 s  2916 MiB   4.0×
 
-Of sapper's ~3.1 s: imports ~0.45 s, the read ~1.8 s (polars' own decoding ~0.9 s of it),
-the vectorised detectors ~1.1 s; the wall-time target is not met yet. The ratio moves
-with the load: with both cores free polars decodes on two threads (1.1 s wall, 1.7 s
-CPU) and sapper, mostly single-threaded, takes 3.4 s (3.0×); under load 7 it was 1.8×.
+Then, four paired rounds in one run (load about 3), the twins made faster (polars'
+rolling minimum and maximum for the bounds, the LR walk converting only the rows it
+reads, the saturation rows counted once) and a resumed log kept in columns:
+
+    sapper now                                       2.74 s   2.67 s   334 MiB   1.91×
+      the log resumed (its last 5 % logged again)    2.93 s   2.89 s   325 MiB   1.95×
+    sapper at 6cb234c (the twins before)             2.95 s   2.90 s   403 MiB   2.04×
+    polars read_ndjson + rolling medians             1.48 s   1.53 s   462 MiB   1.00×
+
+The resumed log took the streaming reader before (the columnar one turned away steps
+that go back): 16.0 s wall, 16.0 s CPU, 1,330 MiB, against 2.9-3.2 s, 3.2 s, 323 MiB
+now (two runs each, alternated). Of sapper's ~2.7 s: imports ~0.45 s, the read ~1.4 s
+(polars' own decoding ~1.0 s of it), the vectorised detectors ~0.75 s (1.0-1.1 s
+before); the wall-time target is not met yet. The ratio moves with the load: with both
+cores free polars decodes on two threads (1.1 s wall, 1.7 s CPU) and sapper, mostly
+single-threaded, took 3.4 s (3.0×) at b5f725b; under load 7 it was 1.8×.
 
 The console formats, CPU seconds of analyze / diagnose (one run each, a loaded machine):
 the HF console 40.1 / 41.9 before, 16.3 / 17.2 after; fairseq 75 / 75 before, 48 / 51
