@@ -105,8 +105,10 @@ def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
     out: list[Finding] = []
     surges = _layer_surges(det, cols)
     if len(rows):
-        skipped = cols.has("skipped")[rows] & (np.nan_to_num(cols.get("skipped")[rows]) != 0)
-        out += _nonfinite(det, gn, steps, ~fin & ~skipped)
+        bad = ~fin
+        if "skipped" in cols.present:  # a log that never says so skips no step
+            bad &= ~(cols.has("skipped")[rows] & (np.nan_to_num(cols.get("skipped")[rows]) != 0))
+        out += _nonfinite(det, gn, steps, bad)
         f_rows = rows[fin]
         g, s = gn[fin], steps[fin]
         if len(g):

@@ -10,6 +10,7 @@ that window (it too is said once, so the scan stops at the first finding).
 from __future__ import annotations
 
 import copy
+import weakref
 
 import numpy as np
 
@@ -64,13 +65,35 @@ def _limits(det: MemoryDetector, cols: Columns) -> tuple[np.ndarray, np.ndarray]
     return np.where(own_set, own, d_val), own_set | d_ok
 
 
+#: What ``unevaluated`` reads, kept by the last ``run`` of each detector with the columns
+#: it ran on: (their id, readings, a limit seen, the trend window's rows), so the call
+#: right after ``run`` does not go over the columns again.
+_LAST: weakref.WeakKeyDictionary[MemoryDetector, tuple[int, int, bool, np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def run(det: MemoryDetector, cols: Columns) -> list[Finding]:
+    _LAST.pop(det, None)
     if not len(cols):
         return []
     limit, has_limit = _limits(det, cols)
     out = _near(det, cols, limit, has_limit)
     out += _growth(det, cols, limit, has_limit)
     return out
+
+
+def _readings(det: MemoryDetector, cols: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reading per row (the allocated memory, else the RSS), where it is a finite
+    number, and where the trend test keeps it (past the warmup)."""
+    value = cols.get("memory_allocated_gib")
+    has = cols.has("memory_allocated_gib")
+    if "rss_gib" in cols.present:
+        value = np.where(has, value, cols.get("rss_gib"))
+        has = has | cols.has("rss_gib")
+    reading = has & np.isfinite(value)
+    keep = reading & ~(cols.steps - int(cols.steps[0]) < det.warmup_steps)
+    return value, reading, keep
 
 
 def _near(
@@ -110,14 +133,14 @@ def _near(
 def _growth(
     det: MemoryDetector, cols: Columns, limit: np.ndarray, has_limit: np.ndarray
 ) -> list[Finding]:
-    value = cols.get("memory_allocated_gib")
-    has = cols.has("memory_allocated_gib")
-    rss = cols.get("rss_gib")
-    value = np.where(has, value, rss)
-    has = has | cols.has("rss_gib")
-    first_step = int(cols.steps[0])
-    keep = has & np.isfinite(value) & ~(cols.steps - first_step < det.warmup_steps)
+    value, reading, keep = _readings(det, cols)
     rows = np.flatnonzero(keep)
+    _LAST[det] = (
+        id(cols),
+        int(reading.sum()),
+        bool(has_limit.any()),
+        rows[-(det.series.maxlen or 0) :],
+    )
     if len(rows) < det.growth_min_points:
         return []
     v, s = value[rows], cols.steps[rows]
@@ -175,17 +198,25 @@ def unevaluated(det: MemoryDetector, cols: Columns, found: list[Finding]) -> lis
     limit seen, the trend window's length, whether R050 fired."""
     scratch = copy.deepcopy(det)
     if len(cols):
-        _, has_limit = _limits(det, cols)
-        value = np.where(
-            cols.has("memory_allocated_gib"), cols.get("memory_allocated_gib"), cols.get("rss_gib")
-        )
-        has = cols.has("memory_allocated_gib") | cols.has("rss_gib")
-        reading = has & np.isfinite(value)
-        scratch.readings = int(reading.sum())
-        scratch.limit_known = bool(has_limit.any())
-        kept = reading & ~(cols.steps - int(cols.steps[0]) < det.warmup_steps)
-        rows = np.flatnonzero(kept)[-(scratch.series.maxlen or 0) :]
-        scratch.series.extend(zip(cols.steps[rows].tolist(), value[rows].tolist(), strict=True))
+        last = _LAST.pop(det, None)
+        if last is not None and last[0] == id(cols):
+            _, scratch.readings, scratch.limit_known, rows = last
+            value = cols.get("memory_allocated_gib")
+            if "rss_gib" in cols.present:
+                value = value[rows]
+                value = np.where(
+                    cols.has("memory_allocated_gib")[rows], value, cols.get("rss_gib")[rows]
+                )
+            else:
+                value = value[rows]
+        else:
+            _, has_limit = _limits(det, cols)
+            value, reading, kept = _readings(det, cols)
+            scratch.readings = int(reading.sum())
+            scratch.limit_known = bool(has_limit.any())
+            rows = np.flatnonzero(kept)[-(scratch.series.maxlen or 0) :]
+            value = value[rows]
+        scratch.series.extend(zip(cols.steps[rows].tolist(), value.tolist(), strict=True))
     for f in found:
         scratch.fired[f.code] = f.step if f.step is not None else 0
     return scratch.unevaluated()
