@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 import transformers
+from monitor_overhead import ENTRY_POINTS as MONITOR_ENTRY_POINTS
 
 from sapper.distributed.bridge import MonitorBridge
 from sapper.distributed.evidence import LocalGradNorm, OutputMax
@@ -53,7 +54,6 @@ from sapper.monitor import monitor as monitor_module
 from sapper.monitor.cpuwait import RunQueueClock
 from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.positions import PositionWatch
-from sapper.monitor.structure import StructureProbe
 from sapper.monitor.system import MemoryReader
 from sapper.monitor.training import TrainingObserver
 
@@ -61,21 +61,7 @@ transformers.logging.set_verbosity_error()
 
 #: Where control enters the monitor during a step (outermost calls are timed).
 ENTRY_POINTS: tuple[tuple[type, tuple[str, ...]], ...] = (
-    (
-        Monitor,
-        (
-            "_forward_pre",
-            "_forward_post",
-            "_on_loss_grad",
-            "_on_logits_weight",
-            "step",
-            "on_optimizer_stepped",
-        ),
-    ),
-    (TrainingObserver, ("_pre_step", "_post_step", "before_clip", "after_clip")),
-    (PositionWatch, ("_pre_hook",)),
-    (Localiser, ("_record", "_grad")),
-    (StructureProbe, ("_stack_in", "_block_out", "_norm_out")),
+    *MONITOR_ENTRY_POINTS,
     (ForwardTimer, ("_pre", "_post")),
     (OutputMax, ("_hook",)),
     (LocalGradNorm, ("_hook",)),

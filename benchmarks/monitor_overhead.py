@@ -65,7 +65,7 @@ SIZES = {  # name: (layers, hidden, heads, seq, batch)
 #: module's pre-hook, the localiser's module and gradient hooks and the first forward's
 #: norm-placement hooks (the residual trace itself runs inside the block's own forward
 #: and is not separable from it).
-_ENTRY_POINTS = (
+ENTRY_POINTS = (
     (
         Monitor,
         (
@@ -93,7 +93,7 @@ class SelfTimer:
         self._saved: list[tuple[type, str, Any]] = []
 
     def __enter__(self) -> SelfTimer:
-        for cls, names in _ENTRY_POINTS:
+        for cls, names in ENTRY_POINTS:
             for name in names:
                 original = cls.__dict__[name]
                 self._saved.append((cls, name, original))

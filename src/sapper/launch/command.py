@@ -360,12 +360,7 @@ def _torchrun(launch: Launch, tokens: list[str], cwd: Path, name: str = "torchru
     _set_counts(launch, per_node, nodes)
     if nraw is not None and nodes is None:
         launch.world_size = None
-    if _get(opts, "module", "m")[0] == "true" and rest:
-        _module(launch, rest[0], rest[1:], cwd)
-    elif _get(opts, "no_python", "no-python")[0] == "true":
-        _program(launch, rest, cwd)
-    elif rest:
-        _program(launch, ["python", *rest], cwd)
+    _launched(launch, opts, rest, cwd)
 
 
 def _hostfile(launch: Launch, path: Path) -> tuple[int | None, int | None]:
@@ -478,6 +473,12 @@ def _accelerate(launch: Launch, tokens: list[str], cwd: Path) -> None:
     if ga is not None and ga.isdigit() and int(ga) > 0:
         launch.values.append(("batch.gradient_accumulation_steps", int(ga),
                               "accelerate --gradient_accumulation_steps"))
+    _launched(launch, opts, rest, cwd)
+
+
+def _launched(launch: Launch, opts: dict[str, str], rest: list[str], cwd: Path) -> None:
+    """What torchrun or accelerate starts after its own options: ``-m MODULE``, a program
+    run as is (``--no-python``), or a Python script."""
     if _get(opts, "module", "m")[0] == "true" and rest:
         _module(launch, rest[0], rest[1:], cwd)
     elif _get(opts, "no_python", "no-python")[0] == "true":
