@@ -55,6 +55,11 @@ reads, the saturation rows counted once) and a resumed log kept in columns:
     sapper at 6cb234c (the twins before)             2.95 s   2.90 s   403 MiB   2.04×
     polars read_ndjson + rolling medians             1.48 s   1.53 s   462 MiB   1.00×
 
+With both cores nearly free (load 0.8, four paired rounds, the memory twin's second pass
+gone too), polars decodes on two threads and the ratio is larger: sapper now 2.36 s wall
+/ 2.91 s CPU / 331 MiB (2.62×), the log resumed 2.44 s (2.76×), at 6cb234c 2.59 s / 3.14 s
+/ 350 MiB (2.89×), polars 0.91 s / 1.60 s / 460 MiB.
+
 The resumed log took the streaming reader before (the columnar one turned away steps
 that go back): 16.0 s wall, 16.0 s CPU, 1,330 MiB, against 2.9-3.2 s, 3.2 s, 323 MiB
 now (two runs each, alternated). Of sapper's ~2.7 s: imports ~0.45 s, the read ~1.4 s
