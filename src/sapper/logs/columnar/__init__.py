@@ -1,9 +1,9 @@
 """Logs read into columns for ``sapper analyze`` on long runs (see docs/analyze.md).
 
-:func:`read_columnar` reads a sapper run log with polars when it pays (a large file
-whose steps ascend), and a Megatron-LM text log a batch of lines at a time
-(``sapper.logs.columnar.megatron``), else returns ``None`` and the streaming readers
-take over;
+:func:`read_columnar` reads a sapper run log with polars when it pays (a large file;
+a run resumed from a checkpoint is split into attempts), and a Megatron-LM text log a
+batch of lines at a time (``sapper.logs.columnar.megatron``), else returns ``None`` and
+the streaming readers take over;
 :func:`columns_from_records` turns any reader's records into the same columns, so the
 vectorised detectors (``sapper.logs.columnar.twins``) serve every format.
 
