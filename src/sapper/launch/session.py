@@ -244,9 +244,7 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
     console.print()
     if out.outcome == "ok":
         _print_healthy(console, doc, troubled=diag_json is not None)
-    if out.outcome == "ok" and diag_json is None:
-        pass  # the summary is the answer
-    else:
+    if out.outcome != "ok" or diag_json is not None:  # else the summary is the answer
         if out.outcome != "ok":
             how = "was interrupted" if out.outcome == "interrupted" else out.outcome
             _say(console, f"the run {how} (exit {out.exit_code})"
@@ -262,14 +260,12 @@ def _after(console: Console, err: Console, run_dir: Path, argv: list[str], cwd: 
             console.print(render_diagnosis(post["diagnosis_obj"]))
         if error is not None:
             _say(console, f"last error in the console: {error}", "bold red")
-        if diag_json is not None:
-            pass  # the diagnosis above is the answer
-        elif post.get("steps"):
+        if diag_json is None and post.get("steps"):  # (with one, it is the answer above)
             last = max((v for v in post["steps"].values() if v is not None), default=None)
             _say(console, "the run logs show no blow-up"
                  + (f" up to step {last:,}" if last is not None else "")
                  + ": the cause is outside the training numerics (see console.log)", "yellow")
-        else:
+        elif diag_json is None:
             _say(console, "no run log was written under logs/: nothing to diagnose (the "
                  "monitor attaches in Python processes that train with torch)", "yellow")
         for note in post.get("notes", []):
