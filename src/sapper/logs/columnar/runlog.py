@@ -18,7 +18,9 @@ import io
 import json
 import os
 import sys
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,9 @@ MIN_BYTES = DEFAULT_MIN_BYTES
 SPECIAL_SHARE = 0.25
 #: Text read and decoded at once: bounds the memory a long log's text takes.
 BLOCK_BYTES = 32 << 20
+#: Blocks decoded at once by polars (which releases the GIL while it decodes), so a
+#: long log's read uses two cores; each block in flight holds its text and its rows.
+DECODE_WORKERS = min(2, os.cpu_count() or 1)
 #: polars' allocator (jemalloc) keeps the pages each block's decoding freed for ten
 #: seconds by default, so a long log's read held some 100 MB it no longer used at the
 #: peak; returned at once, unless the user's environment says otherwise. Set before
@@ -226,6 +231,24 @@ def _last_newline(fh: Any, pos: int, want: int) -> int:
     return -1 if at < 0 else start - pos + at + 1
 
 
+_Decoded = tuple[dict[str, Any], Any, bool]
+
+
+def _decode_block(pl: Any, data: bytes, newline_end: bool) -> _Decoded:
+    """A block's schema (from its sample), its rows as polars decodes the whole block
+    (``None`` when it cannot, or the block ends in a torn line) and whether every line
+    is a plain step held whole: the work of a block that depends on no other block, so
+    it may run in a worker thread while the reader takes the blocks before it."""
+    sample = _sample_fields(data)
+    schema = {
+        "kind": pl.Utf8,
+        "step": pl.Int64,
+        **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
+    }
+    whole = _read_block(pl, data, schema) if newline_end else None
+    return schema, whole, whole is not None and _all_plain(data, whole)
+
+
 class _Parser(RunLogParser):
     """The streaming parser of the lines that are no plain step, which also keeps the
     line of each finding it stores: it sees only some of the steps, so the attempt a
@@ -303,17 +326,12 @@ class _Reader:
         self.line0 = 1
         return end + 1
 
-    def block(self, data: bytes, newline_end: bool) -> bool:
-        """Read one block; ``False`` when this reader cannot take the log."""
+    def block(self, data: bytes, newline_end: bool, decoded: _Decoded | None = None) -> bool:
+        """Read one block; ``False`` when this reader cannot take the log. ``decoded``:
+        the block as :func:`_decode_block` decoded it (in another thread), if it was."""
         pl = self.pl
-        sample = _sample_fields(data)
-        schema = {
-            "kind": pl.Utf8,
-            "step": pl.Int64,
-            **{name: _DTYPES[name](pl) for name in _SCALARS if name in sample},
-        }
-        whole = _read_block(pl, data, schema) if newline_end else None
-        if whole is not None and _all_plain(data, whole):
+        schema, whole, plain = decoded or _decode_block(pl, data, newline_end)
+        if plain:
             # Every line a plain step (a long run's usual block): its rows as decoded.
             if self._mostly_special(whole.height, whole.height):
                 return False
@@ -503,9 +521,39 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         return None
     reader = _Reader(pl, path)
     try:
-        for data, newline_end in _blocks(path, size, reader.header(path)):
-            if not reader.block(data, newline_end):
-                return None
+        if not _read_blocks(pl, reader, _blocks(path, size, reader.header(path)), size):
+            return None
     except OSError:
         return None
     return reader.result(path)
+
+
+def _read_blocks(
+    pl: Any, reader: _Reader, blocks: Iterator[tuple[bytes, bool]], size: int
+) -> bool:
+    """Every block through ``reader`` in file order, ``False`` at the first it cannot
+    take. A log of more than one block has its blocks decoded by ``DECODE_WORKERS``
+    threads ahead of the reader, which takes them in file order; at most
+    ``DECODE_WORKERS`` + 1 blocks (text and rows) are held at once, so the memory stays
+    bounded whatever the log's length."""
+    if DECODE_WORKERS < 2 or size <= BLOCK_BYTES:
+        return all(reader.block(data, newline_end) for data, newline_end in blocks)
+    ahead: deque[tuple[bytes, bool, Any]] = deque()
+    with ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="sapper-decode") as pool:
+        try:
+            while True:
+                while len(ahead) < DECODE_WORKERS + 1:  # one more queued: no core idles
+                    nxt = next(blocks, None)
+                    if nxt is None:
+                        break
+                    ahead.append((*nxt, pool.submit(_decode_block, pl, *nxt)))
+                if not ahead:
+                    return True
+                data, newline_end, future = ahead.popleft()
+                if not reader.block(data, newline_end, future.result()):
+                    return False
+                del data, future
+        finally:
+            for *_, future in ahead:
+                future.cancel()
+            ahead.clear()
