@@ -50,3 +50,22 @@ def test_a_command_that_cannot_start(tmp_path: Path) -> None:
                      run_dir=tmp_path, hang_after=None)
     with pytest.raises(FileNotFoundError):
         sup.run()
+
+
+def test_console_log_keeps_each_streams_lines_whole(tmp_path: Path) -> None:
+    """stdout and stderr written a piece at a time, interleaved: each line still stands
+    whole in console.log."""
+    code = (
+        "import sys, time\n"
+        "for i in range(20):\n"
+        "    sys.stdout.write(f'out{i}'); sys.stdout.flush()\n"
+        "    sys.stderr.write(f'err{i}'); sys.stderr.flush()\n"
+        "    time.sleep(0.002)\n"
+        "    sys.stdout.write('\\n'); sys.stdout.flush()\n"
+        "    sys.stderr.write('\\n'); sys.stderr.flush()\n"
+    )
+    result, out, err = _run(tmp_path, code, hang_after=None)
+    assert result.exit_code == 0
+    lines = sorted((tmp_path / "console.log").read_bytes().splitlines())
+    assert lines == sorted([f"out{i}".encode() for i in range(20)]
+                           + [f"err{i}".encode() for i in range(20)])

@@ -208,7 +208,11 @@ class Supervisor:
 
     # ---- console ---------------------------------------------------------------------
     def _copy(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
+        """One stream of the job: to sapper's own stream as it comes, and to console.log
+        in whole lines, so that stdout and stderr (and the ranks writing to them) do not
+        tear each other's lines there; a line longer than a read goes as it is."""
         fd = pipe.fileno()
+        partial = b""
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -221,7 +225,15 @@ class Supervisor:
                 sink.flush()
             except (OSError, ValueError):
                 pass  # sapper's own terminal went away: the job and its log go on
-            self._to_log(chunk)
+            partial += chunk
+            end = partial.rfind(b"\n") + 1
+            if end == 0 and len(partial) < 65536:
+                continue
+            cut = end or len(partial)
+            self._to_log(partial[:cut])
+            partial = partial[cut:]
+        if partial:
+            self._to_log(partial)
 
     def _to_log(self, chunk: bytes) -> None:
         with self._log_lock:
