@@ -66,6 +66,7 @@ def test_console_log_keeps_each_streams_lines_whole(tmp_path: Path) -> None:
     )
     result, out, err = _run(tmp_path, code, hang_after=None)
     assert result.exit_code == 0
+    assert out.count(b"\n") == err.count(b"\n") == 20  # the terminal got every byte
     lines = sorted((tmp_path / "console.log").read_bytes().splitlines())
     assert lines == sorted([f"out{i}".encode() for i in range(20)]
                            + [f"err{i}".encode() for i in range(20)])
