@@ -17,6 +17,13 @@ recognized by its values (:mod:`sapper.logs.counters`). Validation lines
 (``validation loss at iteration N | lm loss value: ...``) and the memory report
 (``[Rank 0] (after N iterations) memory (MB) | allocated: ...``) are merged into the
 step they name. Everything else in the log (arguments, timers, warnings) is skipped.
+
+Speed (``sapper watch`` follows a log at thousands of lines a second): a run prints its
+iteration lines with the same keys in the same order, so the parser learns each line
+layout once (:class:`_Layout`: the keys' text kept literally, one capture per value) and
+reads a later line of that layout with one match and a ``float`` per value. A line the
+layout does not match exactly, or one holding a value that is not a plain number, is
+read segment by segment as before; both ways give the same record.
 """
 
 from __future__ import annotations
@@ -82,6 +89,80 @@ _MEM_FIELDS = {
 }
 
 
+#: Value text of a learned layout: what ``_segments`` takes as a value (no pipe, no
+#: colon), at most as long as ``to_float`` reads.
+_VALUE = r"([^|:]{0,1000})"
+
+
+class _Layout:
+    """One iteration-line layout: a pattern matching the text after ``iteration N/ T |``
+    of any line with the same keys, separators and spacing (only the values differ),
+    and where each captured value goes. Matching it splits a line exactly as
+    :func:`_segments` would: the key texts hold no pipe and the values neither pipe nor
+    colon, so the pipes and each part's last colon fall where the layout's did."""
+
+    __slots__ = ("counts", "extras", "fields", "loss", "no_loss", "pattern")
+
+    def __init__(self, pattern: re.Pattern[str], keys: list[str], no_loss: bool) -> None:
+        self.pattern = pattern
+        #: (value index, record field, factor), (index, extra name), (index, name,
+        #: whether it goes to extra) for counts, in line order (a later key wins).
+        self.fields: list[tuple[int, str, float]] = []
+        self.extras: list[tuple[int, str]] = []
+        self.counts: list[tuple[int, str, bool]] = []
+        lm = plain = -1
+        for i, key in enumerate(keys):
+            if key in _KEYS:
+                name, factor = _KEYS[key]
+                if name != "loss":
+                    if name == "samples":
+                        self.counts.append((i, name, False))
+                    else:
+                        self.fields.append((i, name, factor))
+                elif key == "lm loss":
+                    lm = i
+                else:
+                    plain = i
+            elif key == "number of skipped iterations":
+                self.counts.append((i, "skipped", False))
+            elif key == "number of nan iterations":
+                self.counts.append((i, "nan_iterations", True))
+            elif key in _EXTRA:
+                self.extras.append((i, _EXTRA[key]))
+            elif key.endswith("loss"):
+                self.extras.append((i, key.replace(" ", "_")))
+        #: The value read as the loss (the LM loss before a plain one), -1: none.
+        self.loss = lm if lm >= 0 else plain
+        #: Whether a line of this layout without a loss value is a missing loss
+        #: (:meth:`MegatronParser._no_loss`): it depends on the keys only, as no number
+        #: ``float`` reads holds a letter of ``loss``.
+        self.no_loss = no_loss
+
+    @classmethod
+    def learn(cls, rest: str) -> _Layout | None:
+        """The layout of an iteration line's ``rest``, or None when a part has no colon
+        (the early ``key value`` form is read segment by segment)."""
+        pieces: list[str] = []
+        keys: list[str] = []
+        for part in rest.split("|"):
+            key, sep, _ = part.rpartition(":")
+            if not sep:
+                if part.strip():
+                    return None
+                pieces.append(re.escape(part))
+                continue
+            lower = key.strip().lower()
+            if not lower:  # ": 5": no key, the value is not read
+                pieces.append(re.escape(key + ":") + "[^|:]*")
+                continue
+            keys.append(lower)
+            pieces.append(re.escape(key + ":") + _VALUE)
+        if len(keys) > 90:  # Python's re takes at most 100 groups; such lines are rare
+            return None
+        no_loss = MegatronParser._no_loss(rest, set(keys))
+        return cls(re.compile(r"\|".join(pieces), re.S), keys, no_loss)
+
+
 def _segments(text: str) -> list[tuple[str, str]]:
     """``key: value`` pairs between the pipes; early Megatron-LM wrote ``key value``
     (``lm loss 6.758929E+00 | loss scale 64.0``), read when the last word is a number."""
@@ -102,6 +183,9 @@ class MegatronParser(LogParser):
     """Incremental parser of Megatron text logs (one ``feed`` per batch of lines)."""
 
     format = "megatron"
+    #: Line layouts learned at most (a log whose every line is laid out anew is read
+    #: segment by segment past them; 0 reads every line so).
+    max_layouts: int = 64
 
     def __init__(
         self, source: str = "<input>", mapping: dict[str, FieldMap] | None = None
@@ -112,6 +196,9 @@ class MegatronParser(LogParser):
         # prints running totals is recognized by its values (see sapper.logs.counters).
         self.merger.counters.configure_skipped("number of skipped iterations", "interval")
         self.merger.counters.configure_nan("number of nan iterations")
+        self._layouts: list[_Layout] = []  # the last one matched first
+        self._learned = 0
+        self._unmatched = False  # the line being read matched no learned layout
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
         for line in lines:
@@ -119,7 +206,8 @@ class MegatronParser(LogParser):
                 continue
             match = ITERATION_LINE.search(line)
             if match:
-                self._iteration(line, match)
+                if not self._by_layout(line, match):
+                    self._iteration(line, match)
             elif "validation loss at" in line:
                 self._validation(line)
             elif "memory (" in line:
@@ -144,6 +232,63 @@ class MegatronParser(LogParser):
         if self._bad_values:
             self.notes.append(f"{self._bad_values} value(s) were not numbers and were skipped")
         return super().finish()
+
+    def _by_layout(self, line: str, match: re.Match[str]) -> bool:
+        """Read an iteration line by a learned layout, as :meth:`_iteration` reads it;
+        False (nothing done) when no layout matches it, or it holds a value that is not
+        a number or a count that is not one: :meth:`_iteration` reads it then."""
+        pos = match.end()
+        layouts = self._layouts
+        for i, layout in enumerate(layouts):
+            found = layout.pattern.fullmatch(line, pos)
+            if found is not None:
+                if i:
+                    layouts.insert(0, layouts.pop(i))
+                break
+        else:
+            self._unmatched = True
+            return False
+        step = _int(match.group(1))
+        if step is None:
+            return False
+        try:
+            got = list(map(float, found.groups()))
+        except ValueError:
+            return False
+        values = {name: got[i] * factor for i, name, factor in layout.fields}
+        extra = {name: got[i] for i, name in layout.extras}
+        for i, name, in_extra in layout.counts:
+            count = to_count(got[i])
+            if count is None:
+                return False
+            if in_extra:
+                extra[name] = count
+            else:
+                values[name] = count
+        total = _int(match.group(2))
+        if total is not None:
+            self.meta.setdefault("train_iters", total)
+        loss = values["loss"] = got[layout.loss] if layout.loss >= 0 else None
+        if loss is None and layout.no_loss:
+            extra[NO_LOSS] = True
+        stamp = _STAMP.search(line, 0, match.start() + 1)
+        if stamp:
+            values["time"] = _unix(stamp.group(1), stamp.group(2))
+        self._put(step, values, extra, whole=True)
+        return True
+
+    def _learn(self, rest: str) -> None:
+        """Remember the layout of a line no learned layout matched, for the lines like it."""
+        if not self._unmatched:
+            return
+        self._unmatched = False
+        if self.mapping or self._learned >= self.max_layouts:
+            return
+        layout = _Layout.learn(rest)
+        self._learned += 1
+        if layout is not None:
+            self._layouts.insert(0, layout)
+            del self._layouts[8:]  # the few a log alternates between
 
     def _iteration(self, line: str, match: re.Match[str]) -> None:
         step, total = _int(match.group(1)), _int(match.group(2))
@@ -205,6 +350,7 @@ class MegatronParser(LogParser):
         if stamp:
             values["time"] = _unix(stamp.group(1), stamp.group(2))
         self._put(step, values, extra, whole=True)
+        self._learn(line[match.end() :])
 
     @staticmethod
     def _no_loss(rest: str, keys: set[str]) -> bool:
