@@ -64,7 +64,10 @@ def first_rank(logs: list[LogData]) -> LogData | None:
 
 def stored_plan(logs: list[LogData]) -> Plan | None:
     """The plan a sapper run log carries (the monitor writes it into its meta), or None.
-    An invalid one is ignored with a note on its log, not an error: the log still reads."""
+    An invalid one is ignored with a note on its log, not an error: the log still reads.
+    The schema is imported only for a log that carries a plan."""
+    if not any(isinstance(log.meta.get("plan"), dict) for log in logs):
+        return None
     from pydantic import ValidationError
 
     from sapper.plan.schema import Plan

@@ -47,19 +47,23 @@ MIN_BYTES = DEFAULT_MIN_BYTES
 #: Above this share of lines the streaming parser must read (steps with extras, written
 #: by a live monitor on every step) in the first block, the streaming reader is faster.
 SPECIAL_SHARE = 0.25
-#: Text read and decoded at once: bounds the memory a long log's text takes.
-BLOCK_BYTES = 32 << 20
+#: Text read and decoded at once: bounds the memory a long log's text takes. Under
+#: glibc's largest mmap threshold (32 MB), so each block's buffer reuses the pages of
+#: the one before instead of being mapped fresh (and faulted in) every time.
+BLOCK_BYTES = 16 << 20
 #: Blocks decoded at once by polars (which releases the GIL while it decodes), so a
 #: long log's read uses two cores; each block in flight holds its text and its rows.
 DECODE_WORKERS = min(2, os.cpu_count() or 1)
-#: polars' allocator (jemalloc) keeps the pages each block's decoding freed for ten
-#: seconds by default, so a long log's read held some 100 MB it no longer used at the
-#: peak; returned at once, unless the user's environment says otherwise. Set before
-#: polars is first imported (its allocator reads it then); a process that imported
-#: polars already keeps its own setting.
 #: The most of a file's start read to find its first line (a meta line is far shorter).
 _HEAD_BYTES = 1 << 16
-_ALLOCATOR_ENV = ("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+#: polars' allocator (jemalloc) keeps the pages a block's decoding freed for ten seconds
+#: by default, so a long log's read held some 100 MB it no longer used at the peak;
+#: returned at once, each block's decoding took fresh pages from the kernel again (a
+#: third of the read's time in page faults). Kept a tenth of a second, the next block
+#: reuses them and the peak stays within some 20 MB of the prompt return; unless the
+#: user's environment says otherwise. Set before polars is first imported (its
+#: allocator reads it then); a process that imported polars already keeps its own.
+_ALLOCATOR_ENV = ("_RJEM_MALLOC_CONF", "dirty_decay_ms:100,muzzy_decay_ms:0")
 
 _SCALARS = (*FLOAT_FIELDS, *INT_FIELDS, *BOOL_FIELDS)
 #: In a block polars cannot decode whole (a torn or unreadable line), the lines tried
@@ -112,6 +116,28 @@ def _sample_fields(data: bytes) -> set[str]:
     return names
 
 
+#: The bytes compared at once by :func:`_count_bytes`: its scratch mask stays small
+#: (no fresh pages for each block) and in the cache.
+_COUNT_BYTES = 1 << 20
+
+
+def _count_bytes(data: bytes, *wanted: bytes) -> list[int]:
+    """How many times each byte of ``wanted`` occurs in ``data``, counted by numpy a
+    slice at a time into one scratch mask: faster than ``bytes.count`` and, unlike it,
+    without holding the interpreter's lock while it compares, so the main thread goes on
+    while a worker checks its block."""
+    view = np.frombuffer(data, dtype=np.uint8)
+    mask = np.empty(min(len(view), _COUNT_BYTES), dtype=bool)
+    counts = [0] * len(wanted)
+    for lo in range(0, len(view), _COUNT_BYTES):
+        part = view[lo : lo + _COUNT_BYTES]
+        out = mask[: len(part)]
+        for k, byte in enumerate(wanted):
+            np.equal(part, byte[0], out=out)
+            counts[k] += int(np.count_nonzero(out))
+    return counts
+
+
 def _all_plain(data: bytes, frame: Any) -> bool:
     """Whether every line of a block (ending with a newline) is a plain step that
     ``frame``, its rows decoded by polars, holds whole: one row per line, and as many
@@ -121,10 +147,11 @@ def _all_plain(data: bytes, frame: Any) -> bool:
     key was decoded and no colon lies elsewhere, which the line-by-line key count of
     the general path then finds too. Counting one byte over the block costs a
     fraction of splitting it into lines and counting each."""
-    if frame.height != data.count(b"\n"):
+    newlines, colons = _count_bytes(data, b"\n", b":")
+    if frame.height != newlines:
         return False  # a blank line (polars skips it)
     decoded = sum(frame.height - frame[c].null_count() for c in frame.columns)
-    if decoded != data.count(b":"):
+    if decoded != colons:
         return False
     kind, step = frame["kind"], frame["step"]
     if kind.null_count() or step.null_count() or not (kind == "step").all():
@@ -297,7 +324,9 @@ class _Reader:
         self.line0 = 0
         self.lines: list[np.ndarray] = []  # line index of each plain row, per block
         self.steps: list[np.ndarray] = []
-        self.values: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        #: Per field, its pieces: (first plain row, values, where present; ``None``
+        #: when the piece has a value on every row).
+        self.values: dict[str, list[tuple[int, np.ndarray, np.ndarray | None]]] = {}
         self.full: list[tuple[int, StepRecord]] = []  # (line index, record)
 
     def _mostly_special(self, plain: int, lines: int) -> bool:
@@ -335,7 +364,7 @@ class _Reader:
             # Every line a plain step (a long run's usual block): its rows as decoded.
             if self._mostly_special(whole.height, whole.height):
                 return False
-            self._keep(whole.with_columns(pl.Series("i", np.arange(whole.height))))
+            self._keep(whole)
             self.line0 += whole.height
             return True
         try:
@@ -407,11 +436,15 @@ class _Reader:
 
     def _keep(self, frame: Any) -> None:
         """The plain rows of a block (``frame``, its column ``i`` their line in the
-        block) as column pieces."""
+        block; without it, row k is the block's line k) as column pieces."""
         pl = self.pl
         start = sum(len(x) for x in self.lines)
-        self.lines.append(frame["i"].to_numpy().astype(np.int64) + self.line0)
-        self.steps.append(frame["step"].to_numpy().astype(np.int64))
+        if "i" in frame.columns:
+            line = frame["i"].to_numpy().astype(np.int64, copy=False) + self.line0
+        else:
+            line = np.arange(self.line0, self.line0 + frame.height, dtype=np.int64)
+        self.lines.append(line)
+        self.steps.append(frame["step"].to_numpy().astype(np.int64, copy=False))
         for name in frame.columns:
             if name in ("kind", "step", "i"):
                 continue
@@ -419,9 +452,7 @@ class _Reader:
             nulls = col.null_count()
             if nulls == len(col):
                 continue
-            present = (
-                np.ones(len(col), dtype=bool) if nulls == 0 else col.is_not_null().to_numpy()
-            )
+            present = None if nulls == 0 else col.is_not_null().to_numpy()
             self.values.setdefault(name, []).append(
                 (start, col.cast(pl.Float64).to_numpy(), present)
             )
@@ -468,18 +499,10 @@ class _Reader:
             if not pieces and not from_full:
                 continue
             if dense and len(pieces) == 1 and len(pieces[0][1]) == n:
-                _, values, present = pieces[0]  # one block, every row plain: as decoded
+                _, values, has = pieces[0]  # one block, every row plain: as decoded
+                present = np.ones(n, dtype=bool) if has is None else has
             else:
-                values = np.full(n, np.nan)
-                present = np.zeros(n, dtype=bool)
-                for start, vals, has in pieces:
-                    if plain_rows is None:  # every row plain: the block's rows in a run
-                        values[start : start + len(vals)] = vals
-                        present[start : start + len(vals)] = has
-                    else:
-                        rows = plain_rows[start : start + len(vals)]
-                        values[rows] = vals
-                        present[rows] = has
+                values, present = _assemble(pieces, plain_rows, full_rows, n)
             for row, value in from_full:
                 if not isinstance(value, (int, float)):
                     return None  # a value only the streaming detectors can judge
@@ -497,6 +520,52 @@ class _Reader:
             attempts=attempts,
             columns=cols,
         )
+
+
+def _assemble(
+    pieces: list[tuple[int, np.ndarray, np.ndarray | None]],
+    plain_rows: np.ndarray | None,
+    full_rows: np.ndarray,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One field's values and presence over all ``n`` rows from its block ``pieces``
+    (first plain row, values, presence or ``None`` for all present); ``plain_rows``:
+    the row of each plain line (``None``: the plain lines are the rows), ``full_rows``
+    the others' (absent here; the caller fills them in). A block whose rows lie in one
+    run is copied as a slice, not scattered row by row; the arrays are not filled first
+    when the pieces cover every plain row (the usual log)."""
+    n_plain = n - len(full_rows)
+    covered = _cover(pieces, n_plain)
+    if covered:
+        values = np.empty(n)
+        present = np.empty(n, dtype=bool)
+        values[full_rows] = np.nan
+        present[full_rows] = False
+    else:
+        values = np.full(n, np.nan)
+        present = np.zeros(n, dtype=bool)
+    for start, vals, has in pieces:
+        stop = start + len(vals)
+        if plain_rows is None:
+            rows: Any = slice(start, stop)
+        else:
+            rows = plain_rows[start:stop]
+            if len(rows) and rows[-1] - rows[0] == len(rows) - 1:  # ascending, no gap
+                rows = slice(int(rows[0]), int(rows[-1]) + 1)
+        values[rows] = vals
+        present[rows] = True if has is None else has
+    return values, present
+
+
+def _cover(pieces: list[tuple[int, np.ndarray, np.ndarray | None]], n: int) -> bool:
+    """Whether ``pieces`` (first row, values, presence) follow each other from row 0
+    to row ``n`` with no gap (a block that lacked the field leaves one)."""
+    at = 0
+    for start, vals, _ in pieces:
+        if start != at:
+            return False
+        at += len(vals)
+    return at == n
 
 
 def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
