@@ -106,6 +106,14 @@ class _EventFile:
             self.behind = False
         return events, bool(data)
 
+    def pending(self) -> bool | None:
+        """Whether the file holds bytes not read yet (None: not opened yet)."""
+        if self.damaged:
+            return False
+        if self._fh is None:
+            return None
+        return os.fstat(self._fh.fileno()).st_size != self.offset
+
     def _frames(self) -> list[Any]:
         from tensorboard.compat.proto.event_pb2 import Event
 
@@ -188,6 +196,16 @@ class EventsFollower(Follower):
             mtime = max(_mtime(p) for p in grew)
             self._saw_data(now, mtime)
         return self._parser.feed_events(events) if events else []
+
+    def pending(self) -> bool | None:
+        try:
+            paths = self._paths()
+        except InputError:
+            return None
+        if any(p not in self._files for p in paths):
+            return True
+        answers = [ef.pending() for ef in self._files.values()]
+        return True if any(answers) else None if None in answers else False
 
     def close(self) -> list[StepRecord]:
         out = self.poll()

@@ -78,6 +78,11 @@ class Follower:
         """Records completed by what was written since the last call."""
         raise NotImplementedError
 
+    def pending(self) -> bool | None:
+        """Whether the source holds data not read yet, found without reading it (a
+        ``stat``); ``None`` when this follower cannot tell cheaply."""
+        return None
+
     def settle(self) -> list[StepRecord]:
         """The writer went quiet: release the steps the parser holds back."""
         return self.parser.merger.settle() if self.parser is not None else []
@@ -249,6 +254,15 @@ class FileFollower(Follower):
             self.waiting = f"reading {self.path.name}: format not recognized yet"
         return out
 
+    def pending(self) -> bool | None:
+        if self._fh is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) != self._id or st.st_size != self._offset
+
     def close(self) -> list[StepRecord]:
         if self._id is None:
             raise InputError("did not appear before the watch ended", file=self.name)
@@ -387,6 +401,9 @@ class StreamFollower(Follower):
         if self.waiting is None and self.feed.undetected is not None:
             self.waiting = "format not recognized yet"
         return out
+
+    def pending(self) -> bool | None:
+        return not self._queue.empty()
 
     def close(self) -> list[StepRecord]:
         return self.poll() + self.feed.end()

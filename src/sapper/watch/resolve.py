@@ -84,6 +84,9 @@ class AutoFollower(Follower):
                 return []
         return self._sync(self.inner.poll())
 
+    def pending(self) -> bool | None:
+        return self.inner.pending() if self.inner is not None else None
+
     def settle(self) -> list[StepRecord]:
         return self._sync(self.inner.settle()) if self.inner is not None else []
 
