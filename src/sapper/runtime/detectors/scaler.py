@@ -56,12 +56,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from operator import itemgetter
 
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.rules.registry import register
 from sapper.runtime.detectors.base import RuleDetector, fmt
 from sapper.runtime.detectors.stats import median
 from sapper.runtime.records import StepRecord
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 __all__ = [
     "CLIP_BEFORE_UNSCALE",
@@ -354,10 +357,16 @@ class ScalerDetector(RuleDetector):
             # run has no such grace: it may begin inside the skips.
             self.skips.clear()
             return []
-        steps = sum(s for _, s in self.skips)
-        if len(self.skips) < min(self.skip_min_records, self.skips.maxlen or 1) or steps == 0:
+        if len(self.skips) < min(self.skip_min_records, self.skips.maxlen or 1):
             return []
-        skipped = sum(k for k, _ in self.skips)
+        # once per record over the window: the skipped counts first (C-level sums), as a
+        # healthy run's are all 0 and its share is then below any positive threshold
+        skipped = sum(map(_FIRST, self.skips))
+        if not skipped and self.skip_share > 0:
+            return []
+        steps = sum(map(_SECOND, self.skips))
+        if steps == 0:
+            return []
         share = skipped / steps
         if share < self.skip_share:
             return []
