@@ -37,6 +37,40 @@ def test_checksum_sees_any_single_bit_of_any_element() -> None:
     assert per is not None and per.shape == (3,)
 
 
+
+def test_checksum_in_chunks_sees_any_single_bit_and_moved_values() -> None:
+    """The exchange's checksum concatenates small tensors into chunks: a bit flipped in
+    any element of any chunk, at a chunk's edges or in a tensor summed alone, shows; so
+    do two values swapped between tensors of one chunk (in different rows of it)."""
+    torch.manual_seed(1)
+    params = [
+        ("a", torch.randn(1500)),
+        ("b", torch.randn(40, 40)),
+        ("c", torch.randn(3000)),  # more than a chunk: summed where it is
+        ("d", torch.randn(1030)),
+        ("e", torch.randn(9)),
+    ]
+    ck = ParamChecksum(params)
+    ck.CHUNK_WORDS = 2048  # chunks: [a], [b], [c], [d, e]
+    assert [len(c) for c in ck._chunks()] == [1, 1, 1, 2]
+    base = float(ck.compute())
+    twin = ParamChecksum([(n, p.clone()) for n, p in params])
+    twin.CHUNK_WORDS = 2048
+    assert float(twin.compute()) == base  # identical replicas agree
+    for _, p in params:
+        words = p.view(-1).view(torch.int32)
+        for i in (0, 1, words.numel() // 2, words.numel() - 1):
+            for bit in (0, 13, 31):
+                words[i] ^= 1 << bit
+                assert float(ck.compute()) != base, (p.shape, i, bit)
+                words[i] ^= 1 << bit
+    d, e = params[3][1], params[4][1]
+    d[0], e[0] = e[0].clone(), d[0].clone()  # the same values, in other places
+    assert float(ck.compute()) != base
+    d[0], e[0] = e[0].clone(), d[0].clone()
+    assert float(ck.compute()) == base
+
+
 #: Both exchanges: every row all-gathered (up to 64 ranks) and the reduced one alone
 #: (statistics, extreme ranks and their rows), as above 64 ranks.
 EXCHANGES = pytest.mark.parametrize("detail_ranks", [64, 0], ids=["gathered", "reduced"])

@@ -13,14 +13,15 @@ rows are summed in int64 (one read pass, no full-size temporary), and the row su
 with per-row even weights::
 
     c = Σ_j r_j · (1 + w_j)        (w_j even, wrapping modulo 2**64)
-    C = Σ_t c_t · p_t              (p_t odd, one per tensor)
+    C = Σ_t c_t · p_t              (p_t odd, one per tensor, or per chunk of tensors)
 
 A single element changed by a word difference ``δ`` (0 < |δ| < 2**32) moves ``C`` by ``δ``
 times an odd number, which is never 0 modulo 2**52 — the 52 bits that travel exactly in the
 float64 exchange. So any one-element difference between replicas is caught, whatever its
 size, and integer sums (unlike float ones) do not depend on the reduction order. Rows make it
 position-dependent: elements moved between rows change it too (a swap within one row of
-1024 words does not).
+1024 words does not). At the exchange the small tensors are checksummed concatenated, in
+chunks (:class:`ParamChecksum`): a few kernels for the whole model, the same guarantee.
 
 Sharded parameters (FSDP2 DTensors, ZeRO-3) are summed over their local shard, and the
 replica groups follow the device mesh: ranks that differ only along mesh dimensions where
@@ -101,7 +102,20 @@ def tensor_checksum(t: torch.Tensor, weights: torch.Tensor | None = None) -> tor
 class ParamChecksum:
     """``compute()`` -> a 0-dim float64 tensor on the parameters' device (no host sync):
     the 52-bit full-tensor checksum of every parameter; ``per_param()`` -> one per tensor,
-    to name the parameter that differs."""
+    to name the parameter that differs.
+
+    ``compute`` runs at every exchange, so it takes a few kernels for the whole model
+    rather than a few per tensor (a model of hundreds of tensors would otherwise launch
+    over a thousand small kernels each time): consecutive tensors of one device and word
+    size are concatenated into chunks of up to :attr:`CHUNK_WORDS` words (a copy of the
+    small tensors only; a tensor that size or larger is summed where it is) and each
+    chunk is checksummed as one tensor, the chunks mixed with odd multipliers as tensors
+    are. A single changed word still moves the result by an odd multiple of its
+    difference, so any one-element difference between replicas shows. ``per_param`` (the
+    once-per-run drill-down) keeps one checksum per tensor."""
+
+    #: Words concatenated into one chunk at most (16 MiB of 32-bit words).
+    CHUNK_WORDS = 1 << 22
 
     def __init__(
         self, params: Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
@@ -113,25 +127,55 @@ class ParamChecksum:
                 named.append((name, p))
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self._weights: dict[int, torch.Tensor] = {}
+        self._weights: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _weights_for(self, rows: int, device: torch.device) -> torch.Tensor | None:
+        if not rows:
+            return None
+        key = (rows, device)
+        w = self._weights.get(key)
+        if w is None:
+            if len(self._weights) > 4096:  # shapes that keep changing: do not grow
+                self._weights.clear()
+            w = self._weights[key] = _row_weights(rows, device)
+        return w
+
+    def _checksum(self, words: torch.Tensor) -> torch.Tensor:
+        return tensor_checksum(words, self._weights_for(words.numel() // ROW, words.device))
 
     def _sums(self) -> torch.Tensor | None:
         terms = []
         with torch.no_grad():
-            for i, p in enumerate(self.params):
+            for p in self.params:
                 local = _local(p)
                 if local.numel() == 0:
                     terms.append(torch.zeros((), dtype=torch.int64))
                     continue
-                rows = _words(local).numel() // ROW
-                w = self._weights.get(i)
-                if rows and (w is None or w.device != local.device):
-                    w = self._weights[i] = _row_weights(rows, local.device)
-                terms.append(tensor_checksum(local, w))
+                terms.append(self._checksum(_words(local)))
         if not terms:
             return None
-        dev = next((t.device for t in terms if t.device.type != "cpu"), terms[0].device)
-        return torch.stack([t.to(dev) for t in terms])
+        return _stack(terms)
+
+    def _chunks(self) -> list[list[torch.Tensor]]:
+        """The parameters' words in checksum chunks (consecutive, one device and word
+        type each, at most :attr:`CHUNK_WORDS` words unless a single tensor is more)."""
+        chunks: list[list[torch.Tensor]] = []
+        key: tuple[torch.device, torch.dtype] | None = None
+        size = 0
+        for p in self.params:
+            local = _local(p)
+            if local.numel() == 0:
+                continue
+            w = _words(local)
+            n = w.numel()
+            k = (w.device, w.dtype)
+            if chunks and k == key and size + n <= self.CHUNK_WORDS:
+                chunks[-1].append(w)
+                size += n
+            else:
+                chunks.append([w])
+                key, size = k, n
+        return chunks
 
     def per_param(self) -> torch.Tensor | None:
         """Each tensor's ``c`` cut to 52 bits, as float64 (exact)."""
@@ -139,12 +183,25 @@ class ParamChecksum:
         return None if sums is None else (sums & MASK52).to(torch.float64)
 
     def compute(self) -> torch.Tensor | None:
-        sums = self._sums()
-        if sums is None:
+        if not self.params:
             return None
+        with torch.no_grad():
+            terms = [
+                self._checksum(words[0] if len(words) == 1 else torch.cat(words))
+                for words in self._chunks()
+            ]
+        if not terms:  # every parameter is empty
+            terms = [torch.zeros((), dtype=torch.int64)]
+        sums = _stack(terms)
         t = torch.arange(len(sums), dtype=torch.int64, device=sums.device)
-        mixed = (sums * (t * _TENSOR_EVEN + _TENSOR_ODD)).sum()  # odd p_t per tensor
+        mixed = (sums * (t * _TENSOR_EVEN + _TENSOR_ODD)).sum()  # odd p_t per chunk
         return (mixed & MASK52).to(torch.float64)
+
+
+def _stack(terms: list[torch.Tensor]) -> torch.Tensor:
+    """0-dim int64 terms as one vector on the first accelerator among them."""
+    dev = next((t.device for t in terms if t.device.type != "cpu"), terms[0].device)
+    return torch.stack([t.to(dev) for t in terms])
 
 
 def mesh_replica_groups(params: Iterable[Any]) -> list[list[int]] | None:
