@@ -83,18 +83,32 @@ class TensorBoardParser(LogParser):
         """Decoded ``Event`` protos in file order, for a reader that follows the event files
         itself (``sapper watch`` keeps an offset per file instead of re-listing every
         scalar on each :meth:`poll`); returns the steps now complete."""
+        # what _take does for one event, inlined: a watched run's every scalar comes here
+        plugins, targets, put = self._plugins, self._targets, self.merger.put
         for event in events:
             for value in event.summary.value:
+                tag = value.tag
                 if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
-                    self._plugins[value.tag] = value.metadata.plugin_data.plugin_name
+                    plugins[tag] = value.metadata.plugin_data.plugin_name
                 kind = value.WhichOneof("value")
                 if kind == "simple_value":
                     number: float | None = value.simple_value
-                elif kind == "tensor" and self._plugins.get(value.tag) == "scalars":
+                elif kind == "tensor" and plugins.get(tag) == "scalars":
                     number = _scalar(value.tensor)
                 else:
                     continue
-                self._take(value.tag, [(event.step, number, event.wall_time)])
+                if tag.endswith(" vs samples"):
+                    continue
+                target = targets[tag] if tag in targets else self._target(tag)
+                if number is None:
+                    continue
+                if target is None:
+                    put(event.step, {"time": event.wall_time}, {tag: number})
+                else:
+                    values: dict[str, Any] = {"time": event.wall_time}
+                    extra: dict[str, Any] = {}
+                    put_mapped(target, number, values, extra)
+                    put(event.step, values, extra)
         return self.merger.ready()
 
     def finish(self) -> list[StepRecord]:

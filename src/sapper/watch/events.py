@@ -67,6 +67,21 @@ def is_event_header(head: bytes) -> bool:
     return len(head) >= _HEADER and masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
 
 
+#: Frame headers already checked -> whether the checksum held. A run's events have a few
+#: lengths, so the checksum (Python, a table step per byte) is computed once per length.
+_CHECKED: dict[bytes, bool] = {}
+_CHECKED_MAX = 4096
+
+
+def _header_ok(header: bytes) -> bool:
+    ok = _CHECKED.get(header)
+    if ok is None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        ok = _CHECKED[header] = is_event_header(header)
+    return ok
+
+
 class _EventFile:
     """One event file read frame by frame from where the last poll stopped."""
 
@@ -120,7 +135,7 @@ class _EventFile:
         buf, pos, events = self.buffer, 0, []
         while len(buf) - pos >= _HEADER:
             header = buf[pos : pos + _HEADER]
-            if not is_event_header(header):
+            if not _header_ok(header):
                 self.damaged = True
                 break
             (length,) = struct.unpack("<Q", header[:8])
