@@ -318,21 +318,19 @@ class _Reader:
     """Collects the rows of every block: plain lines as column pieces, the others as the
     streaming parser's records, in file order."""
 
-    def __init__(self, pl: Any, path: Path) -> None:
+    def __init__(self, pl: Any, path: Path, size: int = 0) -> None:
         self.pl = pl
         self.parser = _Parser(str(path))
+        self.size = size
         self.line0 = 0
-        self.lines: list[np.ndarray] = []  # line index of each plain row, per block
-        self.steps: list[np.ndarray] = []
-        #: Per field, its pieces: (first plain row, values, where present; ``None``
-        #: when the piece has a value on every row).
-        self.values: dict[str, list[tuple[int, np.ndarray, np.ndarray | None]]] = {}
+        self.kept = 0  # blocks whose plain rows were kept
+        self.store = _Store()  # the plain rows' columns
         self.full: list[tuple[int, StepRecord]] = []  # (line index, record)
 
     def _mostly_special(self, plain: int, lines: int) -> bool:
         """Whether the first block holds mostly lines for the streaming parser (which
         then reads the log faster), the header line it took counted among them."""
-        if self.lines:
+        if self.kept:
             return False
         return plain < (1 - SPECIAL_SHARE) * (lines + self.line0)
 
@@ -364,7 +362,7 @@ class _Reader:
             # Every line a plain step (a long run's usual block): its rows as decoded.
             if self._mostly_special(whole.height, whole.height):
                 return False
-            self._keep(whole)
+            self._keep(whole, len(data), whole.height)
             self.line0 += whole.height
             return True
         try:
@@ -413,7 +411,7 @@ class _Reader:
         plain_idx = frame["i"].to_numpy().astype(np.int64)
         if self._mostly_special(len(plain_idx), n_lines):
             return False
-        self._keep(frame)
+        self._keep(frame, len(data), n_lines)
         other = np.ones(n_lines, dtype=bool)
         other[plain_idx] = False
         other_idx = np.flatnonzero(other)
@@ -434,43 +432,58 @@ class _Reader:
         self.line0 += n_lines
         return True
 
-    def _keep(self, frame: Any) -> None:
-        """The plain rows of a block (``frame``, its column ``i`` their line in the
-        block; without it, row k is the block's line k) as column pieces."""
-        pl = self.pl
-        start = sum(len(x) for x in self.lines)
+    def _keep(self, frame: Any, nbytes: int, n_lines: int) -> None:
+        """The plain rows of a block of ``nbytes`` and ``n_lines`` (``frame``, its
+        column ``i`` their line in the block; without it, row k is the block's line k)
+        copied into the store, which the first block sizes for the whole file."""
+        store = self.store
+        if not self.kept and nbytes:
+            store.reserve(int(self.size / nbytes * n_lines * 1.05) + 1024)
+        self.kept += 1
+        h = frame.height
+        lo = store.n
+        store.reserve(lo + h)
+        hi = lo + h
         if "i" in frame.columns:
-            line = frame["i"].to_numpy().astype(np.int64, copy=False) + self.line0
+            store.lines[lo:hi] = frame["i"].to_numpy()
+            store.lines[lo:hi] += self.line0
         else:
-            line = np.arange(self.line0, self.line0 + frame.height, dtype=np.int64)
-        self.lines.append(line)
-        self.steps.append(frame["step"].to_numpy().astype(np.int64, copy=False))
+            store.lines[lo:hi] = np.arange(self.line0, self.line0 + h)
+        store.steps[lo:hi] = frame["step"].to_numpy()
+        seen = set()
         for name in frame.columns:
             if name in ("kind", "step", "i"):
                 continue
             col = frame[name]
             nulls = col.null_count()
-            if nulls == len(col):
+            if nulls == h:
                 continue
-            present = None if nulls == 0 else col.is_not_null().to_numpy()
-            self.values.setdefault(name, []).append(
-                (start, col.cast(pl.Float64).to_numpy(), present)
-            )
+            values, present = store.field(name)
+            values[lo:hi] = col.cast(self.pl.Float64).to_numpy()
+            present[lo:hi] = True if nulls == 0 else col.is_not_null().to_numpy()
+            seen.add(name)
+        for name in store.values.keys() - seen:  # a field other blocks have, this one not
+            store.values[name][lo:hi] = np.nan
+            store.present[name][lo:hi] = False
+        store.n = hi
 
     def result(self, path: Path) -> ColumnarLog | None:
         parser = self.parser
-        n_plain = sum(len(x) for x in self.lines)
+        store = self.store
+        n_plain = store.n
         n = n_plain + len(self.full)
         if n == 0:
             return None
-        line_of = np.concatenate(
-            [*self.lines, np.fromiter((i for i, _ in self.full), np.int64, len(self.full))]
-        )
-        steps = np.concatenate(
-            [*self.steps, np.fromiter((r.step for _, r in self.full), np.int64, len(self.full))]
-        )
         dense = not self.full
-        if not dense:
+        if dense:
+            line_of, steps = store.lines[:n], store.steps[:n]
+        else:
+            line_of = np.concatenate(
+                [store.lines[:n_plain], np.fromiter((i for i, _ in self.full), np.int64)]
+            )
+            steps = np.concatenate(
+                [store.steps[:n_plain], np.fromiter((r.step for _, r in self.full), np.int64)]
+            )
             order = np.argsort(line_of, kind="stable")
             steps = steps[order]
             line_of = line_of[order]
@@ -479,9 +492,8 @@ class _Reader:
         parser._line = self.line0
         parser.finish()
         cols = Columns(steps=steps)
-        if dense:
-            plain_rows = None
-            full_rows = np.zeros(0, dtype=np.int64)
+        if dense:  # the plain rows are the rows
+            plain_rows = full_rows = np.zeros(0, dtype=np.int64)
         else:
             rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n)
@@ -490,19 +502,18 @@ class _Reader:
             for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
                 cols.full[row] = rec
         for name in _SCALARS:
-            pieces = self.values.pop(name, [])  # dropped once assembled: a lower peak
+            plain = store.pop(name)  # dropped once assembled: a lower peak
             from_full = [
                 (row, getattr(rec, name))
                 for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True)
                 if getattr(rec, name) is not None
             ]
-            if not pieces and not from_full:
+            if plain is None and not from_full:
                 continue
-            if dense and len(pieces) == 1 and len(pieces[0][1]) == n:
-                _, values, has = pieces[0]  # one block, every row plain: as decoded
-                present = np.ones(n, dtype=bool) if has is None else has
+            if dense and plain is not None:
+                values, present = plain  # every row plain: the store's rows as they are
             else:
-                values, present = _assemble(pieces, plain_rows, full_rows, n)
+                values, present = _assemble(plain, plain_rows, full_rows, n)
             for row, value in from_full:
                 if not isinstance(value, (int, float)):
                     return None  # a value only the streaming detectors can judge
@@ -522,50 +533,93 @@ class _Reader:
         )
 
 
+class _Store:
+    """The plain rows' steps, line numbers and fields, each in one array reserved for
+    the whole log and written block by block: polars' memory of a block is free for the
+    next block as soon as it is copied, and no column is assembled from pieces at the
+    end. Reserved pages that are never written are never taken from the kernel, so an
+    estimate of the rows that is too high costs nothing."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cap = 0
+        self.lines = np.empty(0, dtype=np.int64)  # file line of each row
+        self.steps = np.empty(0, dtype=np.int64)
+        self.values: dict[str, np.ndarray] = {}  # NaN where a row lacks the field
+        self.present: dict[str, np.ndarray] = {}
+
+    def reserve(self, rows: int) -> None:
+        """Room for at least ``rows`` rows (twice as many when it must grow)."""
+        if rows <= self.cap:
+            return
+        cap = max(rows, 2 * self.cap)
+        n = self.n
+        self.lines = _grown(self.lines, n, cap)
+        self.steps = _grown(self.steps, n, cap)
+        for name in self.values:
+            self.values[name] = _grown(self.values[name], n, cap)
+            self.present[name] = _grown(self.present[name], n, cap)
+        self.cap = cap
+
+    def field(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``name``'s values and presence, created absent on the rows before."""
+        if name not in self.values:
+            values = np.empty(self.cap)
+            values[: self.n] = np.nan
+            self.values[name] = values
+            self.present[name] = np.zeros(self.cap, dtype=bool)
+        return self.values[name], self.present[name]
+
+    def pop(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``name``'s values and presence over the stored rows, let go by the store."""
+        if name not in self.values:
+            return None
+        return self.values.pop(name)[: self.n], self.present.pop(name)[: self.n]
+
+
+def _grown(array: np.ndarray, n: int, cap: int) -> np.ndarray:
+    """``array``'s first ``n`` items in a new array of ``cap``."""
+    out = np.empty(cap, dtype=array.dtype)
+    out[:n] = array[:n]
+    return out
+
+
+#: Above this many runs of consecutive plain rows (rows the streaming parser read lie
+#: between them), a field's values are scattered row by row instead of run by run.
+_MAX_RUNS = 4096
+
+
 def _assemble(
-    pieces: list[tuple[int, np.ndarray, np.ndarray | None]],
-    plain_rows: np.ndarray | None,
+    plain: tuple[np.ndarray, np.ndarray] | None,
+    plain_rows: np.ndarray,
     full_rows: np.ndarray,
     n: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One field's values and presence over all ``n`` rows from its block ``pieces``
-    (first plain row, values, presence or ``None`` for all present); ``plain_rows``:
-    the row of each plain line (``None``: the plain lines are the rows), ``full_rows``
-    the others' (absent here; the caller fills them in). A block whose rows lie in one
-    run is copied as a slice, not scattered row by row; the arrays are not filled first
-    when the pieces cover every plain row (the usual log)."""
-    n_plain = n - len(full_rows)
-    covered = _cover(pieces, n_plain)
-    if covered:
-        values = np.empty(n)
-        present = np.empty(n, dtype=bool)
-        values[full_rows] = np.nan
-        present[full_rows] = False
-    else:
-        values = np.full(n, np.nan)
-        present = np.zeros(n, dtype=bool)
-    for start, vals, has in pieces:
-        stop = start + len(vals)
-        if plain_rows is None:
-            rows: Any = slice(start, stop)
-        else:
-            rows = plain_rows[start:stop]
-            if len(rows) and rows[-1] - rows[0] == len(rows) - 1:  # ascending, no gap
-                rows = slice(int(rows[0]), int(rows[-1]) + 1)
-        values[rows] = vals
-        present[rows] = True if has is None else has
+    """One field's values and presence over all ``n`` rows from those of the plain
+    lines (``None``: no plain line has the field), at ``plain_rows`` (ascending);
+    ``full_rows``, the rows the streaming parser read, are left absent (the caller
+    fills them in). The plain rows lie in runs between the few others, each copied as
+    a slice."""
+    values = np.empty(n)
+    present = np.empty(n, dtype=bool)
+    values[full_rows] = np.nan
+    present[full_rows] = False
+    if plain is None:
+        values[plain_rows] = np.nan
+        present[plain_rows] = False
+        return values, present
+    vals, has = plain
+    cuts = np.flatnonzero(np.diff(plain_rows) != 1) + 1
+    if len(cuts) > _MAX_RUNS:
+        values[plain_rows] = vals
+        present[plain_rows] = has
+        return values, present
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(plain_rows)], strict=True):
+        if lo < hi:
+            first = int(plain_rows[lo])
+            values[first : first + hi - lo] = vals[lo:hi]
+            present[first : first + hi - lo] = has[lo:hi]
     return values, present
-
-
-def _cover(pieces: list[tuple[int, np.ndarray, np.ndarray | None]], n: int) -> bool:
-    """Whether ``pieces`` (first row, values, presence) follow each other from row 0
-    to row ``n`` with no gap (a block that lacked the field leaves one)."""
-    at = 0
-    for start, vals, _ in pieces:
-        if start != at:
-            return False
-        at += len(vals)
-    return at == n
 
 
 def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
@@ -588,7 +642,7 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         import polars as pl
     except ImportError:
         return None
-    reader = _Reader(pl, path)
+    reader = _Reader(pl, path, size)
     try:
         if not _read_blocks(pl, reader, _blocks(path, size, reader.header(path)), size):
             return None
