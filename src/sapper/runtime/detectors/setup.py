@@ -111,6 +111,8 @@ backward and step.""",
 
 _FORWARD = ("model_params", "trainable_params")
 _STEP = ("opt_params_with_grad", "model_params_with_grad")
+#: Every count the detector reads (a log's records hold none: one set test skips them).
+_COUNTS = (*_FORWARD, "opt_params", "opt_model_params", "opt_trainable_params", *_STEP)
 
 
 def _count(extra: dict, key: str) -> int | None:
@@ -143,7 +145,9 @@ class SetupDetector(RuleDetector):
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
-        for key in (*_FORWARD, "opt_params", "opt_model_params", "opt_trainable_params", *_STEP):
+        if extra.keys().isdisjoint(_COUNTS):
+            return []  # nothing new: the findings wait on counts not seen yet
+        for key in _COUNTS:
             n = _count(extra, key)
             if n is not None and key not in self.facts:
                 self.facts[key] = n
