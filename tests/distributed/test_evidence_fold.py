@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from sapper.distributed.evidence import WindowPeak
+from sapper.distributed.evidence import LocalGradNorm, OutputMax, WindowPeak
 
 
 def _expected(values: list[float], first_step: int, steps: int) -> dict[str, float]:
@@ -59,3 +59,90 @@ def test_an_event_keeps_its_value_without_running_a_kernel() -> None:
     assert peak.peak is None and peak.events == 1
     assert float(peak.take(10, 1)["peak"]) == 3.0
     assert peak.take(11, 1) == {}  # a new, empty window
+
+
+class _Out(torch.nn.Module):
+    """A module whose forward returns what it is given (the hook sees that output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _window(values: list[torch.Tensor]) -> tuple[OutputMax, dict[str, float]]:
+    module = _Out()
+    watch = OutputMax(module)
+    for v in values:
+        module(v.requires_grad_(True))  # a training forward (grad enabled)
+    return watch, {k: float(t) for k, t in watch.take(100, len(values)).items()}
+
+
+def test_output_nonfinite_is_found_on_every_forward_and_the_peak_on_the_cadence() -> None:
+    every = OutputMax.MAGNITUDE_EVERY
+    outs = [torch.full((3, 5), float(i + 1)) for i in range(2 * every)]
+    outs[every + 3] = outs[every + 3].clone()
+    outs[every + 3][1, 2] = math.nan  # a forward without a magnitude reading
+    _, got = _window(outs)
+    assert got["nonfinite_step"] == 100 + every + 3  # exact, off the cadence
+    assert got["peak"] == every + 1  # the last forward read before it (forward `every`)
+    assert got["peak_step"] == 100 + every
+    # an infinity, and huge negative values, are found the same way
+    outs = [torch.ones(4) for _ in range(3)]
+    outs[2] = torch.tensor([1.0, -math.inf, 0.0, 0.0])
+    _, got = _window(outs)
+    assert got["nonfinite_step"] == 102 and got["peak"] == 1.0
+    outs = [torch.tensor([-5.0, 2.0]), torch.ones(2)]
+    _, got = _window(outs)
+    assert got == {"peak": 5.0, "peak_step": 100.0, "nonfinite_step": -1.0}
+
+
+def test_a_window_without_a_magnitude_reading_reports_no_peak() -> None:
+    module = _Out()
+    watch = OutputMax(module)
+    module(torch.ones(2, requires_grad=True))  # forward 0: read
+    watch.take(0, 1)
+    for _ in range(OutputMax.MAGNITUDE_EVERY - 1):  # forwards 1..7: none read
+        module(torch.full((2,), 7.0, requires_grad=True))
+    got = watch.take(1, OutputMax.MAGNITUDE_EVERY - 1)
+    assert "peak" not in got and float(got["nonfinite_step"]) == -1.0
+    with torch.no_grad():  # evaluation forwards are not counted
+        module(torch.full((2,), math.nan))
+    assert watch.take(8, 1) == {}
+
+
+class _Bucket:
+    def __init__(self, values: torch.Tensor, last: bool) -> None:
+        self._values, self._last = values, last
+
+    def buffer(self) -> torch.Tensor:
+        return self._values
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def test_the_local_gradient_norm_is_the_buckets_norm_before_the_all_reduce() -> None:
+    # the communication hook's own path, with the all-reduce replaced by a record of it
+    state = LocalGradNorm.__new__(LocalGradNorm)
+    WindowPeak.__init__(state)
+    state._buckets, state.process_group = [], None
+    reduced: list[torch.Tensor] = []
+    state._allreduce = lambda _group, bucket: reduced.append(bucket.buffer())
+    torch.manual_seed(0)
+    backwards = [
+        [torch.randn(1000), torch.randn(300)],
+        [torch.randn(1000) * 30, torch.randn(300).bfloat16()],  # a half-precision bucket
+        [torch.randn(1300)],
+    ]
+    for buckets in backwards:
+        for i, b in enumerate(buckets):
+            LocalGradNorm._hook(state, _Bucket(b, last=i == len(buckets) - 1))
+    assert len(reduced) == 5  # every bucket still goes to the all-reduce
+    norms = [
+        float(torch.linalg.vector_norm(torch.cat([b.float() for b in bs])))
+        for bs in backwards
+    ]
+    got = state.take(10, 3)
+    assert float(got["peak"]) == pytest.approx(max(norms), rel=1e-5)
+    assert float(got["peak_step"]) == 11.0 and float(got["nonfinite_step"]) == -1.0
+    LocalGradNorm._hook(state, _Bucket(torch.tensor([1.0, math.inf]), last=True))
+    assert float(state.take(13, 1)["nonfinite_step"]) == 13.0

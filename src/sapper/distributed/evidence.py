@@ -6,12 +6,18 @@ What is still the rank's own is measured here, on the device and without a sync 
 the exchange, with the other columns):
 
 * ``output_absmax`` / ``output_nonfinite_step`` — the largest ``|output|`` of the model's
-  training forwards in the window and the first step it was non-finite (a forward hook:
-  one min/max reduction per forward, folded once per window);
+  training forwards in the window and the first step it was non-finite (a forward hook,
+  folded once per window). Whether the output is finite is asked of every forward, by
+  its sum (one cheap reduction: a non-finite element makes it non-finite); the largest
+  ``|output|`` (a min/max reduction, several times the sum's cost on a CPU) is taken on
+  every :attr:`OutputMax.MAGNITUDE_EVERY`-th forward, the same forwards on every rank. A
+  growth toward overflow spans many steps, and the step an output goes non-finite is
+  still found exactly;
 * ``local_grad_norm`` / ``local_grad_nonfinite_step`` — the same for the norm of this
-  rank's *local* gradient, per backward, computed in a DDP communication hook on each
-  bucket just before it is all-reduced (wrapping DDP's default all-reduce hook: one norm
-  kernel per bucket).
+  rank's *local* gradient, per backward, on every backward (the one that names a rank's
+  own spike must be there when it happens), computed in a DDP communication hook on each
+  bucket just before it is all-reduced (wrapping DDP's default all-reduce hook: one
+  sum-of-squares kernel per bucket, the square root taken at the fold).
 
 The window's peak loss (``loss_peak``) comes from the losses the tracker already keeps.
 FSDP's reduce-scatter has no public pre-reduce hook, so there only the loss and the
@@ -132,10 +138,18 @@ class WindowPeak:
 
 
 class OutputMax(WindowPeak):
-    """Max ``|output|`` of a module's training forwards, folded per window."""
+    """Max ``|output|`` of a module's training forwards, folded per window: every forward
+    is checked for non-finite values (its sum), every :attr:`MAGNITUDE_EVERY`-th one also
+    gives its largest ``|output|``."""
+
+    #: Forwards between two largest-``|output|`` readings (counted over the run, so the
+    #: same forwards on every rank; the first forward is one).
+    MAGNITUDE_EVERY = 8
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
+        self._forwards = 0
+        self._measured = 0  # forwards of this window with a magnitude
         self._handle = module.register_forward_hook(self._hook)
 
     def _hook(self, _module: Any, _args: Any, out: Any) -> None:
@@ -144,14 +158,45 @@ class OutputMax(WindowPeak):
         t = first_tensor(out)
         if t is None or not t.is_floating_point() or t.numel() == 0:
             return
+        t = t.detach()
+        # the sum is non-finite when an element is (a sum past float32's range too:
+        # outputs that large are an overflow in all but name); half types sum in float32
+        total = t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()
+        n, self._forwards = self._forwards, self._forwards + 1
+        if n % self.MAGNITUDE_EVERY:
+            self.add(total)
+            return
         # one pass, no |output|-sized temporary: max |x| is max(max, -min), taken at the fold
-        self.add(torch.aminmax(t.detach()))  # type: ignore[arg-type]
+        lo, hi = torch.aminmax(t)
+        self._measured += 1
+        self.add((lo, hi, total))
 
     def _scalars(self, values: list[Any]) -> torch.Tensor:
-        dev = values[0][0].device
-        lows = torch.stack([lo.to(dev).float().reshape(()) for lo, _ in values])
-        highs = torch.stack([hi.to(dev).float().reshape(()) for _, hi in values])
-        return torch.maximum(highs, lows.neg())
+        """Per forward: 0 (NaN when its sum was not finite), plus its largest ``|x|``
+        where that was taken."""
+        first = values[0][2] if isinstance(values[0], tuple) else values[0]
+        dev = first.device
+        sums = torch.stack(
+            [(v[2] if isinstance(v, tuple) else v).to(dev).float().reshape(()) for v in values]
+        )
+        vals = sums * 0.0  # inf * 0 and NaN * 0 are NaN
+        at = [i for i, v in enumerate(values) if isinstance(v, tuple)]
+        if at:
+            lows = torch.stack([values[i][0].to(dev).float().reshape(()) for i in at])
+            highs = torch.stack([values[i][1].to(dev).float().reshape(()) for i in at])
+            index = torch.tensor(at, device=dev)
+            vals = vals.index_add(0, index, torch.maximum(highs, lows.neg()))
+        return vals
+
+    def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
+        """As :meth:`WindowPeak.take`; without ``peak`` / ``peak_step`` when no forward
+        of the window had its magnitude taken (a window shorter than the cadence)."""
+        measured, self._measured = self._measured, 0
+        out = super().take(first_step, steps)
+        if not measured:
+            out.pop("peak", None)
+            out.pop("peak_step", None)
+        return out
 
     def remove(self) -> None:
         self._handle.remove()
@@ -167,7 +212,7 @@ class LocalGradNorm(WindowPeak):
         super().__init__()
         self._allreduce = allreduce_hook
         self.process_group = getattr(ddp, "process_group", None)
-        self._buckets: list[torch.Tensor] = []  # this backward's bucket norms so far
+        self._buckets: list[torch.Tensor] = []  # this backward's bucket Σx² so far
         ddp.register_comm_hook(self, LocalGradNorm._hook)
 
     @classmethod
@@ -184,17 +229,33 @@ class LocalGradNorm(WindowPeak):
 
     @staticmethod
     def _hook(state: LocalGradNorm, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        norms = state._buckets
-        norms.append(torch.linalg.vector_norm(bucket.buffer().detach(), dtype=torch.float32))
-        if bucket.is_last():  # the norm of the bucket norms: one kernel for all of them
-            dev = norms[0].device
+        squares = state._buckets
+        squares.append(_square_sum(bucket.buffer().detach()))
+        if bucket.is_last():  # the buckets' sum of squares: one kernel for all of them
+            dev = squares[0].device
             state.add(
-                norms[0]
-                if len(norms) == 1
-                else torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+                squares[0]
+                if len(squares) == 1
+                else torch.stack([q.to(dev) for q in squares]).sum()
             )
             state._buckets = []
         return state._allreduce(state.process_group, bucket)
+
+    def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
+        """As :meth:`WindowPeak.take`, the peak a norm (the events are its squares: the
+        largest square is the largest norm's, a non-finite one a non-finite norm's)."""
+        out = super().take(first_step, steps)
+        if "peak" in out:
+            out["peak"] = out["peak"].sqrt()
+        return out
+
+
+def _square_sum(buf: torch.Tensor) -> torch.Tensor:
+    """``Σ x²`` of a gradient bucket in float32: a dot product of the flat float32 buffer
+    with itself (the quickest reduction on a CPU), else through ``vector_norm``."""
+    if buf.dtype == torch.float32 and buf.dim() == 1:
+        return torch.dot(buf, buf)
+    return torch.linalg.vector_norm(buf, dtype=torch.float32).square()
 
 
 # DDP checks a hook's annotations as objects; this module's are strings (postponed)

@@ -460,11 +460,12 @@ class RankTracker:
             if peak is None:
                 continue
             got = peak.take(self._window_first, self._steps)
-            if got:
+            if "peak" in got:
                 out["output_absmax" if prefix == "output" else "local_grad_norm"] = got["peak"]
-                out[f"{prefix}_nonfinite_step"] = got["nonfinite_step"]
                 if prefix == "local_grad":
                     out["local_grad_peak_step"] = got["peak_step"]
+            if got:
+                out[f"{prefix}_nonfinite_step"] = got["nonfinite_step"]
         return out
 
     def exchange(self, record: StepRecord | None = None) -> list[Finding]:
