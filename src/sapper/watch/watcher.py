@@ -329,11 +329,12 @@ class Watcher:
                 self._new_attempt(number, records[a])
             run = records[a:b]
             self._index += len(run)
-            for rec, found in zip(run, self.detector_set.update_batch(run), strict=True):
-                for finding in found:
-                    self._emit(finding)
-                self._prev_step = rec.step
-                self._lineage.append(rec)
+            for found in self.detector_set.update_batch(run):
+                if found:  # the findings in record order, as record by record
+                    for finding in found:
+                        self._emit(finding)
+            self._prev_step = run[-1].step
+            self._lineage.extend(run[-WARM_RECORDS:])
         self.records += len(records)
         if self.first_step is None:
             self.first_step = records[0].step
