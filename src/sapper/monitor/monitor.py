@@ -946,7 +946,9 @@ class Monitor:
             )
         for rec in records:
             self._enrich(rec)
-            new = self.detectors.update(rec)
+        # detector by detector over the read's records (each one's state stays hot); the
+        # same findings, per record and in the same order, as record by record
+        for rec, new in zip(records, self.detectors.update_batch(records), strict=True):
             found.extend(new)
             self.history.append(rec)
             if background:
