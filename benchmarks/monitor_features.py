@@ -42,13 +42,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from monitor_overhead import ENTRY_POINTS as MONITOR_ENTRY_POINTS
+from monitor_step import build as build_gpt2
+from monitor_step import train_step
 
 from sapper.distributed.bridge import MonitorBridge
-from sapper.distributed.evidence import LocalGradNorm, OutputMax
+from sapper.distributed.checksum import ParamChecksum
+from sapper.distributed.evidence import LocalGradNorm, OutputMax, WindowPeak
 from sapper.distributed.heartbeat import Heartbeat
 from sapper.distributed.timing import ForwardTimer
+from sapper.distributed.tracker import RankTracker
 from sapper.monitor import Monitor
 from sapper.monitor import monitor as monitor_module
 from sapper.monitor.cpuwait import RunQueueClock
@@ -56,8 +59,6 @@ from sapper.monitor.faults import GradStats, Localiser
 from sapper.monitor.positions import PositionWatch
 from sapper.monitor.system import MemoryReader
 from sapper.monitor.training import TrainingObserver
-
-transformers.logging.set_verbosity_error()
 
 #: Where control enters the monitor during a step (outermost calls are timed).
 ENTRY_POINTS: tuple[tuple[type, tuple[str, ...]], ...] = (
@@ -95,6 +96,9 @@ ATTRIBUTED: dict[str, tuple[tuple[Any, str], ...]] = {
     ),
     "read + detectors + log": ((Monitor, "_read"),),
     "exchange (in read)": ((MonitorBridge, "on_records"),),
+    "parameter checksum (in exchange)": ((ParamChecksum, "compute"),),
+    "evidence fold (in exchange)": ((WindowPeak, "take"),),
+    "collectives + table (in exchange)": ((RankTracker, "_exchange"),),
     "forward timer": ((ForwardTimer, "_pre"), (ForwardTimer, "_post")),
     "output max": ((OutputMax, "_hook"),),
     "local grad norm": ((LocalGradNorm, "_hook"),),
@@ -111,7 +115,13 @@ FEATURES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "localiser": ({"localise_every": 10**9}, ()),
     "run log": ({"run_log": None}, ()),
     "cross-rank": ({"distributed": False}, ()),
+    "parameter checksum": ({"distributed": {"checksum": False}}, ()),
+    "rank evidence": ({"distributed": {"evidence": False}}, ()),
+    "heartbeat": ({"distributed": {"heartbeat": False}}, ()),
 }
+#: Rows that only exist under torch.distributed.
+CROSS_RANK = ("cross-rank", "parameter checksum", "rank evidence",
+              "heartbeat")
 
 SIZE = (2, 64, 2, 64, 4)  # layers, hidden, heads, seq, batch: ~10 ms a step on a CPU
 
@@ -206,12 +216,7 @@ class SelfTimer:
 
 def build() -> torch.nn.Module:
     layers, hidden, heads, seq, _ = SIZE
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=1024, n_positions=seq,
-        bos_token_id=0, eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(cfg)
+    return build_gpt2(layers, hidden, heads, seq)
 
 
 def _wrap(module: torch.nn.Module) -> torch.nn.Module:
@@ -248,13 +253,7 @@ def block(
             if i == skip:
                 timer.reset()
             t0 = time.perf_counter()
-            out = model(input_ids=x, labels=x)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if mon is not None:
-                mon.step(out.loss)
+            train_step(model, opt, x, mon)
             if i >= skip:
                 times.append(time.perf_counter() - t0)
         n = max(1, len(batches) - skip)
@@ -332,12 +331,16 @@ def _worker(args: argparse.Namespace) -> None:
         torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank() if distributed else 0
     if args.profile:
-        prof = cProfile.Profile()
+        # the training thread's CPU time: a rank descheduled on a shared machine, or
+        # waiting for a peer in a collective, is not the monitor's cost
+        prof = cProfile.Profile(time.thread_time)
         DDPProfiled(args, prof).run()
         if rank == 0:
             text = io.StringIO()
             stats = pstats.Stats(prof, stream=text).sort_stats(args.sort)
             stats.print_stats(args.match, 60)
+            if args.callees:
+                stats.print_callees(args.callees)
             print(text.getvalue())
     else:
         got = run_rows(args.steps, args.rounds, args.skip, args.features, seed=rank + 1)
@@ -365,12 +368,7 @@ class DDPProfiled:
             x = torch.randint(0, 1024, (batch, seq), generator=gen)
             if i == self.args.skip:
                 self.prof.enable()
-            out = self.model(input_ids=x, labels=x)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            mon.step(out.loss)
+            train_step(self.model, self.opt, x, mon)
         self.prof.disable()
         mon.close()
 
@@ -395,7 +393,8 @@ def launch(
                "--steps", str(args.steps), "--rounds", str(args.rounds),
                "--skip", str(args.skip), "--features", ",".join(features)]
         if args.profile:
-            cmd += ["--profile", str(world), "--sort", args.sort, "--match", args.match]
+            cmd += ["--profile", str(world), "--sort", args.sort, "--match", args.match,
+                    "--callees", args.callees]
         procs.append(subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True
         ))
@@ -495,9 +494,14 @@ def main() -> None:
                     help="print a cProfile of rank 0 at this world size instead")
     ap.add_argument("--sort", default="cumulative", help="cProfile order (--profile)")
     ap.add_argument("--match", default="sapper", help="cProfile rows to print (--profile)")
+    ap.add_argument("--callees", default="",
+                    help="also print what the functions matching this call (--profile)")
     ap.add_argument("--compare", metavar="SRC", default=None,
                     help="also run sapper from another tree's src/ (before) against this one")
     ap.add_argument("--compare-rounds", type=int, default=2)
+    ap.add_argument("--src", default=None,
+                    help="the feature rows with sapper imported from this tree's src/ "
+                    "(the same rows before a change)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.features = [f for f in args.features.split(",") if f]
@@ -517,8 +521,8 @@ def main() -> None:
         return
     rows = {}
     for world in worlds:
-        features = [f for f in args.features if world > 1 or f != "cross-rank"]
-        rows[_label(world)] = result(launch(world, args, features))
+        features = [f for f in args.features if world > 1 or f not in CROSS_RANK]
+        rows[_label(world)] = result(launch(world, args, features, args.src))
         print(f"{_label(world)}: done", flush=True)
     print(table(rows))
     print(

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
+from monitor_step import build, train_step
 
 from sapper.monitor import Monitor
 from sapper.monitor.faults import Localiser
@@ -51,8 +51,6 @@ from sapper.monitor.structure import StructureProbe
 from sapper.monitor.syncs import HostSyncCounter
 from sapper.monitor.training import TrainingObserver
 from sapper.runtime.runlog import RunLogWriter
-
-transformers.logging.set_verbosity_error()
 
 SIZES = {  # name: (layers, hidden, heads, seq, batch)
     "S": (2, 64, 2, 64, 8),
@@ -130,20 +128,6 @@ CONFIGS: dict[str, dict | None] = {
 }
 
 
-def build(layers: int, hidden: int, heads: int, seq: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_embd=hidden,
-        n_layer=layers,
-        n_head=heads,
-        vocab_size=1024,
-        n_positions=seq,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(cfg)
-
-
 def block(
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
@@ -174,13 +158,7 @@ def block(
             if i == skip:
                 first, timer.seconds = timer.seconds, 0.0
             t0, c0 = time.perf_counter(), time.process_time()
-            out = model(input_ids=x, labels=x)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if mon is not None:
-                mon.step(out.loss)
+            train_step(model, opt, x, mon)
             if i >= skip:
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
@@ -279,11 +257,7 @@ def write_cost(records: int = 2000) -> tuple[float, float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     mon = Monitor(model, opt, console=False, log_every=1)
     for _ in range(4):
-        x = torch.randint(0, 1024, (2, 64))
-        out = model(input_ids=x, labels=x)
-        out.loss.backward()
-        opt.step()
-        mon.step(out.loss)
+        train_step(model, opt, torch.randint(0, 1024, (2, 64)), mon)
     mon.close()
     rec = mon.history[-1]
     out: list[float] = []
