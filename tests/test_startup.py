@@ -6,7 +6,8 @@ torch, transformers or numpy; checking a model of a family sapper counts itself 
 not import transformers or torch; the offline commands run on a real small input of each
 kind (a ``trainer_state.json``, a sapper run log, a CSV, a Megatron-LM text log, plan and
 launch configs) import neither torch, transformers, tensorboard nor the cross-rank pass,
-and analyzing or watching one small log does not import numpy.
+and analyzing or watching one small log does not import numpy; inspecting a safetensors
+model, or diagnosing with one, imports no torch.
 """
 
 from __future__ import annotations
@@ -149,6 +150,48 @@ def test_report_of_one_small_log_imports_no_torch(tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     _, loaded = _offline("report", str(SMALL_LOGS["trainer_state"]), "-o", str(out))
     assert out.stat().st_size > 0
+    assert not set(loaded) & set(NEVER), loaded
+
+
+def _safetensors_model(folder: Path) -> Path:
+    """A small model saved as safetensors with numpy (no torch in this process either),
+    its head tied to its embedding in config.json (the tied-weights check reads both)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    embed = rng.normal(0, 0.02, (64, 32)).astype(np.float32)
+    folder.mkdir()
+    save_file(
+        {
+            "model.embed_tokens.weight": embed,
+            "lm_head.weight": embed.copy(),
+            "model.layers.0.mlp.up_proj.weight": rng.normal(0, 0.02, (32, 32)).astype(
+                np.float16
+            ),
+            "model.layers.0.input_layernorm.weight": np.ones(32, dtype=np.float32),
+        },
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "llama", "tie_word_embeddings": True, "torch_dtype": "float32"})
+    )
+    return folder
+
+
+def test_a_safetensors_checkpoint_is_read_without_torch(tmp_path: Path) -> None:
+    """inspect of a safetensors model and diagnose with it beside a small log reduce its
+    tensors with numpy: no torch (nor transformers, tensorboard, the cross-rank pass)."""
+    folder = _safetensors_model(tmp_path / "model")
+    code, loaded = _offline("inspect", str(folder / "model.safetensors"), "--format", "json")
+    assert code == 0
+    assert not set(loaded) & set(NEVER), loaded
+    code, loaded = _offline("inspect", str(folder))
+    assert code == 0
+    assert not set(loaded) & set(NEVER), loaded
+    _, loaded = _offline(
+        "diagnose", str(SMALL_LOGS["runlog"]), "--checkpoint", str(folder / "model.safetensors")
+    )
     assert not set(loaded) & set(NEVER), loaded
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from sapper.checkpoint.naming import parse_name, strip_wrappers
 from sapper.checkpoint.numbers import checked_number
 from sapper.checkpoint.rules import INIT_SCALE_OFF, MODEL_MISMATCH, UNEXPECTED_TENSORS
-from sapper.checkpoint.stats import TensorStats
+from sapper.checkpoint.tensorstats import TensorStats
 from sapper.errors import InputError
 from sapper.rules.model import Finding, Severity
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from sapper.checkpoint.optim import ParamUpdate, optimizer_findings
 from sapper.checkpoint.resume import resume_findings, steps_of
 from sapper.checkpoint.rules import DEAD_TENSOR
 from sapper.checkpoint.scan import Scan, load_scan
-from sapper.checkpoint.stats import TensorStats
+from sapper.checkpoint.tensorstats import TensorStats
 from sapper.errors import InputError
 from sapper.rules.model import Finding, Severity
 
@@ -279,14 +280,19 @@ def inspect_paths(
             value=len(paths),
             expected="1 or 2 paths",
         )
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads))
     scans: list[Scan] = []
+    torch: Any = None
+    before = 0
     try:
         expected = expected_model(Path(config)) if config is not None else None
         scans = [load_scan(Path(p)) for p in paths]
+        # torch reduces a torch checkpoint (reading one imported it) and the difference
+        # of two; one safetensors checkpoint is reduced by numpy, with no torch at all
+        if len(scans) == 2 or "torch" in sys.modules:
+            import torch
+
+            before = torch.get_num_threads()
+            torch.set_num_threads(max(1, threads))
         reports = [_report(s, jobs, threads, expected) for s in scans]
         findings = [f for r in reports for f in r.findings]
         changes: list[TensorChange] = []
@@ -298,4 +304,5 @@ def inspect_paths(
     finally:
         for s in scans:
             s.close()
-        torch.set_num_threads(before)
+        if torch is not None:
+            torch.set_num_threads(before)

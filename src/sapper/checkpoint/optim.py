@@ -21,18 +21,21 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from sapper.checkpoint.checks import nonfinite_finding
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.numbers import MAX_COUNT, checked_number
-from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.rules import ADAM_UPDATE_JUMP, ADAM_V_UNDERFLOW, NO_GRADIENT
 from sapper.checkpoint.scan import OptimizerState, Scan
-from sapper.checkpoint.stats import CHUNK_ELEMENTS, StatsAccumulator, TensorStats, flat_chunks
+from sapper.checkpoint.tensorstats import CHUNK_ELEMENTS, TensorStats
 from sapper.rules.model import Finding
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where an optimizer's tensors are read: a checkpoint without an
+# optimizer state (a safetensors model) is checked without it.
 
 __all__ = ["JUMP_RATIO", "ParamUpdate", "optimizer_findings", "param_names", "trained_keys"]
 
@@ -205,6 +208,8 @@ def trained_keys(scan: Scan) -> set[str] | None:
 
 def _dense(t: Any) -> bool:
     """A dense CPU tensor (what can be streamed); sparse, quantized or meta are skipped."""
+    import torch
+
     return (
         isinstance(t, torch.Tensor)
         and t.layout == torch.strided
@@ -223,6 +228,8 @@ def _param_ids(group: Any) -> list[Any]:
 
 
 def _moment_shape(entry: Any) -> tuple[int, ...] | None:
+    import torch
+
     if isinstance(entry, dict):
         for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
             if isinstance(entry.get(key), torch.Tensor):
@@ -234,6 +241,7 @@ def _module_order(config: dict[str, Any]) -> list[str] | None:
     """Parameter names in module order of the HF model ``config`` describes, built on the
     meta device (no memory, no weights); None where transformers cannot build it."""
     try:
+        import torch
         import transformers
 
         arch = (config.get("architectures") or [None])[0]
@@ -294,6 +302,11 @@ def _update_stats(
     bc1 = 1 - b1**t if 0 <= b1 < 1 else 1.0  # type: ignore[operator]
     bc2 = 1 - b2**t if 0 <= b2 < 1 else 1.0  # type: ignore[operator]
     bc1, bc2 = (bc1 if bc1 > 0 else 1.0), (bc2 if bc2 > 0 else 1.0)
+    import torch
+
+    from sapper.checkpoint.pages import streamed
+    from sapper.checkpoint.stats import StatsAccumulator
+
     m_acc = StatsAccumulator(
         TensorStats(f"{key}.exp_avg", str(m.dtype).removeprefix("torch."), tuple(m.shape), file)
     )
@@ -346,6 +359,10 @@ def optimizer_findings(scan: Scan) -> tuple[list[Finding], list[ParamUpdate], li
     findings: list[Finding] = []
     updates: list[ParamUpdate] = []
     moment_stats: list[TensorStats] = []
+    if not scan.optimizers:
+        return findings, updates, moment_stats
+    import torch
+
     for n_opt, opt in enumerate(scan.optimizers):
         # every group's and every state's numbers are checked before a tensor is read
         hypers = [_hyper(g, i, opt.file) for i, g in enumerate(opt.param_groups)]
@@ -441,6 +458,8 @@ def _no_gradient(
 
 
 def _plain_stats(key: str, t: torch.Tensor, file: str) -> TensorStats:
+    from sapper.checkpoint.stats import StatsAccumulator, flat_chunks
+
     acc = StatsAccumulator(
         TensorStats(key, str(t.dtype).removeprefix("torch."), tuple(t.shape), file)
     )

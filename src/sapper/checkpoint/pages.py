@@ -20,10 +20,12 @@ import ctypes
 import mmap
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["drop_pages", "populate", "streamed"]
+__all__ = ["drop_pages", "drop_range", "populate", "populate_range", "streamed"]
 
 _MADV_DONTNEED = 4
 _MADV_POPULATE_READ = 22
@@ -32,16 +34,33 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 
 def _advise(tensor: torch.Tensor, advice: int, whole_pages: bool) -> None:
-    if _libc is None or tensor.numel() == 0:
+    if tensor.numel() == 0:
         return
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
+    advise_range(tensor.data_ptr(), tensor.numel() * tensor.element_size(), advice, whole_pages)
+
+
+def advise_range(start: int, nbytes: int, advice: int, whole_pages: bool) -> None:
+    """``madvise`` the ``nbytes`` of memory at address ``start`` (a tensor's, or a numpy
+    view's of a mapped file): only the pages entirely inside with ``whole_pages``."""
+    if _libc is None or nbytes <= 0:
+        return
+    end = start + nbytes
     if whole_pages:  # only pages entirely inside the tensor: a neighbour keeps its own
         first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
     else:
         first, last = start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
     if last > first:
         _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)
+
+
+def drop_range(start: int, nbytes: int) -> None:
+    """Release the resident whole pages of the mapped memory at ``start``."""
+    advise_range(start, nbytes, _MADV_DONTNEED, whole_pages=True)
+
+
+def populate_range(start: int, nbytes: int) -> None:
+    """Map the pages of the memory at ``start`` in one call (an error is ignored)."""
+    advise_range(start, nbytes, _MADV_POPULATE_READ, whole_pages=False)
 
 
 def drop_pages(tensor: torch.Tensor) -> None:

@@ -17,13 +17,14 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from sapper.checkpoint.pages import streamed
-from sapper.checkpoint.stats import CHUNK_ELEMENTS
+from sapper.checkpoint.tensorstats import CHUNK_ELEMENTS
 from sapper.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 __all__ = ["MAX_HEADER_BYTES", "REMAP_BYTES", "SafetensorsFile", "TensorEntry", "read_header"]
 
@@ -168,6 +169,8 @@ class SafetensorsFile:
         self.entries, self.metadata = read_header(path)
         self._handle: Any = None
         self._read_since_open = 0
+        self._mapping: Any = None
+        self._read_since_map = 0
 
     def _open(self) -> Any:
         from safetensors import SafetensorError, safe_open
@@ -183,12 +186,62 @@ class SafetensorsFile:
 
     def close(self) -> None:
         self._handle = None
+        self._mapping = None
+
+    def _map(self) -> Any:
+        """The file's tensor bytes mapped read-only (numpy), once safetensors itself has
+        accepted the file (its checks of the header, with no torch), re-mapped after
+        every :data:`REMAP_BYTES` read."""
+        import numpy as np
+        from safetensors import SafetensorError, safe_open
+
+        if self._mapping is None or self._read_since_map > REMAP_BYTES:
+            self._mapping = None
+            try:
+                with safe_open(str(self.path), framework="numpy"):
+                    pass
+                with open(self.path, "rb") as fh:
+                    start = 8 + int.from_bytes(fh.read(8), "little")
+                size = self.path.stat().st_size
+                self._mapping = (
+                    np.memmap(self.path, dtype=np.uint8, mode="r", offset=start)
+                    if size > start
+                    else np.zeros(0, dtype=np.uint8)
+                )
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise _bad(self.path, f"safetensors cannot open it: {exc}") from None
+            self._read_since_map = 0
+        return self._mapping
+
+    def arrays(self, entry: TensorEntry) -> Iterator[np.ndarray]:
+        """The tensor's stored bits (numpy; bfloat16 and float8 as unsigned integers, see
+        :mod:`sapper.checkpoint.arrays`) in row-major pieces of at most CHUNK_ELEMENTS
+        elements, each paged in at once and its pages given back after it is reduced, as
+        :meth:`chunks` does for torch."""
+        import numpy as np
+
+        from sapper.checkpoint.arrays import STORED, flat_pieces
+        from sapper.checkpoint.pages import drop_range, populate_range
+
+        if math.prod(entry.shape) == 0:
+            return
+        mapping = self._map()
+        self._read_since_map += entry.nbytes
+        dtype = np.dtype(STORED[entry.dtype]).newbyteorder("<")
+        raw = mapping[entry.start : entry.end].view(dtype)
+        for piece in flat_pieces(raw, CHUNK_ELEMENTS):
+            address = piece.ctypes.data
+            populate_range(address, piece.nbytes)
+            yield piece
+            drop_range(address, piece.nbytes)
 
     def chunks(self, entry: TensorEntry) -> Iterator[torch.Tensor]:
         """The tensor's values in row-major pieces of at most CHUNK_ELEMENTS elements.
         ``get_tensor`` gives a view of the mapping (no copy); each piece is paged in at
         once and its pages given back after it is reduced (:mod:`sapper.checkpoint.pages`),
         so what stays resident is about one piece, whatever the tensor's size."""
+        from sapper.checkpoint.pages import streamed
+
         if math.prod(entry.shape) == 0:
             return
         try:

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from sapper.checkpoint.dcp import DcpSource
 from sapper.checkpoint.layout import Layout, detect, read_json
 from sapper.checkpoint.source import SafetensorsSource, TensorSource, TorchSource
-from sapper.checkpoint.torchfile import iter_tensors, load_torch_file, mapped
 from sapper.errors import InputError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
 
 __all__ = ["OptimizerState", "Scan", "load_scan"]
 
@@ -101,7 +102,17 @@ def _is_optimizer(obj: Any) -> bool:
     )
 
 
+def _torchfile() -> ModuleType:
+    """The torch file reader, imported (with torch) where a torch file is read: a
+    safetensors checkpoint is read without either."""
+    from sapper.checkpoint import torchfile
+
+    return torchfile
+
+
 def _tensor_dict(obj: Any) -> bool:
+    import torch
+
     return (
         isinstance(obj, dict)
         and bool(obj)
@@ -116,7 +127,7 @@ def _optimizers(obj: Any, file: str) -> list[OptimizerState]:
         o["optimizer"] if isinstance(o, dict) and _is_optimizer(o.get("optimizer")) else o
         for o in items
     ]
-    is_mapped = mapped(Path(file))
+    is_mapped = _torchfile().mapped(Path(file))
     return [
         OptimizerState(o["state"], o["param_groups"], file, is_mapped)
         for o in items
@@ -137,11 +148,11 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
             expected="a dict of tensors or of training state",
         )
     if _tensor_dict(obj):
-        return dict(iter_tensors(obj))
+        return dict(_torchfile().iter_tensors(obj))
     weights: dict[str, torch.Tensor] = {}
     for key in _WEIGHT_KEYS:
         if isinstance(obj.get(key), dict):
-            weights = {k: v for k, v in iter_tensors(obj[key])}
+            weights = {k: v for k, v in _torchfile().iter_tensors(obj[key])}
             break
     for key in _OPTIM_KEYS:
         if key in obj:
@@ -175,7 +186,7 @@ def _split_torch(scan_kw: dict[str, Any], obj: Any, file: str) -> dict[str, torc
         }
         scan_kw["origins"]["lightning"] = file
     if not weights and not scan_kw["optimizers"]:
-        weights = {k: v for k, v in iter_tensors(obj)}
+        weights = {k: v for k, v in _torchfile().iter_tensors(obj)}
     return weights
 
 
@@ -185,14 +196,17 @@ def _weights_source(layout: Layout, scan_kw: dict[str, Any]) -> tuple[TensorSour
     if layout.weights:
         merged: dict[str, torch.Tensor] = {}
         for path in layout.weights:
-            part = _split_torch(scan_kw, load_torch_file(path), str(path))
+            part = _split_torch(scan_kw, _torchfile().load_torch_file(path), str(path))
             if layout.kind == "megatron" and len(layout.weights) > 1:
                 # tensor-parallel ranks hold slices under the same keys: keep them apart
                 part = {f"{path.parent.name}/{k}": v for k, v in part.items()}
             merged.update(part)
         files = ", ".join(str(p) for p in layout.weights)
-        return TorchSource(merged, files, all(mapped(p) for p in layout.weights)), files
+        is_mapped = all(_torchfile().mapped(p) for p in layout.weights)
+        return TorchSource(merged, files, is_mapped), files
     if layout.dcp is not None:
+        from sapper.checkpoint.dcp import DcpSource
+
         return DcpSource(layout.dcp), str(layout.dcp)
     return TorchSource({}, str(layout.path)), str(layout.path)
 
@@ -264,7 +278,7 @@ def load_scan(path: Path) -> Scan:
     if layout.deepspeed is not None:
         weights, weights_file = _deepspeed(layout.deepspeed, weights, weights_file, kw)
     if layout.optimizer is not None:
-        obj = load_torch_file(layout.optimizer)
+        obj = _torchfile().load_torch_file(layout.optimizer)
         kw["optimizers"] += _optimizers(obj, str(layout.optimizer))
         if not kw["optimizers"]:
             raise InputError(
@@ -273,16 +287,16 @@ def load_scan(path: Path) -> Scan:
                 expected="'state' and 'param_groups'",
             )
     if layout.scheduler is not None:
-        obj = load_torch_file(layout.scheduler)
+        obj = _torchfile().load_torch_file(layout.scheduler)
         if isinstance(obj, dict):
             kw["origins"].setdefault("scheduler", str(layout.scheduler))
             kw["schedulers"].append(obj)
     if layout.scaler is not None:
-        obj = load_torch_file(layout.scaler)
+        obj = _torchfile().load_torch_file(layout.scaler)
         if isinstance(obj, dict):
             kw["scaler"], kw["scaler_file"] = obj, str(layout.scaler)
     for rng in layout.rng:
-        load_torch_file(rng)  # proves it loads (and needs nothing unsafe)
+        _torchfile().load_torch_file(rng)  # proves it loads (and needs nothing unsafe)
     trainer_state = read_json(layout.trainer_state) if layout.trainer_state else None
     config = read_json(layout.config) if layout.config else None
     scan = Scan(

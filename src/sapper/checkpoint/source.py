@@ -12,13 +12,15 @@ import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from sapper.checkpoint.pages import streamed
 from sapper.checkpoint.safefile import SafetensorsFile, TensorEntry
-from sapper.checkpoint.stats import CHUNK_ELEMENTS, TensorStats, stats_of
+from sapper.checkpoint.tensorstats import CHUNK_ELEMENTS, TensorStats
 from sapper.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 __all__ = ["SafetensorsSource", "TensorInfo", "TensorSource", "TorchSource"]
 
@@ -46,6 +48,8 @@ class TensorSource(abc.ABC):
         """The tensor's values, flat, in row-major pieces of bounded size."""
 
     def stats(self, key: str) -> TensorStats:
+        from sapper.checkpoint.stats import stats_of
+
         info = self.info(key)
         try:
             return stats_of(key, self.chunks(key), info.dtype, info.shape, info.file)
@@ -91,6 +95,33 @@ class SafetensorsSource(TensorSource):
         handle, entry = self._where[key]
         return handle.chunks(entry)
 
+    def stats(self, key: str) -> TensorStats:
+        """Reduced by numpy from the stored bits (:mod:`sapper.checkpoint.arrays`): the
+        statistics torch would give, without importing torch."""
+        from sapper.checkpoint.arrays import array_stats
+
+        handle, entry = self._where[key]
+        info = self.info(key)
+        try:
+            return array_stats(
+                key, handle.arrays(entry), entry.dtype, info.dtype, info.shape, info.file
+            )
+        except (TypeError, ValueError) as exc:  # bits numpy cannot read as the dtype
+            raise InputError(
+                f"cannot reduce tensor ({type(exc).__name__}: {str(exc)[:200]})",
+                file=info.file,
+                field=key,
+            ) from None
+
+    def arrays(self, key: str) -> Iterator[np.ndarray]:
+        """The tensor's stored bits in flat numpy pieces (see :meth:`SafetensorsFile.arrays`)."""
+        handle, entry = self._where[key]
+        return handle.arrays(entry)
+
+    def stored_dtype(self, key: str) -> str:
+        """The safetensors name of the tensor's dtype (``BF16``, ``F8_E4M3``, ...)."""
+        return self._where[key][1].dtype
+
     def metadata(self) -> dict[str, str]:
         return self._files[0].metadata if self._files else {}
 
@@ -116,4 +147,6 @@ class TorchSource(TensorSource):
         return TensorInfo(str(t.dtype).removeprefix("torch."), tuple(t.shape), self._file)
 
     def chunks(self, key: str) -> Iterator[torch.Tensor]:
+        from sapper.checkpoint.pages import streamed
+
         return streamed(self._tensors[key], CHUNK_ELEMENTS, self._mapped)

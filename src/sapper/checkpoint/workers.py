@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sapper.checkpoint.stats import TensorStats
+from sapper.checkpoint.tensorstats import TensorStats
 from sapper.errors import InputError
 
 __all__ = ["shard_stats"]
