@@ -101,19 +101,7 @@ def render_screen(
     if board.last_step is not None:
         head += f" · step {board.last_step:,} · {board.records:,} records"
     parts: list[Any] = [Text.from_markup(head), Text(printable(_status(watcher)), style="dim")]
-    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("latest", justify="right")
-    table.add_column("step", justify="right")
-    table.add_column("recent")
-    for m in board.metrics:
-        line = sparkline(m.values)
-        spark = Text(line, style="cyan")
-        for i, ch in enumerate(line):
-            if ch == NONFINITE_BAR:
-                spark.stylize("bold red", i, i + 1)
-        table.add_row(m.label, m.text(), "" if m.step is None else f"{m.step:,}", spark)
-    parts.append(table)
+    parts.extend(_metric_lines(board))
     if findings:
         ft = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
         ft.add_column("step", justify="right")
@@ -134,6 +122,30 @@ def render_screen(
     for note in notes[-3:]:
         parts.append(Text.from_markup(f"[yellow]note:[/] {escape(note)}"))
     return Group(*parts)
+
+
+def _metric_lines(board: MetricBoard) -> list[Text]:
+    """The metrics as a table of aligned lines (metric, latest, step, sparkline): laid
+    out here rather than by a rich Table, which costs several times more to render on
+    every redraw of the screen."""
+    rows = [
+        (m.label, m.text(), "" if m.step is None else f"{m.step:,}", sparkline(m.values))
+        for m in board.metrics
+    ]
+    heads = ("metric", "latest", "step", "recent")
+    w0, w1, w2 = (max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads[:3]))
+    lines = [Text(f"{heads[0]:<{w0}}  {heads[1]:>{w1}}  {heads[2]:>{w2}}  {heads[3]}",
+                  style="bold", no_wrap=True, overflow="ellipsis")]
+    for label, latest, step, spark in rows:
+        line = Text(f"{label:<{w0}}  {latest:>{w1}}  {step:>{w2}}  ", no_wrap=True,
+                    overflow="ellipsis")
+        start = len(line)
+        line.append(spark, style="cyan")
+        for i, ch in enumerate(spark):
+            if ch == NONFINITE_BAR:
+                line.stylize("bold red", start + i, start + i + 1)
+        lines.append(line)
+    return lines
 
 
 class LiveView(WatchSink):
