@@ -40,7 +40,7 @@ from sapper.logs.base import LogParser, put_mapped, to_float
 from sapper.logs.counters import NO_LOSS
 from sapper.logs.fields import FieldMap
 from sapper.logs.formats import LogFormat
-from sapper.logs.limits import MAX_INT_DIGITS, to_count
+from sapper.logs.limits import MAX_COUNT, MAX_INT_DIGITS, to_count
 from sapper.runtime.records import StepRecord
 
 __all__ = ["FORMAT", "ITERATION_LINE", "MegatronParser"]
@@ -248,9 +248,10 @@ class MegatronParser(LogParser):
         else:
             self._unmatched = True
             return False
-        step = _int(match.group(1))
-        if step is None:
+        digits, total_digits = match.groups()
+        if len(digits) > MAX_INT_DIGITS:
             return False
+        step = int(digits)  # as _int: 18 digits or fewer are a count
         try:
             got = list(map(float, found.groups()))
         except ValueError:
@@ -258,16 +259,17 @@ class MegatronParser(LogParser):
         values = {name: got[i] * factor for i, name, factor in layout.fields}
         extra = {name: got[i] for i, name in layout.extras}
         for i, name, in_extra in layout.counts:
-            count = to_count(got[i])
-            if count is None:
+            value = got[i]
+            if not 0 <= value <= MAX_COUNT:  # as to_count: NaN, inf, negative, past int64
                 return False
             if in_extra:
-                extra[name] = count
+                extra[name] = int(value)
             else:
-                values[name] = count
-        total = _int(match.group(2))
-        if total is not None:
-            self.meta.setdefault("train_iters", total)
+                values[name] = int(value)
+        if "train_iters" not in self.meta:
+            total = _int(total_digits)
+            if total is not None:
+                self.meta["train_iters"] = total
         loss = values["loss"] = got[layout.loss] if layout.loss >= 0 else None
         if loss is None and layout.no_loss:
             extra[NO_LOSS] = True
