@@ -8,9 +8,7 @@ every twin to that on random streams and on every example log.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,13 +72,6 @@ FINGERPRINTS: dict[str, str] = {
 
 _checked: dict[type, bool] = {}
 
-#: Twins run at once on a long log: their work is numpy's and polars' on whole arrays,
-#: mostly outside the interpreter's lock, so a second core takes a share of it. Their
-#: findings are still taken in detector order.
-TWIN_WORKERS = min(2, os.cpu_count() or 1)
-#: Below this many rows the twins take milliseconds: one thread, no pool to start.
-PARALLEL_ROWS = 100_000
-
 
 def twin_for(det: Detector, *, proven_only: bool = True) -> Twin | None:
     """The twin that may stand in for ``det``: its exact class, options it accepts and,
@@ -124,55 +115,28 @@ def run_columns(
     as each detector ends."""
     out = Outcome()
     first = int(cols.steps[warm]) if 0 < warm < len(cols) else None
-    detectors = list(detectors)
-    twins = [twin_for(det, proven_only=proven_only) for det in detectors]
-    pool = None
-    ahead: dict[int, Future[tuple[list[Finding], list[str]]]] = {}
-    if TWIN_WORKERS > 1 and len(cols) >= PARALLEL_ROWS and sum(t is not None for t in twins) > 1:
-        pool = ThreadPoolExecutor(TWIN_WORKERS, thread_name_prefix="sapper-twin")
-        for k, (det, twin) in enumerate(zip(detectors, twins, strict=True)):
-            if twin is not None:
-                ahead[k] = pool.submit(_run_twin, twin, det, cols)
-    try:
-        for k, (det, twin) in enumerate(zip(detectors, twins, strict=True)):
-            done = False
-            if twin is not None:
-                try:
-                    found, lines = ahead[k].result() if k in ahead else _run_twin(twin, det, cols)
-                    done = True
-                except Exception:  # a twin that cannot follow: the streaming detector can
-                    done = False
-            if not done:
-                found, bad, lines = run_streaming(det, cols)
-                out.failed.update(bad)
-            _keep(out, found, lines, warm, len(cols), first)
-            if progress is not None:
-                progress(1)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+    for det in detectors:
+        twin = twin_for(det, proven_only=proven_only)
+        done = False
+        if twin is not None:
+            try:
+                found = twin.run(det, cols)
+                lines = twin.unevaluated(det, cols, found) if twin.unevaluated is not None else []
+                done = True
+            except Exception:  # a twin that cannot follow: the streaming detector can
+                done = False
+        if not done:
+            found, bad, lines = run_streaming(det, cols)
+            out.failed.update(bad)
+        if warm >= len(cols):
+            found = []
+        elif first is not None:
+            found = [f for f in found if f.step is None or f.step >= first]
+        out.found.extend(found)
+        out.unevaluated.extend(lines)
+        if progress is not None:
+            progress(1)
     return out
-
-
-def _run_twin(twin: Twin, det: Detector, cols: Columns) -> tuple[list[Finding], list[str]]:
-    """One twin's findings and its unevaluated lines (in a worker thread, possibly: a
-    twin reads the detector's options and the columns, and writes neither)."""
-    found = twin.run(det, cols)
-    lines = twin.unevaluated(det, cols, found) if twin.unevaluated is not None else []
-    return found, lines
-
-
-def _keep(
-    out: Outcome, found: list[Finding], lines: list[str], warm: int, n: int, first: int | None
-) -> None:
-    """One detector's findings (those past the ``warm`` context rows) and unevaluated
-    lines added to ``out``."""
-    if warm >= n:
-        found = []
-    elif first is not None:
-        found = [f for f in found if f.step is None or f.step >= first]
-    out.found.extend(found)
-    out.unevaluated.extend(lines)
 
 
 #: Above this share of rows with extras (a live monitor logging them every step) the
