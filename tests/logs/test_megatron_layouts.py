@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.logs.hostile import mutate_lines
-from tests.logs.test_megatron_columnar import megatron_log
+from tests.logs.test_megatron_columnar import MEGATRON_LOGS, megatron_log
 
 from sapper.logs import MegatronParser
 from sapper.runtime.records import StepRecord
@@ -48,6 +49,12 @@ def test_generated_logs_read_the_same(seed: int) -> None:
     assert parser._layouts  # the lines were read by layout, not all segment by segment
     records = _read(lines, 1000, layouts=True)[1]
     assert any('"loss": "nan"' in r for r in records)  # the NaN interval is there
+
+
+@pytest.mark.parametrize("path", MEGATRON_LOGS, ids=lambda p: p.name)
+def test_every_megatron_log_reads_the_same(path: Path) -> None:
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    _assert_same(text.split("\n"), 1000)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -184,7 +184,8 @@ class MegatronParser(LogParser):
 
     format = "megatron"
     #: Line layouts learned at most (a log whose every line is laid out anew is read
-    #: segment by segment past them; 0 reads every line so).
+    #: segment by segment past them; 0 reads every line so); lines whose layout cannot
+    #: be learned are given up on after four times as many.
     max_layouts: int = 64
 
     def __init__(
@@ -197,7 +198,8 @@ class MegatronParser(LogParser):
         self.merger.counters.configure_skipped("number of skipped iterations", "interval")
         self.merger.counters.configure_nan("number of nan iterations")
         self._layouts: list[_Layout] = []  # the last one matched first
-        self._learned = 0
+        self._learned = 0  # layouts compiled
+        self._refused = 0  # lines whose layout could not be learned
         self._unmatched = False  # the line being read matched no learned layout
 
     def feed(self, lines: Iterable[str]) -> list[StepRecord]:
@@ -286,11 +288,15 @@ class MegatronParser(LogParser):
         self._unmatched = False
         if self.mapping or self._learned >= self.max_layouts:
             return
+        if self._refused >= 4 * self.max_layouts:
+            return  # the colon-less early form, or lines cut short: read segment by segment
         layout = _Layout.learn(rest)
+        if layout is None:
+            self._refused += 1
+            return
         self._learned += 1
-        if layout is not None:
-            self._layouts.insert(0, layout)
-            del self._layouts[8:]  # the few a log alternates between
+        self._layouts.insert(0, layout)
+        del self._layouts[8:]  # the few a log alternates between
 
     def _iteration(self, line: str, match: re.Match[str]) -> None:
         step, total = _int(match.group(1)), _int(match.group(2))
