@@ -90,3 +90,37 @@ def test_plain_blocks_read_as_the_streaming_reader_reads_them(
     assert [(f.code, f.step, f.message) for f in columnar.findings] == key
     assert any(f.step == n // 2 for f in columnar.findings)  # the spike is found
     assert columnar.unevaluated == streaming.unevaluated
+
+
+def test_columns_grow_past_the_first_blocks_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first block's long lines (steps with a long extra, read by the streaming
+    parser) make the rows per byte look few: the columns grow as the short lines after
+    them come, and hold the same records."""
+    monkeypatch.setattr(runlog, "BLOCK_BYTES", 20_000)
+    monkeypatch.setattr(runlog, "SPECIAL_SHARE", 1.0)  # the columnar path, whatever the mix
+    records = _records(4000, gaps=True, nan_at=None)
+    for rec in records[:40]:
+        rec.extra["note"] = "x" * 1500
+    path = tmp_path / "run.jsonl"
+    writer = RunLogWriter(path)
+    writer.write_steps(records)
+    writer.close()
+    grown: list[int] = []
+    reserve = runlog._Store.reserve
+
+    def watch(store: runlog._Store, rows: int) -> None:
+        before = store.cap
+        reserve(store, rows)
+        if before and store.cap > before:
+            grown.append(store.cap)
+
+    monkeypatch.setattr(runlog._Store, "reserve", watch)
+    expected = read_log(path)
+    got = read_columnar(path, "sapper", min_bytes=0)
+    assert got is not None
+    assert grown  # the estimate was too low and the columns grew
+    assert all(_same_values(a, b) for a, b in zip(got.records, expected.records, strict=True))
+    assert len(got.records) == len(expected.records)
+    assert got.notes == expected.notes
