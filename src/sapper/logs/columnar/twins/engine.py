@@ -67,7 +67,7 @@ FINGERPRINTS: dict[str, str] = {
     "ThroughputDetector": "721d3c4fdf5c6557",
     "AccumulationDetector": "b7d57ea595e27c7b",
     "LRDetector": "89d2006a5b37e0ea",
-    "ScalerDetector": "874c45104510fb43",
+    "ScalerDetector": "9c92e2dac9fe29bd",
 }
 
 _checked: dict[type, bool] = {}
