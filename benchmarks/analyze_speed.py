@@ -64,9 +64,36 @@ The resumed log took the streaming reader before (the columnar one turned away s
 that go back): 16.0 s wall, 16.0 s CPU, 1,330 MiB, against 2.9-3.2 s, 3.2 s, 323 MiB
 now (two runs each, alternated). Of sapper's ~2.7 s: imports ~0.45 s, the read ~1.4 s
 (polars' own decoding ~1.0 s of it), the vectorised detectors ~0.75 s (1.0-1.1 s
-before); the wall-time target is not met yet. The ratio moves with the load: with both
+before). The ratio moves with the load: with both
 cores free polars decodes on two threads (1.1 s wall, 1.7 s CPU) and sapper, mostly
 single-threaded, took 3.4 s (3.0×) at b5f725b; under load 7 it was 1.8×.
+
+Then the read was made to take fewer fresh pages from the kernel (16 MB blocks, whose
+buffers the allocator reuses; polars' freed pages kept a tenth of a second for the next
+block; each block's rows copied once into columns reserved for the whole file instead of
+pieces joined at the end; the block checks counted by numpy): the read's page faults fell
+from ~215k to ~65k and its system time from ~0.55 s to ~0.25 s. Five paired rounds per
+run, the checkout before these changes (bfebd71) run beside it with ``--baseline-src``;
+wall best / median, CPU best, peak, the median of the rounds' ratios:
+
+    load 2.5-3: polars decodes on two threads
+    sapper now                            2.02 s  2.14 s  2.58 s   330 MiB   2.09×
+    sapper at bfebd71                     2.43 s  2.68 s  3.14 s   328 MiB   2.56×
+    polars read_ndjson + rolling medians  0.95 s  1.02 s  1.65 s   461 MiB   1.00×
+    pandas read_json + rolling medians    6.52 s  6.75 s  6.61 s  2916 MiB   6.59×
+    load 5-6: every process has about one core
+    sapper now                            2.75 s  3.17 s  2.61 s   329 MiB   1.71×
+      the log resumed                     2.90 s  2.93 s  2.80 s   327 MiB   1.69×
+    sapper at bfebd71                     2.93 s  3.10 s  3.03 s   328 MiB   1.70×
+    polars read_ndjson + rolling medians  1.72 s  1.80 s  1.62 s   465 MiB   1.00×
+    pandas read_json + rolling medians    7.05 s  7.66 s  6.45 s  2916 MiB   3.91×
+
+The 1.5× target is not met. sapper takes ~2.6 s of CPU to polars' ~1.6 s: imports
+~0.25 s (typer and pydantic ~0.1 s of them), the read ~1.2 s (polars' decoding ~0.9 s
+of it), the vectorised detectors ~0.7 s, one at a time. Run two at a time in threads,
+the detectors took 0.50 s of wall time instead of 0.71 s, but two of them hold their
+temporaries at once (~100 MB each) and the peak rose to 451-464 MiB, at or over polars';
+under load 4-5 the threads were slower, not faster. They run one at a time.
 
 The console formats, CPU seconds of analyze / diagnose (one run each, a loaded machine):
 the HF console 40.1 / 41.9 before, 16.3 / 17.2 after; fairseq 75 / 75 before, 48 / 51
