@@ -315,8 +315,8 @@ def _attempts(steps: np.ndarray) -> tuple[list[Attempt], np.ndarray]:
 
 
 class _Reader:
-    """Collects the rows of every block: plain lines as column pieces, the others as the
-    streaming parser's records, in file order."""
+    """Collects the rows of every block: plain lines into the columns of a
+    :class:`_Store`, the others as the streaming parser's records, in file order."""
 
     def __init__(self, pl: Any, path: Path, size: int = 0) -> None:
         self.pl = pl
