@@ -21,6 +21,7 @@ import sys
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -492,6 +493,7 @@ class _Reader:
         parser._line = self.line0
         parser.finish()
         cols = Columns(steps=steps)
+        runs: list[tuple[int, int]] | None = None
         if dense:  # the plain rows are the rows
             plain_rows = full_rows = np.zeros(0, dtype=np.int64)
         else:
@@ -499,6 +501,7 @@ class _Reader:
             rank[order] = np.arange(n)
             plain_rows = rank[:n_plain]
             full_rows = rank[n_plain:]
+            runs = _runs(plain_rows)
             for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
                 cols.full[row] = rec
         for name in _SCALARS:
@@ -513,7 +516,7 @@ class _Reader:
             if dense and plain is not None:
                 values, present = plain  # every row plain: the store's rows as they are
             else:
-                values, present = _assemble(plain, plain_rows, full_rows, n)
+                values, present = _assemble(plain, plain_rows, full_rows, n, runs)
             for row, value in from_full:
                 if not isinstance(value, (int, float)):
                     return None  # a value only the streaming detectors can judge
@@ -589,17 +592,28 @@ def _grown(array: np.ndarray, n: int, cap: int) -> np.ndarray:
 _MAX_RUNS = 4096
 
 
+def _runs(rows: np.ndarray) -> list[tuple[int, int]] | None:
+    """The runs of consecutive values in ascending ``rows``, as (first, end) positions
+    in ``rows``; ``None`` past :data:`_MAX_RUNS` (then scattered row by row)."""
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    if len(cuts) > _MAX_RUNS:
+        return None
+    bounds = [0, *cuts.tolist(), len(rows)]
+    return [(lo, hi) for lo, hi in pairwise(bounds) if lo < hi]
+
+
 def _assemble(
     plain: tuple[np.ndarray, np.ndarray] | None,
     plain_rows: np.ndarray,
     full_rows: np.ndarray,
     n: int,
+    runs: list[tuple[int, int]] | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One field's values and presence over all ``n`` rows from those of the plain
-    lines (``None``: no plain line has the field), at ``plain_rows`` (ascending);
-    ``full_rows``, the rows the streaming parser read, are left absent (the caller
-    fills them in). The plain rows lie in runs between the few others, each copied as
-    a slice."""
+    lines (``None``: no plain line has the field), at ``plain_rows`` (ascending, in
+    ``runs`` of consecutive rows: see :func:`_runs`); ``full_rows``, the rows the
+    streaming parser read, are left absent (the caller fills them in). The plain rows
+    lie in runs between the few others, each copied as a slice."""
     values = np.empty(n)
     present = np.empty(n, dtype=bool)
     values[full_rows] = np.nan
@@ -609,16 +623,14 @@ def _assemble(
         present[plain_rows] = False
         return values, present
     vals, has = plain
-    cuts = np.flatnonzero(np.diff(plain_rows) != 1) + 1
-    if len(cuts) > _MAX_RUNS:
+    if runs is None:
         values[plain_rows] = vals
         present[plain_rows] = has
         return values, present
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(plain_rows)], strict=True):
-        if lo < hi:
-            first = int(plain_rows[lo])
-            values[first : first + hi - lo] = vals[lo:hi]
-            present[first : first + hi - lo] = has[lo:hi]
+    for lo, hi in runs:
+        first = int(plain_rows[lo])
+        values[first : first + hi - lo] = vals[lo:hi]
+        present[first : first + hi - lo] = has[lo:hi]
     return values, present
 
 
