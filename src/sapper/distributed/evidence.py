@@ -107,10 +107,7 @@ class WindowPeak:
 
     def _scalars(self, values: list[Any]) -> torch.Tensor:
         """The kept values as one float vector on the first value's device."""
-        dev = values[0].device
-        return torch.stack(
-            [(v if v.device == dev else v.to(dev)).float().reshape(()) for v in values]
-        )
+        return _vector(values)
 
     def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
         """``{"peak", "peak_step", "nonfinite_step"}`` for the window (device scalars),
@@ -135,6 +132,16 @@ class WindowPeak:
         self.events = 0
         self._folded = 0
         return out
+
+
+def _vector(values: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    """0-dim tensors as one float32 vector on ``device`` (the first one's by default):
+    one stack when they share a device and dtype (the usual case), else one by one."""
+    dev = values[0].device if device is None else device
+    first = values[0]
+    if all(v.device == dev and v.dtype == first.dtype and v.dim() == 0 for v in values):
+        return torch.stack(values).float()
+    return torch.stack([v.to(dev).float().reshape(()) for v in values])
 
 
 class OutputMax(WindowPeak):
@@ -174,17 +181,13 @@ class OutputMax(WindowPeak):
     def _scalars(self, values: list[Any]) -> torch.Tensor:
         """Per forward: 0 (NaN when its sum was not finite), plus its largest ``|x|``
         where that was taken."""
-        first = values[0][2] if isinstance(values[0], tuple) else values[0]
-        dev = first.device
-        sums = torch.stack(
-            [(v[2] if isinstance(v, tuple) else v).to(dev).float().reshape(()) for v in values]
-        )
+        sums = _vector([v[2] if isinstance(v, tuple) else v for v in values])
         vals = sums * 0.0  # inf * 0 and NaN * 0 are NaN
         at = [i for i, v in enumerate(values) if isinstance(v, tuple)]
         if at:
-            lows = torch.stack([values[i][0].to(dev).float().reshape(()) for i in at])
-            highs = torch.stack([values[i][1].to(dev).float().reshape(()) for i in at])
-            index = torch.tensor(at, device=dev)
+            lows = _vector([values[i][0] for i in at], sums.device)
+            highs = _vector([values[i][1] for i in at], sums.device)
+            index = torch.tensor(at, device=sums.device)
             vals = vals.index_add(0, index, torch.maximum(highs, lows.neg()))
         return vals
 

@@ -369,8 +369,16 @@ class RankTracker:
 
     def _fold(self) -> dict[str, Any]:
         """The window's losses and norms as a few device scalars: the mean finite loss,
-        the first step each went non-finite (-1: never), steps with either."""
-        out: dict[str, Any] = {}
+        the first step each went non-finite (-1: never), steps with either. Host numbers
+        (what the live monitor read) are folded on the host: a few dozen floats, where
+        tensor ops would cost more than the arithmetic."""
+        if not any(
+            isinstance(v, torch.Tensor) for series in (self._losses, self._norms) for _, v in series
+        ):
+            out = _fold_host(self._losses, self._norms, self._window_first, self._steps)
+            self._window_hash_fold()
+            return out
+        out = {}
         bad_steps: torch.Tensor | None = None
         for name, series in (("loss", self._losses), ("grad", self._norms)):
             if not series:
@@ -392,6 +400,11 @@ class RankTracker:
             bad_steps = bad if bad_steps is None else bad_steps | bad.to(bad_steps.device)
         if bad_steps is not None:
             out["nonfinite_steps"] = bad_steps.sum().to(torch.float64)
+        self._window_hash_fold()
+        return out
+
+    def _window_hash_fold(self) -> None:
+        """The window's sample hashes as one tensor (device ones, and the host ones)."""
         if self._host_hashes:  # one tensor for the window, not one per record
             self._hashes.append(torch.tensor(self._host_hashes, dtype=torch.int64))
             self._host_hashes = []
@@ -399,7 +412,6 @@ class RankTracker:
             dev = self._hashes[0].device
             self._window_hashes = torch.cat([h.to(dev) for h in self._hashes])
             self._hashed += int(self._window_hashes.numel())
-        return out
 
     def due(self) -> bool:
         """The window is full: the next :meth:`exchange` is expected on every rank."""
@@ -706,6 +718,40 @@ def _samples_text(kind: str, parts: list[Any]) -> dict[str, Any]:
     if kind == "hashes":
         values = [f"{int(v):013x}" for v in values]
     return {"kind": kind, "samples": values[:MAX_SAMPLES_NAMED]}
+
+
+def _fold_host(
+    losses: list[tuple[int, Any]], norms: list[tuple[int, Any]], first: int, steps: int
+) -> dict[str, Any]:
+    """:meth:`RankTracker._fold` of host numbers, in Python floats: the same values the
+    tensor fold gives (the first largest finite |loss| and its step; 0 and the first
+    step when none is finite)."""
+    out: dict[str, Any] = {}
+    bad: set[int] | None = None
+    for name, series in (("loss", losses), ("grad", norms)):
+        if not series:
+            continue
+        bad = bad if bad is not None else set()
+        first_bad = math.inf
+        peak, peak_step, total, n = 0.0, float(series[0][0]), 0.0, 0
+        for step, value in series:
+            v = float(value)
+            if not math.isfinite(v):
+                first_bad = min(first_bad, float(step))
+                bad.add(min(max(int(step) - first, 0), steps))
+                continue
+            if name == "loss":
+                total, n = total + v, n + 1
+                if abs(v) > peak:
+                    peak, peak_step = abs(v), float(step)
+        out[f"nonfinite_{name}_step"] = -1.0 if math.isinf(first_bad) else first_bad
+        if name == "loss":
+            out["loss_peak"] = peak
+            out["loss_peak_step"] = peak_step
+            out["loss"] = total / n if n else math.nan
+    if bad is not None:
+        out["nonfinite_steps"] = float(len(bad))
+    return out
 
 
 def _stack(series: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
