@@ -16,11 +16,12 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Iterable
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
 from sapper.errors import InputError
-from sapper.logs.base import LogParser, put_mapped
+from sapper.logs.base import DICT_EXTRAS, LogParser, coerce, put_mapped
 from sapper.logs.fields import FieldMap
 from sapper.logs.formats import LogFormat
 from sapper.runtime.records import StepRecord
@@ -104,6 +105,10 @@ class TensorBoardParser(LogParser):
                     continue
                 if target is None:
                     put(event.step, {"time": event.wall_time}, {tag: number})
+                elif target.field in _PLAIN_FIELDS:  # put_mapped's common case, inlined
+                    field = target.field
+                    put(event.step, {"time": event.wall_time,
+                                     field: coerce(field, number * target.factor)})
                 else:
                     values: dict[str, Any] = {"time": event.wall_time}
                     extra: dict[str, Any] = {}
@@ -150,6 +155,12 @@ class TensorBoardParser(LogParser):
                 extra: dict[str, Any] = {}
                 put_mapped(target, value, values, extra)
                 put(step, values, extra)
+
+
+#: Record fields a tag's value goes to as it is (not a dict entry, not ignored).
+_PLAIN_FIELDS = frozenset(
+    f.name for f in dataclass_fields(StepRecord) if f.name not in ("step", "extra")
+) - DICT_EXTRAS
 
 
 def _scalar(proto: Any) -> float | None:
