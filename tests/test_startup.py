@@ -233,6 +233,14 @@ def test_log_format_help_lists_the_readers_formats() -> None:
     assert LOG_FORMATS == FORMATS
 
 
+def test_early_read_threshold_is_the_columnar_readers() -> None:
+    """The command line tells a log worth reading early without importing the readers."""
+    from sapper.cli.analyze_cmd import EARLY_READ_BYTES
+    from sapper.logs.columnar import DEFAULT_MIN_BYTES
+
+    assert EARLY_READ_BYTES == DEFAULT_MIN_BYTES
+
+
 def test_lazy_exports_resolve() -> None:
     """The packages that export lazily still export every name in __all__."""
     import sapper

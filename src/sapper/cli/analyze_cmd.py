@@ -114,6 +114,68 @@ def plan_for(inputs: PlanInputs, logs: list[LogData]) -> Plan | None:
     return stored_plan(logs)
 
 
+#: ``sapper.logs.columnar.DEFAULT_MIN_BYTES``, spelled out so the command line can tell
+#: a log worth reading early without importing the readers; tests/test_startup.py checks
+#: that the two agree.
+EARLY_READ_BYTES = 4 << 20
+#: Options after which the logs are not read into columns as they are (merged, mapped,
+#: another format forced), or nothing is read at all (help).
+_NO_EARLY_READ = ("--merge", "--map", "--log-format", "--help", "-h")
+#: The longest the command line waits for the early read's imports (it then goes on).
+_EARLY_IMPORT_WAIT_S = 30.0
+
+
+def start_early_read(argv: list[str]) -> None:
+    """For ``sapper analyze`` of a large file, begin reading it into columns in a thread
+    now (:mod:`sapper.logs.columnar.early`), before the command line is parsed and the
+    detectors are imported: polars decodes the log on the other core while this thread
+    imports. Returns once that thread's own imports are done, so the two threads never
+    import at once. The first argument that is a regular file of at least
+    :data:`EARLY_READ_BYTES` is the one; the reader takes the result only for that very
+    file, so a wrong guess (an option's value) costs work, never a different answer.
+    Does nothing for other commands, small files, or the options of
+    :data:`_NO_EARLY_READ`."""
+    if not argv or argv[0] != "analyze":
+        return
+    args = argv[1:]
+    if any(a.split("=", 1)[0] in _NO_EARLY_READ for a in args):
+        return
+    import os
+
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        try:
+            st = os.stat(arg)
+        except (OSError, ValueError):
+            continue
+        if not _regular(st.st_mode) or st.st_size < EARLY_READ_BYTES:
+            continue
+        import threading
+
+        ready = threading.Event()
+
+        def read(path: str = arg, ready: threading.Event = ready) -> None:
+            try:
+                from sapper.logs.columnar.early import read_ahead
+
+                read_ahead(path, ready)
+            except Exception:  # the command reads the file itself and says what is wrong
+                pass
+            finally:
+                ready.set()
+
+        threading.Thread(target=read, name="sapper-early-read", daemon=True).start()
+        ready.wait(_EARLY_IMPORT_WAIT_S)
+        return
+
+
+def _regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)
+
+
 #: Inputs at least this large take over a second: a progress bar on a terminal.
 PROGRESS_BYTES = 32 << 20
 

@@ -81,6 +81,9 @@ _LIBRARY_INPUT_ERRORS = frozenset({"CheckpointException"})
 
 
 def main() -> None:
+    # A long log's read begins before the arguments are parsed and the command's modules
+    # imported, which then run while polars decodes it (sapper.logs.columnar.early).
+    analyze_cmd.start_early_read(sys.argv[1:])
     _register_commands()
     try:
         app()

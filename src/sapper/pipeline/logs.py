@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,6 +202,9 @@ def load_logs(
             logs.append(read_log(path, fmt=fmt, mapping=mapping))
         except InputError as exc:
             errors.append(exc)
+    early = sys.modules.get("sapper.logs.columnar.early")
+    if early is not None:  # an early read of a file not read into columns: let it go
+        early.discard()
     if skipped and logs:
         # A folder's files that are no log: said on its first log, where notes are read.
         logs[0].notes.extend(skipped)

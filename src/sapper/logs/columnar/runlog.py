@@ -18,6 +18,7 @@ import io
 import json
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ from sapper.logs.limits import MAX_COUNT
 from sapper.logs.runlog import RunLogParser
 from sapper.runtime.records import StepRecord
 
-__all__ = ["MIN_BYTES", "read_runlog_columnar"]
+__all__ = ["MIN_BYTES", "ReadStopped", "read_runlog_columnar"]
 
 #: Below this size the streaming reader is as fast and the polars import is not worth it.
 MIN_BYTES = DEFAULT_MIN_BYTES
@@ -81,6 +82,10 @@ _DTYPES = {
     **{name: (lambda pl: pl.Float64) for name in (*FLOAT_FIELDS, *INT_FIELDS)},
     **{name: (lambda pl: pl.Boolean) for name in BOOL_FIELDS},
 }
+
+
+class ReadStopped(Exception):
+    """A read told to stop before its end (an early read nobody will take)."""
 
 
 def _sample_lines(data: bytes) -> Iterator[bytes]:
@@ -634,13 +639,23 @@ def _assemble(
     return values, present
 
 
-def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> ColumnarLog | None:
+def read_runlog_columnar(
+    path: str | Path, *, min_bytes: int = MIN_BYTES, stop: threading.Event | None = None
+) -> ColumnarLog | None:
     """The run log at ``path`` in columns, or ``None`` when this path does not apply
     (no polars, a small file, a value only the streaming detectors judge): then the
     streaming reader reads it. A resumed run's attempts are split as that reader
     splits them.
     The file is read in blocks of ``BLOCK_BYTES``, so the text in memory stays bounded
-    whatever the log's length; the columns take about 9 bytes per field and step."""
+    whatever the log's length; the columns take about 9 bytes per field and step.
+    The result of an early read of the same file (:mod:`sapper.logs.columnar.early`,
+    begun by the command line) is taken when there is one. ``stop``: set, the read ends
+    at the next block with :class:`ReadStopped` (an early read nobody will take)."""
+    early = sys.modules.get("sapper.logs.columnar.early")
+    if early is not None and stop is None:
+        pending = early.claim(path, min_bytes)
+        if pending is not None:
+            return pending.wait()  # type: ignore[no-any-return]
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -656,11 +671,25 @@ def read_runlog_columnar(path: str | Path, *, min_bytes: int = MIN_BYTES) -> Col
         return None
     reader = _Reader(pl, path, size)
     try:
-        if not _read_blocks(pl, reader, _blocks(path, size, reader.header(path)), size):
+        blocks = _blocks(path, size, reader.header(path))
+        if stop is not None:
+            blocks = _until(blocks, stop)
+        if not _read_blocks(pl, reader, blocks, size):
             return None
     except OSError:
         return None
     return reader.result(path)
+
+
+def _until(
+    blocks: Iterator[tuple[bytes, bool]], stop: threading.Event
+) -> Iterator[tuple[bytes, bool]]:
+    """``blocks`` until ``stop`` is set, then :class:`ReadStopped` (the read unwinds as
+    after any error: its blocks in flight are let go)."""
+    for block in blocks:
+        if stop.is_set():
+            raise ReadStopped
+        yield block
 
 
 def _read_blocks(
