@@ -163,6 +163,22 @@ def merge_logs(logs: list[LogData]) -> LogData:
     )
 
 
+def prepare_while_reading() -> None:
+    """While a long log is read in another thread (``sapper.logs.columnar.early``), do
+    what :func:`analyze_logs` would do first once it is read: import the detectors and
+    their vectorised twins and prove each twin against its detector's source. The
+    thread that reads holds the interpreter's lock seldom, so this is off the time the
+    command takes. Nothing when no such read is under way."""
+    early = sys.modules.get("sapper.logs.columnar.early")
+    if early is None or not early.pending():
+        return
+    from sapper.logs.analysis import analyze_log  # noqa: F401  (imported for its cost)
+    from sapper.logs.columnar.twins.engine import twin_for
+
+    for det in detectors_for(None):
+        twin_for(det)
+
+
 def load_logs(
     paths: list[Path],
     log_format: str | None,

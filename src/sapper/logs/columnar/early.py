@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["claim", "discard", "read_ahead"]
+__all__ = ["claim", "discard", "pending", "read_ahead"]
 
 #: How long exit waits for an early read to stop (it stops at the next block).
 _STOP_WAIT_S = 10.0
@@ -106,6 +106,12 @@ def claim(path: str | os.PathLike[str], min_bytes: int) -> _Pending | None:
         entry.stop.set()
         return None
     return entry
+
+
+def pending() -> bool:
+    """Whether an early read is in flight or waiting to be taken."""
+    with _lock:
+        return bool(_pending)
 
 
 def discard() -> None:
