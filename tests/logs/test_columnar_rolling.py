@@ -57,3 +57,44 @@ def test_window_reduce_matches_each_window(how: str) -> None:
     fn = np.min if how == "min" else np.max
     want = np.array([fn(x[max(0, e - 40) : e]) if e else np.nan for e in ends])
     assert np.array_equal(got, want, equal_nan=True)
+
+
+def _math_logs(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.array([math.log(v) for v in x.tolist()], dtype=np.float64)
+
+
+@pytest.mark.parametrize("n", [10, 5000, 200_000])
+def test_exact_log_is_math_log_to_the_last_bit(n: int) -> None:
+    """The gradient-norm twin takes the log norms from polars when it can: every value,
+    not only the probed ones, is the one ``math.log`` gives (numpy's own logarithm
+    is not, for some of these)."""
+    rng = np.random.default_rng(n)
+    x = np.exp(rng.uniform(-700, 700, n))
+    x[: min(n, 4)] = [5e-324, 1e-310, 1.0, 1.7976931348623157e308][: min(n, 4)]
+    got = rolling.exact_log(x)
+    assert np.array_equal(got.view(np.int64), _math_logs(x).view(np.int64))
+
+
+def test_exact_log_without_polars_or_when_it_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.abs(np.random.default_rng(5).normal(0.5, 0.2, 10_000)) + 1e-9
+    want = _math_logs(x).view(np.int64)
+    monkeypatch.delitem(sys.modules, "polars")
+    assert np.array_equal(rolling.exact_log(x).view(np.int64), want)
+    monkeypatch.setitem(sys.modules, "polars", pl)
+
+    class _Off:  # a polars whose logarithm is off by one bit
+        @staticmethod
+        def Series(values: np.ndarray) -> object:
+            class _S:
+                def log(self) -> _S:
+                    return self
+
+                def to_numpy(self) -> np.ndarray:
+                    return np.nextafter(np.log(values), np.inf)
+
+            return _S()
+
+    monkeypatch.setitem(sys.modules, "polars", _Off)
+    assert np.array_equal(rolling.exact_log(x).view(np.int64), want)

@@ -24,6 +24,7 @@ from sapper.logs.columnar.twins.base import Twin, finding, state_is
 from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
     cooldown_pick,
+    exact_log,
     rolling_sum,
     window_medians,
 )
@@ -254,7 +255,7 @@ def _surge(
         )
     if len(pos) <= det.surge_min_history:
         return out
-    logs = np.fromiter(map(math.log, g[pos].tolist()), dtype=np.float64, count=len(pos))
+    logs = exact_log(g[pos])
     snaps = RobustSnapshots(logs, det.surge_window, det.surge_min_history, det.log_norms.refresh)
     calls = snaps.calls
     v = logs[calls]

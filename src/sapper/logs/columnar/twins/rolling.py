@@ -11,6 +11,7 @@ ten-million-step log.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -22,6 +23,7 @@ __all__ = [
     "CHUNK",
     "RobustSnapshots",
     "cooldown_pick",
+    "exact_log",
     "medians_of_rows",
     "rolling_sum",
     "window_medians",
@@ -107,6 +109,32 @@ def _sliding(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
     tail = acc.accumulate(padded[:, ::-1], axis=1)[:, ::-1].ravel()
     starts = np.arange(n - window + 1)
     return acc(tail[starts], head[starts + window - 1])
+
+
+#: Below this many values the natural logs are taken one by one (no polars series).
+_LOG_SERIES = 4096
+#: Values whose logs are taken one by one too, spread over a long array, to check that
+#: polars' logarithm is the one ``math.log`` calls.
+_LOG_PROBES = 257
+
+
+def exact_log(x: np.ndarray) -> np.ndarray:
+    """``math.log`` of each of ``x`` (positive), to the last bit. numpy's own
+    logarithm (vectorised, not the C library's) differs from it in the last bit of some
+    values; polars computes each with the C library's ``log``, as ``math.log`` does, at
+    a tenth of the cost of calling ``math.log`` a million times from Python. Where
+    polars is loaded and a spread of values agrees bit for bit, its result is taken;
+    else (and for short arrays) each value goes through ``math.log``."""
+    pl = sys.modules.get("polars")
+    if pl is not None and len(x) >= _LOG_SERIES and x.dtype == np.float64:
+        out = pl.Series(x).log().to_numpy()
+        probe = np.linspace(0, len(x) - 1, _LOG_PROBES).astype(np.int64)
+        want = np.fromiter(map(math.log, x[probe].tolist()), np.float64, count=len(probe))
+        if out.dtype == np.float64 and np.array_equal(
+            out[probe].view(np.int64), want.view(np.int64)
+        ):
+            return out
+    return np.fromiter(map(math.log, x.tolist()), dtype=np.float64, count=len(x))
 
 
 def window_mads(x: np.ndarray, ends: np.ndarray, window: int, centers: np.ndarray) -> np.ndarray:
