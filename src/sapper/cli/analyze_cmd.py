@@ -10,6 +10,7 @@ be read only in part is analyzed as far as it goes, with notes saying what was s
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -153,6 +154,10 @@ def start_early_read(argv: list[str]) -> None:
             continue
         import threading
 
+        if "numpy" not in sys.modules:
+            # numpy's OpenBLAS starts a thread per core that spins on start-up (some 0.1 s
+            # of CPU); analyze multiplies no matrices. The user's setting stands.
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         ready = threading.Event()
 
         def read(path: str = arg, ready: threading.Event = ready) -> None:
