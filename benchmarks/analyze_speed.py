@@ -117,9 +117,17 @@ rounds, the checkout before these changes (5f02ed8) beside it:
     polars read_ndjson + rolling medians  1.84 s  1.88 s  1.71 s   461 MiB   1.00×
     pandas read_json + rolling medians    7.57 s  8.15 s  6.89 s  2916 MiB   4.03×
 
-sapper's best wall time fell by 0.2-0.25 s and its CPU by 0.15-0.25 s; the peak rose by
-~50 MiB (the detectors' freed arrays kept, the read and the imports at once), still under
-polars'. The 1.5× target is met only where the machine is loaded enough that polars
+Then what the read freed was handed back to the kernel before the detectors start
+(``malloc_trim``); one more run, load 4-5 (medians inflated by it):
+
+    sapper now                            2.80 s  3.30 s  2.64 s   345 MiB   1.29×
+      the log resumed                     2.90 s  5.10 s  2.89 s   352 MiB   1.71×
+    sapper at 5f02ed8                     3.02 s  4.62 s  2.96 s   324 MiB   1.64×
+    polars read_ndjson + rolling medians  1.69 s  2.89 s  1.75 s   461 MiB   1.00×
+
+sapper's best wall time fell by 0.2-0.25 s and its CPU by 0.15-0.3 s; the peak rose by
+~20 MiB (the detectors' freed arrays kept, the read and the imports at once), still
+under polars'. The 1.5× target is met only where the machine is loaded enough that polars
 cannot use its second core; with a core free (polars at ~1.0-1.2 s) it is not: sapper's
 critical path is the imports before the decoding can start (~0.3 s), the read (~1.2 s,
 as long as polars' whole script) and then the vectorised detectors (~0.7 s, one at a
