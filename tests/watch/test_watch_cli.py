@@ -77,7 +77,10 @@ def test_findings_out_and_exec_from_the_command_line(tmp_path, fault_run):
     assert res.exit_code == 1, res.output
     written = [json.loads(line) for line in out.read_text().splitlines()]
     sent = [json.loads(line) for line in paged.read_text().splitlines() if line.strip()]
-    assert [d["code"] for d in written] == [d["code"] for d in sent]
+    # Only warnings and errors run the command; an info finding (a step-time outlier when
+    # the machine is busy while the fault run is made) is written but not sent.
+    paged_codes = [d["code"] for d in written if d["severity"] in ("warning", "error")]
+    assert paged_codes == [d["code"] for d in sent]
     assert {"R001", "R002"} <= {d["code"] for d in sent}
 
 
