@@ -20,6 +20,7 @@ is spread over the steps of its window.
 
     python benchmarks/monitor_features.py [--steps 60] [--rounds 4] [--worlds 2 4]
     python benchmarks/monitor_features.py --profile 2   # cProfile of rank 0 (CPU clock)
+    python benchmarks/monitor_features.py --profile 2 --profile-rank 1  # of rank 1
     python benchmarks/monitor_features.py --src OLD/src  # the rows of another tree
     python benchmarks/monitor_features.py --compare OLD/src [--src NEW/src]  # paired
 
@@ -373,7 +374,7 @@ def _worker(args: argparse.Namespace) -> None:
         # waiting for a peer in a collective, is not the monitor's cost
         prof = cProfile.Profile(time.thread_time)
         DDPProfiled(args, prof).run()
-        if rank == 0:
+        if rank == args.profile_rank:
             text = io.StringIO()
             stats = pstats.Stats(prof, stream=text).sort_stats(args.sort)
             stats.print_stats(args.match, 60)
@@ -419,6 +420,7 @@ def launch(
     output."""
     port = _free_port()
     procs = []
+    shown = args.profile_rank if args.profile else 0
     for r in range(world):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if world > 1:
@@ -432,12 +434,12 @@ def launch(
                "--skip", str(args.skip), "--features", ",".join(features)]
         if args.profile:
             cmd += ["--profile", str(world), "--sort", args.sort, "--match", args.match,
-                    "--callees", args.callees]
+                    "--callees", args.callees, "--profile-rank", str(args.profile_rank)]
         procs.append(subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True
+            cmd, env=env, stdout=subprocess.PIPE if r == shown else subprocess.DEVNULL, text=True
         ))
-    out, _ = procs[0].communicate(timeout=1800)
-    for p in procs[1:]:
+    out, _ = procs[shown].communicate(timeout=1800)
+    for p in procs:
         p.wait(timeout=600)
     if any(p.returncode for p in procs):
         raise SystemExit(f"world {world}: a rank failed ({[p.returncode for p in procs]})")
@@ -518,6 +520,13 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         vals = [rows[n]["parts_ms"][f] for n in names]
         if any(v > 0 for v in vals):
             lines.append(f"| {f} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+        if f == "exchange (in read)":  # the read's own work, comparable across worlds
+            rest = [
+                rows[n]["parts_ms"]["read + detectors + log"] - rows[n]["parts_ms"][f]
+                for n in names
+            ]
+            lines.append("| read + detectors + log, less the exchange | "
+                         + " | ".join(f"{v:.3f}" for v in rest) + " |")
     return "\n".join(lines)
 
 
@@ -530,6 +539,8 @@ def main() -> None:
     ap.add_argument("--features", default=",".join(FEATURES))
     ap.add_argument("--profile", type=int, default=0, metavar="WORLD",
                     help="print a cProfile of rank 0 at this world size instead")
+    ap.add_argument("--profile-rank", type=int, default=0, metavar="RANK",
+                    help="the rank whose cProfile is printed (--profile)")
     ap.add_argument("--sort", default="cumulative", help="cProfile order (--profile)")
     ap.add_argument("--match", default="sapper", help="cProfile rows to print (--profile)")
     ap.add_argument("--callees", default="",
