@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sapper.distributed import DIST_KEY, RankTable
-from sapper.distributed.bridge import MonitorBridge
+from sapper.distributed.bridge import DEFAULT_MIN_INTERVAL_S, MonitorBridge
 from sapper.distributed.table import COLUMNS
 from sapper.errors import InputError
 
@@ -58,6 +58,17 @@ def test_slow_steps_keep_the_step_cadence() -> None:
 def test_quick_steps_exchange_about_once_per_interval_from_the_slowest_rank() -> None:
     # 10 ms steps (the slowest rank's): 0.5 s is 50 steps
     assert _next_after_exchange([0.004, 0.010], 0.5) == 50
+
+
+def test_the_default_floor_is_one_exchange_a_second_on_quick_steps() -> None:
+    # 20 ms steps: one exchange a second is 50 steps (the step cadence alone would be 20)
+    tracker = _Tracker()
+    bridge = MonitorBridge(tracker, every=20)  # type: ignore[arg-type]
+    assert bridge.min_interval_s == DEFAULT_MIN_INTERVAL_S == 1.0
+    tracker.last_table = _table([0.020, 0.018])
+    bridge.on_records([], 20)
+    assert bridge.interval == 50
+    assert not bridge.due(69) and bridge.due(70)
 
 
 def test_the_stretch_is_bounded() -> None:

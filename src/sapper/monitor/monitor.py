@@ -144,7 +144,7 @@ class Monitor:
         distributed: cross-rank checks when a process group of 2+ ranks is initialized
             (:mod:`sapper.distributed`; options such as ``{"timeout_s": 60}``), or False.
             Only rank 0 prints and writes the run log and TensorBoard. The exchange runs
-            every ``log_every`` steps, or about every ``min_interval_s`` seconds (0.5)
+            every ``log_every`` steps, or about every ``min_interval_s`` seconds (1)
             when steps are quicker, up to 5 × ``log_every`` steps
             (:mod:`sapper.distributed.bridge`); ``{"min_interval_s": 0}`` keeps it at
             exactly ``log_every``.
