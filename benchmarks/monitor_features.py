@@ -560,7 +560,7 @@ def main() -> None:
     if args.worker:
         _worker(args)
         return
-    worlds = [1, *args.worlds]
+    worlds = list(dict.fromkeys([1, *args.worlds]))  # 1 process always, once
     if args.profile:
         print(launch(args.profile, args, []))
         return
