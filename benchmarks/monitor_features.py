@@ -59,6 +59,37 @@ one minute at load 2–3 (world 2, 2 rounds), the output hook went from 0.187 to
 (its sum instead of a min/max pass) and the local norm from 0.177 to 0.116 (a dot
 product). The target (under 1 ms at world 2 and 4) is not shown met on this machine:
 world 2 at 1.08 on the quietest run, world 4 at 1.4–1.8 with four ranks on two CPUs.
+
+Why "read + detectors + log" costs 3–5× more under DDP: that row contains the exchange
+(``MonitorBridge.on_records`` runs inside the read). Less the exchange (the row printed
+below it) the read costs 0.15–0.23 ms per step at world 2–4 against 0.12–0.19 in one
+process, the same 1.2–2× that every other per-step feature shows with 2–4 ranks on two
+CPUs. Profiled on the thread's CPU clock (``--profile 2 --profile-rank 0/1``): the run
+log is one write and one flush per read (no fsync), the same on every rank; no detector
+reruns per record; the heartbeat is 4 counter bumps a step. What is rank-specific is
+per exchange: rank 0 alone runs the cross-rank detectors, builds the table's JSON
+form and aggregates the job's numbers (about 1.5× rank 1's exchange). The exchange
+itself is a few ms of host time each; on quick steps it now runs about once a second
+(``min_interval_s`` 1, was 0.5), which halves its amortised cost where steps are under
+about 50 ms, and changes nothing on slower steps (the step cadence rules there).
+
+Paired (``--compare``, 120 steps a block, 20 untimed, 3 rounds, 2 alternating rounds;
+load 0.5 at the start, 5.9 at the end: someone else's job), self CPU ms per step:
+
+| run | bare step | before | after |
+|---|---|---|---|
+| 1 process | 15.0 ms | 0.537 | 0.538 |
+| DDP world 2 | 41 ms | 1.115 | 1.216 |
+| DDP world 4 | 76 ms | 1.555 | 1.544 |
+
+At that load the steps (41 ms at world 2, 76 at world 4) were slow enough that neither
+tree stretched the cadence, so the two trees ran the same exchanges and the difference
+is noise. Back to back at world 2 (load 3.2, 120-step blocks, 2 rounds each; steps of
+43–45 ms, where the new floor stretches the cadence from 20 to 23 steps), before → after:
+exchange 0.302 → 0.229, read less the exchange 0.204 → 0.167, optimizer/clip hooks
+0.258 → 0.230, output max 0.183 → 0.158 (untouched: the spread between runs), defaults
+self CPU 1.478 → 1.256 (one process 0.487 → 0.521). The target (under 1 ms at world 2
+and 4) is still not met on this machine.
 """
 
 from __future__ import annotations
