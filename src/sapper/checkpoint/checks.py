@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from sapper.checkpoint.naming import parse_name
 from sapper.checkpoint.rules import (
@@ -202,20 +204,8 @@ def aligned_arrays(source: SafetensorsSource, key: str, size: int = 1 << 22):
     from sapper.checkpoint.arrays import widen
 
     dtype = source.stored_dtype(key)
-    pending: list[np.ndarray] = []
-    held = 0
-    for chunk in source.arrays(key):
-        flat = widen(chunk, dtype).astype(np.float64)
-        while flat.size:
-            take = min(size - held, flat.size)
-            pending.append(flat[:take])
-            held += take
-            flat = flat[take:]
-            if held == size:
-                yield np.concatenate(pending) if len(pending) > 1 else pending[0]
-                pending, held = [], 0
-    if pending:
-        yield np.concatenate(pending) if len(pending) > 1 else pending[0]
+    flats = (widen(chunk, dtype).astype(np.float64) for chunk in source.arrays(key))
+    yield from _regrouped(flats, size, np.concatenate)
 
 
 def aligned(source: TensorSource, key: str, size: int = 1 << 22):
@@ -223,20 +213,25 @@ def aligned(source: TensorSource, key: str, size: int = 1 << 22):
     whatever the source's own chunking: two tensors read this way pair up piece by piece."""
     import torch
 
-    pending: list[torch.Tensor] = []
+    yield from _regrouped((chunk.reshape(-1) for chunk in source.chunks(key)), size, torch.cat)
+
+
+def _regrouped(flats: Iterable[Any], size: int, cat: Callable[[list[Any]], Any]):
+    """Flat 1-D pieces (numpy arrays or torch tensors) cut and joined into pieces of
+    exactly ``size`` elements, the last shorter; ``cat`` joins a list of them."""
+    pending: list[Any] = []
     held = 0
-    for chunk in source.chunks(key):
-        flat = chunk.reshape(-1)
-        while flat.numel():
-            take = min(size - held, flat.numel())
+    for flat in flats:
+        while len(flat):
+            take = min(size - held, len(flat))
             pending.append(flat[:take])
             held += take
             flat = flat[take:]
             if held == size:
-                yield torch.cat(pending) if len(pending) > 1 else pending[0]
+                yield cat(pending) if len(pending) > 1 else pending[0]
                 pending, held = [], 0
     if pending:
-        yield torch.cat(pending) if len(pending) > 1 else pending[0]
+        yield cat(pending) if len(pending) > 1 else pending[0]
 
 
 def dtype_findings(stats: list[TensorStats], config: dict | None) -> list[Finding]:
