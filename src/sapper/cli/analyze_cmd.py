@@ -142,6 +142,7 @@ def start_early_read(argv: list[str]) -> None:
     if any(a.split("=", 1)[0] in _NO_EARLY_READ for a in args):
         return
     import os
+    import stat
 
     for arg in args:
         if arg.startswith("-"):
@@ -150,7 +151,7 @@ def start_early_read(argv: list[str]) -> None:
             st = os.stat(arg)
         except (OSError, ValueError):
             continue
-        if not _regular(st.st_mode) or st.st_size < EARLY_READ_BYTES:
+        if not stat.S_ISREG(st.st_mode) or st.st_size < EARLY_READ_BYTES:
             continue
         import threading
 
@@ -202,12 +203,6 @@ def _reuse_freed_memory() -> None:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt(_M_MMAP_THRESHOLD, 32 << 20)
     mallopt(_M_TRIM_THRESHOLD, 512 << 20)
-
-
-def _regular(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)
 
 
 #: Inputs at least this large take over a second: a progress bar on a terminal.
