@@ -250,3 +250,38 @@ def test_lazy_exports_resolve() -> None:
     for module in (sapper, sapper.plan, sapper.distributed):
         for name in module.__all__:
             assert getattr(module, name) is not None, (module.__name__, name)
+
+
+_EXIT_PROBE = """
+import atexit, gc, json, sys
+from sapper.cli.app import main
+sys.argv = ["sapper", *json.loads(sys.argv[1])]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+frozen = gc.get_freeze_count()
+atexit._run_exitfuncs()
+sys.__stderr__.write(json.dumps({"code": code, "before": frozen,
+                                 "after": gc.get_freeze_count()}) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_analyze_leaves_the_collector_out_of_its_exit(fmt: str) -> None:
+    """Once analyze has written its answer, its exit handlers take every live object out
+    of the collector's sweeps at shutdown (not before: the command itself is swept as
+    usual), and the answer is whole."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_PROBE,
+         json.dumps(["analyze", str(SMALL_LOGS["runlog"]), "--format", fmt])],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=120,
+    )
+    out = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert out["code"] in (0, 1), proc.stderr
+    assert out["before"] == 0
+    assert out["after"] > 1000
+    if fmt == "json":
+        assert isinstance(json.loads(proc.stdout), (dict, list))
+    else:
+        assert proc.stdout.strip()
