@@ -143,10 +143,12 @@ class AccumulationDetector(RuleDetector):
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
-        if "loss_weight" in extra or "micro_tokens" in extra:
-            self.weights_seen = True
         if record.samples is not None or record.tokens is not None:
             self.batch_seen = True
+        if not extra:  # R080-R081 and the clip coefficient read the live monitor's extra
+            return self._batch(record)
+        if "loss_weight" in extra or "micro_tokens" in extra:
+            self.weights_seen = True
         coef = extra.get("clip_coef")
         if isinstance(coef, (int, float)) and math.isfinite(coef):
             self.clip_steps += 1

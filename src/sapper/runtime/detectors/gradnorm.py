@@ -238,39 +238,46 @@ class GradNormDetector(RuleDetector):
         out = self._saturation(record, gn, step)
         if gn > 0:
             log_gn = math.log(gn)
-            if len(self.log_norms) >= self.surge_min_history:
+            log_norms = self.log_norms
+            if len(log_norms.values) >= self.surge_min_history:
                 out += self._surge(gn, log_gn, step, record)
             else:
                 out += self._cold_surge(gn, step, record)
-            self.log_norms.add(log_gn)
+            log_norms.add(log_gn)
             self.prev_gn = gn
-        out += self._layer_surge(record)
-        norms = self.norms
+        if record.extra:  # per-layer norms live there; most records carry none
+            out += self._layer_surge(record)
+        norms, tiny = self.norms, self.tiny
         if len(norms) == norms.maxlen and norms:
-            self.tiny_count -= norms[0] < self.tiny
+            self.tiny_count -= norms[0] < tiny
         norms.append(gn)
-        self.tiny_count += gn < self.tiny
-        out += self._tiny(step)
+        self.tiny_count += gn < tiny
+        n = len(norms)
+        if n >= self.tiny_window and self.tiny_count >= (n + 1) // 2:  # _tiny's own pre-test
+            out += self._tiny(step)
         return out
 
     def _saturation(self, record: StepRecord, gn: float, step: int) -> list[Finding]:
         threshold = record.clip_threshold or self.clip_threshold
         if not threshold or threshold <= 0:
             return []
-        if step - (self.first_step or 0) < max(self.skip_first, self.warmup_steps):
+        skip = self.skip_first if self.skip_first >= self.warmup_steps else self.warmup_steps
+        if step - (self.first_step or 0) < skip:
             return []
         self.saturation_seen += 1
         clipped = self.clipped
+        count = self.clipped_count
         if len(clipped) == clipped.maxlen and clipped:
-            self.clipped_count -= clipped[0]
+            count -= clipped[0]
         over = gn > threshold
         clipped.append(over)
-        self.clipped_count += over
+        n = len(clipped)
+        self.clipped_count = count = count + over
         ratio = gn / threshold
-        self.clip_ratios.append(0.0 if math.isnan(ratio) else ratio)
-        if len(clipped) < self.saturate_window:
+        self.clip_ratios.append(0.0 if ratio != ratio else ratio)  # NaN → 0
+        if n < self.saturate_window:
             return []
-        share = self.clipped_count / len(clipped)
+        share = count / n
         if share < self.saturate_share:
             return []
         size = median(self.clip_ratios)

@@ -211,12 +211,13 @@ class LossDetector(RuleDetector):
                 value=loss,
             )
         self.last_step = step
-        if len(self.reference) >= self.min_history:
+        recent = self.recent
+        if len(self.reference.values) >= self.min_history:
             out = self._spike(loss, step)
         else:
             out = self._cold_spike(loss, step)
         self.finite_count += 1
-        self.recent.append(loss)
+        recent.append(loss)
         self.reference.add(loss)
         self._count_flip(loss)
         if self.first_step is None:
@@ -225,15 +226,16 @@ class LossDetector(RuleDetector):
             self.first.append(loss)
         if step - self.first_step <= self.flat_horizon:  # silent past its horizon
             out += self._flat(step)
-        if step >= self.warmup_steps and len(self.recent) >= self.osc_window:
+        if step >= self.warmup_steps and len(recent) >= self.osc_window:
             out += self._oscillation(step)
         return out
 
     def _spike(self, loss: float, step: int) -> list[Finding]:
-        n = len(self.reference)
+        reference = self.reference
+        n = len(reference.values)
         if n < self.min_history:
             return []
-        med = self.reference.level()
+        med = reference.level()
         if loss <= med + self.spike_rel * abs(med):  # below the smallest possible margin
             return []
         sigma = self.reference.sigma()
@@ -378,13 +380,28 @@ class LossDetector(RuleDetector):
         flips.append(flip)
         self.osc_flip_count += flip
 
+    def _swing_too_small(self) -> bool:
+        """Whether the window's range already rules an oscillation out, read from the
+        spike window's sorted order without a median: every difference of the last
+        ``osc_window`` losses is at most the range of the last ``window`` (when that holds
+        them all), so the typical swing is too; and their median is at least the lowest.
+        So a range under ``osc_min_swing``, or (all losses positive) a range under
+        ``osc_amplitude`` of the lowest, means the swing or the amplitude test fails
+        (rounding is monotone, so the bound holds for the computed values too)."""
+        ordered = self.reference.sorted
+        if self.window < self.osc_window or not ordered:
+            return False  # the spike window does not hold the oscillation window
+        low = ordered[0]
+        spread = ordered[-1] - low
+        return spread < self.osc_min_swing or (low > 0 and spread / low < self.osc_amplitude)
+
     def _oscillation(self, step: int) -> list[Finding]:
         if step < self.warmup_steps or len(self.recent) < self.osc_window:
             return []
         if self.osc_window >= 2:
             # The flips among the window's differences are the last osc_window - 2 counted.
             flip_share = self.osc_flip_count / max(1, self.osc_window - 2)
-            if flip_share < self.osc_flips:
+            if flip_share < self.osc_flips or self._swing_too_small():
                 return []
             xs = list(self.recent)[-self.osc_window :]
             diffs = list(map(operator.sub, xs[1:], xs[:-1]))

@@ -324,7 +324,8 @@ class LRDetector(RuleDetector):
         return False if seen else None
 
     def update(self, record: StepRecord) -> list[Finding]:
-        out = self._live_counter(record)
+        # the live counter lives in extra: a log record without extra has none
+        out = self._live_counter(record) if record.extra else []
         lr, step = record.lr, record.step
         if lr is None or not math.isfinite(lr):
             return out
@@ -332,6 +333,8 @@ class LRDetector(RuleDetector):
         out += self._warmup_shape(lr, step)
         out += self._overrun(lr, step)
         self.prev_lr = lr
+        if self.schedule is None or self.peak_lr is None:
+            return out  # no declared schedule: nothing to track or fit (_fits gives None)
         self._track_flat(lr, step)
         fits = self._fits(lr, step)
         if fits is None:

@@ -137,7 +137,9 @@ class NumericsDetector(RuleDetector):
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
-        if extra and len(self.seen_fields) < 4:  # what the stream carries, until all seen
+        if not extra:  # every rule here reads the live monitor's fields in extra
+            return []
+        if len(self.seen_fields) < 4:  # what the stream carries, until all seen
             for key in ("grad_sampled", "grad_norm_layers", "grad_zero_share"):
                 if key in extra:
                     self.seen_fields.add(key)

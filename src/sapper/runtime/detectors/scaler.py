@@ -256,6 +256,8 @@ class ScalerDetector(RuleDetector):
     def _order_flags(self, record: StepRecord) -> list[Finding]:
         extra, step = record.extra, record.step
         out: list[Finding] = []
+        if not extra:  # the live monitor's flags live there; a log record has none
+            return out
         if "scaler_checked" in extra:
             self.live_flags_seen = True
         if extra.get("scaled_grads_step"):
@@ -294,8 +296,15 @@ class ScalerDetector(RuleDetector):
                 self.changes.clear()
             else:
                 self.drops = self.drops + 1 if scale < prev else 0
-                self.changes.append(math.log2(prev / scale) if scale > 0 and prev > 0 else 0.0)
-                self.halvings = _halvings_since_growth(self.changes)
+                changes = self.changes
+                change = math.log2(prev / scale) if scale > 0 and prev > 0 else 0.0
+                # an unchanged scale adds a 0 and, when the window is full, drops its
+                # oldest change: the halvings stay as they are when that one was a 0 too
+                full = len(changes) == changes.maxlen
+                same = change == 0.0 and bool(changes) and not (full and changes[0])
+                changes.append(change)
+                if not same:
+                    self.halvings = _halvings_since_growth(changes)
         self.prev_scale = scale
         at_floor = scale <= self.min_scale and (self.peak_scale or 0) > self.min_scale
         cold = (

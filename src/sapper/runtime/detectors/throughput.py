@@ -406,7 +406,8 @@ class ThroughputDetector(RuleDetector):
         if rate is None or not math.isfinite(rate[0]) or rate[0] <= 0:
             return out
         value, unit = rate
-        value = own_rate(value, record)
+        if record.extra:  # a CPU wait lives there (cpu_wait); without one the rate stands
+            value = own_rate(value, record)
         if self.early_unit is None:
             self.early_unit = unit
         if unit != self.early_unit:
@@ -469,8 +470,19 @@ class ThroughputDetector(RuleDetector):
     def _degrading(self, step: int, unit: str) -> list[Finding]:
         """A sustained fall of the throughput below its early level (see the module doc:
         a dip that recovers before it is sustained stays at info)."""
-        holds, ref, now = self._slow_now()
         ep = self.slow_episode
+        ref = self.early_median
+        if ref is not None and ep.start is None:  # not ongoing
+            # the common case, _slow_now's test read inline: the smoothed rate at or
+            # above its bar, outside an episode, has nothing to track
+            ordered = self.recent_rates.sorted
+            n = len(ordered)
+            if n:
+                mid = n // 2
+                now = ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+                if not now < self.degrade * ref:
+                    return []
+        holds, ref, now = self._slow_now()
         if not holds and not ep.ongoing:  # the common case: nothing to track
             return []
         event = ep.observe(holds, step, self.seconds, now)
@@ -744,9 +756,10 @@ class ThroughputDetector(RuleDetector):
         t = record.step_time_s
         if t is None or not math.isfinite(t) or t <= 0:
             return []
-        enough = len(self.times) >= self.min_records
-        med = self.times.level() if enough else 0.0
-        self.times.add(t)
+        times = self.times
+        enough = len(times.values) >= self.min_records
+        med = times.level() if enough else 0.0
+        times.add(t)
         if not enough or t <= self.outlier_ratio * med:  # below the smallest possible limit
             return []
         limit = max(med + self.outlier_k * self.times.sigma(), self.outlier_ratio * med)
