@@ -209,6 +209,8 @@ class DuplicateDataDetector(RuleDetector):
         self._seen.clear()
 
     def update(self, record: StepRecord) -> list[Finding]:
+        if not record.extra and record.eval_loss is None:
+            return []  # no sample hashes, no epoch, no evaluation: nothing to read
         raw = record.extra.get("sample_hashes")
         epoch = record.extra.get("epoch")
         if epoch is not None and epoch != self.epoch:

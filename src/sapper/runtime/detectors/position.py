@@ -133,6 +133,8 @@ class PositionDetector(RuleDetector):
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
+        if not extra:  # the position the step used is the live monitor's, kept in extra
+            return []
         pos = extra.get("max_position")
         self.positions_seen = self.positions_seen or isinstance(pos, int)
         limit = extra.get("position_limit") or self.limit
