@@ -27,6 +27,8 @@ goes without the local norm).
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Any
 
 import torch
@@ -51,23 +53,32 @@ def first_tensor(out: Any) -> torch.Tensor | None:
 
 
 class WindowPeak:
-    """Device-side fold of one value per event (a forward, a backward): the largest value
-    before the first non-finite one, and the index of that first non-finite event (-1:
-    none). Values after it are left out: by then the all-reduce has spread it to every
-    rank, and only "who was first" still tells the ranks apart.
+    """Fold of one value per event (a forward, a backward): the largest value before the
+    first non-finite one, and the index of that first non-finite event (-1: none).
+    Values after it are left out: by then the all-reduce has spread it to every rank,
+    and only "who was first" still tells the ranks apart.
 
     An event only keeps its value (no kernel): the fold runs at :meth:`take`, once per
     window, over the stacked values, so the per-step host cost is one list append
     whatever the fold does. At most :attr:`KEEP` values wait; beyond that they are
-    folded into a carried result (a long window under heavy accumulation)."""
+    folded into a carried result (a long window under heavy accumulation).
+
+    Values on an accelerator are folded with tensor ops (no sync: read with the row at
+    the exchange). Values on the CPU are already host numbers: one stack and one
+    ``tolist`` bring the window's few dozen floats to Python, where the fold costs less
+    than the dozen small tensor ops it replaces (each some microseconds of dispatch);
+    both folds give the same numbers (float32 values, float32 results)."""
 
     #: Values kept before folding them into the carried result.
     KEEP = 1024
+    #: Fold CPU values as Python floats (the tensor fold is kept for other devices).
+    HOST_FOLD = True
 
     def __init__(self) -> None:
-        self.peak: torch.Tensor | None = None
-        self.first_bad: torch.Tensor | None = None
-        self.peak_at: torch.Tensor | None = None  # the event of the peak
+        #: The carried result: device scalars (tensor fold) or floats (host fold).
+        self.peak: Any = None
+        self.first_bad: Any = None
+        self.peak_at: Any = None  # the event of the peak
         self.events = 0
         self._values: list[Any] = []
         self._folded = 0  # events already in the carried peak / first_bad / peak_at
@@ -79,10 +90,35 @@ class WindowPeak:
             self._fold()
 
     def _fold(self) -> None:
-        """Fold the kept values into the carried result (device ops, no sync)."""
+        """Fold the kept values into the carried result (no sync)."""
         values, self._values = self._values, []
         if not values:
             return
+        got = self._fold_host(values) if self.HOST_FOLD else None
+        if got is None:
+            got = self._fold_tensors(values)
+        peak, peak_at, first_bad = got
+        if self.peak is None or self.first_bad is None or self.peak_at is None:
+            self.peak, self.peak_at, self.first_bad = peak, peak_at, first_bad
+        elif isinstance(self.peak, float) and isinstance(peak, float):
+            if self.first_bad < 0:  # the carried events were all finite
+                if peak > self.peak:
+                    self.peak, self.peak_at = peak, peak_at
+                self.first_bad = first_bad
+        else:
+            dev = next(t.device for t in (self.peak, peak) if isinstance(t, torch.Tensor))
+            carried = [_as_tensor(t, dev) for t in (self.peak, self.peak_at, self.first_bad)]
+            peak, peak_at, first_bad = (_as_tensor(t, dev) for t in (peak, peak_at, first_bad))
+            open_ = carried[2] < 0  # the carried events were all finite
+            higher = open_ & (peak > carried[0])
+            self.peak_at = torch.where(higher, peak_at, carried[1])
+            self.peak = torch.where(higher, peak, carried[0])
+            self.first_bad = torch.where(open_, first_bad, carried[2])
+        self._folded += len(values)
+
+    def _fold_tensors(self, values: list[Any]) -> tuple[torch.Tensor, ...]:
+        """Peak, its event and the first non-finite event (-1: none) of ``values``, as
+        device scalars, event indices counted over the window."""
         vals = self._scalars(values)
         dev = vals.device
         n = vals.numel()
@@ -94,44 +130,91 @@ class WindowPeak:
         peak = before.amax()
         peak_at = before.argmax().to(torch.float32) + self._folded
         first_bad = torch.where(first < n, first + self._folded, -1.0)
-        if self.peak is None or self.first_bad is None or self.peak_at is None:
-            self.peak, self.peak_at, self.first_bad = peak, peak_at, first_bad
-        else:
-            peak, peak_at, first_bad = (t.to(self.peak.device) for t in (peak, peak_at, first_bad))
-            open_ = self.first_bad < 0  # the carried events were all finite
-            higher = open_ & (peak > self.peak)
-            self.peak_at = torch.where(higher, peak_at, self.peak_at)
-            self.peak = torch.where(higher, peak, self.peak)
-            self.first_bad = torch.where(open_, first_bad, self.first_bad)
-        self._folded += n
+        return peak, peak_at, first_bad
+
+    def _fold_host(self, values: list[Any]) -> tuple[float, float, float] | None:
+        """:meth:`_fold_tensors` in Python floats for values held on the CPU; None for
+        values on another device (or on several)."""
+        if _leaf(values[0]).device.type != "cpu":
+            return None
+        try:
+            vals = self._host_scalars(values)
+        except RuntimeError:  # values on several devices: the tensor fold moves them
+            return None
+        n = len(vals)
+        first = next((i for i, v in enumerate(vals) if not math.isfinite(v)), n)
+        # as the tensor fold: the events from the first non-finite one on count as 0
+        before = vals[:first] + [0.0] * (n - first)
+        peak = max(before)
+        peak_at = float(before.index(peak) + self._folded)
+        first_bad = float(first + self._folded) if first < n else -1.0
+        return peak, peak_at, first_bad
 
     def _scalars(self, values: list[Any]) -> torch.Tensor:
         """The kept values as one float vector on the first value's device."""
         return _vector(values)
 
-    def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
-        """``{"peak", "peak_step", "nonfinite_step"}`` for the window (device scalars),
-        event indices mapped to the window's steps (events per step > 1 under gradient
-        accumulation); a new window."""
+    def _host_scalars(self, values: list[Any]) -> list[float]:
+        """The kept CPU values as float32 numbers in Python floats (one stack)."""
+        return _vector(values).tolist()
+
+    def take(self, first_step: int, steps: int) -> dict[str, Any]:
+        """``{"peak", "peak_step", "nonfinite_step"}`` for the window (device scalars, or
+        floats for values held on the CPU), event indices mapped to the window's steps
+        (events per step > 1 under gradient accumulation: event ``e`` of ``n`` is step
+        ``e * steps // n``, in integers, so no rounding moves it); a new window."""
         self._fold()
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, Any] = {}
         if (
             self.peak is not None
             and self.first_bad is not None
             and self.peak_at is not None
             and self.events
         ):
-            per = max(steps, 1) / self.events
-            at = first_step + torch.floor(self.first_bad * per)
-            out = {
-                "peak": self.peak,
-                "peak_step": first_step + torch.floor(self.peak_at * per),
-                "nonfinite_step": torch.where(self.first_bad < 0, -1.0, at),
-            }
+            steps, events = max(steps, 1), self.events
+            if isinstance(self.peak, float):
+                bad = int(self.first_bad)
+                at = float(first_step + bad * steps // events)
+                out = {
+                    "peak": self.peak,
+                    "peak_step": float(first_step + int(self.peak_at) * steps // events),
+                    "nonfinite_step": -1.0 if bad < 0 else at,
+                }
+            else:
+                at = first_step + _event_step(self.first_bad, steps, events)
+                out = {
+                    "peak": self.peak,
+                    "peak_step": first_step + _event_step(self.peak_at, steps, events),
+                    "nonfinite_step": torch.where(self.first_bad < 0, -1.0, at),
+                }
         self.peak = self.first_bad = self.peak_at = None
         self.events = 0
         self._folded = 0
         return out
+
+
+def _event_step(event: torch.Tensor, steps: int, events: int) -> torch.Tensor:
+    """The window step (from 0) of an event index held as a float32 device scalar: the
+    integer ``event * steps // events`` (a float product can land one step early)."""
+    e = event.clamp(min=0).to(torch.int64)
+    return torch.div(e * steps, events, rounding_mode="floor").to(torch.float32)
+
+
+def _leaf(v: Any) -> torch.Tensor:
+    """The first tensor of a kept value (a tensor, or a tuple/list of them)."""
+    return v if isinstance(v, torch.Tensor) else v[0]
+
+
+def _as_tensor(v: Any, device: torch.device) -> torch.Tensor:
+    return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float32, device=device)
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (what a float32 tensor would hold)."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+    except OverflowError:  # beyond float32's range: a float32 sum would be infinite
+        return math.copysign(math.inf, x)
 
 
 def _vector(values: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
@@ -191,7 +274,30 @@ class OutputMax(WindowPeak):
             vals = vals.index_add(0, index, torch.maximum(highs, lows.neg()))
         return vals
 
-    def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
+    def _host_scalars(self, values: list[Any]) -> list[float]:
+        """:meth:`_scalars` as floats: every kept number in one stack (float32, as the
+        tensor fold reads them), then per forward 0 or NaN, or its largest ``|x|``. A
+        finite sum means finite elements, so their min and max are finite too."""
+        flat: list[torch.Tensor] = []
+        for v in values:
+            if isinstance(v, tuple):
+                flat.extend(v)
+            else:
+                flat.append(v)
+        nums = torch.stack(flat).float().tolist()
+        out: list[float] = []
+        i = 0
+        for v in values:
+            if isinstance(v, tuple):
+                lo, hi, total = nums[i], nums[i + 1], nums[i + 2]
+                i += 3
+                out.append(max(hi, -lo) if math.isfinite(total) else math.nan)
+            else:
+                out.append(0.0 if math.isfinite(nums[i]) else math.nan)
+                i += 1
+        return out
+
+    def take(self, first_step: int, steps: int) -> dict[str, Any]:
         """As :meth:`WindowPeak.take`; without ``peak`` / ``peak_step`` when no forward
         of the window had its magnitude taken (a window shorter than the cadence)."""
         measured, self._measured = self._measured, 0
@@ -234,22 +340,50 @@ class LocalGradNorm(WindowPeak):
     def _hook(state: LocalGradNorm, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         squares = state._buckets
         squares.append(_square_sum(bucket.buffer().detach()))
-        if bucket.is_last():  # the buckets' sum of squares: one kernel for all of them
-            dev = squares[0].device
-            state.add(
-                squares[0]
-                if len(squares) == 1
-                else torch.stack([q.to(dev) for q in squares]).sum()
-            )
+        if bucket.is_last():
+            # the backward's bucket squares are kept as they are: their sum is taken at
+            # the fold, for the whole window at once (no per-step stack and sum)
+            state.add(squares[0] if len(squares) == 1 else squares)
             state._buckets = []
         return state._allreduce(state.process_group, bucket)
 
-    def take(self, first_step: int, steps: int) -> dict[str, torch.Tensor]:
+    def _scalars(self, values: list[Any]) -> torch.Tensor:
+        """Per backward the sum of its buckets' squares (float32)."""
+        counts = [len(v) if isinstance(v, list) else 1 for v in values]
+        flat = _vector([q for v in values for q in (v if isinstance(v, list) else (v,))])
+        if max(counts) == 1:
+            return flat
+        if min(counts) == max(counts):  # the usual case: the same buckets every backward
+            return flat.reshape(len(values), counts[0]).sum(1)
+        event = torch.repeat_interleave(torch.arange(len(values)), torch.tensor(counts))
+        return torch.zeros(len(values), device=flat.device).index_add(
+            0, event.to(flat.device), flat
+        )
+
+    def _host_scalars(self, values: list[Any]) -> list[float]:
+        """:meth:`_scalars` as floats: one stack of every bucket square, each backward's
+        sum rounded to float32 (as a float32 sum of two buckets gives it exactly)."""
+        flat = [q for v in values for q in (v if isinstance(v, list) else (v,))]
+        nums = torch.stack(flat).float().tolist()
+        out: list[float] = []
+        i = 0
+        for v in values:
+            if isinstance(v, list):
+                k = len(v)
+                out.append(_f32(math.fsum(nums[i : i + k])))
+                i += k
+            else:
+                out.append(nums[i])
+                i += 1
+        return out
+
+    def take(self, first_step: int, steps: int) -> dict[str, Any]:
         """As :meth:`WindowPeak.take`, the peak a norm (the events are its squares: the
         largest square is the largest norm's, a non-finite one a non-finite norm's)."""
         out = super().take(first_step, steps)
         if "peak" in out:
-            out["peak"] = out["peak"].sqrt()
+            peak = out["peak"]
+            out["peak"] = _f32(math.sqrt(peak)) if isinstance(peak, float) else peak.sqrt()
         return out
 
 
