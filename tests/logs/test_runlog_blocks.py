@@ -57,12 +57,18 @@ def _same_values(a: StepRecord, b: StepRecord) -> bool:
 
 @pytest.mark.parametrize("gaps", [False, True])
 @pytest.mark.parametrize("nan_at", [None, 1234])
+@pytest.mark.parametrize("workers", [1, 2])
 def test_plain_blocks_read_as_the_streaming_reader_reads_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gaps: bool, nan_at: int | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gaps: bool, nan_at: int | None,
+    workers: int,
 ) -> None:
+    """Also the detectors one after another or two at once (as on a long log): the
+    same findings in the same order."""
     n = 3000
     monkeypatch.setattr(runlog, "BLOCK_BYTES", 20_000)  # some twenty blocks
     monkeypatch.setattr(engine, "MIN_RECORDS", 0)
+    monkeypatch.setattr(engine, "TWIN_WORKERS", workers)
+    monkeypatch.setattr(engine, "PARALLEL_ROWS", 0)
     path = tmp_path / "run.jsonl"
     writer = RunLogWriter(path, meta={"run": "blocks"})
     writer.write_steps(_records(n, gaps=gaps, nan_at=nan_at))

@@ -50,7 +50,9 @@ def _same(
     assert cols is not None
     if not keep_source:  # as the columnar reader builds them: extras only on their rows
         cols.source = None
-    got = run_columns(cols, [copy.deepcopy(d) for d in detectors], proven_only=False, warm=warm)
+    got = run_columns(
+        cols, [copy.deepcopy(d) for d in detectors], proven_only=False, warm=warm, strict=True
+    )
     assert got.failed == dset.failed
     assert sorted(map(_key, got.found)) == sorted(map(_key, expected))
     assert got.unevaluated == dset.unevaluated()
@@ -540,3 +542,47 @@ def test_analyze_command_same_json_either_way(
     slow = runner.invoke(app, ["analyze", str(path), "--format", "json"])
     assert fast.exit_code == slow.exit_code
     assert json.loads(fast.stdout) == json.loads(slow.stdout)
+
+
+@pytest.mark.parametrize("budget", [1, 60, 10_000])
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_twins_side_by_side_give_what_one_at_a_time_gives(
+    seed: int, budget: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two detectors at once (as on a long log), whatever room the budget leaves them:
+    the same findings, failures and unevaluated lines, in detector order."""
+    monkeypatch.setattr(engine, "SCRATCH_BUDGET", budget)
+    records = _stream(seed, 600)
+    cols = columns_from_records(records)
+    assert cols is not None
+    cols.source = None
+    one = run_columns(cols, default_detectors(), proven_only=False, workers=1, strict=True)
+    two = run_columns(cols, default_detectors(), proven_only=False, workers=2, strict=True)
+    assert list(map(_key, two.found)) == list(map(_key, one.found))
+    assert two.failed == one.failed
+    assert two.unevaluated == one.unevaluated
+
+
+def test_the_budget_holds_detectors_running_at_once_within_it() -> None:
+    """A detector waits for room; one larger than the whole budget runs alone."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    budget = engine._Budget(100)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def job() -> Any:
+        with lock:
+            seen.append(budget.used)
+        time.sleep(0.01)
+        return [], {}, []
+
+    needs = [60, 60, 30, 150, 10, 40, 100, 5]
+    with ThreadPoolExecutor(4) as pool:
+        for f in [pool.submit(budget.run, need, job) for need in needs]:
+            f.result()
+    assert len(seen) == len(needs)
+    assert max(seen) <= 100
+    assert budget.used == 0

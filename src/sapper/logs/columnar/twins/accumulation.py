@@ -145,4 +145,6 @@ TWIN = Twin(
     accepts=_accepts,
     unevaluated=unevaluated,
     modules=("sapper.runtime.detectors.accumulation", "sapper.runtime.detectors.base"),
+    scratch=68,
+    cost=0.04,
 )

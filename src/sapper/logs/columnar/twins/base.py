@@ -37,6 +37,12 @@ class Twin:
     #: ``Detector.unevaluated`` after the same stream; ``None`` for a detector that
     #: reports nothing there (a twin without it stands in for no detector that does).
     unevaluated: Callable[[Any, Columns, list[Finding]], list[str]] | None = None
+    #: The most its temporaries hold at once, in bytes per row of the columns
+    #: (measured on a long run log): whether it may run beside another twin.
+    scratch: int = 100
+    #: Its time on a long run log, in seconds per million rows (measured): the longest
+    #: start first when twins run side by side.
+    cost: float = 0.1
 
 
 def walking_twin(
@@ -44,6 +50,9 @@ def walking_twin(
     walk: Callable[[Any, Columns], tuple[Any, list[Finding]]],
     accepts: Callable[[Any], bool],
     modules: tuple[str, ...],
+    *,
+    scratch: int = 100,
+    cost: float = 0.1,
 ) -> Twin:
     """A twin whose ``walk`` runs a scratch copy of the detector over the columns and
     returns it with the findings: ``unevaluated`` right after ``run`` on the same columns
@@ -60,7 +69,15 @@ def walking_twin(
         scratch = kept[1] if kept is not None and kept[0] == id(cols) else walk(det, cols)[0]
         return scratch.unevaluated()
 
-    return Twin(cls=cls, run=run, accepts=accepts, unevaluated=unevaluated, modules=modules)
+    return Twin(
+        cls=cls,
+        run=run,
+        accepts=accepts,
+        unevaluated=unevaluated,
+        modules=modules,
+        scratch=scratch,
+        cost=cost,
+    )
 
 
 def fingerprint(modules: tuple[str, ...]) -> str:

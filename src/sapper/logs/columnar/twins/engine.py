@@ -8,7 +8,10 @@ every twin to that on random streams and on every example log.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +75,19 @@ FINGERPRINTS: dict[str, str] = {
 
 _checked: dict[type, bool] = {}
 
+#: Detectors run at once on a long log (see :func:`_run_parallel`).
+TWIN_WORKERS = min(2, os.cpu_count() or 1)
+#: Below this many rows the detectors take milliseconds: one thread, no pool to start.
+PARALLEL_ROWS = 100_000
+#: The temporaries of the detectors running at once, at most, in bytes per row: about
+#: the columns' own size (a run log's dozen fields at 9 bytes each), so two run side by
+#: side only where each holds about half that (see ``Twin.scratch``).
+SCRATCH_BUDGET = 112
+#: ``Twin.scratch`` and ``Twin.cost`` of a detector that runs streaming over its rows
+#: (it holds records of the rows it reads, one at a time; most read few rows).
+STREAMING_SCRATCH = 8
+STREAMING_COST = 0.01
+
 
 def twin_for(det: Detector, *, proven_only: bool = True) -> Twin | None:
     """The twin that may stand in for ``det``: its exact class, options it accepts and,
@@ -108,26 +124,27 @@ def run_columns(
     proven_only: bool = True,
     progress: Callable[[int], None] | None = None,
     warm: int = 0,
+    workers: int | None = None,
+    strict: bool = False,
 ) -> Outcome:
     """``detectors`` over ``cols`` (one attempt, steps ascending), in detector order.
     The first ``warm`` rows are context only (the history a resumed attempt starts
     from): the detectors see them, their findings are dropped. ``progress(n)`` is told
-    as each detector ends."""
+    as each detector ends. ``workers``: detectors run at once (by default
+    :data:`TWIN_WORKERS` on a long log, else one). ``strict``: a twin that raises is an
+    error, not a fall back to the streaming detector (the equivalence tests)."""
     out = Outcome()
     first = int(cols.steps[warm]) if 0 < warm < len(cols) else None
-    for det in detectors:
-        twin = twin_for(det, proven_only=proven_only)
-        done = False
-        if twin is not None:
-            try:
-                found = twin.run(det, cols)
-                lines = twin.unevaluated(det, cols, found) if twin.unevaluated is not None else []
-                done = True
-            except Exception:  # a twin that cannot follow: the streaming detector can
-                done = False
-        if not done:
-            found, bad, lines = run_streaming(det, cols)
-            out.failed.update(bad)
+    detectors = list(detectors)
+    twins = [twin_for(det, proven_only=proven_only) for det in detectors]
+    if workers is None:
+        workers = TWIN_WORKERS if len(cols) >= PARALLEL_ROWS else 1
+    if workers > 1 and sum(t is not None for t in twins) > 1:
+        results = _run_parallel(cols, detectors, twins, workers, strict)
+    else:
+        results = (_run_one(cols, d, t, strict) for d, t in zip(detectors, twins, strict=True))
+    for found, bad, lines in results:
+        out.failed.update(bad)
         if warm >= len(cols):
             found = []
         elif first is not None:
@@ -137,6 +154,73 @@ def run_columns(
         if progress is not None:
             progress(1)
     return out
+
+
+_Result = tuple[list[Finding], dict[str, str], list[str]]
+
+
+def _run_one(cols: Columns, det: Detector, twin: Twin | None, strict: bool) -> _Result:
+    """One detector over ``cols``: by its twin where it has one (a twin reads the
+    detector's options and the columns and writes neither, so twins may run in threads
+    side by side), else, or when the twin cannot follow, streaming over its rows."""
+    if twin is not None:
+        try:
+            found = twin.run(det, cols)
+            lines = twin.unevaluated(det, cols, found) if twin.unevaluated is not None else []
+            return found, {}, lines
+        except Exception:  # a twin that cannot follow: the streaming detector can
+            if strict:
+                raise
+    return run_streaming(det, cols)
+
+
+class _Budget:
+    """The temporaries the detectors running at once may hold, in bytes per row: a
+    detector waits until its own share fits beside those running (one larger than the
+    whole budget runs alone)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+        self.cond = threading.Condition()
+
+    def run(self, need: int, fn: Callable[[], _Result]) -> _Result:
+        need = min(need, self.total)
+        with self.cond:
+            self.cond.wait_for(lambda: self.used + need <= self.total)
+            self.used += need
+        try:
+            return fn()
+        finally:
+            with self.cond:
+                self.used -= need
+                self.cond.notify_all()
+
+
+def _run_parallel(
+    cols: Columns,
+    detectors: list[Detector],
+    twins: list[Twin | None],
+    workers: int,
+    strict: bool,
+) -> Iterable[_Result]:
+    """Every detector's result, in detector order, from ``workers`` threads: the
+    longest first, each waiting for room in :data:`SCRATCH_BUDGET`, so two detectors
+    run at once only where both their temporaries fit (the process's peak stays near
+    one detector's). numpy and polars work on whole arrays outside the interpreter's
+    lock, so a second core takes a share of the time."""
+    budget = _Budget(SCRATCH_BUDGET)
+    costs = [t.cost if t is not None else STREAMING_COST for t in twins]
+    jobs = sorted(range(len(detectors)), key=lambda k: -costs[k])
+    futures: dict[int, Future[_Result]] = {}
+    with ThreadPoolExecutor(workers, thread_name_prefix="sapper-twin") as pool:
+        for k in jobs:
+            twin = twins[k]
+            need = twin.scratch if twin is not None else STREAMING_SCRATCH
+            futures[k] = pool.submit(
+                budget.run, need, lambda d=detectors[k], t=twin: _run_one(cols, d, t, strict)
+            )
+        return [futures[k].result() for k in range(len(detectors))]
 
 
 #: Above this share of rows with extras (a live monitor logging them every step) the

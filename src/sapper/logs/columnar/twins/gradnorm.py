@@ -99,22 +99,30 @@ def _cooldown(det: GradNormDetector, code: str) -> int | None:
 
 def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
     _SEEN.pop(det, None)
-    rows = np.flatnonzero(cols.has("grad_norm"))
-    gn = cols.get("grad_norm")[rows]
-    steps = cols.steps[rows]
+    has = cols.has("grad_norm")
+    rows = None if has.all() else np.flatnonzero(has)  # None: every row (no copies)
+    gn = _at(cols.get("grad_norm"), rows)
+    steps = _at(cols.steps, rows)
     fin = np.isfinite(gn)
     out: list[Finding] = []
     surges = _layer_surges(det, cols)
-    if len(rows):
+    if len(gn):
         bad = ~fin
         if "skipped" in cols.present:  # a log that never says so skips no step
-            bad &= ~(cols.has("skipped")[rows] & (np.nan_to_num(cols.get("skipped")[rows]) != 0))
+            skipped = _at(cols.get("skipped"), rows)
+            bad &= ~(_at(cols.has("skipped"), rows) & (np.nan_to_num(skipped) != 0))
         out += _nonfinite(det, gn, steps, bad)
-        f_rows = rows[fin]
-        g, s = gn[fin], steps[fin]
+        if fin.all():
+            f_rows, g, s = rows, gn, steps
+        else:
+            keep = np.flatnonzero(fin)
+            f_rows = keep if rows is None else rows[keep]
+            g, s = gn[keep], steps[keep]
+        first_step = int(steps[0])
+        del gn, steps, fin
         if len(g):
-            out += _saturation(det, cols, f_rows, g, s, int(steps[0]))
-            surges = _surge(det, cols, f_rows, g, s, int(steps[0])) + surges
+            out += _saturation(det, cols, f_rows, g, s, first_step)
+            surges = _surge(det, cols, f_rows, g, s, first_step) + surges
             out += _tiny(det, g, s)
     # One rule, one cooldown over the global (cold-start and rolling) and per-layer surges;
     # at one step the global test comes first, as in the streaming update.
@@ -122,6 +130,16 @@ def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
     at = np.fromiter((c[0] for c in surges), dtype=np.int64, count=len(surges))
     out += [surges[j][2]() for j in cooldown_pick(at, _cooldown(det, GRAD_SURGE.code))]
     return out
+
+
+def _at(column: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """``column`` at ``rows`` (``None``: every row, the column itself)."""
+    return column if rows is None else column[rows]
+
+
+def _row(rows: np.ndarray | None, j: int) -> int:
+    """The row of the ``j``-th of ``rows`` (``None``: every row)."""
+    return j if rows is None else int(rows[j])
 
 
 def _layer_surges(det: GradNormDetector, cols: Columns) -> list[tuple[int, int, Any]]:
@@ -166,12 +184,16 @@ _SEEN: weakref.WeakKeyDictionary[GradNormDetector, tuple[int, int]] = (
 
 
 def _eligible(
-    det: GradNormDetector, cols: Columns, rows: np.ndarray, s: np.ndarray, first_step: int
+    det: GradNormDetector,
+    cols: Columns,
+    rows: np.ndarray | None,
+    s: np.ndarray,
+    first_step: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The finite-norm rows the saturation test counts (a threshold in force, past the
     first steps) and the threshold per row."""
-    own = cols.get("clip_threshold")[rows]
-    own_set = cols.has("clip_threshold")[rows] & (own != 0)  # ``record.clip_threshold or``
+    own = _at(cols.get("clip_threshold"), rows)
+    own_set = _at(cols.has("clip_threshold"), rows) & (own != 0)  # ``record.clip_threshold or``
     # ``record.clip_threshold or self.clip_threshold``, then ``not t or t <= 0`` skips:
     # a NaN is truthy and passes the comparison, as in the streaming test.
     default = det.clip_threshold
@@ -186,7 +208,7 @@ def _eligible(
 def _saturation(
     det: GradNormDetector,
     cols: Columns,
-    rows: np.ndarray,
+    rows: np.ndarray | None,
     g: np.ndarray,
     s: np.ndarray,
     first_step: int,
@@ -195,14 +217,18 @@ def _saturation(
     _SEEN[det] = (id(cols), len(idx))
     if len(idx) < det.saturate_window:
         return []
-    over = g[idx] > thr[idx]
+    # the counted rows are usually all but the first few: a slice, no copies
+    sel = slice(int(idx[0]), int(idx[-1]) + 1) if idx[-1] - idx[0] + 1 == len(idx) else idx
+    g_in, thr_in = g[sel], thr[sel]
     w = det.saturate_window
-    count = rolling_sum(over, w)
-    share = count / w
-    cand = np.flatnonzero((np.arange(len(idx)) >= w - 1) & (share >= det.saturate_share))
+    share = rolling_sum(g_in > thr_in, w) / w
+    ok = share >= det.saturate_share
+    ok[: w - 1] = False
+    cand = np.flatnonzero(ok)
+    del ok
     if len(cand):
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = g[idx] / thr[idx]
+            ratio = g_in / thr_in
         ratio = np.where(np.isnan(ratio), 0.0, ratio)
         size = window_medians(ratio, cand + 1, w)
         keep = size >= det.saturate_ratio
@@ -231,7 +257,7 @@ def _saturation(
 def _surge(
     det: GradNormDetector,
     cols: Columns,
-    rows: np.ndarray,
+    rows: np.ndarray | None,
     g: np.ndarray,
     s: np.ndarray,
     first_step: int,
@@ -251,20 +277,15 @@ def _surge(
         if not ref > 0 or value < ratio * ref:
             continue
         out.append(
-            (int(s[j]), 0, partial(_cold_finding, det, cols, int(rows[j]), value, ref, p, ratio))
+            (int(s[j]), 0, partial(_cold_finding, det, cols, _row(rows, j), value, ref, p, ratio))
         )
     if len(pos) <= det.surge_min_history:
         return out
     logs = exact_log(g[pos])
     snaps = RobustSnapshots(logs, det.surge_window, det.surge_min_history, det.log_norms.refresh)
-    calls = snaps.calls
-    v = logs[calls]
     log_ratio = math.log(det.surge_ratio)
     # The level is at least the window's minimum: at or below min + log(ratio), no surge.
-    lo = snaps.floor_at(calls)
-    bound = lo + log_ratio
-    keep = ~(v < bound - 1e-9 * np.abs(bound))
-    calls, v = calls[keep], v[keep]
+    calls, v = snaps.above_floor(lambda lo: lo + log_ratio)
     med = snaps.level_at(calls)
     cand = np.flatnonzero(v > med + log_ratio)
     if not len(cand):
@@ -281,7 +302,7 @@ def _surge(
         i = int(c_calls[h])
         value, step = float(g[pos[i]]), int(step_of[i])
         base = math.exp(float(c_med[h]))
-        layer = _largest_layer(cols.record(int(rows[pos[i]])))
+        layer = _largest_layer(cols.record(_row(rows, int(pos[i]))))
         where = f"; largest in {layer}" if layer else ""
         return finding(
             GRAD_SURGE,
@@ -380,4 +401,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
+    scratch=48,
+    cost=0.11,
 )

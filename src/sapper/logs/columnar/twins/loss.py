@@ -89,14 +89,17 @@ def _cooldown(det: LossDetector, code: str) -> int | None:
 
 def run(det: LossDetector, cols: Columns) -> list[Finding]:
     has = cols.has("loss")
-    rows = np.flatnonzero(has)
-    if not len(rows):
+    if has.all():  # every row has a loss (a run log): the columns as they are
+        loss, steps = cols.get("loss"), cols.steps
+    else:
+        rows = np.flatnonzero(has)
+        loss, steps = cols.get("loss")[rows], cols.steps[rows]
+    if not len(loss):
         return []
-    loss = cols.get("loss")[rows]
-    steps = cols.steps[rows]
     fin = np.isfinite(loss)
     out = _nonfinite(det, loss, steps, fin)
-    x, s = loss[fin], steps[fin]
+    x, s = (loss, steps) if fin.all() else (loss[fin], steps[fin])
+    del loss, steps
     if len(x):
         out += _spikes(det, x, s)
         out += _flat(det, x, s)
@@ -188,16 +191,14 @@ def _robust(
     if det.window < det.min_history or len(x) <= det.min_history:
         return []
     snaps = RobustSnapshots(x, det.window, det.min_history, det.reference.refresh)
-    calls = snaps.calls
-    v = x[calls]
     rel_k = det.spike_rel
     if 0 <= rel_k < 1:
         # m + rel·|m| grows with m and the median is at least the window's minimum: a
         # loss at or below that bound is no candidate (a hair of margin for rounding).
-        lo = snaps.floor_at(calls)
-        bound = lo + rel_k * np.abs(lo)
-        keep = ~(v < bound - 1e-9 * np.abs(bound))
-        calls, v = calls[keep], v[keep]
+        calls, v = snaps.above_floor(lambda lo: lo + rel_k * np.abs(lo))
+    else:
+        calls = snaps.calls
+        v = x[calls]
     med = snaps.level_at(calls)
     pre = v > med + rel_k * np.abs(med)
     cand = np.flatnonzero(pre)
@@ -288,26 +289,33 @@ def _oscillation(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Findin
     d = np.diff(x)
     flags = np.zeros(m, dtype=bool)
     if m >= 3:
-        flags[2:] = d[:-1] * d[1:] < 0
-    count = rolling_sum(flags, ow - 2)
-    share = count / max(1, ow - 2)
-    idx = np.arange(m)
-    cand = np.flatnonzero((idx >= ow - 1) & (s >= det.warmup_steps) & (share >= det.osc_flips))
+        np.less(d[:-1] * d[1:], 0, out=flags[2:])
+    share = rolling_sum(flags, ow - 2) / max(1, ow - 2)
+    del flags  # each full-length temporary let go once read: a lower peak
+    ok = share >= det.osc_flips
+    ok[: ow - 1] = False
+    ok &= s >= det.warmup_steps
+    cand = np.flatnonzero(ok)
+    del ok
     if not len(cand):
         return []
+    share = share[cand]  # the flip share where it is read: at the candidates
+    swings = np.abs(d)
+    del d
     # The amplitude is at most the largest swing over the smallest level the window
     # allows (when it does not straddle zero); below the limit by that bound, skip it.
     lo = window_reduce(x, cand + 1, ow, "min")
     hi = window_reduce(x, cand + 1, ow, "max")
-    top = window_reduce(np.abs(d), cand, ow - 1, "max")
+    top = window_reduce(swings, cand, ow - 1, "max")
     floor = np.where(lo > 0, lo, np.where(hi < 0, -hi, 0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
         bound = np.where(floor > 0, top / np.where(floor > 0, floor, 1.0), np.inf)
-    cand = cand[~(bound < det.osc_amplitude * (1 - 1e-9))]
+    keep = ~(bound < det.osc_amplitude * (1 - 1e-9))
+    cand, share = cand[keep], share[keep]
     if not len(cand):
         return []
     level = np.abs(window_medians(x, cand + 1, ow))
-    swing = window_medians(np.abs(d), cand, ow - 1)
+    swing = window_medians(swings, cand, ow - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         amp = np.where(level != 0, swing / np.where(level != 0, level, 1.0), 0.0)
     # a tiny loss swinging ×2 is batch noise: the swing itself must reach osc_min_swing
@@ -316,7 +324,7 @@ def _oscillation(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Findin
     for j in cooldown_pick(s[cand[hit]], _cooldown(det, LOSS_OSCILLATING.code)):
         h = int(hit[j])
         i = int(cand[h])
-        fs, a, lv = float(share[i]), float(amp[h]), float(level[h])
+        fs, a, lv = float(share[h]), float(amp[h]), float(level[h])
         out.append(
             finding(
                 LOSS_OSCILLATING,
@@ -334,14 +342,18 @@ def _oscillation(det: LossDetector, x: np.ndarray, s: np.ndarray) -> list[Findin
 
 def unevaluated(det: LossDetector, cols: Columns, found: list[Finding]) -> list[str]:
     """The streaming detector's own lines, from the counters they read."""
-    loss = cols.get("loss")[cols.has("loss")]
+    has = cols.has("loss")
+    every = has.all()
+    loss = cols.get("loss") if every else cols.get("loss")[has]
     fin = np.isfinite(loss)
-    steps = cols.steps[cols.has("loss")][fin]
+    rows = np.flatnonzero(fin)
+    if not every:
+        rows = np.flatnonzero(has)[rows]
     scratch = copy.deepcopy(det)
-    scratch.finite_count = int(fin.sum())
-    scratch.nonfinite_steps = int((~fin).sum())
-    scratch.first_step = int(steps[0]) if len(steps) else None
-    scratch.last_step = int(steps[-1]) if len(steps) else None
+    scratch.finite_count = len(rows)
+    scratch.nonfinite_steps = len(loss) - len(rows)
+    scratch.first_step = int(cols.steps[rows[0]]) if len(rows) else None
+    scratch.last_step = int(cols.steps[rows[-1]]) if len(rows) else None
     return scratch.unevaluated()
 
 
@@ -355,4 +367,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
+    scratch=48,
+    cost=0.13,
 )

@@ -263,5 +263,10 @@ class _Numbers:
 
 
 TWIN = walking_twin(
-    LRDetector, _walk, _accepts, ("sapper.runtime.detectors.lr", "sapper.runtime.detectors.base")
+    LRDetector,
+    _walk,
+    _accepts,
+    ("sapper.runtime.detectors.lr", "sapper.runtime.detectors.base"),
+    scratch=52,
+    cost=0.04,
 )

@@ -232,4 +232,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
+    scratch=100,
+    cost=0.07,
 )

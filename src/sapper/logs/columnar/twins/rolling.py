@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 #: Windows handled at once (rows × window float64s stay a few tens of MB).
-CHUNK = 1 << 16
+CHUNK = 1 << 14
 
 
 def medians_of_rows(rows: np.ndarray) -> np.ndarray:
@@ -171,8 +172,42 @@ class RobustSnapshots:
         self.window = window
         self.first = first
         self.refresh = refresh
-        m = len(x)
-        self.calls = np.arange(first, m) if first < m else np.zeros(0, dtype=np.int64)
+
+    @property
+    def calls(self) -> np.ndarray:
+        """Every call, in order (the values from ``first`` on)."""
+        m = len(self.x)
+        return np.arange(self.first, m) if self.first < m else np.zeros(0, dtype=np.int64)
+
+    def above_floor(
+        self, bound: Callable[[np.ndarray], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The calls whose value is not below ``bound(floor)`` (less a hair of margin for
+        rounding), ``floor`` being the minimum of the snapshot's window read there, and
+        their values: the few calls a rule growing with the median can fire at (the
+        median is at least that minimum). ``bound`` is elementwise. The floors and
+        bounds are taken once per snapshot (every ``refresh`` calls share one) and
+        compared with the calls' values block by block, so no array of a value per
+        call is made but the answer."""
+        m, first, r = len(self.x), self.first, self.refresh
+        if first >= m:
+            return np.zeros(0, dtype=np.int64), self.x[:0]
+        k = m - first
+        snaps = first + r * np.arange(-(-k // r))
+        b = bound(window_reduce(self.x, snaps, self.window, "min"))
+        limit = b - 1e-9 * np.abs(b)
+        v = self.x[first:]
+        below = np.empty(k, dtype=bool)
+        whole = k // r
+        np.less(
+            v[: whole * r].reshape(whole, r),
+            limit[:whole, None],
+            out=below[: whole * r].reshape(whole, r),
+        )
+        if whole * r < k:
+            np.less(v[whole * r :], limit[whole], out=below[whole * r :])
+        kept = np.flatnonzero(~below)
+        return kept + first, v[kept]
 
     def snapshot(self, calls: np.ndarray) -> np.ndarray:
         """Where the snapshot read at each call was taken (its window ends there)."""

@@ -222,4 +222,6 @@ TWIN = walking_twin(
     _walk,
     _accepts,
     ("sapper.runtime.detectors.scaler", "sapper.runtime.detectors.base"),
+    scratch=8,
+    cost=0.005,
 )

@@ -166,14 +166,12 @@ def _outliers(det: ThroughputDetector, cols: Columns) -> list[Finding]:
     if len(t) <= det.min_records or window < det.min_records:
         return []
     snaps = RobustSnapshots(t, window, det.min_records, det.times.refresh)
-    calls = snaps.calls
-    v = t[calls]
     ratio = det.outlier_ratio
     if ratio >= 0:  # ratio·median grows with the median, which is at least the minimum
-        lo = snaps.floor_at(calls)
-        bound = ratio * lo
-        keep = ~(v < bound - 1e-9 * np.abs(bound))
-        calls, v = calls[keep], v[keep]
+        calls, v = snaps.above_floor(lambda lo: ratio * lo)
+    else:
+        calls = snaps.calls
+        v = t[calls]
     med = snaps.level_at(calls)
     cand = np.flatnonzero(v > ratio * med)
     if not len(cand):
@@ -467,4 +465,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
+    scratch=104,
+    cost=0.18,
 )
