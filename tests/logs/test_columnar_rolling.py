@@ -98,3 +98,35 @@ def test_exact_log_without_polars_or_when_it_disagrees(monkeypatch: pytest.Monke
 
     monkeypatch.setitem(sys.modules, "polars", _Off)
     assert np.array_equal(rolling.exact_log(x).view(np.int64), want)
+
+
+@pytest.mark.parametrize("how", ["min", "max"])
+@pytest.mark.parametrize("window", [1, 9, 50])
+@pytest.mark.parametrize(("start", "stop"), [(0, 1), (3, 700), (9, 2001), (60, 2001), (1990, 2001)])
+def test_range_reduce_is_window_reduce_over_the_range(
+    how: str, window: int, start: int, stop: int
+) -> None:
+    x = _values(5, 2000)
+    ends = np.arange(start, stop)
+    want = rolling.window_reduce(x, ends, window, how)
+    got = rolling.range_reduce(x, start, stop, window, how)
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("refresh", [1, 4, 7])
+@pytest.mark.parametrize("first", [1, 10, 1999, 2500])
+def test_calls_above_the_floor_are_those_the_per_call_floor_keeps(refresh: int, first: int) -> None:
+    """The floors and bounds taken once per snapshot keep exactly the calls that the
+    floor read at each call keeps."""
+    x = np.abs(_values(first, 2000)) + 0.5
+    snaps = rolling.RobustSnapshots(x, 50, first, refresh)
+    calls = snaps.calls
+    uniq = np.unique(snaps.snapshot(calls))
+    floor = rolling.window_reduce(x, uniq, 50, "min")[np.searchsorted(uniq, snaps.snapshot(calls))]
+    bound = floor + 0.1 * np.abs(floor)
+    keep = ~(x[calls] < bound - 1e-9 * np.abs(bound))
+    got_calls, got_values = snaps.above_floor(lambda lo: lo + 0.1 * np.abs(lo))
+    assert np.array_equal(got_calls, calls[keep])
+    assert np.array_equal(got_values, x[calls][keep])
+    if first < 100:  # many calls: the floor rules most out, not all
+        assert 0 < len(got_calls) < len(calls)

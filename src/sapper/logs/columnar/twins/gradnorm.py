@@ -401,6 +401,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
-    scratch=48,
-    cost=0.11,
+    scratch=42,
+    cost=0.065,
 )

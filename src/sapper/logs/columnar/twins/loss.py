@@ -368,5 +368,5 @@ TWIN = Twin(
         "sapper.runtime.detectors.base",
     ),
     scratch=48,
-    cost=0.13,
+    cost=0.12,
 )

@@ -26,6 +26,7 @@ __all__ = [
     "cooldown_pick",
     "exact_log",
     "medians_of_rows",
+    "range_reduce",
     "rolling_sum",
     "window_medians",
     "window_reduce",
@@ -89,6 +90,16 @@ def window_reduce(x: np.ndarray, ends: np.ndarray, window: int, how: str) -> np.
         else:
             out[full] = _sliding(x, window, acc)[ends[full] - window]
     return out
+
+
+def range_reduce(x: np.ndarray, start: int, stop: int, window: int, how: str) -> np.ndarray:
+    """:func:`window_reduce` at every end from ``start`` to ``stop`` (exclusive), without
+    an array of the ends; where every window is full and most values are read, a slice
+    of the one rolling pass."""
+    if window > 0 and window <= start < stop <= len(x) + 1 and (stop - start) * window >= len(x):
+        acc = np.minimum if how == "min" else np.maximum
+        return _sliding(x, window, acc)[start - window : stop - window]
+    return window_reduce(x, np.arange(start, stop), window, how)
 
 
 def _sliding(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
