@@ -586,3 +586,26 @@ def test_the_budget_holds_detectors_running_at_once_within_it() -> None:
     assert len(seen) == len(needs)
     assert max(seen) <= 100
     assert budget.used == 0
+
+
+@pytest.mark.parametrize(("machine_s", "own_s", "free"), [(1.2, 1.0, True), (2.0, 0.9, False)])
+def test_side_by_side_only_where_the_others_leave_a_core(
+    machine_s: float, own_s: float, free: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over one second, the machine's CPU time less this process's own is what the
+    others took: a fifth of a core leaves one free, a core does not."""
+    samples = iter([(11.0, 100.0 + machine_s, 5.0 + own_s)])
+    monkeypatch.setattr(engine, "_since", (10.0, 100.0, 5.0))
+    monkeypatch.setattr(engine, "_cpu_sample", lambda: next(samples))
+    assert engine._core_free() is free
+    assert engine._since == (11.0, 100.0 + machine_s, 5.0 + own_s)  # the next span starts
+
+
+def test_the_machines_cpu_sample_counts_up() -> None:
+    first = engine._cpu_sample()
+    if first is None:
+        pytest.skip("no /proc/stat here")
+    sum(i * i for i in range(200_000))
+    later = engine._cpu_sample()
+    assert later is not None
+    assert later[0] > first[0] and later[1] >= first[1] and later[2] > first[2]
