@@ -32,13 +32,15 @@ def _values(seed: int, n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("window", [2, 3, 7, 50, 333])
+@pytest.mark.parametrize("window", [1, 2, 3, 7, 29, 50, 256, 333])
 def test_polars_and_numpy_sliding_agree(
     seed: int, window: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     x = _values(seed, 2_000 + seed * 37)
     for acc in (np.minimum, np.maximum):
         want = _direct(x, window, acc)
+        assert np.array_equal(rolling._doubling(x, window, acc), want)
+        monkeypatch.setattr(rolling, "_DOUBLING_MAX", 0)  # polars' pass, then the blocks
         monkeypatch.setitem(sys.modules, "polars", pl)
         fast = rolling._sliding(x, window, acc)
         monkeypatch.delitem(sys.modules, "polars")
@@ -130,3 +132,11 @@ def test_calls_above_the_floor_are_those_the_per_call_floor_keeps(refresh: int, 
     assert np.array_equal(got_values, x[calls][keep])
     if first < 100:  # many calls: the floor rules most out, not all
         assert 0 < len(got_calls) < len(calls)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64, 65])
+def test_doubling_over_windows_as_long_as_the_values(n: int) -> None:
+    x = _values(n, n)
+    for window in {1, max(1, n // 2), n}:
+        for acc in (np.minimum, np.maximum):
+            assert np.array_equal(rolling._doubling(x, window, acc), _direct(x, window, acc))

@@ -367,6 +367,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
-    scratch=48,
-    cost=0.12,
+    scratch=58,
+    cost=0.08,
 )

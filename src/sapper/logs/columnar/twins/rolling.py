@@ -102,13 +102,36 @@ def range_reduce(x: np.ndarray, start: int, stop: int, window: int, how: str) ->
     return window_reduce(x, np.arange(start, stop), window, how)
 
 
-def _sliding(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
-    """``acc`` over every window ``x[s:s + window]`` in O(n): polars' rolling minimum or
-    maximum (one pass in its own code, two to three times faster than the blocks below)
-    when the reader has imported it, else van Herk / Gil-Werman, running values from the
-    start and from the end of fixed blocks of ``window``. A minimum or maximum is one of
-    the values, so both give the same numbers."""
+#: Up to this window the sliding minimum or maximum is taken by doubling spans.
+_DOUBLING_MAX = 256
+
+
+def _doubling(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
+    """``acc`` over every window ``x[s:s + window]`` by doubling spans: ``acc`` of
+    neighbours gives every span of 2, of those every span of 4, and so on up to half the
+    window or more; two such spans, overlapping, cover each window. log2(window) + 1
+    whole-array passes of numpy's own loop (a window of 50: six, some 8 ms per million
+    values, a third of polars' rolling pass)."""
     n = len(x)
+    cur, span = x, 1
+    while 2 * span <= window:
+        cur = acc(cur[:-span], cur[span:])  # cur[i]: acc of x[i:i + 2 span]
+        span *= 2
+    if span < window:
+        cur = acc(cur[: n - window + 1], cur[window - span : n - span + 1])
+    return cur
+
+
+def _sliding(x: np.ndarray, window: int, acc: np.ufunc) -> np.ndarray:
+    """``acc`` over every window ``x[s:s + window]``: by doubling spans for the short
+    windows the detectors use, else in O(n) by polars' rolling minimum or maximum (one
+    pass in its own code, two to three times faster than the blocks below) when the
+    reader has imported it, else van Herk / Gil-Werman, running values from the start
+    and from the end of fixed blocks of ``window``. A minimum or maximum is one of the
+    values, so all give the same numbers."""
+    n = len(x)
+    if 1 <= window <= min(n, _DOUBLING_MAX):
+        return _doubling(x, window, acc)
     pl = sys.modules.get("polars")
     if pl is not None and n >= window > 1 and x.dtype == np.float64:
         series = pl.Series(x)

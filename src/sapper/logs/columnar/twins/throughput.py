@@ -501,6 +501,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
-    scratch=20,
-    cost=0.06,
+    scratch=22,
+    cost=0.045,
 )
