@@ -103,3 +103,23 @@ def test_sparse_table_round_trips_through_the_run_log() -> None:
     offline = NonFiniteRankDetector().update(StepRecord(step=20, extra={DIST_KEY: back}))
     assert [f.to_json() for f in offline] == [f.to_json() for f in live]
     assert live[0].rank == 417 and live[0].step == 17
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 9])
+def test_buckets_gathered_in_the_rows_fold_to_what_the_reduce_gives(world: int) -> None:
+    # small worlds carry each rank's buckets in its gathered row and sum them there
+    sketch = SampleBuckets(default_buckets(world))
+    hashes: list[torch.Tensor | None] = [_ids(37 * r, 20 + 3 * r) for r in range(world)]
+    hashes[-1] = None if world > 2 else hashes[-1]  # a rank that hashed nothing
+    if world > 1:
+        hashes[0] = _ids(37 * (world - 1), 30)  # shares samples with the last ranks
+    group_of = [r % 2 for r in range(world)]
+    rows = torch.stack([
+        SampleBuckets.flat(sketch.local(h, group_of[r], r, world))
+        for r, h in enumerate(hashes)
+    ])
+    got = SampleBuckets.fold_gathered(rows)
+    assert got == sketch.summed(hashes, group_of)
+    dup, pure = SampleBuckets.classify(got)
+    assert (dup, len(pure)) == SampleBuckets.duplicates(got)
+    assert pure == torch.nonzero(SampleBuckets.pure(got)).reshape(-1).tolist()

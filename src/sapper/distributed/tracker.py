@@ -73,6 +73,12 @@ class RankTracker:
     """Cross-rank monitoring for one rank. Construct it on every rank at the same point
     (it creates sapper's gloo side group and gathers every rank's node: collective)."""
 
+    #: Up to this many sample buckets over the world (ranks × buckets), the all-gather
+    #: of the rows carries each rank's buckets too (5 floats a bucket: 40 KiB a rank at
+    #: 1,024 buckets), saving the buckets' own all-reduce: a collective round and its
+    #: host work each exchange. Beyond it they are all-reduced (a fixed size per rank).
+    GATHER_BUCKETS_MAX = 1 << 14
+
     def __init__(
         self,
         model: Any = None,
@@ -601,6 +607,17 @@ class RankTracker:
             "layout_source": self.layout.source,
         }
         if world <= self.detail_ranks:  # every row, and the statistics computed from them
+            if world * self._buckets.size <= self.GATHER_BUCKETS_MAX:
+                # small worlds: the buckets travel in the gathered row (one collective,
+                # summed here) instead of an all-reduce of their own after the gather
+                n = head.numel()
+                row = torch.cat([head.to("cpu", torch.float64), SampleBuckets.flat(buckets)])
+                got = self.channel.all_gather(row, step)
+                if got is None:
+                    return None
+                table = RankTable.from_tensor(got[:, :n], **kw)
+                table.job().buckets = SampleBuckets.fold_gathered(got[:, n:])
+                return table
             gathered = self.channel.all_gather(head, step)
             summed = reduce_buckets(self.channel, buckets, step) if gathered is not None else None
             if gathered is None or summed is None:

@@ -10,8 +10,6 @@ when the count says so), so the payload and the work stay fixed as the world gro
 
 from __future__ import annotations
 
-import torch
-
 from sapper.distributed.detectors._common import fmt_ranks, table_of, window_text
 from sapper.distributed.rules import DUPLICATE_SAMPLES_ACROSS_RANKS
 from sapper.distributed.stats import SampleBuckets
@@ -44,9 +42,8 @@ class DuplicateSamplesDetector(Detector):
         for g, ranks in enumerate(table.data_groups):
             for r in ranks:
                 group_of[r] = g
-        dup, _ = SampleBuckets.duplicates(buckets)
+        dup, where = SampleBuckets.classify(buckets)
         lo, hi, count = buckets["lo_rank"], buckets["hi_rank"], buckets["count"]
-        where = torch.nonzero(SampleBuckets.pure(buckets)).reshape(-1).tolist()
         pure = [(int(lo[i]), int(hi[i])) for i in where]
         parent: dict[int, int] = {}
         shared: dict[int, int] = {}  # root -> shared samples
