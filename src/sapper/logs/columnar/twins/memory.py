@@ -59,6 +59,8 @@ def _limits(det: MemoryDetector, cols: Columns) -> tuple[np.ndarray, np.ndarray]
     """``record.memory_limit_gib or self.limit_gib`` per row, and whether it is truthy."""
     own = cols.get("memory_limit_gib")
     own_set = cols.has("memory_limit_gib") & (own != 0)
+    if own_set.all():  # every row says its limit (a run log): the column as it is
+        return own, own_set
     default = det.limit_gib
     d_ok = default is not None and bool(default)
     d_val = float(default) if default is not None else np.nan
@@ -92,7 +94,7 @@ def _readings(det: MemoryDetector, cols: Columns) -> tuple[np.ndarray, np.ndarra
         value = np.where(has, value, cols.get("rss_gib"))
         has = has | cols.has("rss_gib")
     reading = has & np.isfinite(value)
-    keep = reading & ~(cols.steps - int(cols.steps[0]) < det.warmup_steps)
+    keep = reading & ~np.less(cols.steps, int(cols.steps[0]) + det.warmup_steps)
     return value, reading, keep
 
 
@@ -100,13 +102,22 @@ def _near(
     det: MemoryDetector, cols: Columns, limit: np.ndarray, has_limit: np.ndarray
 ) -> list[Finding]:
     n = len(cols)
-    used = np.full(n, np.nan)
+    used: np.ndarray | None = None
     found = np.zeros(n, dtype=bool)
     for name in _USED:
+        if name not in cols.present:  # a reading the log never has: no row takes it
+            continue
         v = cols.get(name)
         ok = cols.has(name) & np.isfinite(v) & ~found
+        if used is None and ok.all():  # every row's first reading (a run log)
+            used, found = v, ok
+            break
+        if used is None:
+            used = np.full(n, np.nan)
         used[ok] = v[ok]
         found |= ok
+    if used is None:
+        return []
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = used / limit
     # ``used / limit < near`` returns; a NaN ratio (NaN limit) does not.
@@ -143,23 +154,26 @@ def _growth(
     )
     if len(rows) < det.growth_min_points:
         return []
-    v, s = value[rows], cols.steps[rows]
+    if rows[-1] - rows[0] + 1 == len(rows):  # the rows past the warmup: slices, no copies
+        v, s = value[rows[0] : rows[-1] + 1], cols.steps[rows[0] : rows[-1] + 1]
+    else:
+        v, s = value[rows], cols.steps[rows]
     w = det.series.maxlen or 0
     rises = np.zeros(len(v), dtype=bool)
-    rises[1:] = v[1:] > v[:-1]
+    np.greater(v[1:], v[:-1], out=rises[1:])
     count = rolling_sum(rises, w - 1)  # the rises within the window ending here
-    idx = np.arange(len(v))
-    size = np.minimum(idx + 1, w)
-    start = idx - size + 1
-    span = s - s[start]
-    ok = (size >= det.growth_min_points) & (span >= det.growth_min_steps)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = count / np.maximum(size - 1, 1)
-    ok &= ~((size >= 2) & (share < det.growth_rising_share))
-    # The full test's cheap conditions first (growth in GiB and relative to the start);
-    # what is left needs the Theil–Sen slope and runs as the streaming test.
-    growth = v - v[start]
-    ok &= ~(growth < det.growth_min_gib) & ~(growth < det.growth_min_rel * v[start])
+    del rises
+    # Each row's window starts ``size - 1`` rows back: the first ``w - 1`` rows' windows
+    # start at row 0 and grow, every later one is ``w`` long and starts ``w - 1`` back.
+    head = min(len(v), max(w - 1, 0))
+    sizes = np.arange(1, head + 1)
+    ok = np.empty(len(v), dtype=bool)
+    ok[:head] = _growth_candidates(det, v[:head], v[0], s[:head], s[0], count[:head], sizes)
+    if head < len(v):
+        back = len(v) - head
+        ok[head:] = _growth_candidates(
+            det, v[head:], v[:back], s[head:], s[:back], count[head:], w
+        )
     cooldown = det.cooldowns.get(MEMORY_GROWTH.code, det.cooldown)
     scratch = MemoryDetector(
         limit_gib=det.limit_gib,
@@ -178,7 +192,7 @@ def _growth(
         step = int(s[i])
         if last is not None and (cooldown is None or step - last < cooldown):
             continue
-        lo = int(start[i])
+        lo = max(0, i - w + 1)
         scratch.series.clear()
         scratch.series.extend(zip(s[lo : i + 1].tolist(), v[lo : i + 1].tolist(), strict=True))
         scratch.rise_count = int(count[i])
@@ -191,6 +205,30 @@ def _growth(
             if cooldown is None:
                 break
     return out
+
+
+def _growth_candidates(
+    det: MemoryDetector,
+    v: np.ndarray,
+    v0: np.ndarray | float,
+    s: np.ndarray,
+    s0: np.ndarray | int,
+    count: np.ndarray,
+    size: np.ndarray | int,
+) -> np.ndarray:
+    """The rows worth the full growth test among rows whose readings ``v`` and steps
+    ``s`` end windows of ``size`` rows starting at readings ``v0`` and steps ``s0``,
+    ``count`` rises in each: enough points over enough steps, rising often enough,
+    grown enough in GiB and relative to the start. What is left needs the Theil–Sen
+    slope and runs as the streaming test."""
+    ok = np.greater_equal(size, det.growth_min_points) & (s - s0 >= det.growth_min_steps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = count / np.maximum(np.subtract(size, 1), 1)
+    ok &= ~(np.greater_equal(size, 2) & (share < det.growth_rising_share))
+    del share
+    growth = v - v0
+    ok &= ~(growth < det.growth_min_gib) & ~(growth < det.growth_min_rel * v0)
+    return ok
 
 
 def unevaluated(det: MemoryDetector, cols: Columns, found: list[Finding]) -> list[str]:
@@ -232,6 +270,6 @@ TWIN = Twin(
         "sapper.runtime.detectors.stats",
         "sapper.runtime.detectors.base",
     ),
-    scratch=100,
-    cost=0.07,
+    scratch=40,
+    cost=0.03,
 )
