@@ -60,19 +60,43 @@ def _found(detectors: list, records: list[StepRecord]) -> list[tuple[str, int | 
     return [(f.code, f.step, f.message) for f in found]
 
 
+#: Every ``extra`` key a detector's shortcut looks for, each with a value that reads as
+#: absent (``None``, or ``False`` for a flag): the detectors take their full paths and
+#: must find what their shortcuts find.
+_INERT = {
+    "grad_norm_layers": None,
+    "cpu_wait_s": None,
+    "scheduler_steps": None,
+    "scaled_grads_step": False,
+    "clip_before_unscale": False,
+    "loss_weight": None,
+    "micro_tokens": None,
+    "clip_coef": None,
+    "max_position": None,
+    "sample_hashes": None,
+    "epoch": None,
+    "nonfinite_params": None,
+    "grad_sampled": None,
+    "grad_zero_share": None,
+}
+
+
+def _with_extra(records: list[StepRecord], extra: dict[str, object]) -> list[StepRecord]:
+    return [StepRecord(**{**r.__dict__, "extra": dict(extra)}) for r in records]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_record_without_extra_gives_the_findings_of_one_with_an_unrelated_entry(
-    seed: int,
-) -> None:
-    """An ``extra`` holding only a key no detector reads takes every detector's full
-    path; an empty one takes the shortcuts. Both see the same run."""
+def test_the_no_extra_shortcuts_find_what_the_full_paths_find(seed: int) -> None:
+    """An empty ``extra`` and one holding only keys no detector reads (a Megatron line's
+    consumed samples) take the shortcuts; one holding every key they look for, each
+    inert, takes the full paths. All three see the same run."""
     records = _stream(seed)
-    padded = [
-        StepRecord(**{**r.__dict__, "extra": {"unrelated_metric": 1.0}}) for r in records
-    ]
     bare = _found(default_detectors(), records)
-    full = _found(default_detectors(), padded)
-    assert bare == full
+    other = _found(default_detectors(), _with_extra(records, {"consumed_samples": 16.0}))
+    full = _found(
+        default_detectors(), _with_extra(records, {"consumed_samples": 16.0, **_INERT})
+    )
+    assert bare == other == full
     assert {"R001", "R002", "R004"} <= {code for code, _, _ in bare}
 
 

@@ -108,6 +108,10 @@ warmup; or keep the effective batch constant when changing GPUs (adjust GA).""",
 )
 
 
+#: The live monitor's fields R080-R081 and the clip count read; a log record has none.
+_LIVE_KEYS = frozenset({"loss_weight", "micro_tokens", "clip_coef"})
+
+
 class AccumulationDetector(RuleDetector):
     """R080-R082 over the live monitor's GA measurements and samples per step."""
 
@@ -145,7 +149,7 @@ class AccumulationDetector(RuleDetector):
         extra = record.extra
         if record.samples is not None or record.tokens is not None:
             self.batch_seen = True
-        if not extra:  # R080-R081 and the clip coefficient read the live monitor's extra
+        if extra.keys().isdisjoint(_LIVE_KEYS):  # none of the live monitor's fields
             return self._batch(record)
         if "loss_weight" in extra or "micro_tokens" in extra:
             self.weights_seen = True

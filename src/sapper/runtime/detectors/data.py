@@ -209,7 +209,8 @@ class DuplicateDataDetector(RuleDetector):
         self._seen.clear()
 
     def update(self, record: StepRecord) -> list[Finding]:
-        if not record.extra and record.eval_loss is None:
+        extra = record.extra
+        if record.eval_loss is None and "sample_hashes" not in extra and "epoch" not in extra:
             return []  # no sample hashes, no epoch, no evaluation: nothing to read
         raw = record.extra.get("sample_hashes")
         epoch = record.extra.get("epoch")

@@ -245,7 +245,7 @@ class GradNormDetector(RuleDetector):
                 out += self._cold_surge(gn, step, record)
             log_norms.add(log_gn)
             self.prev_gn = gn
-        if record.extra:  # per-layer norms live there; most records carry none
+        if "grad_norm_layers" in record.extra:  # per-layer norms; most records have none
             out += self._layer_surge(record)
         norms, tiny = self.norms, self.tiny
         if len(norms) == norms.maxlen and norms:

@@ -324,8 +324,8 @@ class LRDetector(RuleDetector):
         return False if seen else None
 
     def update(self, record: StepRecord) -> list[Finding]:
-        # the live counter lives in extra: a log record without extra has none
-        out = self._live_counter(record) if record.extra else []
+        # the live monitor's counter; a log record has none
+        out = self._live_counter(record) if "scheduler_steps" in record.extra else []
         lr, step = record.lr, record.step
         if lr is None or not math.isfinite(lr):
             return out

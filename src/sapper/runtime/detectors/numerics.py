@@ -137,7 +137,7 @@ class NumericsDetector(RuleDetector):
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
-        if not extra:  # every rule here reads the live monitor's fields in extra
+        if not extra or _reads_nothing(extra):  # every rule here reads the live monitor's
             return []
         if len(self.seen_fields) < 4:  # what the stream carries, until all seen
             for key in ("grad_sampled", "grad_norm_layers", "grad_zero_share"):
@@ -308,6 +308,29 @@ class NumericsDetector(RuleDetector):
             value=share,
             threshold=self.zero_share,
         )
+
+
+#: The ``extra`` keys without which every rule here stays silent.
+_GATES = frozenset({
+    "nonfinite_module", "nonfinite_grad_module", "nonfinite_params", "nonfinite_grads",
+    "huge_params", "huge_grads", "grad_sampled", "grad_norm_layers", "grad_zero_share",
+})
+_PREFIXES = ("nonfinite_", "huge_")
+_quiet_keys: dict[tuple[str, ...], bool] = {}
+
+
+def _reads_nothing(extra: dict[str, object]) -> bool:
+    """Whether ``extra`` holds no key a rule here reads or notes as seen (see
+    :meth:`NumericsDetector.unevaluated`). Cached per key tuple: a log's records repeat
+    one set of keys (a Megatron line's consumed samples and NaN count)."""
+    keys = tuple(extra)
+    quiet = _quiet_keys.get(keys)
+    if quiet is None:
+        if len(_quiet_keys) >= 256:
+            _quiet_keys.clear()
+        quiet = _GATES.isdisjoint(keys) and not any(k.startswith(_PREFIXES) for k in keys)
+        _quiet_keys[keys] = quiet
+    return quiet
 
 
 def _huge(raw: object) -> dict[str, float]:

@@ -133,7 +133,7 @@ class PositionDetector(RuleDetector):
 
     def update(self, record: StepRecord) -> list[Finding]:
         extra = record.extra
-        if not extra:  # the position the step used is the live monitor's, kept in extra
+        if "max_position" not in extra:  # the live monitor's reading; a log has none
             return []
         pos = extra.get("max_position")
         self.positions_seen = self.positions_seen or isinstance(pos, int)

@@ -256,7 +256,7 @@ class ScalerDetector(RuleDetector):
     def _order_flags(self, record: StepRecord) -> list[Finding]:
         extra, step = record.extra, record.step
         out: list[Finding] = []
-        if not extra:  # the live monitor's flags live there; a log record has none
+        if extra.keys().isdisjoint(_ORDER_FLAGS):  # the live monitor's; a log has none
             return out
         if "scaler_checked" in extra:
             self.live_flags_seen = True
@@ -483,6 +483,9 @@ class ScalerDetector(RuleDetector):
         )
         return out
 
+
+#: The live monitor's flags on the order of the GradScaler calls, in ``extra``.
+_ORDER_FLAGS = frozenset({"scaler_checked", "scaled_grads_step", "clip_before_unscale"})
 
 #: Frameworks that drive the loss scaler themselves (never the user's GradScaler calls).
 SCALER_INTERNAL = frozenset({"megatron", "deepspeed", "hf-trainer", "lightning"})

@@ -391,22 +391,25 @@ class ThroughputDetector(RuleDetector):
         self.wait_base_times: tuple[float, float] | None = None
 
     def update(self, record: StepRecord) -> list[Finding]:
+        step = record.step
         if self.first_step is None:
-            self.first_step = record.step
+            self.first_step = step
         self.seconds = self._seconds(record)
-        self.prev_step = record.step
+        self.prev_step = step
         from_start = self.first_step <= self.run_start_steps
-        if from_start and record.step - self.first_step < self.warmup_steps:
+        if from_start and step - self.first_step < self.warmup_steps:
             return []
         self.records_seen += 1
         out = self._outlier(record)
         if record.data_time_s is not None:
             out += self._data_wait(record)
         rate = _rate(record)
-        if rate is None or not math.isfinite(rate[0]) or rate[0] <= 0:
+        if rate is None:
             return out
         value, unit = rate
-        if record.extra:  # a CPU wait lives there (cpu_wait); without one the rate stands
+        if not math.isfinite(value) or value <= 0:
+            return out
+        if "cpu_wait_s" in record.extra:  # the CPU wait (cpu_wait); without one, as is
             value = own_rate(value, record)
         if self.early_unit is None:
             self.early_unit = unit
@@ -415,15 +418,17 @@ class ThroughputDetector(RuleDetector):
         self.rate_unit = unit
         self.rates.add(value)
         self.recent_rates.add(value)
-        self.rate_count += 1
-        if len(self.first_rates) < self.degrade_window + self.smooth:
-            self.first_rates.append((value, self.seconds))
-        if len(self.early) < self.degrade_window:
-            self.early.append(value)
+        count = self.rate_count = self.rate_count + 1
+        full = self.degrade_window + self.smooth
+        if count <= full:  # the first rates are kept while they are being counted
+            if len(self.first_rates) < full:
+                self.first_rates.append((value, self.seconds))
+            if len(self.early) < self.degrade_window:
+                self.early.append(value)
         if self.expected.get(unit):
-            out += self._below(record.step, unit)
-        if self.rate_count >= self.degrade_window + self.smooth:
-            out += self._degrading(record.step, unit)
+            out += self._below(step, unit)
+        if count >= full:
+            out += self._degrading(step, unit)
         return out
 
     def _seconds(self, record: StepRecord) -> float | None:

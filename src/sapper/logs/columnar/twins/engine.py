@@ -66,12 +66,12 @@ TWINS: dict[type, Twin] = _twins()
 #: this digest is updated.
 FINGERPRINTS: dict[str, str] = {
     "LossDetector": "80d6f436987c8cf3",
-    "GradNormDetector": "f29a3a149714fbbc",
+    "GradNormDetector": "f00440f24761727c",
     "MemoryDetector": "6e5e12556ff8c509",
-    "ThroughputDetector": "c35a06f37c13ff3d",
-    "AccumulationDetector": "d9945b41cb978343",
-    "LRDetector": "91d24796862ef354",
-    "ScalerDetector": "1f10f414bbea5278",
+    "ThroughputDetector": "eac6b59b77c738d0",
+    "AccumulationDetector": "4ad7e114fc85b89a",
+    "LRDetector": "b9894ef6ba042a5f",
+    "ScalerDetector": "b2904c417b6119bb",
 }
 
 _checked: dict[type, bool] = {}
