@@ -194,6 +194,41 @@ def test_clipping_in_two_calls_is_seen_once() -> None:
     assert [r.grad_norm for r in mon.history] == pytest.approx(norms)
 
 
+def test_clipping_sees_every_form_of_the_parameters_and_passes_them_on() -> None:
+    """The clipping patch reads the parameters only up to the first tensor (to find its
+    monitor): a generator goes on to torch as a generator, so torch walks the model once
+    and still warns when it is empty; a one-shot iterator loses nothing."""
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = Markov(batch=2, seq=16)
+    forms = [
+        lambda: model.parameters(),
+        lambda: iter(list(model.parameters())),
+        lambda: filter(lambda p: p.grad is not None, model.parameters()),
+        lambda: tuple(model.parameters()),
+    ]
+    norms = []
+    with Monitor(model, opt, console=False, log_every=1) as mon:
+        for form in forms:
+            x = next(data)
+            out = model(input_ids=x, labels=x)
+            out.loss.backward()
+            want = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            got = torch.nn.utils.clip_grad_norm_(form(), 1e-3)
+            norms.append(float(want))
+            assert float(got) == pytest.approx(float(want))
+            # every gradient was clipped: the walk reached the last parameter
+            clipped = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            assert float(clipped) == pytest.approx(1e-3, rel=1e-3)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mon.step(out.loss)
+        with pytest.warns(UserWarning, match="empty generator"):
+            torch.nn.utils.clip_grad_norm_((p for p in []), 1.0)
+    assert [r.grad_norm for r in mon.history] == pytest.approx(norms)
+    assert [r.clip_threshold for r in mon.history] == [1e-3] * len(forms)
+
+
 def test_bad_options_are_input_errors() -> None:
     with pytest.raises(InputError, match="log_every"):
         Monitor(gpt2(), log_every=0)

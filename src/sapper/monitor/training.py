@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from types import GeneratorType
 from typing import Any, Protocol
 
 import torch
@@ -57,10 +58,37 @@ _NORM_CLIPS = (
 _WITH_NORM_CLIPS = (("torch.nn.utils", "clip_grads_with_norm_"),)
 
 
-def _owners(parameters: Any) -> tuple[list[Any], list[TrainingObserver]]:
-    params: list[Any] = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-    first = next((p for p in params if isinstance(p, torch.Tensor)), None)
-    return params, [o for o in list(_OBSERVERS) if first is not None and o.owns(first)]
+def _owners(parameters: Any) -> tuple[Any, list[TrainingObserver]]:
+    """The parameters to pass on, and the observers owning the first one. Only the
+    parameters up to the first tensor are read here: a generator (``model.parameters()``,
+    the usual argument) goes on as a generator resuming where this left off, so torch
+    walks the module tree once, as it does without sapper, and still warns when it is
+    empty."""
+    if isinstance(parameters, torch.Tensor):
+        first: Any = parameters
+        params: Any = parameters
+    elif isinstance(parameters, (list, tuple)):
+        first = next((p for p in parameters if isinstance(p, torch.Tensor)), None)
+        params = parameters
+    else:
+        it = iter(parameters)
+        head: list[Any] = []
+        first = None
+        for p in it:
+            head.append(p)
+            if isinstance(p, torch.Tensor):
+                first = p
+                break
+        params = _resume(head, it) if isinstance(parameters, GeneratorType) else [*head, *it]
+    if first is None:
+        return params, []
+    return params, [o for o in list(_OBSERVERS) if o.owns(first)]
+
+
+def _resume(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
+    """``head`` then the rest of the iterator it came from (a generator, as given)."""
+    yield from head
+    yield from rest
 
 
 def _patched_norm_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
