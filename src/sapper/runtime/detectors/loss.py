@@ -226,8 +226,11 @@ class LossDetector(RuleDetector):
             self.first.append(loss)
         if step - self.first_step <= self.flat_horizon:  # silent past its horizon
             out += self._flat(step)
-        if step >= self.warmup_steps and len(recent) >= self.osc_window:
-            out += self._oscillation(step)
+        osc = self.osc_window
+        if step >= self.warmup_steps and len(recent) >= osc:
+            # _oscillation's first test, read here: too few direction changes end it
+            if osc < 2 or self.osc_flip_count / max(1, osc - 2) >= self.osc_flips:
+                out += self._oscillation(step)
         return out
 
     def _spike(self, loss: float, step: int) -> list[Finding]:
