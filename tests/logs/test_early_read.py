@@ -196,3 +196,41 @@ def test_analyze_gives_the_same_answer_with_the_early_read(tmp_path: Path) -> No
     # OpenBLAS is asked for one thread only where the log is read early (before numpy)
     assert fast.stderr.strip().endswith("blas 1"), fast.stderr
     assert plain.stderr.strip().endswith("blas None"), plain.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_caller_goes_on_once_the_first_blocks_are_decoding(
+    tmp_path: Path, small_blocks: None, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """``ready`` waits for the read to be under way (its imports and first blocks, Python
+    work that would race the caller's imports), not for the whole read."""
+    monkeypatch.setattr(runlog, "DECODE_WORKERS", workers)
+    path = tmp_path / "run.jsonl"
+    _write(path, 3000)
+    block = runlog._Reader.block
+    gate = threading.Event()
+
+    def held(self: object, *args: object) -> bool:  # the read waits at its first block
+        assert gate.wait(30)
+        return block(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runlog._Reader, "block", held)
+    ready = threading.Event()
+    thread = threading.Thread(target=early.read_ahead, args=(str(path), ready))
+    thread.start()
+    assert ready.wait(30)
+    assert early._key(path) in early._pending  # registered before
+    entry = early._pending[early._key(path)]
+    assert not entry.done.is_set()  # and the read not over
+    gate.set()
+    thread.join(30)
+    got = early.claim(path, runlog.MIN_BYTES)
+    assert got is not None and _steps(got.wait()) == list(range(1, 3001))
+
+
+def test_the_caller_goes_on_at_once_for_a_file_not_read_early(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a run log\n" * 10)
+    ready = threading.Event()
+    early.read_ahead(str(path), ready)
+    assert ready.is_set() and not early.pending()

@@ -61,9 +61,12 @@ def _stamp(path: str | os.PathLike[str]) -> tuple[int, ...]:
 
 def read_ahead(path: str, ready: threading.Event) -> None:
     """Read ``path`` into columns for a later :func:`claim` when it is a sapper run log
-    the columnar reader takes (its detected format, its size); ``ready`` is set once this
-    thread's imports are done and the read is registered (or turned down), so the
-    caller's own imports do not race these. Runs in the caller's thread; never raises."""
+    the columnar reader takes (its detected format, its size); ``ready`` is set once the
+    read is registered and polars is decoding its first blocks (or the read is turned
+    down, or over): this thread's imports and the read's start are Python work that
+    holds the interpreter's lock, and the caller's own imports waited for it while they
+    raced it (the decoding began a few tenths of a second later). Runs in the caller's
+    thread; never raises."""
     entry: _Pending | None = None
     try:
         from sapper.logs import detect_format
@@ -77,16 +80,18 @@ def read_ahead(path: str, ready: threading.Event) -> None:
     except Exception:  # the pipeline reads the file and says what is wrong with it
         entry = None
     finally:
-        ready.set()
+        if entry is None:
+            ready.set()
     if entry is None:
         return
     try:
         entry.result = runlog.read_runlog_columnar(
-            path, min_bytes=entry.min_bytes, stop=entry.stop
+            path, min_bytes=entry.min_bytes, stop=entry.stop, started=ready
         )
     except BaseException as exc:  # handed to the claimant, as a plain read raises it
         entry.error = exc
     finally:
+        ready.set()
         entry.done.set()
 
 

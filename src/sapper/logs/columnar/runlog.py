@@ -640,7 +640,11 @@ def _assemble(
 
 
 def read_runlog_columnar(
-    path: str | Path, *, min_bytes: int = MIN_BYTES, stop: threading.Event | None = None
+    path: str | Path,
+    *,
+    min_bytes: int = MIN_BYTES,
+    stop: threading.Event | None = None,
+    started: threading.Event | None = None,
 ) -> ColumnarLog | None:
     """The run log at ``path`` in columns, or ``None`` when this path does not apply
     (no polars, a small file, a value only the streaming detectors judge): then the
@@ -650,7 +654,9 @@ def read_runlog_columnar(
     whatever the log's length; the columns take about 9 bytes per field and step.
     The result of an early read of the same file (:mod:`sapper.logs.columnar.early`,
     begun by the command line) is taken when there is one. ``stop``: set, the read ends
-    at the next block with :class:`ReadStopped` (an early read nobody will take)."""
+    at the next block with :class:`ReadStopped` (an early read nobody will take).
+    ``started``: set once the first blocks are being decoded (polars' work, outside the
+    interpreter's lock), or the read is over."""
     early = sys.modules.get("sapper.logs.columnar.early")
     if early is not None and stop is None:
         pending = early.claim(path, min_bytes)
@@ -674,7 +680,7 @@ def read_runlog_columnar(
         blocks = _blocks(path, size, reader.header(path))
         if stop is not None:
             blocks = _until(blocks, stop)
-        if not _read_blocks(pl, reader, blocks, size):
+        if not _read_blocks(pl, reader, blocks, size, started):
             return None
     except OSError:
         return None
@@ -693,14 +699,21 @@ def _until(
 
 
 def _read_blocks(
-    pl: Any, reader: _Reader, blocks: Iterator[tuple[bytes, bool]], size: int
+    pl: Any,
+    reader: _Reader,
+    blocks: Iterator[tuple[bytes, bool]],
+    size: int,
+    started: threading.Event | None = None,
 ) -> bool:
     """Every block through ``reader`` in file order, ``False`` at the first it cannot
     take. A log of more than one block has its blocks decoded by ``DECODE_WORKERS``
     threads ahead of the reader, which takes them in file order; at most
     ``DECODE_WORKERS`` + 1 blocks (text and rows) are held at once, so the memory stays
-    bounded whatever the log's length."""
+    bounded whatever the log's length. ``started`` is set once the first blocks are
+    handed to the decoding threads (or read in this one)."""
     if DECODE_WORKERS < 2 or size <= BLOCK_BYTES:
+        if started is not None:
+            started.set()
         return all(reader.block(data, newline_end) for data, newline_end in blocks)
     ahead: deque[tuple[bytes, bool, Any]] = deque()
     with ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="sapper-decode") as pool:
@@ -711,6 +724,8 @@ def _read_blocks(
                     if nxt is None:
                         break
                     ahead.append((*nxt, pool.submit(_decode_block, pl, *nxt)))
+                if started is not None:
+                    started.set()
                 if not ahead:
                     return True
                 data, newline_end, future = ahead.popleft()

@@ -71,16 +71,25 @@ def _extras(det: AccumulationDetector, cols: Columns) -> list[Finding]:
 
 
 def _batch(det: AccumulationDetector, cols: Columns) -> list[Finding]:
-    has_samples = cols.has("samples")
-    size = np.where(has_samples, cols.get("samples"), cols.get("tokens"))
-    has_size = has_samples | cols.has("tokens")
+    has_samples: np.ndarray | None = None  # None: no row has samples (the tokens count)
+    if "samples" in cols.present:
+        has_samples = cols.has("samples")
+        size = np.where(has_samples, cols.get("samples"), cols.get("tokens"))
+        has_size = has_samples | cols.has("tokens")
+    else:
+        size, has_size = cols.get("tokens"), cols.has("tokens")
     lr = cols.get("lr")
     valid = has_size & ~(size <= 0) & cols.has("lr") & np.isfinite(lr)
-    rows = np.flatnonzero(valid)
-    if not len(rows):
+    rows: np.ndarray | None = None  # None: every row (a run log's), read in place
+    if valid.all():
+        sz, lrs, steps = size, lr, cols.steps
+    else:
+        rows = np.flatnonzero(valid)
+        sz, lrs, steps = size[rows], lr[rows], cols.steps[rows]
+    del valid
+    m = len(sz)
+    if not m:
         return []
-    sz, lrs, steps = size[rows], lr[rows], cols.steps[rows]
-    m = len(rows)
     base_b, base_lr = float(sz[0]), float(lrs[0])
     changed, pos, block = 0, 1, _BLOCK
     bc, patience = det.batch_change, max(1, det.patience)
@@ -109,7 +118,8 @@ def _batch(det: AccumulationDetector, cols: Columns) -> list[Finding]:
         base_b, base_lr, changed = new_b, new_lr, 0
         lr_ratio = new_lr / old_lr if old_lr else 1.0
         if not abs(lr_ratio - 1) > det.lr_kept:
-            unit = "samples" if has_samples[rows[i]] else "tokens"
+            row = i if rows is None else int(rows[i])
+            unit = "samples" if has_samples is not None and has_samples[row] else "tokens"
             out.append(
                 finding(
                     BATCH_CHANGED_LR_KEPT,
