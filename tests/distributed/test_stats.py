@@ -110,10 +110,11 @@ def test_buckets_gathered_in_the_rows_fold_to_what_the_reduce_gives(world: int) 
     # small worlds carry each rank's buckets in its gathered row and sum them there
     sketch = SampleBuckets(default_buckets(world))
     hashes: list[torch.Tensor | None] = [_ids(37 * r, 20 + 3 * r) for r in range(world)]
-    hashes[-1] = None if world > 2 else hashes[-1]  # a rank that hashed nothing
+    if world > 2:
+        hashes[-1] = None  # a rank that hashed nothing
     if world > 1:
-        hashes[0] = _ids(37 * (world - 1), 30)  # shares samples with the last ranks
-    group_of = [r % 2 for r in range(world)]
+        hashes[0] = _ids(37, 30)  # rank 0 was given rank 1's samples (one data group)
+    group_of = [r // 2 for r in range(world)]
     rows = torch.stack([
         SampleBuckets.flat(sketch.local(h, group_of[r], r, world))
         for r, h in enumerate(hashes)
@@ -122,4 +123,5 @@ def test_buckets_gathered_in_the_rows_fold_to_what_the_reduce_gives(world: int) 
     assert got == sketch.summed(hashes, group_of)
     dup, pure = SampleBuckets.classify(got)
     assert (dup, len(pure)) == SampleBuckets.duplicates(got)
+    assert SampleBuckets.shared(got) == dup and (world == 1 or dup)
     assert pure == torch.nonzero(SampleBuckets.pure(got)).reshape(-1).tolist()

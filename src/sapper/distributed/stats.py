@@ -269,6 +269,21 @@ class SampleBuckets:
         return dup, len(pure)
 
     @staticmethod
+    def shared(buckets: dict[str, list[float]]) -> list[int]:
+        """:meth:`duplicates`' indices alone, in Python over the buckets counted twice or
+        more (a few dozen of thousands: what X004 asks first at every exchange, and most
+        often the whole answer). The purity test is :meth:`pure`'s, the same float64
+        operations in the same order."""
+        c, s, s2 = buckets["count"], buckets["g"], buckets["g2"]
+        out = []
+        for i, n in enumerate(c):
+            if n >= 2:
+                spread = abs(n * s2[i] - s[i] * s[i])
+                if spread <= 1e-9 * max(n * s2[i], 1e-30):
+                    out.append(i)
+        return out
+
+    @staticmethod
     def classify(buckets: dict[str, list[float]]) -> tuple[list[int], list[int]]:
         """Indices of the pure buckets holding one sample on ≥ 2 ranks, and of every
         pure bucket: :meth:`duplicates` and :meth:`pure` from one conversion of the

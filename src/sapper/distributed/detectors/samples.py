@@ -42,7 +42,10 @@ class DuplicateSamplesDetector(Detector):
         for g, ranks in enumerate(table.data_groups):
             for r in ranks:
                 group_of[r] = g
-        dup, where = SampleBuckets.classify(buckets)
+        dup = SampleBuckets.shared(buckets)
+        if not dup:  # no sample on two ranks: nothing to name (the usual exchange)
+            return []
+        _, where = SampleBuckets.classify(buckets)
         lo, hi, count = buckets["lo_rank"], buckets["hi_rank"], buckets["count"]
         pure = [(int(lo[i]), int(hi[i])) for i in where]
         parent: dict[int, int] = {}
