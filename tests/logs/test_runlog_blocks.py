@@ -131,3 +131,31 @@ def test_columns_grow_past_the_first_blocks_estimate(
     assert all(_same_values(a, b) for a, b in zip(got.records, expected.records, strict=True))
     assert len(got.records) == len(expected.records)
     assert got.notes == expected.notes
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 300])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_few_parsed_lines_go_where_a_sort_of_every_line_puts_them(k: int, seed: int) -> None:
+    """The lines the streaming parser read (a meta line, a NaN spelled as a string, a
+    step with extras) placed among the plain rows by a binary search each: the rows,
+    runs and merged values a sort of every row's line gives."""
+    rng = np.random.default_rng(seed)
+    lines = rng.permutation(5000)[: 2000 + k]
+    full_lines = np.sort(lines[:k])
+    plain_lines = np.sort(lines[k:])
+    if seed:  # a parsed line first (the meta line) and last
+        full_lines[0] = -1
+        full_lines[-1] = 10_000
+        full_lines = np.sort(full_lines)
+    n = len(plain_lines) + k
+    order = np.argsort(np.concatenate([plain_lines, full_lines]), kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    few = runlog._few_between(plain_lines, full_lines)
+    assert few is not None
+    full_rows, runs = few
+    assert np.array_equal(full_rows, rank[len(plain_lines) :])
+    assert runs == runlog._runs(rank[: len(plain_lines)])
+    merged = runlog._merged(plain_lines, full_lines, full_rows, runs, n)
+    assert np.array_equal(merged, np.sort(np.concatenate([plain_lines, full_lines])))
+    assert runlog._few_between(plain_lines, full_lines[::-1]) is None or k == 1

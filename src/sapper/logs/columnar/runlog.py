@@ -481,34 +481,37 @@ class _Reader:
         if n == 0:
             return None
         dense = not self.full
-        if dense:
+        k = len(self.full)
+        full_lines = np.fromiter((i for i, _ in self.full), np.int64, count=k)
+        full_steps = np.fromiter((r.step for _, r in self.full), np.int64, count=k)
+        runs: list[tuple[int, int, int]] | None = None
+        plain_rows: np.ndarray | None = None
+        few = None if dense else _few_between(store.lines[:n_plain], full_lines)
+        if dense:  # the plain rows are the rows
             line_of, steps = store.lines[:n], store.steps[:n]
+            plain_rows = full_rows = np.zeros(0, dtype=np.int64)
+        elif few is not None:  # a few lines read by the parser: the plain rows' runs
+            full_rows, runs = few
+            line_of = _merged(store.lines[:n_plain], full_lines, full_rows, runs, n)
+            steps = _merged(store.steps[:n_plain], full_steps, full_rows, runs, n)
         else:
-            line_of = np.concatenate(
-                [store.lines[:n_plain], np.fromiter((i for i, _ in self.full), np.int64)]
-            )
-            steps = np.concatenate(
-                [store.steps[:n_plain], np.fromiter((r.step for _, r in self.full), np.int64)]
-            )
+            line_of = np.concatenate([store.lines[:n_plain], full_lines])
+            steps = np.concatenate([store.steps[:n_plain], full_steps])
             order = np.argsort(line_of, kind="stable")
             steps = steps[order]
             line_of = line_of[order]
-        attempts, back = _attempts(steps)
-        parser.count_attempts(line_of[back])
-        parser._line = self.line0
-        parser.finish()
-        cols = Columns(steps=steps)
-        runs: list[tuple[int, int]] | None = None
-        if dense:  # the plain rows are the rows
-            plain_rows = full_rows = np.zeros(0, dtype=np.int64)
-        else:
             rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n)
             plain_rows = rank[:n_plain]
             full_rows = rank[n_plain:]
             runs = _runs(plain_rows)
-            for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
-                cols.full[row] = rec
+        attempts, back = _attempts(steps)
+        parser.count_attempts(line_of[back])
+        parser._line = self.line0
+        parser.finish()
+        cols = Columns(steps=steps)
+        for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
+            cols.full[row] = rec
         for name in _SCALARS:
             plain = store.pop(name)  # dropped once assembled: a lower peak
             from_full = [
@@ -597,43 +600,76 @@ def _grown(array: np.ndarray, n: int, cap: int) -> np.ndarray:
 _MAX_RUNS = 4096
 
 
-def _runs(rows: np.ndarray) -> list[tuple[int, int]] | None:
+def _runs(rows: np.ndarray) -> list[tuple[int, int, int]] | None:
     """The runs of consecutive values in ascending ``rows``, as (first, end) positions
-    in ``rows``; ``None`` past :data:`_MAX_RUNS` (then scattered row by row)."""
+    in ``rows`` and the row the run starts at; ``None`` past :data:`_MAX_RUNS` (then
+    scattered row by row)."""
     cuts = np.flatnonzero(np.diff(rows) != 1) + 1
     if len(cuts) > _MAX_RUNS:
         return None
     bounds = [0, *cuts.tolist(), len(rows)]
-    return [(lo, hi) for lo, hi in pairwise(bounds) if lo < hi]
+    return [(lo, hi, int(rows[lo])) for lo, hi in pairwise(bounds) if lo < hi]
+
+
+def _few_between(
+    plain_lines: np.ndarray, full_lines: np.ndarray
+) -> tuple[np.ndarray, list[tuple[int, int, int]]] | None:
+    """Where the lines the streaming parser read go among the plain rows, when they are
+    few (at most :data:`_MAX_RUNS`) and in file order, as :func:`_runs` gives them
+    after a sort of every row's line: their rows (each after the plain rows of earlier
+    lines and the parser's lines before it) and the runs of plain rows between them,
+    found by a binary search each instead of a sort of a million lines."""
+    k = len(full_lines)
+    if k > _MAX_RUNS or (k > 1 and not (np.diff(full_lines) > 0).all()):
+        return None
+    at = np.searchsorted(plain_lines, full_lines).tolist()  # the plain rows before each
+    full_rows = np.asarray(at, dtype=np.int64) + np.arange(k)
+    bounds = [0, *at, len(plain_lines)]
+    runs = [(lo, hi, lo + j) for j, (lo, hi) in enumerate(pairwise(bounds)) if lo < hi]
+    return full_rows, runs
+
+
+def _merged(
+    plain: np.ndarray,
+    full: np.ndarray,
+    full_rows: np.ndarray,
+    runs: list[tuple[int, int, int]],
+    n: int,
+) -> np.ndarray:
+    """The ``n`` rows' values: ``plain``'s in their ``runs``, ``full``'s at ``full_rows``."""
+    out = np.empty(n, dtype=plain.dtype)
+    out[full_rows] = full
+    for lo, hi, first in runs:
+        out[first : first + hi - lo] = plain[lo:hi]
+    return out
 
 
 def _assemble(
     plain: tuple[np.ndarray, np.ndarray] | None,
-    plain_rows: np.ndarray,
+    plain_rows: np.ndarray | None,
     full_rows: np.ndarray,
     n: int,
-    runs: list[tuple[int, int]] | None,
+    runs: list[tuple[int, int, int]] | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One field's values and presence over all ``n`` rows from those of the plain
-    lines (``None``: no plain line has the field), at ``plain_rows`` (ascending, in
-    ``runs`` of consecutive rows: see :func:`_runs`); ``full_rows``, the rows the
+    lines (``None``: no plain line has the field), at ``plain_rows`` (ascending) or in
+    ``runs`` of consecutive rows (see :func:`_runs`); ``full_rows``, the rows the
     streaming parser read, are left absent (the caller fills them in). The plain rows
     lie in runs between the few others, each copied as a slice."""
     values = np.empty(n)
     present = np.empty(n, dtype=bool)
+    if plain is None:
+        values.fill(np.nan)
+        present.fill(False)
+        return values, present
     values[full_rows] = np.nan
     present[full_rows] = False
-    if plain is None:
-        values[plain_rows] = np.nan
-        present[plain_rows] = False
-        return values, present
     vals, has = plain
-    if runs is None:
+    if runs is None and plain_rows is not None:  # too many runs: row by row
         values[plain_rows] = vals
         present[plain_rows] = has
         return values, present
-    for lo, hi in runs:
-        first = int(plain_rows[lo])
+    for lo, hi, first in runs or ():
         values[first : first + hi - lo] = vals[lo:hi]
         present[first : first + hi - lo] = has[lo:hi]
     return values, present
