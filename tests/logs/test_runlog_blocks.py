@@ -158,4 +158,7 @@ def test_a_few_parsed_lines_go_where_a_sort_of_every_line_puts_them(k: int, seed
     assert runs == runlog._runs(rank[: len(plain_lines)])
     merged = runlog._merged(plain_lines, full_lines, full_rows, runs, n)
     assert np.array_equal(merged, np.sort(np.concatenate([plain_lines, full_lines])))
+    room = np.full(n + 3, -7, dtype=np.int64)  # the store's array: its rows, then room
+    room[: len(plain_lines)] = plain_lines
+    assert np.array_equal(runlog._spread(room, runs, full_rows, full_lines, n), merged)
     assert runlog._few_between(plain_lines, full_lines[::-1]) is None or k == 1

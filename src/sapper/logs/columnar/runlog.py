@@ -487,9 +487,16 @@ class _Reader:
         runs: list[tuple[int, int, int]] | None = None
         plain_rows: np.ndarray | None = None
         few = None if dense else _few_between(store.lines[:n_plain], full_lines)
+        # room for the parser's rows in the store's own arrays: the plain rows after
+        # each are moved up in place (usually a few, near the end), nothing is copied
+        spread = few is not None and store.cap >= n
         if dense:  # the plain rows are the rows
             line_of, steps = store.lines[:n], store.steps[:n]
             plain_rows = full_rows = np.zeros(0, dtype=np.int64)
+        elif few is not None and spread:
+            full_rows, runs = few
+            line_of = _spread(store.lines, runs, full_rows, full_lines, n)
+            steps = _spread(store.steps, runs, full_rows, full_steps, n)
         elif few is not None:  # a few lines read by the parser: the plain rows' runs
             full_rows, runs = few
             line_of = _merged(store.lines[:n_plain], full_lines, full_rows, runs, n)
@@ -513,7 +520,11 @@ class _Reader:
         for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True):
             cols.full[row] = rec
         for name in _SCALARS:
-            plain = store.pop(name)  # dropped once assembled: a lower peak
+            # dropped by the store once assembled: a lower peak
+            whole = store.pop_whole(name) if spread else None
+            plain = store.pop(name) if not spread else (
+                None if whole is None else (whole[0][:n_plain], whole[1][:n_plain])
+            )
             from_full = [
                 (row, getattr(rec, name))
                 for row, (_, rec) in zip(full_rows.tolist(), self.full, strict=True)
@@ -523,6 +534,9 @@ class _Reader:
                 continue
             if dense and plain is not None:
                 values, present = plain  # every row plain: the store's rows as they are
+            elif whole is not None and runs is not None:  # the parser's rows, in place
+                values = _spread(whole[0], runs, full_rows, np.nan, n)
+                present = _spread(whole[1], runs, full_rows, False, n)
             else:
                 values, present = _assemble(plain, plain_rows, full_rows, n, runs)
             for row, value in from_full:
@@ -587,6 +601,13 @@ class _Store:
             return None
         return self.values.pop(name)[: self.n], self.present.pop(name)[: self.n]
 
+    def pop_whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``name``'s values and presence with all the room reserved (``cap`` rows),
+        let go by the store."""
+        if name not in self.values:
+            return None
+        return self.values.pop(name), self.present.pop(name)
+
 
 def _grown(array: np.ndarray, n: int, cap: int) -> np.ndarray:
     """``array``'s first ``n`` items in a new array of ``cap``."""
@@ -642,6 +663,23 @@ def _merged(
     for lo, hi, first in runs:
         out[first : first + hi - lo] = plain[lo:hi]
     return out
+
+
+def _spread(
+    arr: np.ndarray,
+    runs: list[tuple[int, int, int]],
+    full_rows: np.ndarray,
+    full: np.ndarray | float | bool,
+    n: int,
+) -> np.ndarray:
+    """:func:`_merged` in ``arr`` itself (the plain rows first, room for ``n`` rows
+    after them): each run of plain rows moved up to its row, the last run first so no
+    run is overwritten before it moves, then ``full`` put at ``full_rows``."""
+    for lo, hi, first in reversed(runs):
+        if first != lo:
+            arr[first : first + hi - lo] = arr[lo:hi]
+    arr[full_rows] = full
+    return arr[:n]
 
 
 def _assemble(
