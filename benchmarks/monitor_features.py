@@ -116,10 +116,13 @@ from monitor_overhead import ENTRY_POINTS as MONITOR_ENTRY_POINTS
 from monitor_step import build as build_gpt2
 from monitor_step import train_step
 
+from sapper.distributed import tracker as tracker_module
 from sapper.distributed.bridge import MonitorBridge
 from sapper.distributed.checksum import ParamChecksum
+from sapper.distributed.detectors import default_distributed_detectors
 from sapper.distributed.evidence import LocalGradNorm, OutputMax, WindowPeak
 from sapper.distributed.heartbeat import Heartbeat
+from sapper.distributed.stats import SampleBuckets
 from sapper.distributed.timing import ForwardTimer
 from sapper.distributed.tracker import RankTracker
 from sapper.monitor import Monitor
@@ -169,6 +172,15 @@ ATTRIBUTED: dict[str, tuple[tuple[Any, str], ...]] = {
     "parameter checksum (in exchange)": ((ParamChecksum, "compute"),),
     "evidence fold (in exchange)": ((WindowPeak, "take"),),
     "collectives + table (in exchange)": ((RankTracker, "_exchange"),),
+    # a tree without one of these functions (an older one, --src) leaves it out
+    "sample buckets (in collectives)": (
+        (SampleBuckets, "local"),
+        (SampleBuckets, "fold_gathered"),
+        (tracker_module, "reduce_buckets"),
+    ),
+    "cross-rank detectors (in exchange, rank 0)": tuple(
+        (type(d), "update") for d in default_distributed_detectors()
+    ),
     "forward timer": ((ForwardTimer, "_pre"), (ForwardTimer, "_post")),
     "output max": ((OutputMax, "_hook"),),
     "local grad norm": ((LocalGradNorm, "_hook"),),
@@ -221,10 +233,14 @@ class SelfTimer:
         return self
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = owner.__dict__[name]
+        original = owner.__dict__.get(name)
+        if original is None:  # not in this tree (an older one, compared with --src)
+            return
         self._saved.append((owner, name, original))
         if isinstance(original, staticmethod):
             setattr(owner, name, staticmethod(make(original.__func__)))
+        elif isinstance(original, classmethod):
+            setattr(owner, name, classmethod(make(original.__func__)))
         else:
             setattr(owner, name, make(original))
 
