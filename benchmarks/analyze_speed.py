@@ -148,23 +148,34 @@ line goes on once polars is decoding the first blocks, not as soon as the early 
 imports are done (its imports raced the read's start for the interpreter's lock); the
 few lines the streaming parser reads are placed among the rows by binary search, not a
 sort of a million lines; and once the answer is written the exit skips the garbage
-collector's full sweeps over every live object (``gc.freeze``, ~0.09 s). Five paired
-rounds, the checkout before (270dabd) beside it, load 3.5-4.4 (every process has about
-one core, polars too):
+collector's full sweeps over every live object (``gc.freeze``, ~0.09 s); then the few
+rows the streaming parser read are made room for in the store's own arrays, no column
+copied (e2c5b10). Five paired rounds per run, the checkout before (270dabd) beside it;
+wall best / median, CPU best, peak, the median of the rounds' ratios:
 
-    sapper now                            1.38 s  2.16 s  1.81 s   324 MiB   1.30×
-      the log resumed                     2.00 s  2.06 s  1.90 s   311 MiB   1.18×
-    sapper at 270dabd                     2.35 s  2.43 s  2.24 s   345 MiB   1.40×
-    polars read_ndjson + rolling medians  1.65 s  1.77 s  1.54 s   462 MiB   1.00×
-    pandas read_json + rolling medians    6.13 s  6.70 s  5.91 s  2916 MiB   3.82×
+    both cores free for most rounds (load falling 3.9 -> 0.5; polars 0.91 s wall on
+    1.55 s of CPU), at 03486dc
+    sapper now                            1.17 s  1.24 s  1.75 s   332 MiB   1.34×
+      the log resumed                     1.26 s  1.33 s  1.85 s   342 MiB   1.39×
+    sapper at 270dabd                     1.68 s  1.79 s  2.15 s   345 MiB   1.88×
+    polars read_ndjson + rolling medians  0.91 s  0.92 s  1.55 s   461 MiB   1.00×
+    pandas read_json + rolling medians    5.98 s  6.09 s  6.06 s  2916 MiB   6.50×
+    load 2.2-3.2: about one core each, at e2c5b10
+    sapper now                            1.84 s  2.13 s  1.72 s   300 MiB   1.18×
+      the log resumed                     1.77 s  1.98 s  1.82 s   315 MiB   1.17×
+    sapper at 270dabd                     2.21 s  2.53 s  2.08 s   345 MiB   1.47×
+    polars read_ndjson + rolling medians  1.57 s  1.79 s  1.54 s   462 MiB   1.00×
+    pandas read_json + rolling medians    6.33 s  6.59 s  5.78 s  2916 MiB   3.87×
 
-sapper's CPU fell by ~0.45 s (2.24 -> 1.81 s at best) and its peak by ~20-50 MiB; the
-target (≤ 1.5× polars' wall, peak at most polars') held in both paired runs made since
-(1.09× and 1.30×, loads 3-4.4). Inside one process: the read 1.1-1.3 s of CPU (polars'
-own decoding ~0.9 s of it), the detectors 0.24 s. With both cores free polars decodes on
-two threads (about 1.0 s) and sapper's critical path is the imports before the decoding
-starts (~0.3 s), the read (~0.8 s) and the detectors (~0.15-0.25 s), about 1.3-1.4 s by
-those parts; this shared machine had no idle spell to measure it in.
+The target (≤ 1.5× polars' whole process, peak at most polars') holds with both cores
+free and under load; in the six paired runs made since the twins were cut (loads 0.5 to
+4.4) the median ratio was 1.09-1.34× (270dabd beside it: 1.29-1.88×). sapper's CPU fell by
+~0.4 s (2.08-2.24 -> 1.69-1.81 s at best) and its peak by 15-50 MiB. Inside one
+process: the read ~1.1 s of CPU (polars' own decoding ~0.8-0.9 s of it), the detectors
+0.22-0.26 s. With both cores free the critical path is the imports before polars
+decodes (~0.35 s: the command line, ``sapper.logs`` and numpy before polars itself,
+where the polars script imports only polars, ~0.12 s), the read (~0.75 s) and the
+detectors side by side (~0.15-0.2 s).
 
 The console formats, CPU seconds of analyze / diagnose (one run each, a loaded machine):
 the HF console 40.1 / 41.9 before, 16.3 / 17.2 after; fairseq 75 / 75 before, 48 / 51
