@@ -24,6 +24,47 @@ is spread over the steps of its window.
     python benchmarks/monitor_features.py --src OLD/src  # the rows of another tree
     python benchmarks/monitor_features.py --compare OLD/src [--src NEW/src]  # paired
 
+Latest, paired (``--compare`` against the tree before, 3 alternating rounds, 60 steps
+a block; load 1.6 at the start, 3.1 at the end), self CPU ms per step at the defaults,
+after: the rank evidence on the CPU folded as Python floats (one stack and ``tolist``
+per window instead of a dozen tensor ops), a backward's bucket squares summed at the
+fold, the sample buckets carried in the gathered rows up to 16 ranks (one collective an
+exchange instead of two), X004 converting the summed buckets only when a sample is on
+two ranks:
+
+| run | bare step | before | after |
+|---|---|---|---|
+| 1 process | 9.8 ms | 0.329 | 0.326 |
+| DDP world 2 | 14.3 ms | 0.852 | 0.603 |
+| DDP world 4 | 36.7 ms | 1.058 | 0.886 |
+
+Under 1 ms at world 2 and 4 at that load, not at every load: an earlier paired run of
+the same changes (less the X004 one) at load 5.1, steps of 75 ms at world 4, gave
+1.188 → 1.433 at world 4 and 1.039 → 0.790 at world 2, the spread between rounds there
+as large as the changes. What moved, world 4, two back-to-back runs of each tree at
+load 3.6–4.2 (steps of 36–38 ms), 4 rounds each, ms per step:
+
+| feature | before | after |
+|---|---|---|
+| exchange (in read) | 0.190, 0.185 | 0.134, 0.143 |
+| evidence fold (in exchange) | 0.020, 0.020 | 0.007, 0.007 |
+| collectives + table (in exchange) | 0.066, 0.068 | 0.056, 0.065 |
+| **defaults, self CPU** | 0.937, 0.947 | 0.869, 0.926 |
+
+Per exchange on rank 0 at world 4 (a thread-CPU clock around each function,
+120 steps timed, the two trees run twice in turn at load about 2.4): the whole exchange 4.67, 4.52 →
+3.77, 3.26 ms; X004 0.69, 0.71 → 0.045, 0.044 ms (no sample shared); the parameter
+checksum, untouched, 0.79–1.09 ms in all four (its integer row sums of every word are
+now the largest part left, then the gather and the rank's bucket sketch).
+
+Per step, the output's finiteness sum and the local gradient norm (about 0.1 ms each at
+world 4) are their kernels' first read of a tensor just written: 70–75 µs against
+18–20 µs for a second read of the same tensor. The bucket's first read moves out of
+DDP's own division of it (then warm, and subtracted here as DDP's work), so part of the
+local norm's figure is time DDP no longer spends.
+
+Earlier figures, kept with the loads they were taken at:
+
 Measured on 2 shared CPUs (other people's benchmarks running: load 2 to 8), before and
 after: the parameter checksum in a few kernels per model, the output's finiteness by its
 sum on every forward with max |output| on every 8th, the local gradient norm as a dot
