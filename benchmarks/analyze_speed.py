@@ -150,16 +150,16 @@ few lines the streaming parser reads are placed among the rows by binary search,
 sort of a million lines; and once the answer is written the exit skips the garbage
 collector's full sweeps over every live object (``gc.freeze``, ~0.09 s); then the few
 rows the streaming parser read are made room for in the store's own arrays, no column
-copied (e2c5b10). Five paired rounds per run, the checkout before (270dabd) beside it;
+copied (e2c5b10). Paired rounds (five a run unless said), the checkout before (270dabd)
+beside it;
 wall best / median, CPU best, peak, the median of the rounds' ratios:
 
-    both cores free for most rounds (load falling 3.9 -> 0.5; polars 0.91 s wall on
-    1.55 s of CPU), at 03486dc
-    sapper now                            1.17 s  1.24 s  1.75 s   332 MiB   1.34×
-      the log resumed                     1.26 s  1.33 s  1.85 s   342 MiB   1.39×
-    sapper at 270dabd                     1.68 s  1.79 s  2.15 s   345 MiB   1.88×
-    polars read_ndjson + rolling medians  0.91 s  0.92 s  1.55 s   461 MiB   1.00×
-    pandas read_json + rolling medians    5.98 s  6.09 s  6.06 s  2916 MiB   6.50×
+    both cores free (load ~1.9 and falling; polars 0.87 s wall on 1.52 s of CPU), nine
+    rounds, at e2c5b10 (the resumed log left out)
+    sapper now                            1.13 s  1.16 s  1.74 s   352 MiB   1.32×
+    sapper at 270dabd                     1.67 s  1.69 s  2.14 s   345 MiB   1.92×
+    polars read_ndjson + rolling medians  0.87 s  0.89 s  1.52 s   461 MiB   1.00×
+    pandas read_json + rolling medians    5.87 s  6.11 s  5.97 s  2916 MiB   6.90×
     load 2.2-3.2: about one core each, at e2c5b10
     sapper now                            1.84 s  2.13 s  1.72 s   300 MiB   1.18×
       the log resumed                     1.77 s  1.98 s  1.82 s   315 MiB   1.17×
@@ -168,9 +168,12 @@ wall best / median, CPU best, peak, the median of the rounds' ratios:
     pandas read_json + rolling medians    6.33 s  6.59 s  5.78 s  2916 MiB   3.87×
 
 The target (≤ 1.5× polars' whole process, peak at most polars') holds with both cores
-free and under load; in the six paired runs made since the twins were cut (loads 0.5 to
-4.4) the median ratio was 1.09-1.34× (270dabd beside it: 1.29-1.88×). sapper's CPU fell by
-~0.4 s (2.08-2.24 -> 1.69-1.81 s at best) and its peak by 15-50 MiB. Inside one
+free and under load. Of the nine paired runs made since the twins were cut (loads 0.5 to
+4.4) eight had a median ratio of 1.09-1.39× (270dabd beside it: 1.27-1.92×); one, whose
+load fell from 3.7 to 1.3 while it ran, 1.53× (270dabd 1.65×): polars had both cores in
+rounds where sapper had one, and five rounds do not even that out. sapper's CPU fell by
+~0.4 s in every run (2.08-2.24 -> 1.69-1.82 s at best); its peak stays 110-170 MiB under
+polars' (352 MiB with two detectors side by side, ~300 MiB one at a time). Inside one
 process: the read ~1.1 s of CPU (polars' own decoding ~0.8-0.9 s of it), the detectors
 0.22-0.26 s. With both cores free the critical path is the imports before polars
 decodes (~0.35 s: the command line, ``sapper.logs`` and numpy before polars itself,
