@@ -151,8 +151,7 @@ sort of a million lines; and once the answer is written the exit skips the garba
 collector's full sweeps over every live object (``gc.freeze``, ~0.09 s); then the few
 rows the streaming parser read are made room for in the store's own arrays, no column
 copied (e2c5b10). Paired rounds (five a run unless said), the checkout before (270dabd)
-beside it;
-wall best / median, CPU best, peak, the median of the rounds' ratios:
+beside it; wall best / median, CPU best, peak, the median of the rounds' ratios:
 
     both cores free (load ~1.9 and falling; polars 0.87 s wall on 1.52 s of CPU), nine
     rounds, at e2c5b10 (the resumed log left out)
