@@ -38,10 +38,11 @@ Per record, in-process (single runs at load average 1.1-1.3; before → after), 
 detectors: sapper 12.0 → 9.1 µs, megatron 14.2 → 9.5, csv 10.5 → 6.0, tensorboard
 8.8 → 4.9; following, parsing and the view 5.7-11.0 µs, unchanged. *beyond* after, in
 two runs at load 1.1-1.6: -0.07 to 0.22 % of a core (run-to-run noise is about as
-large); the idle watcher: 0.00 % (below the 0.1 % that 10 s of clock ticks resolve). So the share is the per-record work. A poll after a second of sleep
-costs about 5% more than one in a loop (cold caches; measured at load 2). An earlier run
-on a quiet machine (load 0.5, before) read 3.87% for sapper against 2.35% in-process; at
-load 1-3 that gap did not show, so rerun on a quiet machine before trusting a margin.
+large); the idle watcher: 0.00 % (below the 0.1 % that 10 s of clock ticks resolve).
+So the share is the per-record work. A poll after a second of sleep costs about 5% more
+than one in a loop (cold caches; measured at load 2). An earlier run on a quiet machine
+(load 0.5, before) read 3.87% for sapper against 2.35% in-process; at load 1-3 that gap
+did not show, so rerun on a quiet machine before trusting a margin.
 """
 
 from __future__ import annotations
