@@ -122,7 +122,7 @@ EARLY_READ_BYTES = 4 << 20
 #: Options after which the logs are not read into columns as they are (merged, mapped,
 #: another format forced), or nothing is read at all (help).
 _NO_EARLY_READ = ("--merge", "--map", "--log-format", "--help", "-h")
-#: The longest the command line waits for the early read's imports (it then goes on).
+#: The longest the command line waits for the early read to start (it then goes on).
 _EARLY_IMPORT_WAIT_S = 30.0
 
 
@@ -130,8 +130,9 @@ def start_early_read(argv: list[str]) -> None:
     """For ``sapper analyze`` of a large file, begin reading it into columns in a thread
     now (:mod:`sapper.logs.columnar.early`), before the command line is parsed and the
     detectors are imported: polars decodes the log on the other core while this thread
-    imports. Returns once that thread's own imports are done, so the two threads never
-    import at once. The first argument that is a regular file of at least
+    imports. Returns once polars is decoding the first blocks (or the read is turned
+    down), so this thread's imports do not race the read's start for the interpreter's
+    lock. The first argument that is a regular file of at least
     :data:`EARLY_READ_BYTES` is the one; the reader takes the result only for that very
     file, so a wrong guess (an option's value) costs work, never a different answer.
     Does nothing for other commands, small files, or the options of

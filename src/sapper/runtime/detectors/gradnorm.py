@@ -253,7 +253,7 @@ class GradNormDetector(RuleDetector):
         norms.append(gn)
         self.tiny_count += gn < tiny
         n = len(norms)
-        if n >= self.tiny_window and self.tiny_count >= (n + 1) // 2:  # _tiny's own pre-test
+        if n >= self.tiny_window and self.tiny_count >= (n + 1) // 2:  # enough, half tiny
             out += self._tiny(step)
         return out
 
@@ -295,9 +295,8 @@ class GradNormDetector(RuleDetector):
         )
 
     def _tiny(self, step: int) -> list[Finding]:
-        n = len(self.norms)
-        if n < self.tiny_window or self.tiny_count < (n + 1) // 2:
-            return []
+        """R012 once :meth:`update` has found the window full enough and at least half
+        of it below ``tiny``: whether the median is below it too."""
         recent = list(self.norms)
         med = median(recent)
         if med >= self.tiny:

@@ -480,13 +480,8 @@ class ThroughputDetector(RuleDetector):
         if ref is not None and ep.start is None:  # not ongoing
             # the common case, _slow_now's test read inline: the smoothed rate at or
             # above its bar, outside an episode, has nothing to track
-            ordered = self.recent_rates.sorted
-            n = len(ordered)
-            if n:
-                mid = n // 2
-                now = ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-                if not now < self.degrade * ref:
-                    return []
+            if not self.recent_rates.median() < self.degrade * ref:
+                return []
         holds, ref, now = self._slow_now()
         if not holds and not ep.ongoing:  # the common case: nothing to track
             return []

@@ -16,7 +16,7 @@ import numpy as np
 
 from sapper.logs.base import new_record
 from sapper.logs.columnar.frame import Columns
-from sapper.logs.columnar.twins.base import Twin, finding, state_is
+from sapper.logs.columnar.twins.base import Twin, finding, row_of, state_is
 from sapper.rules.model import Finding
 from sapper.runtime.detector import DetectorSet
 from sapper.runtime.detectors.accumulation import BATCH_CHANGED_LR_KEPT, AccumulationDetector
@@ -118,7 +118,7 @@ def _batch(det: AccumulationDetector, cols: Columns) -> list[Finding]:
         base_b, base_lr, changed = new_b, new_lr, 0
         lr_ratio = new_lr / old_lr if old_lr else 1.0
         if not abs(lr_ratio - 1) > det.lr_kept:
-            row = i if rows is None else int(rows[i])
+            row = row_of(rows, i)
             unit = "samples" if has_samples is not None and has_samples[row] else "tokens"
             out.append(
                 finding(

@@ -18,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from sapper.logs.columnar.frame import Columns
 from sapper.rules.model import Finding, Rule, Severity
 from sapper.runtime.detector import Detector
 
-__all__ = ["Twin", "finding", "fingerprint", "walking_twin"]
+__all__ = ["Twin", "at_rows", "finding", "fingerprint", "row_of", "walking_twin"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,17 @@ def walking_twin(
         scratch=scratch,
         cost=cost,
     )
+
+
+def at_rows(column: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """``column`` at ``rows``; ``None`` stands for every row (a run log's field, present
+    on each): the column itself, no copy."""
+    return column if rows is None else column[rows]
+
+
+def row_of(rows: np.ndarray | None, j: int) -> int:
+    """The row of the ``j``-th of ``rows`` (``None``: every row, so ``j`` itself)."""
+    return j if rows is None else int(rows[j])
 
 
 def fingerprint(modules: tuple[str, ...]) -> str:

@@ -66,9 +66,9 @@ TWINS: dict[type, Twin] = _twins()
 #: this digest is updated.
 FINGERPRINTS: dict[str, str] = {
     "LossDetector": "d34e07687c14363b",
-    "GradNormDetector": "f00440f24761727c",
+    "GradNormDetector": "d87f313e4d765c3c",
     "MemoryDetector": "6e5e12556ff8c509",
-    "ThroughputDetector": "eac6b59b77c738d0",
+    "ThroughputDetector": "1c962abadeb937eb",
     "AccumulationDetector": "4ad7e114fc85b89a",
     "LRDetector": "b9894ef6ba042a5f",
     "ScalerDetector": "b2904c417b6119bb",

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.logs.columnar.twins.base import Twin, finding, state_is
+from sapper.logs.columnar.twins.base import Twin, at_rows, finding, row_of, state_is
 from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
     cooldown_pick,
@@ -101,16 +101,16 @@ def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
     _SEEN.pop(det, None)
     has = cols.has("grad_norm")
     rows = None if has.all() else np.flatnonzero(has)  # None: every row (no copies)
-    gn = _at(cols.get("grad_norm"), rows)
-    steps = _at(cols.steps, rows)
+    gn = at_rows(cols.get("grad_norm"), rows)
+    steps = at_rows(cols.steps, rows)
     fin = np.isfinite(gn)
     out: list[Finding] = []
     surges = _layer_surges(det, cols)
     if len(gn):
         bad = ~fin
         if "skipped" in cols.present:  # a log that never says so skips no step
-            skipped = _at(cols.get("skipped"), rows)
-            bad &= ~(_at(cols.has("skipped"), rows) & (np.nan_to_num(skipped) != 0))
+            skipped = at_rows(cols.get("skipped"), rows)
+            bad &= ~(at_rows(cols.has("skipped"), rows) & (np.nan_to_num(skipped) != 0))
         out += _nonfinite(det, gn, steps, bad)
         if fin.all():
             f_rows, g, s = rows, gn, steps
@@ -130,16 +130,6 @@ def run(det: GradNormDetector, cols: Columns) -> list[Finding]:
     at = np.fromiter((c[0] for c in surges), dtype=np.int64, count=len(surges))
     out += [surges[j][2]() for j in cooldown_pick(at, _cooldown(det, GRAD_SURGE.code))]
     return out
-
-
-def _at(column: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
-    """``column`` at ``rows`` (``None``: every row, the column itself)."""
-    return column if rows is None else column[rows]
-
-
-def _row(rows: np.ndarray | None, j: int) -> int:
-    """The row of the ``j``-th of ``rows`` (``None``: every row)."""
-    return j if rows is None else int(rows[j])
 
 
 def _layer_surges(det: GradNormDetector, cols: Columns) -> list[tuple[int, int, Any]]:
@@ -192,8 +182,8 @@ def _eligible(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The finite-norm rows the saturation test counts (a threshold in force, past the
     first steps) and the threshold per row."""
-    own = _at(cols.get("clip_threshold"), rows)
-    own_set = _at(cols.has("clip_threshold"), rows) & (own != 0)  # ``record.clip_threshold or``
+    own = at_rows(cols.get("clip_threshold"), rows)
+    own_set = at_rows(cols.has("clip_threshold"), rows) & (own != 0)  # ``record.clip_threshold or``
     # ``record.clip_threshold or self.clip_threshold``, then ``not t or t <= 0`` skips:
     # a NaN is truthy and passes the comparison, as in the streaming test.
     default = det.clip_threshold
@@ -277,7 +267,7 @@ def _surge(
         if not ref > 0 or value < ratio * ref:
             continue
         out.append(
-            (int(s[j]), 0, partial(_cold_finding, det, cols, _row(rows, j), value, ref, p, ratio))
+            (int(s[j]), 0, partial(_cold_finding, det, cols, row_of(rows, j), value, ref, p, ratio))
         )
     if len(pos) <= det.surge_min_history:
         return out
@@ -302,7 +292,7 @@ def _surge(
         i = int(c_calls[h])
         value, step = float(g[pos[i]]), int(step_of[i])
         base = math.exp(float(c_med[h]))
-        layer = _largest_layer(cols.record(_row(rows, int(pos[i]))))
+        layer = _largest_layer(cols.record(row_of(rows, int(pos[i]))))
         where = f"; largest in {layer}" if layer else ""
         return finding(
             GRAD_SURGE,

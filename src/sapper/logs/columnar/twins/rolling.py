@@ -252,11 +252,6 @@ class RobustSnapshots:
         uniq, inv = _runs(self.snapshot(calls))
         return window_medians(self.x, uniq, self.window)[inv]
 
-    def floor_at(self, calls: np.ndarray) -> np.ndarray:
-        """A lower bound of :meth:`level_at`: the minimum of the same window."""
-        uniq, inv = _runs(self.snapshot(calls))
-        return window_reduce(self.x, uniq, self.window, "min")[inv]
-
     def sigma_at(self, calls: np.ndarray, medians: np.ndarray) -> np.ndarray:
         """The robust sigma read at ``calls`` (few: the candidates), around their
         ``medians`` (from :meth:`level_at`)."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sapper.logs.columnar.frame import Columns
-from sapper.logs.columnar.twins.base import Twin, finding, state_is
+from sapper.logs.columnar.twins.base import Twin, finding, row_of, state_is
 from sapper.logs.columnar.twins.rolling import (
     RobustSnapshots,
     cooldown_pick,
@@ -360,11 +360,6 @@ def _episodes(
     return out
 
 
-def _row(rows: np.ndarray | None, i: int) -> int:
-    """The row of the ``i``-th rate (``None``: every row has one)."""
-    return i if rows is None else int(rows[i])
-
-
 def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> list[Finding]:
     value, unit = _rate_column(cols)
     valid = (unit >= 0) & np.isfinite(value) & (value > 0)
@@ -384,7 +379,7 @@ def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> lis
     scratch.early_unit = scratch.rate_unit = name
     scratch.rate_count = len(r)
     first_n = min(len(r), scratch.degrade_window + scratch.smooth)
-    scratch.first_rates = [(float(r[i]), seconds[_row(rows, i)]) for i in range(first_n)]
+    scratch.first_rates = [(float(r[i]), seconds[row_of(rows, i)]) for i in range(first_n)]
     scratch.early = r[: scratch.degrade_window].tolist()
     out: list[Finding] = []
     expected = scratch.expected.get(name)
@@ -394,7 +389,7 @@ def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> lis
         def below(i: int, now: float, holds: bool) -> list[Finding]:
             ep = scratch.low_episode
             step = int(s[i])
-            scratch.seconds = seconds[_row(rows, i)]
+            scratch.seconds = seconds[row_of(rows, i)]
             event = ep.observe(holds, step, scratch.seconds, now)
             if event is None:
                 return []
@@ -428,7 +423,7 @@ def _rates(scratch: ThroughputDetector, cols: Columns, seconds: _Seconds) -> lis
         def slow(i: int, now: float, holds: bool) -> list[Finding]:
             ep = scratch.slow_episode
             step = int(s[i])
-            scratch.seconds = seconds[_row(rows, i)]
+            scratch.seconds = seconds[row_of(rows, i)]
             event = ep.observe(holds, step, scratch.seconds, now)
             if event is None:
                 return []
