@@ -228,7 +228,7 @@ class LossDetector(RuleDetector):
             out += self._flat(step)
         osc = self.osc_window
         if step >= self.warmup_steps and len(recent) >= osc:
-            # _oscillation's first test, read here: too few direction changes end it
+            # the counted direction changes first: too few and there is nothing to test
             if osc < 2 or self.osc_flip_count / max(1, osc - 2) >= self.osc_flips:
                 out += self._oscillation(step)
         return out
@@ -399,12 +399,12 @@ class LossDetector(RuleDetector):
         return spread < self.osc_min_swing or (low > 0 and spread / low < self.osc_amplitude)
 
     def _oscillation(self, step: int) -> list[Finding]:
-        if step < self.warmup_steps or len(self.recent) < self.osc_window:
-            return []
+        """R004 on a full window past the warmup, called by :meth:`update` once (for a
+        window of 2 or more) the counted direction changes reach ``osc_flips``."""
         if self.osc_window >= 2:
             # The flips among the window's differences are the last osc_window - 2 counted.
             flip_share = self.osc_flip_count / max(1, self.osc_window - 2)
-            if flip_share < self.osc_flips or self._swing_too_small():
+            if self._swing_too_small():
                 return []
             xs = list(self.recent)[-self.osc_window :]
             diffs = list(map(operator.sub, xs[1:], xs[:-1]))
